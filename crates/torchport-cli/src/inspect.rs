@@ -1,0 +1,189 @@
+//! `torchport inspect FILE [--json]`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde_json::json;
+use torchport::security::classify;
+use torchport::{Checkpoint, Quant, TensorData, TensorInfo};
+
+/// Arguments of `inspect`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The file to inspect (format detected from its content).
+    file: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let ckpt = torchport::open(&args.file)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &to_json(&ckpt))?;
+        writeln!(out)?;
+    } else {
+        write_table(&mut out, &ckpt)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn shape_text(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+/// Bytes in a short human form (1024-based).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// A note for tensors that are not plain strided data.
+fn note(t: &TensorInfo) -> String {
+    let mut notes = Vec::new();
+    match &t.data {
+        TensorData::Strided { .. } if !t.is_contiguous() => notes.push("strided view".to_string()),
+        TensorData::Strided { .. } => {}
+        TensorData::Meta => notes.push("meta, no data".to_string()),
+        TensorData::Unsupported { what } => notes.push(format!("{what}, data not readable")),
+    }
+    match &t.quant {
+        Some(Quant::PerTensor { scale, zero_point }) => {
+            notes.push(format!("scale {scale}, zero point {zero_point}"))
+        }
+        Some(Quant::PerChannel { axis, .. }) => notes.push(format!("per-channel on axis {axis}")),
+        None => {}
+    }
+    notes.join("; ")
+}
+
+fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
+    writeln!(out, "file:    {}", c.path().display())?;
+    writeln!(out, "format:  {} ({:?}-endian data)", c.format(), c.byte_order())?;
+    writeln!(
+        out,
+        "totals:  {} tensors, {} parameters, {} ({} bytes), {} storages",
+        c.tensors().len(),
+        c.parameter_count(),
+        human_bytes(c.total_bytes()),
+        c.total_bytes(),
+        c.storage_count()
+    )?;
+    if !c.tensors().is_empty() {
+        let rows: Vec<[String; 5]> = c
+            .tensors()
+            .iter()
+            .map(|t| {
+                [
+                    t.name.clone(),
+                    t.dtype.to_string(),
+                    shape_text(&t.shape),
+                    human_bytes(t.nbytes() as u64),
+                    note(t),
+                ]
+            })
+            .collect();
+        let header = ["name", "dtype", "shape", "size", ""];
+        let mut w = header.map(str::len);
+        for r in &rows {
+            for (i, cell) in r.iter().enumerate() {
+                w[i] = w[i].max(cell.chars().count());
+            }
+        }
+        writeln!(out)?;
+        for r in std::iter::once(header.map(String::from)).chain(rows) {
+            let line = format!(
+                "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {}",
+                r[0], r[1], r[2], r[3], r[4],
+                w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3]
+            );
+            writeln!(out, "{}", line.trim_end())?;
+        }
+    }
+    if !c.modules().is_empty() {
+        writeln!(out, "\nmodules ({}):", c.modules().len())?;
+        for (path, class) in c.modules() {
+            let path = if path.is_empty() { "(root)" } else { path };
+            writeln!(out, "  {path}  {class}")?;
+        }
+    }
+    if !c.values().is_empty() {
+        writeln!(out, "\nvalues ({}):", c.values().len())?;
+        for (name, v) in c.values() {
+            let name = if name.is_empty() { "(root)" } else { name };
+            writeln!(out, "  {name} = {v}")?;
+        }
+    }
+    writeln!(out, "\nglobals ({}):", c.globals().len())?;
+    for (m, n) in c.globals() {
+        writeln!(out, "  {m}.{n}  [{}]", classify(m, n).name())?;
+    }
+    Ok(())
+}
+
+fn to_json(c: &Checkpoint) -> serde_json::Value {
+    let tensors: Vec<_> = c
+        .tensors()
+        .iter()
+        .map(|t| {
+            let mut o = json!({
+                "name": t.name,
+                "dtype": t.dtype.name(),
+                "shape": t.shape,
+                "nbytes": t.nbytes(),
+                "strides": t.strides,
+                "offset": t.offset,
+            });
+            match &t.data {
+                TensorData::Strided { storage } => o["storage"] = json!(storage),
+                TensorData::Meta => o["layout"] = json!("meta"),
+                TensorData::Unsupported { what } => o["unsupported"] = json!(what),
+            }
+            match &t.quant {
+                Some(Quant::PerTensor { scale, zero_point }) => {
+                    o["quant"] = json!({"scheme": "per_tensor_affine", "scale": scale, "zero_point": zero_point})
+                }
+                Some(Quant::PerChannel { scales, zero_points, axis }) => {
+                    o["quant"] = json!({"scheme": "per_channel_affine", "scales": scales, "zero_points": zero_points, "axis": axis})
+                }
+                None => {}
+            }
+            o
+        })
+        .collect();
+    let values: serde_json::Map<String, serde_json::Value> =
+        c.values().iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+    let globals: Vec<_> = c
+        .globals()
+        .iter()
+        .map(|(m, n)| json!({"module": m, "name": n, "class": classify(m, n).name()}))
+        .collect();
+    let modules: Vec<_> = c
+        .modules()
+        .iter()
+        .map(|(p, cls)| json!({"path": p, "class": cls}))
+        .collect();
+    json!({
+        "file": c.path().display().to_string(),
+        "format": c.format().name(),
+        "byte_order": format!("{:?}", c.byte_order()).to_lowercase(),
+        "tensors": tensors,
+        "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
+        "values": values,
+        "modules": modules,
+        "globals": globals,
+    })
+}

@@ -1,0 +1,186 @@
+//! `Checkpoint`: one opened file — its tensors (described, data read on demand), its
+//! non-tensor values, the globals its pickles reference, and the storages behind the views.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::format::{self, Format};
+use crate::limits::Limits;
+use crate::storage::Storage;
+use crate::tensor::{view_bytes, ByteOrder, TensorData, TensorInfo};
+use crate::value::Value;
+
+/// An opened checkpoint. Opening reads only the container's directory and its pickles;
+/// tensor data is read (from the memory map) when asked for.
+#[derive(Debug)]
+pub struct Checkpoint {
+    pub(crate) path: PathBuf,
+    pub(crate) format: Format,
+    pub(crate) order: ByteOrder,
+    pub(crate) tensors: Vec<TensorInfo>,
+    pub(crate) values: Vec<(String, Value)>,
+    pub(crate) globals: Vec<(String, String)>,
+    pub(crate) modules: Vec<(String, String)>,
+    pub(crate) storages: Vec<Storage>,
+    pub(crate) index: HashMap<String, usize>,
+}
+
+/// Open a checkpoint with the default [`Limits`]; the format is detected from the content.
+///
+/// ```no_run
+/// let ckpt = torchport::open("model.pt")?;
+/// for t in ckpt.tensors() {
+///     println!("{} {} {:?}", t.name, t.dtype, t.shape);
+/// }
+/// # Ok::<(), torchport::Error>(())
+/// ```
+pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+    open_with(path, &Limits::default())
+}
+
+/// Open a checkpoint with explicit resource limits.
+pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<Checkpoint> {
+    format::open(path.as_ref(), limits)
+}
+
+/// Read a checkpoint from bytes already in memory; `name` only labels it in messages.
+pub fn open_bytes(name: &str, bytes: Vec<u8>, limits: &Limits) -> Result<Checkpoint> {
+    let file = crate::storage::FileBytes::Owned(std::sync::Arc::new(bytes));
+    format::read(Path::new(name), &file, limits)
+}
+
+impl Checkpoint {
+    /// Assemble a checkpoint from what a format reader found.
+    pub(crate) fn new(
+        path: &Path,
+        format: Format,
+        order: ByteOrder,
+        found: crate::interpret::Found,
+        globals: Vec<(String, String)>,
+        storages: Vec<Storage>,
+    ) -> Checkpoint {
+        let mut index = HashMap::with_capacity(found.tensors.len());
+        for (i, t) in found.tensors.iter().enumerate() {
+            index.entry(t.name.clone()).or_insert(i);
+        }
+        Checkpoint {
+            path: path.to_path_buf(),
+            format,
+            order,
+            tensors: found.tensors,
+            values: found.values,
+            globals,
+            modules: found.modules,
+            storages,
+            index,
+        }
+    }
+
+    /// The file this checkpoint was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The detected format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// Byte order of the stored data (data is always handed out little-endian).
+    pub fn byte_order(&self) -> ByteOrder {
+        self.order
+    }
+
+    /// Every tensor, in the order the file holds them (depth-first, dict insertion order).
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensor of this name, if any.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.index.get(name).and_then(|&i| self.tensors.get(i))
+    }
+
+    /// Non-tensor leaves (`epoch`, `optimizer.param_groups.0.lr`, …) with their names.
+    pub fn values(&self) -> &[(String, Value)] {
+        &self.values
+    }
+
+    /// Every global (`module`, `name`) the file's pickles reference, first-seen order.
+    pub fn globals(&self) -> &[(String, String)] {
+        &self.globals
+    }
+
+    /// For a pickled `nn.Module`: each module's path (`""` for the root) and class.
+    pub fn modules(&self) -> &[(String, String)] {
+        &self.modules
+    }
+
+    /// Number of distinct storages behind the tensors.
+    pub fn storage_count(&self) -> usize {
+        self.storages.len()
+    }
+
+    /// The index of the storage a tensor views, if it has data (tensors that share an index
+    /// share memory: views and tied weights).
+    pub fn storage_of(&self, t: &TensorInfo) -> Option<usize> {
+        match t.data {
+            TensorData::Strided { storage } => Some(storage),
+            _ => None,
+        }
+    }
+
+    /// The storage a tensor views, if it has data.
+    pub fn storage(&self, t: &TensorInfo) -> Option<&Storage> {
+        self.storage_of(t).and_then(|i| self.storages.get(i))
+    }
+
+    /// The tensor's data as contiguous little-endian bytes in row-major order: borrowed from
+    /// the memory map with no copy when the stored view already is, copied otherwise.
+    /// Quantized tensors give their integer representation.
+    pub fn data(&self, t: &TensorInfo) -> Result<Cow<'_, [u8]>> {
+        match &t.data {
+            TensorData::Strided { storage } => {
+                let s = self.storages.get(*storage).ok_or_else(|| {
+                    Error::tensor(&self.path, &t.name, "refers to a storage that does not exist")
+                })?;
+                // Views were checked against their storage when the file was opened; check
+                // again so that a hand-built TensorInfo cannot read out of bounds.
+                crate::tensor::check_view(t.dtype, &t.shape, &t.strides, t.offset, s.len())
+                    .map_err(|what| Error::tensor(&self.path, &t.name, what))?;
+                Ok(view_bytes(t, s.bytes(), self.order))
+            }
+            TensorData::Meta => Err(Error::Unsupported {
+                path: self.path.clone(),
+                tensor: t.name.clone(),
+                what: "a meta tensor (it was saved without data)".into(),
+            }),
+            TensorData::Unsupported { what } => Err(Error::Unsupported {
+                path: self.path.clone(),
+                tensor: t.name.clone(),
+                what: what.clone(),
+            }),
+        }
+    }
+
+    /// The data of the tensor named `name`.
+    pub fn data_by_name(&self, name: &str) -> Result<Cow<'_, [u8]>> {
+        let t = self.tensor(name).ok_or_else(|| Error::NoSuchTensor {
+            path: self.path.clone(),
+            name: name.to_string(),
+        })?;
+        self.data(t)
+    }
+
+    /// Total number of elements over all tensors.
+    pub fn parameter_count(&self) -> u64 {
+        self.tensors.iter().map(|t| t.numel() as u64).sum()
+    }
+
+    /// Total bytes over all tensors, counted per tensor (shared storage counted each time).
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.nbytes() as u64).sum()
+    }
+}

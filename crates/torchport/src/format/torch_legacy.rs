@@ -1,0 +1,234 @@
+//! The legacy `torch.save` stream (before PyTorch 1.6, and `_use_new_zipfile_serialization=False`):
+//! five pickles back to back — magic number, protocol version (1001), sys_info, the object,
+//! the list of storage keys — then, for each key in that order, an int64 element count and
+//! the storage's raw bytes. Persistent ids are
+//! `('storage', <StorageClass>, root_key, location, numel, view_metadata)` where
+//! `view_metadata` is `None` or `(view_key, offset, size)` in elements, and
+//! `('module', <class>, source_file, source)` for pickled module classes.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use torchport_pickle::{NodeId, Pickle, Value as PValue};
+
+use crate::checkpoint::Checkpoint;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::interpret::{interpret, Persistent, Resolver};
+use crate::limits::Limits;
+use crate::storage::{FileBytes, Storage};
+use crate::tensor::ByteOrder;
+
+/// The magic number 0x1950a86a20f9469cfc6c as pickle's LONG1 payload (little-endian).
+const MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
+const PROTOCOL_VERSION: i64 = 1001;
+
+/// True when the bytes start with the legacy magic number pickle (protocol 2, LONG1).
+pub(crate) fn looks_like(bytes: &[u8]) -> bool {
+    // PROTO 2, LONG1 10, magic — the only way torch ever wrote it.
+    bytes.len() >= 14 && bytes[..4] == [0x80, 0x02, 0x8a, 0x0a] && bytes[4..14] == MAGIC
+}
+
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    let bytes = file.as_slice();
+    let mut pos = 0usize;
+    let mut next = |what: &str| -> Result<Pickle> {
+        let rest = bytes.get(pos..).unwrap_or_default();
+        let (p, used) = torchport_pickle::parse_prefix(rest, &limits.pickle).map_err(|mut source| {
+            source.offset += pos as u64;
+            Error::Pickle {
+                path: path.to_path_buf(),
+                record: format!("the {what} pickle"),
+                source,
+            }
+        })?;
+        pos += used;
+        Ok(p)
+    };
+    let magic = next("magic number")?;
+    if !matches!(magic.get(magic.root()), PValue::BigInt(b) if b[..] == MAGIC) {
+        return Err(Error::corrupt(path, "the legacy magic number is wrong"));
+    }
+    let version = next("protocol version")?;
+    if version.as_int(version.root()) != Some(PROTOCOL_VERSION) {
+        return Err(Error::corrupt(path, format!("the legacy protocol version is not {PROTOCOL_VERSION}")));
+    }
+    let sys_info = next("sys_info")?;
+    let order = sys_info_order(&sys_info);
+    let main = next("main")?;
+    let keys_pickle = next("storage keys")?;
+    let keys: Vec<String> = keys_pickle
+        .as_tuple_or_list(keys_pickle.root())
+        .ok_or_else(|| Error::corrupt(path, "the storage key list is not a list"))?
+        .iter()
+        .map(|&k| key_string(&keys_pickle, k))
+        .collect::<Option<_>>()
+        .ok_or_else(|| Error::corrupt(path, "a storage key is not a string"))?;
+
+    // Which dtype each root storage holds comes from the persistent ids in the main pickle.
+    let mut dtypes: HashMap<String, DType> = HashMap::new();
+    for i in 0..main.len() {
+        if let PValue::PersistentId(payload) = main.get(NodeId(i as u32)) {
+            if let Ok(Id::Storage { dtype, root, .. }) = parse_id(&main, *payload) {
+                dtypes.entry(root).or_insert(dtype);
+            }
+        }
+    }
+    let mut storages = Vec::with_capacity(keys.len().min(1 << 16));
+    let mut by_root = HashMap::new();
+    for key in &keys {
+        let dtype = *dtypes
+            .get(key)
+            .ok_or_else(|| Error::corrupt(path, format!("storage {key} is listed but no tensor uses it, so its element size is unknown")))?;
+        let header = bytes
+            .get(pos..pos + 8)
+            .ok_or_else(|| Error::corrupt(path, format!("the file ends at byte {} before storage {key}'s size", bytes.len())))?;
+        let raw: [u8; 8] = header.try_into().unwrap_or_default();
+        let numel = match order {
+            ByteOrder::Little => i64::from_le_bytes(raw),
+            ByteOrder::Big => i64::from_be_bytes(raw),
+        };
+        let nbytes = usize::try_from(numel)
+            .ok()
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| Error::corrupt(path, format!("storage {key} at byte {pos} declares {numel} elements")))?;
+        let start = pos + 8;
+        let storage = start
+            .checked_add(nbytes)
+            .and_then(|end| file.storage(start..end))
+            .ok_or_else(|| {
+                Error::corrupt(path, format!(
+                    "storage {key} at byte {pos} declares {nbytes} bytes but the file ends at byte {}",
+                    bytes.len()
+                ))
+            })?;
+        by_root.insert(key.clone(), storages.len());
+        storages.push(storage);
+        pos = start + nbytes;
+    }
+    let mut resolver = LegacyResolver { storages, by_root, views: HashMap::new() };
+    let found = interpret(path, &main, &mut resolver, order, limits)?;
+    let mut globals = main.globals().to_vec();
+    for g in sys_info.globals() {
+        if !globals.contains(g) {
+            globals.push(g.clone());
+        }
+    }
+    Ok(Checkpoint::new(path, Format::TorchLegacy, order, found, globals, resolver.storages))
+}
+
+/// `sys_info["little_endian"]`: the byte order the file was written in.
+fn sys_info_order(p: &Pickle) -> ByteOrder {
+    if let PValue::Dict(items) = p.get(p.root()) {
+        for &(k, v) in items {
+            if p.as_str(k) == Some("little_endian") && p.as_int(v) == Some(0) {
+                return ByteOrder::Big;
+            }
+        }
+    }
+    ByteOrder::Little
+}
+
+fn key_string(p: &Pickle, id: NodeId) -> Option<String> {
+    match p.get(id) {
+        PValue::Str(s) => Some(s.clone()),
+        PValue::Bytes(b) => String::from_utf8(b.clone()).ok(),
+        PValue::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+enum Id {
+    Storage {
+        dtype: DType,
+        root: String,
+        view: Option<(String, usize, usize)>,
+    },
+    Module(NodeId),
+}
+
+fn parse_id(p: &Pickle, payload: NodeId) -> Result<Id, String> {
+    let parts = p.as_tuple_or_list(payload).ok_or("its persistent id is not a tuple")?;
+    match parts.first().and_then(|&k| key_string(p, k)).as_deref() {
+        Some("module") => Ok(Id::Module(*parts.get(1).ok_or("its module id names no class")?)),
+        Some("storage") if parts.len() >= 6 => {
+            let dtype = match p.get(parts[1]) {
+                PValue::Global { name, .. } => DType::from_storage_class(name)
+                    .ok_or_else(|| format!("its storage type {name} is not a torch storage class"))?,
+                _ => return Err("its storage type is not a class".into()),
+            };
+            let root = key_string(p, parts[2]).ok_or("its storage key is not a string")?;
+            let view = match p.as_tuple_or_list(parts[5]) {
+                Some([k, off, size]) => {
+                    let num = |i: NodeId| p.as_int(i).and_then(|v| usize::try_from(v).ok());
+                    Some((
+                        key_string(p, *k).ok_or("its view key is not a string")?,
+                        num(*off).ok_or("its view offset is not a non-negative integer")?,
+                        num(*size).ok_or("its view size is not a non-negative integer")?,
+                    ))
+                }
+                _ => None,
+            };
+            Ok(Id::Storage { dtype, root, view })
+        }
+        _ => Err("its persistent id is neither a storage nor a module".into()),
+    }
+}
+
+struct LegacyResolver {
+    storages: Vec<Storage>,
+    by_root: HashMap<String, usize>,
+    views: HashMap<String, usize>,
+}
+
+impl Resolver for LegacyResolver {
+    fn persistent(&mut self, p: &Pickle, payload: NodeId) -> Result<Persistent, String> {
+        let (dtype, root, view) = match parse_id(p, payload)? {
+            Id::Module(n) => return Ok(Persistent::Node(n)),
+            Id::Storage { dtype, root, view } => (dtype, root, view),
+        };
+        let index = *self
+            .by_root
+            .get(&root)
+            .ok_or_else(|| format!("its storage {root} is not among the file's storages"))?;
+        let Some((view_key, offset, size)) = view else {
+            return Ok(Persistent::Storage { index, dtype });
+        };
+        if let Some(&v) = self.views.get(&view_key) {
+            return Ok(Persistent::Storage { index: v, dtype });
+        }
+        let base = &self.storages[index];
+        let es = dtype.size();
+        let sub = offset
+            .checked_mul(es)
+            .zip(size.checked_mul(es))
+            .and_then(|(s, n)| Some((s, s.checked_add(n)?)))
+            .filter(|&(_, end)| end <= base.len())
+            .and_then(|(s, end)| base.slice(s..end))
+            .ok_or_else(|| format!("its storage view {view_key} (offset {offset}, {size} elements) reaches outside storage {root} ({} bytes)", base.len()))?;
+        let v = self.storages.len();
+        self.storages.push(sub);
+        self.views.insert(view_key, v);
+        Ok(Persistent::Storage { index: v, dtype })
+    }
+
+    fn storages(&self) -> &[Storage] {
+        &self.storages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn magic_detection() {
+        let mut head = vec![0x80, 0x02, 0x8a, 0x0a];
+        head.extend_from_slice(&MAGIC);
+        assert!(looks_like(&head));
+        head[5] ^= 1;
+        assert!(!looks_like(&head));
+        assert!(!looks_like(b"\x80\x02"));
+    }
+}

@@ -1,0 +1,226 @@
+//! The `torch.save` zip format (PyTorch ≥ 1.6): `<root>/data.pkl` plus one record
+//! `<root>/data/<key>` per storage, an optional `<root>/byteorder`, any root folder name,
+//! ZIP64 allowed. Stored records are used in place from the memory map; deflated ones
+//! (archives re-zipped by other tools) are decompressed under a size limit.
+
+use std::collections::HashMap;
+use std::io::{Cursor, Read};
+use std::path::Path;
+
+use torchport_pickle::{NodeId, Pickle, Value as PValue};
+use zip::{CompressionMethod, ZipArchive};
+
+use crate::checkpoint::Checkpoint;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::interpret::{interpret, Persistent, Resolver};
+use crate::limits::Limits;
+use crate::storage::{FileBytes, Storage};
+use crate::tensor::ByteOrder;
+
+/// An opened zip archive over the file's bytes.
+pub(crate) struct Archive<'a> {
+    path: &'a Path,
+    file: &'a FileBytes,
+    zip: ZipArchive<Cursor<&'a [u8]>>,
+    max_decompressed: u64,
+}
+
+impl<'a> Archive<'a> {
+    pub(crate) fn new(path: &'a Path, file: &'a FileBytes, limits: &Limits) -> Result<Self> {
+        let zip = ZipArchive::new(Cursor::new(file.as_slice())).map_err(|source| Error::Zip {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Archive {
+            path,
+            file,
+            zip,
+            max_decompressed: limits.max_decompressed,
+        })
+    }
+
+    /// Every record name in the archive.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.zip.file_names().filter_map(|n| n.ok().map(|n| n.into_owned())).collect()
+    }
+
+    /// True when a record of this name exists.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.zip.index_for_name(name).is_some()
+    }
+
+    /// The bytes of one record: a view of the map when stored, decompressed otherwise.
+    pub(crate) fn record(&mut self, name: &str) -> Result<Storage> {
+        let missing = || Error::MissingRecord {
+            path: self.path.to_path_buf(),
+            record: name.to_string(),
+        };
+        let index = self.zip.index_for_name(name).ok_or_else(missing)?;
+        let zip_err = |source| Error::Zip {
+            path: self.path.to_path_buf(),
+            source,
+        };
+        let raw = self.zip.by_index_raw(index).map_err(zip_err)?;
+        let size = raw.size();
+        if raw.compression() == CompressionMethod::Stored {
+            let start = raw.data_start().unwrap_or(u64::MAX);
+            let range = usize::try_from(start)
+                .ok()
+                .zip(usize::try_from(size).ok())
+                .and_then(|(s, n)| Some(s..s.checked_add(n)?));
+            return range
+                .and_then(|r| self.file.storage(r))
+                .ok_or_else(|| Error::corrupt(self.path, format!("record {name} ({size} bytes) extends past the end of the file")));
+        }
+        drop(raw);
+        if size > self.max_decompressed {
+            return Err(Error::Limit {
+                path: self.path.to_path_buf(),
+                what: format!("record {name} decompressed ({size} bytes)"),
+                limit: self.max_decompressed,
+                field: "max_decompressed",
+            });
+        }
+        let entry = self.zip.by_index(index).map_err(zip_err)?;
+        // Never trust the declared size for the allocation beyond what the limit allows,
+        // and stop one byte past it to notice an entry that inflates further.
+        let mut out = Vec::with_capacity(size.min(1 << 26) as usize);
+        entry
+            .take(size.saturating_add(1))
+            .read_to_end(&mut out)
+            .map_err(|e| Error::corrupt(self.path, format!("record {name} cannot be decompressed: {e}")))?;
+        if out.len() as u64 != size {
+            return Err(Error::corrupt(
+                self.path,
+                format!("record {name} decompresses to {} bytes, but the archive declares {size}", out.len()),
+            ));
+        }
+        Ok(Storage::owned(out))
+    }
+}
+
+/// The root folder of a torch zip: the folder holding `data.pkl` (any name).
+fn find_root(names: &[String]) -> Option<String> {
+    names
+        .iter()
+        .filter_map(|n| n.strip_suffix("data.pkl"))
+        .filter(|r| r.is_empty() || (r.ends_with('/') && r.matches('/').count() == 1))
+        .min_by_key(|r| r.len())
+        .map(str::to_string)
+}
+
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    let mut ar = Archive::new(path, file, limits)?;
+    let names = ar.names();
+    let Some(root) = find_root(&names) else {
+        let what = if names.iter().any(|n| n.contains("/models/") || n.ends_with("archive_format")) {
+            "a torch.export (.pt2) archive"
+        } else {
+            return Err(Error::corrupt(path, "the zip archive has no data.pkl record; it is not a torch.save file"));
+        };
+        return Err(Error::UnsupportedFormat { path: path.to_path_buf(), what: what.into() });
+    };
+    if ar.has(&format!("{root}constants.pkl")) || names.iter().any(|n| n.starts_with(&format!("{root}code/"))) {
+        return Err(Error::UnsupportedFormat {
+            path: path.to_path_buf(),
+            what: "a TorchScript archive (torch.jit.save)".into(),
+        });
+    }
+    let order = match ar.has(&format!("{root}byteorder")) {
+        false => ByteOrder::Little,
+        true => match ar.record(&format!("{root}byteorder"))?.bytes() {
+            b"little" => ByteOrder::Little,
+            b"big" => ByteOrder::Big,
+            other => {
+                return Err(Error::corrupt(path, format!("the byteorder record says {:?}; expected \"little\" or \"big\"", String::from_utf8_lossy(other))))
+            }
+        },
+    };
+    let record = format!("{root}data.pkl");
+    let pkl = ar.record(&record)?;
+    let pickle = torchport_pickle::parse(pkl.bytes(), &limits.pickle).map_err(|source| Error::Pickle {
+        path: path.to_path_buf(),
+        record: record.clone(),
+        source,
+    })?;
+    let mut resolver = ZipResolver { ar, root, storages: Vec::new(), by_key: HashMap::new() };
+    let found = interpret(path, &pickle, &mut resolver, order, limits)?;
+    let globals = pickle.globals().to_vec();
+    Ok(Checkpoint::new(path, Format::TorchZip, order, found, globals, resolver.storages))
+}
+
+struct ZipResolver<'a> {
+    ar: Archive<'a>,
+    root: String,
+    storages: Vec<Storage>,
+    by_key: HashMap<String, (usize, DType)>,
+}
+
+/// Parse a zip persistent id: `('storage', <StorageClass>, key, location, numel)`.
+pub(crate) fn storage_id(p: &Pickle, payload: NodeId) -> Result<(DType, String, u64), String> {
+    let parts = p.as_tuple_or_list(payload).ok_or("its persistent id is not a tuple")?;
+    let kind = parts.first().and_then(|&k| p.as_str(k));
+    if kind != Some("storage") || parts.len() < 5 {
+        return Err("its persistent id is not a ('storage', type, key, location, size) tuple".into());
+    }
+    let dtype = match p.get(parts[1]) {
+        PValue::Global { name, .. } => DType::from_storage_class(name)
+            .ok_or_else(|| format!("its storage type {name} is not a torch storage class"))?,
+        _ => return Err("its storage type is not a class".into()),
+    };
+    let key = match p.get(parts[2]) {
+        PValue::Str(s) => s.clone(),
+        PValue::Int(i) => i.to_string(),
+        _ => return Err("its storage key is not a string".into()),
+    };
+    let numel = p
+        .as_int(parts[4])
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or("its storage size is not a non-negative integer")?;
+    Ok((dtype, key, numel))
+}
+
+impl Resolver for ZipResolver<'_> {
+    fn persistent(&mut self, p: &Pickle, payload: NodeId) -> Result<Persistent, String> {
+        let (dtype, key, numel) = storage_id(p, payload)?;
+        if let Some(&(index, dtype)) = self.by_key.get(&key) {
+            return Ok(Persistent::Storage { index, dtype });
+        }
+        let name = format!("{}data/{key}", self.root);
+        let storage = self.ar.record(&name).map_err(|e| match e {
+            Error::MissingRecord { .. } => format!("its storage record {name} is missing from the archive"),
+            other => other.to_string(),
+        })?;
+        let declared = numel.checked_mul(dtype.size() as u64).ok_or("its storage size overflows")?;
+        if (storage.len() as u64) < declared {
+            return Err(format!(
+                "its storage record {name} holds {} bytes, but the pickle declares {numel} elements of {dtype} ({declared} bytes)",
+                storage.len()
+            ));
+        }
+        let index = self.storages.len();
+        self.storages.push(storage);
+        self.by_key.insert(key, (index, dtype));
+        Ok(Persistent::Storage { index, dtype })
+    }
+
+    fn storages(&self) -> &[Storage] {
+        &self.storages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots() {
+        let n = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(find_root(&n(&["archive/data.pkl", "archive/data/0"])), Some("archive/".into()));
+        assert_eq!(find_root(&n(&["x y/data.pkl"])), Some("x y/".into()));
+        assert_eq!(find_root(&n(&["a/b/data.pkl"])), None);
+        assert_eq!(find_root(&n(&["data.pkl"])), Some(String::new()));
+    }
+}

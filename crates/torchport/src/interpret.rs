@@ -1,0 +1,848 @@
+//! Phase two of reading a torch.save pickle: walk the recorded value tree and turn it into
+//! named tensors and values. Only a fixed table of torch rebuild functions is interpreted;
+//! every other call stays an opaque object. Names follow DESIGN.md: key paths joined with
+//! `.`, and `state_dict()` names for pickled `nn.Module`s.
+
+use std::path::Path;
+
+use torchport_pickle::{NodeId, Object, Pickle, Value as PValue};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::limits::Limits;
+use crate::storage::Storage;
+use crate::tensor::{check_view, view_bytes, ByteOrder, Quant, TensorData, TensorInfo};
+use crate::value::Value;
+
+/// What a persistent id stands for, as the container format resolves it.
+pub(crate) enum Persistent {
+    /// A storage (index into the reader's storage list) holding elements of `dtype`.
+    Storage { index: usize, dtype: DType },
+    /// A whole tensor (the tar format stores tensor records outside the pickle).
+    Tensor(Box<TensorInfo>),
+    /// Another pickle node stands in its place (the legacy format's `module` ids).
+    Node(NodeId),
+}
+
+/// The container format's side of the walk: resolves persistent ids to storages.
+pub(crate) trait Resolver {
+    /// Resolve the payload of a `PERSID`/`BINPERSID`; errors are plain descriptions.
+    fn persistent(&mut self, pickle: &Pickle, payload: NodeId) -> Result<Persistent, String>;
+    /// Every storage resolved so far.
+    fn storages(&self) -> &[Storage];
+}
+
+/// What the walk found.
+#[derive(Default)]
+pub(crate) struct Found {
+    pub tensors: Vec<TensorInfo>,
+    pub values: Vec<(String, Value)>,
+    /// `(path, qualified class)` of each pickled `nn.Module`.
+    pub modules: Vec<(String, String)>,
+}
+
+/// Walk `pickle` from its root and name every tensor and value in it.
+pub(crate) fn interpret(
+    path: &Path,
+    pickle: &Pickle,
+    resolver: &mut dyn Resolver,
+    order: ByteOrder,
+    limits: &Limits,
+) -> Result<Found> {
+    let mut w = Walker {
+        path,
+        p: pickle,
+        r: resolver,
+        order,
+        limits,
+        visits: 0,
+        max_visits: limits.max_visits.max(pickle.len().saturating_mul(4)),
+        on_path: Vec::new(),
+        found: Found::default(),
+    };
+    w.walk(pickle.root(), "", 0)?;
+    Ok(w.found)
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// The fixed table of calls that build tensors.
+const REBUILD_FUNCTIONS: &[(&str, &str)] = &[
+    ("torch._utils", "_rebuild_tensor"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils", "_rebuild_tensor_v3"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch._utils", "_rebuild_parameter_with_state"),
+    ("torch._utils", "_rebuild_qtensor"),
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
+    ("torch._utils", "_rebuild_sparse_tensor"),
+    ("torch._utils", "_rebuild_nested_tensor"),
+    ("torch._utils", "_rebuild_device_tensor_from_numpy"),
+    ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"),
+    ("torch._utils", "_rebuild_xla_tensor"),
+    ("torch._utils", "_rebuild_wrapper_subclass"),
+    ("torch._tensor", "_rebuild_from_type"),
+    ("torch._tensor", "_rebuild_from_type_v2"),
+];
+
+/// True for the globals torch.save uses to rebuild tensors (the known-safe table).
+pub fn is_rebuild_function(module: &str, name: &str) -> bool {
+    REBUILD_FUNCTIONS.contains(&(module, name))
+}
+
+struct Walker<'a> {
+    path: &'a Path,
+    p: &'a Pickle,
+    r: &'a mut dyn Resolver,
+    order: ByteOrder,
+    limits: &'a Limits,
+    visits: usize,
+    max_visits: usize,
+    on_path: Vec<NodeId>,
+    found: Found,
+}
+
+impl<'a> Walker<'a> {
+    fn walk(&mut self, id: NodeId, name: &str, depth: usize) -> Result<()> {
+        self.visits += 1;
+        if self.visits > self.max_visits {
+            return Err(self.limit(
+                "the object graph, counting shared references each time they are reached,",
+                self.max_visits as u64,
+                "max_visits",
+            ));
+        }
+        if depth > self.limits.max_depth {
+            return Err(self.limit(
+                "nesting of containers",
+                self.limits.max_depth as u64,
+                "max_depth",
+            ));
+        }
+        if self.on_path.contains(&id) {
+            self.found.values.push((name.to_string(), Value::Recursive));
+            return Ok(());
+        }
+        self.on_path.push(id);
+        let r = self.walk_node(id, name, depth);
+        self.on_path.pop();
+        r
+    }
+
+    fn walk_node(&mut self, id: NodeId, name: &str, depth: usize) -> Result<()> {
+        let p = self.p;
+        match p.get(id) {
+            PValue::List(items) | PValue::Tuple(items) | PValue::Set(items) | PValue::FrozenSet(items) => {
+                if items.is_empty() {
+                    let kind = match p.get(id) {
+                        PValue::List(_) => "[]",
+                        PValue::Tuple(_) => "()",
+                        _ => "set()",
+                    };
+                    self.found.values.push((name.to_string(), Value::Empty(kind)));
+                }
+                for (i, &item) in items.iter().enumerate() {
+                    self.walk(item, &join(name, &i.to_string()), depth + 1)?;
+                }
+            }
+            PValue::Dict(items) => {
+                if items.is_empty() {
+                    self.found.values.push((name.to_string(), Value::Empty("{}")));
+                }
+                self.walk_items(items, name, depth)?;
+            }
+            PValue::PersistentId(payload) => {
+                let resolved = self
+                    .r
+                    .persistent(p, *payload)
+                    .map_err(|what| Error::tensor(self.path, name, what))?;
+                match resolved {
+                    Persistent::Storage { index, dtype } => {
+                        // A bare storage: expose it as a 1-d tensor of its elements.
+                        let len = self.storage_len(index);
+                        let n = len / dtype.size();
+                        self.push_tensor(TensorInfo {
+                            name: name.to_string(),
+                            dtype,
+                            shape: vec![n],
+                            strides: vec![1],
+                            offset: 0,
+                            data: TensorData::Strided { storage: index },
+                            quant: None,
+                            requires_grad: false,
+                        })?;
+                    }
+                    Persistent::Tensor(mut t) => {
+                        t.name = name.to_string();
+                        self.push_tensor(*t)?;
+                    }
+                    Persistent::Node(n) => self.walk(n, name, depth + 1)?,
+                }
+            }
+            PValue::Object(obj) => self.object(obj, name, depth)?,
+            leaf => {
+                let v = leaf_value(leaf);
+                self.found.values.push((name.to_string(), v));
+            }
+        }
+        Ok(())
+    }
+
+    fn walk_items(&mut self, items: &[(NodeId, NodeId)], name: &str, depth: usize) -> Result<()> {
+        for &(k, v) in items {
+            let key = self.key_string(k);
+            self.walk(v, &join(name, &key), depth + 1)?;
+        }
+        Ok(())
+    }
+
+    fn key_string(&self, k: NodeId) -> String {
+        match self.p.get(k) {
+            PValue::Str(s) => s.clone(),
+            PValue::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+            other => leaf_value(other).to_string(),
+        }
+    }
+
+    /// The `(module, name)` a call refers to, following the legacy format's `module` ids.
+    fn callable(&mut self, id: NodeId) -> Option<(String, String)> {
+        match self.p.get(id) {
+            PValue::Global { module, name } => Some((module.clone(), name.clone())),
+            PValue::PersistentId(payload) => match self.r.persistent(self.p, *payload) {
+                Ok(Persistent::Node(n)) => self.callable(n),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn object(&mut self, obj: &Object, name: &str, depth: usize) -> Result<()> {
+        let Some((module, qual)) = self.callable(obj.callable) else {
+            self.found
+                .values
+                .push((name.to_string(), Value::Object("<unnamed callable>".into())));
+            return Ok(());
+        };
+        if is_rebuild_function(&module, &qual) {
+            let t = self.rebuild(&module, &qual, &obj.args, name)?;
+            return self.push_tensor(t);
+        }
+        if let Some(v) = self.numpy_scalar(&module, &qual, &obj.args) {
+            self.found.values.push((name.to_string(), v));
+            return Ok(());
+        }
+        // copyreg._reconstructor(cls, base, state) is how protocols 0 and 1 spell NEWOBJ.
+        let class = if module == "copyreg" && qual == "_reconstructor" {
+            obj.args
+                .first()
+                .and_then(|&c| self.callable(c))
+                .map(|(m, n)| format!("{m}.{n}"))
+                .unwrap_or_else(|| "copyreg._reconstructor".into())
+        } else {
+            format!("{module}.{qual}")
+        };
+        if let Some(state) = obj.state {
+            if self.is_module_state(state) {
+                return self.module(&class, state, name, depth);
+            }
+        }
+        // Dict-like objects (OrderedDict, defaultdict) hold their entries as SETITEMS.
+        let dict_like = !obj.dict_items.is_empty() || class == "collections.OrderedDict";
+        if dict_like && obj.state.is_none() && obj.list_items.is_empty() {
+            if obj.dict_items.is_empty() {
+                self.found.values.push((name.to_string(), Value::Empty("{}")));
+            }
+            return self.walk_items(&obj.dict_items, name, depth);
+        }
+        self.opaque(obj, class, name, depth)
+    }
+
+    /// An object torchport does not interpret: kept as a value, unless tensors live inside
+    /// it, in which case its contents are named (attribute by attribute) so none is lost.
+    fn opaque(&mut self, obj: &Object, class: String, name: &str, depth: usize) -> Result<()> {
+        let mark = (
+            self.found.tensors.len(),
+            self.found.values.len(),
+            self.found.modules.len(),
+        );
+        if let Some(state) = obj.state {
+            self.walk_state(state, name, depth)?;
+        }
+        for (i, &item) in obj.list_items.iter().enumerate() {
+            self.walk(item, &join(name, &i.to_string()), depth + 1)?;
+        }
+        self.walk_items(&obj.dict_items, name, depth)?;
+        for (i, &arg) in obj.args.iter().enumerate() {
+            self.walk(arg, &join(name, &format!("arg{i}")), depth + 1)?;
+        }
+        if self.found.tensors.len() == mark.0 {
+            self.found.values.truncate(mark.1);
+            self.found.modules.truncate(mark.2);
+            self.found.values.push((name.to_string(), Value::Object(class)));
+        }
+        Ok(())
+    }
+
+    /// A BUILD state: a dict of attributes, or `(dict, slots)`.
+    fn walk_state(&mut self, state: NodeId, name: &str, depth: usize) -> Result<()> {
+        match self.p.get(state) {
+            PValue::Dict(items) => self.walk_items(items, name, depth),
+            PValue::Tuple(parts) if parts.len() == 2 => {
+                for &part in parts {
+                    if !matches!(self.p.get(part), PValue::None) {
+                        self.walk_state(part, name, depth + 1)?;
+                    }
+                }
+                Ok(())
+            }
+            _ => self.walk(state, &join(name, "state"), depth + 1),
+        }
+    }
+
+    fn dict_entries(&self, id: NodeId) -> Option<&'a [(NodeId, NodeId)]> {
+        let p: &'a Pickle = self.p;
+        match p.get(id) {
+            PValue::Dict(items) => Some(items),
+            PValue::Object(o) => Some(&o.dict_items),
+            _ => None,
+        }
+    }
+
+    fn dict_get(&self, id: NodeId, key: &str) -> Option<NodeId> {
+        self.dict_entries(id)?
+            .iter()
+            .find(|(k, _)| self.p.as_str(*k) == Some(key))
+            .map(|&(_, v)| v)
+    }
+
+    fn is_module_state(&self, state: NodeId) -> bool {
+        self.dict_get(state, "_parameters").is_some() && self.dict_get(state, "_modules").is_some()
+    }
+
+    /// A pickled `nn.Module`: name its tensors exactly as `state_dict()` would.
+    fn module(&mut self, class: &str, state: NodeId, name: &str, depth: usize) -> Result<()> {
+        self.found.modules.push((name.to_string(), class.to_string()));
+        if let Some(params) = self.dict_get(state, "_parameters") {
+            for &(k, v) in self.dict_entries(params).unwrap_or_default() {
+                if !matches!(self.p.get(v), PValue::None) {
+                    let key = self.key_string(k);
+                    self.walk(v, &join(name, &key), depth + 1)?;
+                }
+            }
+        }
+        let non_persistent = self
+            .dict_get(state, "_non_persistent_buffers_set")
+            .map(|s| self.strings(s))
+            .unwrap_or_default();
+        if let Some(buffers) = self.dict_get(state, "_buffers") {
+            for &(k, v) in self.dict_entries(buffers).unwrap_or_default() {
+                let key = self.key_string(k);
+                if !matches!(self.p.get(v), PValue::None) && !non_persistent.contains(&key) {
+                    self.walk(v, &join(name, &key), depth + 1)?;
+                }
+            }
+        }
+        if let Some(children) = self.dict_get(state, "_modules") {
+            for &(k, v) in self.dict_entries(children).unwrap_or_default() {
+                if !matches!(self.p.get(v), PValue::None) {
+                    let key = self.key_string(k);
+                    self.walk(v, &join(name, &key), depth + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn push_tensor(&mut self, t: TensorInfo) -> Result<()> {
+        if self.found.tensors.len() >= self.limits.max_tensors {
+            return Err(self.limit(
+                "the number of tensors",
+                self.limits.max_tensors as u64,
+                "max_tensors",
+            ));
+        }
+        self.found.tensors.push(t);
+        Ok(())
+    }
+
+    fn limit(&self, what: &str, limit: u64, field: &'static str) -> Error {
+        Error::Limit {
+            path: self.path.to_path_buf(),
+            what: what.to_string(),
+            limit,
+            field,
+        }
+    }
+
+    fn storage_len(&self, index: usize) -> usize {
+        self.r.storages().get(index).map_or(0, Storage::len)
+    }
+
+    // ----- the rebuild table -----
+
+    fn rebuild(&mut self, module: &str, func: &str, args: &[NodeId], name: &str) -> Result<TensorInfo> {
+        let bad = |what: String| Error::tensor(self.path, name, what);
+        let arg = |i: usize| {
+            args.get(i)
+                .copied()
+                .ok_or_else(|| bad(format!("{module}.{func} needs argument {i}")))
+        };
+        match func {
+            "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3" | "_rebuild_qtensor" => {
+                let (index, storage_dtype) = self.storage_arg(arg(0)?, name)?;
+                let offset = self.usize_arg(arg(1)?, name, "storage offset")?;
+                let shape = self.usize_list(arg(2)?, name, "size")?;
+                let strides = self.usize_list(arg(3)?, name, "stride")?;
+                let mut dtype = storage_dtype;
+                let mut quant = None;
+                let mut requires_grad = false;
+                match func {
+                    "_rebuild_tensor_v2" => requires_grad = self.bool_arg(args.get(4)),
+                    "_rebuild_tensor_v3" => {
+                        requires_grad = self.bool_arg(args.get(4));
+                        dtype = self.dtype_arg(arg(6)?, name)?;
+                    }
+                    "_rebuild_qtensor" => {
+                        quant = Some(self.quant_arg(arg(4)?, name)?);
+                        requires_grad = self.bool_arg(args.get(5));
+                    }
+                    _ => {}
+                }
+                self.strided(name, dtype, shape, strides, offset, index, quant, requires_grad)
+            }
+            "_rebuild_parameter" | "_rebuild_parameter_with_state" => {
+                let mut t = self.tensor_arg(arg(0)?, name)?;
+                t.requires_grad = self.bool_arg(args.get(1));
+                Ok(t)
+            }
+            "_rebuild_from_type" | "_rebuild_from_type_v2" => {
+                // (func, new_type, args, state): func(*args), then a subclass cast.
+                let inner = arg(0)?;
+                let Some((m, f)) = self.callable(inner) else {
+                    return Err(bad("the wrapped rebuild function is not a global".into()));
+                };
+                if !is_rebuild_function(&m, &f) {
+                    return Err(bad(format!(
+                        "the wrapped function {m}.{f} is not a tensor rebuild function"
+                    )));
+                }
+                let inner_args = self
+                    .p
+                    .as_tuple_or_list(arg(2)?)
+                    .ok_or_else(|| bad("the wrapped arguments are not a tuple".into()))?
+                    .to_vec();
+                self.rebuild(&m, &f, &inner_args, name)
+            }
+            "_rebuild_meta_tensor_no_storage" => {
+                let dtype = self.dtype_arg(arg(0)?, name)?;
+                let shape = self.usize_list(arg(1)?, name, "size")?;
+                let strides = self.usize_list(arg(2)?, name, "stride")?;
+                check_view(dtype, &shape, &strides, 0, usize::MAX).map_err(bad)?;
+                Ok(TensorInfo {
+                    name: name.to_string(),
+                    dtype,
+                    shape,
+                    strides,
+                    offset: 0,
+                    data: TensorData::Meta,
+                    quant: None,
+                    requires_grad: self.bool_arg(args.get(3)),
+                })
+            }
+            "_rebuild_sparse_tensor" => {
+                // The layout is `torch.serialization._get_layout('torch.sparse_coo')`.
+                let layout = match args.first().map(|&l| self.p.get(l)) {
+                    Some(PValue::Object(o)) => o.args.first().and_then(|&a| self.p.as_str(a)),
+                    Some(PValue::Str(s)) => Some(s.as_str()),
+                    _ => None,
+                };
+                let layout = layout.unwrap_or("sparse").trim_start_matches("torch.").to_string();
+                // data = (indices, values, size, …): take dtype and size from the values.
+                let parts = args
+                    .get(1)
+                    .and_then(|&d| self.p.as_tuple_or_list(d))
+                    .map(<[NodeId]>::to_vec)
+                    .unwrap_or_default();
+                // COO: (indices, values, size, …); compressed: (ci, pi, values, size).
+                let values = parts.get(if layout == "sparse_coo" { 1 } else { 2 });
+                let dtype = match values {
+                    Some(&v) => self.tensor_arg(v, name)?.dtype,
+                    None => DType::F32,
+                };
+                let shape = parts
+                    .iter()
+                    .find_map(|&s| self.usize_list(s, name, "size").ok())
+                    .unwrap_or_default();
+                Ok(self.unsupported(name, dtype, shape, format!("a {layout} tensor")))
+            }
+            other => Ok(self.unsupported(
+                name,
+                DType::F32,
+                Vec::new(),
+                format!("a tensor rebuilt by {module}.{other}"),
+            )),
+        }
+    }
+
+    fn unsupported(&self, name: &str, dtype: DType, shape: Vec<usize>, what: String) -> TensorInfo {
+        let strides = contiguous_strides(&shape);
+        TensorInfo {
+            name: name.to_string(),
+            dtype,
+            shape,
+            strides,
+            offset: 0,
+            data: TensorData::Unsupported { what },
+            quant: None,
+            requires_grad: false,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn strided(
+        &self,
+        name: &str,
+        dtype: DType,
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        offset: usize,
+        storage: usize,
+        quant: Option<Quant>,
+        requires_grad: bool,
+    ) -> Result<TensorInfo> {
+        if shape.len() > self.limits.max_ndim {
+            return Err(Error::tensor(
+                self.path,
+                name,
+                format!(
+                    "has {} dimensions, more than the limit of {} (Limits::max_ndim)",
+                    shape.len(),
+                    self.limits.max_ndim
+                ),
+            ));
+        }
+        check_view(dtype, &shape, &strides, offset, self.storage_len(storage))
+            .map_err(|what| Error::tensor(self.path, name, what))?;
+        Ok(TensorInfo {
+            name: name.to_string(),
+            dtype,
+            shape,
+            strides,
+            offset,
+            data: TensorData::Strided { storage },
+            quant,
+            requires_grad,
+        })
+    }
+
+    fn storage_arg(&mut self, id: NodeId, name: &str) -> Result<(usize, DType)> {
+        let payload = match self.p.get(id) {
+            PValue::PersistentId(payload) => *payload,
+            _ => return Err(Error::tensor(self.path, name, "its storage is not a persistent id")),
+        };
+        match self
+            .r
+            .persistent(self.p, payload)
+            .map_err(|what| Error::tensor(self.path, name, what))?
+        {
+            Persistent::Storage { index, dtype } => Ok((index, dtype)),
+            _ => Err(Error::tensor(self.path, name, "its storage id does not name a storage")),
+        }
+    }
+
+    fn tensor_arg(&mut self, id: NodeId, name: &str) -> Result<TensorInfo> {
+        let bad = |what: &str| Error::tensor(self.path, name, what.to_string());
+        match self.p.get(id) {
+            PValue::Object(o) => {
+                let (m, f) = self.callable(o.callable).ok_or_else(|| bad("expected a tensor"))?;
+                if !is_rebuild_function(&m, &f) {
+                    return Err(bad(&format!("expected a tensor, found a {m}.{f} object")));
+                }
+                let args = o.args.clone();
+                self.rebuild(&m, &f, &args, name)
+            }
+            PValue::PersistentId(payload) => {
+                match self
+                    .r
+                    .persistent(self.p, *payload)
+                    .map_err(|what| Error::tensor(self.path, name, what))?
+                {
+                    Persistent::Tensor(t) => Ok(*t),
+                    _ => Err(bad("expected a tensor, found a storage")),
+                }
+            }
+            _ => Err(bad("expected a tensor")),
+        }
+    }
+
+    fn usize_arg(&self, id: NodeId, name: &str, what: &str) -> Result<usize> {
+        self.p
+            .as_int(id)
+            .and_then(|i| usize::try_from(i).ok())
+            .ok_or_else(|| Error::tensor(self.path, name, format!("its {what} is not a non-negative integer")))
+    }
+
+    fn usize_list(&self, id: NodeId, name: &str, what: &str) -> Result<Vec<usize>> {
+        // A `torch.Size` is recorded as a call on its tuple of sizes.
+        let id = match self.p.get(id) {
+            PValue::Object(o) if o.args.len() == 1 && self.p.as_global(o.callable) == Some(("torch", "Size")) => o.args[0],
+            _ => id,
+        };
+        let items = self
+            .p
+            .as_tuple_or_list(id)
+            .ok_or_else(|| Error::tensor(self.path, name, format!("its {what} is not a tuple")))?;
+        if items.len() > self.limits.max_ndim {
+            return Err(Error::tensor(
+                self.path,
+                name,
+                format!("its {what} has {} entries, more than Limits::max_ndim", items.len()),
+            ));
+        }
+        items.iter().map(|&i| self.usize_arg(i, name, what)).collect()
+    }
+
+    fn bool_arg(&self, id: Option<&NodeId>) -> bool {
+        id.and_then(|&i| self.p.as_int(i)).is_some_and(|v| v != 0)
+    }
+
+    fn dtype_arg(&self, id: NodeId, name: &str) -> Result<DType> {
+        let found = match self.p.get(id) {
+            PValue::Global { module, name } if module == "torch" => DType::from_name(name),
+            PValue::Str(s) => DType::from_name(s),
+            _ => None,
+        };
+        found.ok_or_else(|| Error::tensor(self.path, name, "its dtype is not a known torch dtype"))
+    }
+
+    fn quant_arg(&mut self, id: NodeId, name: &str) -> Result<Quant> {
+        let bad = |what: &str| Error::tensor(self.path, name, what.to_string());
+        let params = self
+            .p
+            .as_tuple_or_list(id)
+            .ok_or_else(|| bad("its quantizer parameters are not a tuple"))?
+            .to_vec();
+        let scheme = match params.first().map(|&s| self.p.get(s)) {
+            Some(PValue::Global { name, .. }) => name.clone(),
+            Some(PValue::Str(s)) => s.clone(),
+            _ => return Err(bad("its quantization scheme is missing")),
+        };
+        let float = |p: &Pickle, i: Option<&NodeId>| match i.map(|&i| p.get(i)) {
+            Some(PValue::Float(f)) => Some(*f),
+            Some(PValue::Int(v)) => Some(*v as f64),
+            _ => None,
+        };
+        match (scheme.as_str(), params.len()) {
+            ("per_tensor_affine", 3) => Ok(Quant::PerTensor {
+                scale: float(self.p, params.get(1)).ok_or_else(|| bad("its scale is not a number"))?,
+                zero_point: params
+                    .get(2)
+                    .and_then(|&z| self.p.as_int(z))
+                    .ok_or_else(|| bad("its zero point is not an integer"))?,
+            }),
+            ("per_channel_affine" | "per_channel_affine_float_qparams", 4) => {
+                let scales = self.f64_values(params[1], &format!("{name} (scales)"))?;
+                let zero_points = self.f64_values(params[2], &format!("{name} (zero points)"))?;
+                let axis = self.usize_arg(params[3], name, "quantization axis")?;
+                Ok(Quant::PerChannel {
+                    scales,
+                    zero_points,
+                    axis,
+                })
+            }
+            _ => Err(bad(&format!("its quantization scheme {scheme} is not supported"))),
+        }
+    }
+
+    /// Read a small tensor (or list of numbers) as f64 values: per-channel quantization
+    /// parameters are stored as tensors.
+    fn f64_values(&mut self, id: NodeId, name: &str) -> Result<Vec<f64>> {
+        if let Some(items) = self.p.as_tuple_or_list(id) {
+            return Ok(items
+                .iter()
+                .filter_map(|&i| match self.p.get(i) {
+                    PValue::Float(f) => Some(*f),
+                    PValue::Int(v) => Some(*v as f64),
+                    _ => None,
+                })
+                .collect());
+        }
+        let t = self.tensor_arg(id, name)?;
+        let TensorData::Strided { storage } = t.data else {
+            return Err(Error::tensor(self.path, name, "has no data"));
+        };
+        let bytes = self.r.storages().get(storage).map(Storage::bytes).unwrap_or_default();
+        let data = view_bytes(&t, bytes, self.order);
+        let out = match t.dtype {
+            DType::F64 => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
+            DType::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default()) as f64).collect(),
+            DType::I64 => data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()) as f64).collect(),
+            DType::I32 => data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap_or_default()) as f64).collect(),
+            other => {
+                return Err(Error::tensor(self.path, name, format!("is {other}, expected float or integer")))
+            }
+        };
+        Ok(out)
+    }
+
+    /// `numpy.core.multiarray.scalar(dtype, bytes)`: decode the common numeric kinds.
+    fn numpy_scalar(&mut self, module: &str, func: &str, args: &[NodeId]) -> Option<Value> {
+        if func != "scalar" || !matches!(module, "numpy.core.multiarray" | "numpy._core.multiarray") {
+            return None;
+        }
+        let dtype_obj = match self.p.get(*args.first()?) {
+            PValue::Object(o) => o,
+            _ => return None,
+        };
+        let code = self.p.as_str(*dtype_obj.args.first()?)?.to_string();
+        let big = dtype_obj
+            .state
+            .and_then(|s| self.p.as_tuple_or_list(s))
+            .and_then(|s| s.get(1).copied())
+            .and_then(|e| self.p.as_str(e))
+            == Some(">");
+        let mut raw = self.bytes_value(*args.get(1)?)?;
+        if big {
+            raw.reverse();
+        }
+        let (dtype, value) = decode_numpy(&code, &raw)?;
+        Some(Value::Numpy {
+            dtype: dtype.to_string(),
+            value: Box::new(value),
+        })
+    }
+}
+
+impl Walker<'_> {
+    /// The strings in a set, list or tuple, including protocol 2's `set([...])` call.
+    fn strings(&self, id: NodeId) -> Vec<String> {
+        let items: &[NodeId] = match self.p.get(id) {
+            PValue::Set(items) | PValue::FrozenSet(items) | PValue::List(items) | PValue::Tuple(items) => items,
+            PValue::Object(o) => match o.args.first() {
+                Some(&a) if o.list_items.is_empty() => return self.strings(a),
+                _ => &o.list_items,
+            },
+            _ => &[],
+        };
+        items.iter().filter_map(|&i| self.p.as_str(i).map(str::to_string)).collect()
+    }
+
+    /// A bytes object: BINBYTES, or protocol 2's `_codecs.encode(text, 'latin1')`.
+    fn bytes_value(&self, id: NodeId) -> Option<Vec<u8>> {
+        match self.p.get(id) {
+            PValue::Bytes(b) => Some(b.clone()),
+            PValue::Str(s) => Some(s.chars().map(|c| c as u32 as u8).collect()),
+            PValue::Object(o) if self.p.as_global(o.callable) == Some(("_codecs", "encode")) => {
+                self.bytes_value(*o.args.first()?)
+            }
+            _ => None,
+        }
+    }
+}
+
+fn decode_numpy(code: &str, raw: &[u8]) -> Option<(&'static str, Value)> {
+    let b = |n: usize| raw.get(..n);
+    Some(match code {
+        "f8" => ("float64", Value::Float(f64::from_le_bytes(b(8)?.try_into().ok()?))),
+        "f4" => ("float32", Value::Float(f32::from_le_bytes(b(4)?.try_into().ok()?) as f64)),
+        "f2" => ("float16", Value::Float(half::f16::from_le_bytes(b(2)?.try_into().ok()?).to_f64())),
+        "i8" => ("int64", Value::Int(i64::from_le_bytes(b(8)?.try_into().ok()?))),
+        "i4" => ("int32", Value::Int(i32::from_le_bytes(b(4)?.try_into().ok()?) as i64)),
+        "i2" => ("int16", Value::Int(i16::from_le_bytes(b(2)?.try_into().ok()?) as i64)),
+        "i1" => ("int8", Value::Int(*b(1)?.first()? as i8 as i64)),
+        "u8" => ("uint64", u64::from_le_bytes(b(8)?.try_into().ok()?).try_into().map_or_else(|_| Value::BigInt(u64::from_le_bytes(raw[..8].try_into().unwrap_or_default()).to_string()), Value::Int)),
+        "u4" => ("uint32", Value::Int(u32::from_le_bytes(b(4)?.try_into().ok()?) as i64)),
+        "u2" => ("uint16", Value::Int(u16::from_le_bytes(b(2)?.try_into().ok()?) as i64)),
+        "u1" => ("uint8", Value::Int(*b(1)?.first()? as i64)),
+        "b1" => ("bool", Value::Bool(*b(1)?.first()? != 0)),
+        _ => return None,
+    })
+}
+
+/// Row-major strides for `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
+    }
+    strides
+}
+
+/// A pickle leaf as a value.
+fn leaf_value(v: &PValue) -> Value {
+    match v {
+        PValue::None => Value::None,
+        PValue::Bool(b) => Value::Bool(*b),
+        PValue::Int(i) => Value::Int(*i),
+        PValue::BigInt(bytes) => Value::BigInt(bigint_decimal(bytes)),
+        PValue::Float(f) => Value::Float(*f),
+        PValue::Str(s) => Value::Str(s.clone()),
+        PValue::Bytes(b) | PValue::ByteArray(b) => Value::Bytes(b.len()),
+        PValue::Global { module, name } => Value::Global(format!("{module}.{name}")),
+        _ => Value::Object("<unknown>".into()),
+    }
+}
+
+/// Decimal text of a little-endian two's-complement integer (LONG1/LONG4 payload).
+fn bigint_decimal(bytes: &[u8]) -> String {
+    let negative = bytes.last().is_some_and(|&b| b & 0x80 != 0);
+    // Magnitude as little-endian base-256 digits.
+    let mut mag: Vec<u8> = if negative {
+        let mut carry = 1u16;
+        bytes
+            .iter()
+            .map(|&b| {
+                let v = (!b) as u16 + carry;
+                carry = v >> 8;
+                v as u8
+            })
+            .collect()
+    } else {
+        bytes.to_vec()
+    };
+    let mut digits = Vec::new();
+    while mag.iter().any(|&d| d != 0) {
+        let mut rem = 0u32;
+        for d in mag.iter_mut().rev() {
+            let cur = (rem << 8) | *d as u32;
+            *d = (cur / 10) as u8;
+            rem = cur % 10;
+        }
+        digits.push(b'0' + rem as u8);
+    }
+    if digits.is_empty() {
+        digits.push(b'0');
+    }
+    if negative {
+        digits.push(b'-');
+    }
+    digits.reverse();
+    String::from_utf8(digits).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bigints() {
+        assert_eq!(bigint_decimal(&[0xff]), "-1");
+        assert_eq!(bigint_decimal(&[0x00, 0x01]), "256");
+        assert_eq!(
+            bigint_decimal(&[0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19]),
+            "119547037146038801333356"
+        );
+    }
+
+    #[test]
+    fn strides() {
+        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
+        assert!(contiguous_strides(&[]).is_empty());
+    }
+}

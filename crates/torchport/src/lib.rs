@@ -1,0 +1,41 @@
+//! # torchport
+//!
+//! Read every file PyTorch writes — safely, with no Python and no libtorch.
+//!
+//! Opening a file reads only its directory and pickles: nothing in the file is ever
+//! executed (see [`torchport_pickle`]), every size and stride is checked, and tensor data
+//! stays in the memory-mapped file until asked for, when a contiguous tensor is handed out
+//! as a borrowed slice with no copy.
+//!
+//! ```no_run
+//! let ckpt = torchport::open("model.pt")?;
+//! println!("{} ({} tensors)", ckpt.format(), ckpt.tensors().len());
+//! let w = ckpt.tensor("fc.weight").expect("fc.weight");
+//! let bytes = ckpt.data(w)?; // little-endian, row-major
+//! assert_eq!(bytes.len(), w.nbytes());
+//! # Ok::<(), torchport::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+mod checkpoint;
+mod dtype;
+mod error;
+mod format;
+mod interpret;
+mod limits;
+mod storage;
+mod tensor;
+mod value;
+
+pub mod security;
+
+pub use checkpoint::{open, open_bytes, open_with, Checkpoint};
+pub use dtype::{DType, ALL_DTYPES};
+pub use error::{Error, Result};
+pub use format::{detect, Format};
+pub use limits::Limits;
+pub use storage::Storage;
+pub use tensor::{ByteOrder, Quant, TensorData, TensorInfo};
+pub use value::Value;
+
+pub use torchport_pickle as pickle;
