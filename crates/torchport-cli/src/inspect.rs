@@ -72,7 +72,12 @@ fn note(t: &TensorInfo) -> String {
 
 fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
     writeln!(out, "file:    {}", c.path().display())?;
-    writeln!(out, "format:  {} ({:?}-endian data)", c.format(), c.byte_order())?;
+    writeln!(
+        out,
+        "format:  {} ({:?}-endian data)",
+        c.format(),
+        c.byte_order()
+    )?;
     writeln!(
         out,
         "totals:  {} tensors, {} parameters, {} ({} bytes), {} storages",
@@ -107,8 +112,15 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
         for r in std::iter::once(header.map(String::from)).chain(rows) {
             let line = format!(
                 "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {}",
-                r[0], r[1], r[2], r[3], r[4],
-                w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3]
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3]
             );
             writeln!(out, "{}", line.trim_end())?;
         }
@@ -164,8 +176,11 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
             o
         })
         .collect();
-    let values: serde_json::Map<String, serde_json::Value> =
-        c.values().iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+    let values: serde_json::Map<String, serde_json::Value> = c
+        .values()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_json()))
+        .collect();
     let globals: Vec<_> = c
         .globals()
         .iter()

@@ -70,7 +70,9 @@ pub enum ErrorKind {
         limit: usize,
     },
     /// A global that could only mean code execution or system access.
-    #[error("refusing global {module}.{name} because loading it could run code or touch the system")]
+    #[error(
+        "refusing global {module}.{name} because loading it could run code or touch the system"
+    )]
     DangerousGlobal {
         /// The module of the refused global.
         module: String,

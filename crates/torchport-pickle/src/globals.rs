@@ -124,7 +124,8 @@ pub fn is_dangerous_global(module: &str, name: &str) -> bool {
     if DANGEROUS_NAMES.contains(&(module, first)) {
         return true;
     }
-    name.split('.').any(|part| DANGEROUS_ATTRIBUTES.contains(&part))
+    name.split('.')
+        .any(|part| DANGEROUS_ATTRIBUTES.contains(&part))
 }
 
 #[cfg(test)]

@@ -177,7 +177,11 @@ pub fn parse(bytes: &[u8], limits: &Limits) -> Result<Pickle, Error> {
     let (pickle, consumed) = vm::run(bytes, limits)?;
     let trailing = bytes.len().saturating_sub(consumed);
     if trailing > 0 {
-        return Err(Error { offset: consumed as u64, opcode: None, kind: ErrorKind::TrailingBytes(trailing) });
+        return Err(Error {
+            offset: consumed as u64,
+            opcode: None,
+            kind: ErrorKind::TrailingBytes(trailing),
+        });
     }
     Ok(pickle)
 }

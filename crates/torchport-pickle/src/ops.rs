@@ -10,7 +10,9 @@ use crate::value::{int_from_twos_complement, CallKind, NodeId, Object, Value};
 use crate::vm::{Flow, Machine};
 
 fn utf8(bytes: &[u8]) -> Result<String, ErrorKind> {
-    std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| ErrorKind::InvalidUtf8)
+    std::str::from_utf8(bytes)
+        .map(str::to_owned)
+        .map_err(|_| ErrorKind::InvalidUtf8)
 }
 
 /// A Python 2 str: [`Value::Str`] when its bytes are UTF-8, [`Value::Bytes`] otherwise.
@@ -36,7 +38,9 @@ fn pairs(items: Vec<NodeId>) -> Result<Vec<(NodeId, NodeId)>, ErrorKind> {
         })
         .collect();
     if !chunks.remainder().is_empty() {
-        return Err(ErrorKind::Malformed("a dict needs an even number of items (key, value, …)"));
+        return Err(ErrorKind::Malformed(
+            "a dict needs an even number of items (key, value, …)",
+        ));
     }
     Ok(out)
 }
@@ -188,11 +192,17 @@ impl Machine<'_> {
                     _ => r.u64_le()?,
                 };
                 let bytes = self.payload(r, len)?.to_vec();
-                let value = if op == BYTEARRAY8 { Value::ByteArray(bytes) } else { Value::Bytes(bytes) };
+                let value = if op == BYTEARRAY8 {
+                    Value::ByteArray(bytes)
+                } else {
+                    Value::Bytes(bytes)
+                };
                 self.push_new(value)?;
             }
             NEXT_BUFFER | READONLY_BUFFER => {
-                return Err(ErrorKind::Unsupported("out-of-band buffers (protocol 5 NEXT_BUFFER / READONLY_BUFFER)"));
+                return Err(ErrorKind::Unsupported(
+                    "out-of-band buffers (protocol 5 NEXT_BUFFER / READONLY_BUFFER)",
+                ));
             }
 
             // ---- containers ----
@@ -257,12 +267,16 @@ impl Machine<'_> {
             STACK_GLOBAL => {
                 let name = self.pop()?;
                 let module = self.pop()?;
-                let (Value::Str(module), Value::Str(name)) = (self.node(module), self.node(name)) else {
+                let (Value::Str(module), Value::Str(name)) = (self.node(module), self.node(name))
+                else {
                     let found = match self.node(module) {
                         Value::Str(_) => self.type_name(name),
                         other => other.type_name(),
                     };
-                    return Err(ErrorKind::WrongType { expected: "str", found });
+                    return Err(ErrorKind::WrongType {
+                        expected: "str",
+                        found,
+                    });
                 };
                 let (module, name) = (module.clone(), name.clone());
                 let id = self.global(module, name)?;
@@ -285,7 +299,11 @@ impl Machine<'_> {
                 let args = self.pop()?;
                 let callable = self.pop()?;
                 let args = self.copy_tuple(args)?;
-                let kind = if op == REDUCE { CallKind::Reduce } else { CallKind::NewObj };
+                let kind = if op == REDUCE {
+                    CallKind::Reduce
+                } else {
+                    CallKind::NewObj
+                };
                 self.push_new(Value::Object(Object::new(kind, callable, args)))?;
             }
             NEWOBJ_EX => {
@@ -295,7 +313,12 @@ impl Machine<'_> {
                 let args = self.copy_tuple(args)?;
                 let kwargs = match self.node(kwargs) {
                     Value::Dict(items) => items.clone(),
-                    other => return Err(ErrorKind::WrongType { expected: "dict", found: other.type_name() }),
+                    other => {
+                        return Err(ErrorKind::WrongType {
+                            expected: "dict",
+                            found: other.type_name(),
+                        })
+                    }
                 };
                 self.charge_copies(kwargs.len().saturating_mul(2))?;
                 let mut object = Object::new(CallKind::NewObjEx, class, args);
@@ -307,7 +330,12 @@ impl Machine<'_> {
                 let target = self.top()?;
                 match self.node_mut(target)? {
                     Value::Object(object) => object.state = Some(state),
-                    other => return Err(ErrorKind::WrongType { expected: "object", found: other.type_name() }),
+                    other => {
+                        return Err(ErrorKind::WrongType {
+                            expected: "object",
+                            found: other.type_name(),
+                        })
+                    }
                 }
             }
 
@@ -323,7 +351,9 @@ impl Machine<'_> {
                 self.push_new(Value::PersistentId(pid))?;
             }
             EXT1 | EXT2 | EXT4 => {
-                return Err(ErrorKind::Unsupported("extension registry codes (copyreg EXT1 / EXT2 / EXT4)"));
+                return Err(ErrorKind::Unsupported(
+                    "extension registry codes (copyreg EXT1 / EXT2 / EXT4)",
+                ));
             }
 
             _ => return Err(ErrorKind::UnknownOpcode(op)),
@@ -335,7 +365,12 @@ impl Machine<'_> {
     fn copy_tuple(&mut self, id: NodeId) -> Result<Vec<NodeId>, ErrorKind> {
         let items = match self.node(id) {
             Value::Tuple(items) => items.clone(),
-            other => return Err(ErrorKind::WrongType { expected: "tuple", found: other.type_name() }),
+            other => {
+                return Err(ErrorKind::WrongType {
+                    expected: "tuple",
+                    found: other.type_name(),
+                })
+            }
         };
         self.charge_copies(items.len())?;
         Ok(items)
@@ -348,7 +383,12 @@ impl Machine<'_> {
         match (self.node_mut(target)?, expected) {
             (Value::List(list), "list") | (Value::Set(list), "set") => list.extend(items),
             (Value::Object(object), _) => object.list_items.extend(items),
-            (other, _) => return Err(ErrorKind::WrongType { expected, found: other.type_name() }),
+            (other, _) => {
+                return Err(ErrorKind::WrongType {
+                    expected,
+                    found: other.type_name(),
+                })
+            }
         }
         Ok(())
     }
@@ -360,7 +400,12 @@ impl Machine<'_> {
         match self.node_mut(target)? {
             Value::Dict(dict) => dict.extend(items),
             Value::Object(object) => object.dict_items.extend(items),
-            other => return Err(ErrorKind::WrongType { expected: "dict", found: other.type_name() }),
+            other => {
+                return Err(ErrorKind::WrongType {
+                    expected: "dict",
+                    found: other.type_name(),
+                })
+            }
         }
         Ok(())
     }

@@ -34,7 +34,10 @@ impl<'a> Reader<'a> {
     /// The next `n` bytes; [`ErrorKind::UnexpectedEof`] if fewer remain.
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], ErrorKind> {
         let end = self.pos.checked_add(n).ok_or(ErrorKind::UnexpectedEof)?;
-        let slice = self.data.get(self.pos..end).ok_or(ErrorKind::UnexpectedEof)?;
+        let slice = self
+            .data
+            .get(self.pos..end)
+            .ok_or(ErrorKind::UnexpectedEof)?;
         self.pos = end;
         Ok(slice)
     }

@@ -48,7 +48,12 @@ fn digit_values(digits: &str, base: u32, underscore_first: bool) -> Option<Vec<u
 /// Parse an INT / LONG text argument the way `int(text, 0)` does, also accepting Python 2's
 /// `L` suffix. Returns [`Value::Int`] or [`Value::BigInt`].
 pub(crate) fn parse_int(line: &[u8]) -> Result<Value, String> {
-    let bad = || format!("integer text {} is not a Python integer literal", show(line));
+    let bad = || {
+        format!(
+            "integer text {} is not a Python integer literal",
+            show(line)
+        )
+    };
     let s = std::str::from_utf8(line).map_err(|_| bad())?;
     let t = s.trim_matches(is_py_space);
     let t = t.strip_suffix(['L', 'l']).unwrap_or(t);
@@ -78,9 +83,17 @@ pub(crate) fn parse_int(line: &[u8]) -> Result<Value, String> {
             .and_then(|v| v.checked_add(u128::from(d)));
     }
     if let Some(v) = small {
-        let fits = if negative { v <= 1u128 << 63 } else { v <= i64::MAX as u128 };
+        let fits = if negative {
+            v <= 1u128 << 63
+        } else {
+            v <= i64::MAX as u128
+        };
         if fits {
-            let i = if negative { (v as i128).wrapping_neg() as i64 } else { v as i64 };
+            let i = if negative {
+                (v as i128).wrapping_neg() as i64
+            } else {
+                v as i64
+            };
             return Ok(Value::Int(i));
         }
     }
@@ -98,12 +111,19 @@ pub(crate) fn parse_int(line: &[u8]) -> Result<Value, String> {
         }
     }
     let magnitude: Vec<u8> = limbs.iter().flat_map(|l| l.to_le_bytes()).collect();
-    Ok(int_from_twos_complement(twos_complement_from_magnitude(negative, magnitude)))
+    Ok(int_from_twos_complement(twos_complement_from_magnitude(
+        negative, magnitude,
+    )))
 }
 
 /// Parse a GET / PUT text key the way `int(text)` does; negative keys are refused.
 pub(crate) fn parse_memo_key(line: &[u8]) -> Result<u64, String> {
-    let bad = || format!("memo key text {} is not a non-negative decimal integer", show(line));
+    let bad = || {
+        format!(
+            "memo key text {} is not a non-negative decimal integer",
+            show(line)
+        )
+    };
     let s = std::str::from_utf8(line).map_err(|_| bad())?;
     let t = s.trim_matches(is_py_space);
     let t = t.strip_prefix('+').unwrap_or(t);
@@ -122,7 +142,9 @@ pub(crate) fn parse_memo_key(line: &[u8]) -> Result<u64, String> {
 pub(crate) fn parse_float(line: &[u8]) -> Result<f64, String> {
     let bad = || format!("float text {} is not a Python float literal", show(line));
     let s = std::str::from_utf8(line).map_err(|_| bad())?;
-    s.trim_matches(is_py_space).parse::<f64>().map_err(|_| bad())
+    s.trim_matches(is_py_space)
+        .parse::<f64>()
+        .map_err(|_| bad())
 }
 
 /// Decode a STRING argument: strip the matching outer quotes, then undo Python's
@@ -176,7 +198,12 @@ pub(crate) fn decode_string_literal(line: &[u8]) -> Result<Vec<u8>, String> {
                         out.push((h * 16 + l) as u8);
                         i += 2;
                     }
-                    _ => return Err(format!("invalid \\x escape in STRING argument {}", show(line))),
+                    _ => {
+                        return Err(format!(
+                            "invalid \\x escape in STRING argument {}",
+                            show(line)
+                        ))
+                    }
                 }
             }
             other => {
@@ -218,13 +245,18 @@ pub(crate) fn decode_raw_unicode_escape(line: &[u8]) -> Result<String, String> {
         for _ in 0..count {
             let digit = line.get(i).and_then(|&h| char::from(h).to_digit(16));
             let Some(d) = digit else {
-                return Err(format!("truncated \\u escape in UNICODE argument {}", show(line)));
+                return Err(format!(
+                    "truncated \\u escape in UNICODE argument {}",
+                    show(line)
+                ));
             };
             code = (code << 4) | d;
             i += 1;
         }
         let ch = char::from_u32(code).ok_or_else(|| {
-            format!("\\u escape U+{code:X} in a UNICODE argument is a lone surrogate or out of range")
+            format!(
+                "\\u escape U+{code:X} in a UNICODE argument is a lone surrogate or out of range"
+            )
         })?;
         out.push(ch);
     }
@@ -250,7 +282,17 @@ mod tests {
             parse_int(b"-18446744073709551616L"),
             Ok(Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 0xff]))
         );
-        for bad in [&b""[..], b"L", b"1__0", b"_1", b"1_", b"12x", b"--1", b"0x", b"\xff"] {
+        for bad in [
+            &b""[..],
+            b"L",
+            b"1__0",
+            b"_1",
+            b"1_",
+            b"12x",
+            b"--1",
+            b"0x",
+            b"\xff",
+        ] {
             assert!(parse_int(bad).is_err(), "{bad:?}");
         }
         assert!(parse_int("9".repeat(4301).as_bytes()).is_err());
@@ -269,7 +311,10 @@ mod tests {
 
     #[test]
     fn strings() {
-        assert_eq!(decode_string_literal(br"'a\n\x41\101\'q'"), Ok(b"a\nAA'q".to_vec()));
+        assert_eq!(
+            decode_string_literal(br"'a\n\x41\101\'q'"),
+            Ok(b"a\nAA'q".to_vec())
+        );
         assert_eq!(decode_string_literal(br#""it's""#), Ok(b"it's".to_vec()));
         assert_eq!(decode_string_literal(br"'\q'"), Ok(br"\q".to_vec()));
         assert!(decode_string_literal(b"'abc").is_err());

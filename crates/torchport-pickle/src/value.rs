@@ -245,13 +245,25 @@ mod tests {
             Value::Int(i64::MAX)
         );
         let big = vec![0, 0, 0, 0, 0, 0, 0, 0x80, 0];
-        assert_eq!(int_from_twos_complement(big.clone()), Value::BigInt(big.clone()));
+        assert_eq!(
+            int_from_twos_complement(big.clone()),
+            Value::BigInt(big.clone())
+        );
         assert_eq!(bigint_to_decimal(&big), "9223372036854775808");
-        assert_eq!(bigint_to_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 0xff]), "-18446744073709551616");
+        assert_eq!(
+            bigint_to_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 0xff]),
+            "-18446744073709551616"
+        );
         assert_eq!(bigint_to_decimal(&[]), "0");
         assert_eq!(bigint_to_decimal(&[0xff]), "-1");
         assert_eq!(twos_complement_from_magnitude(true, vec![0x80]), vec![0x80]);
-        assert_eq!(twos_complement_from_magnitude(false, vec![0x80]), vec![0x80, 0x00]);
-        assert_eq!(twos_complement_from_magnitude(true, vec![0x81]), vec![0x7f, 0xff]);
+        assert_eq!(
+            twos_complement_from_magnitude(false, vec![0x80]),
+            vec![0x80, 0x00]
+        );
+        assert_eq!(
+            twos_complement_from_magnitude(true, vec![0x81]),
+            vec![0x7f, 0xff]
+        );
     }
 }

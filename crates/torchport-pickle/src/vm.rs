@@ -46,15 +46,29 @@ pub(crate) fn run(bytes: &[u8], limits: &Limits) -> Result<(Pickle, usize), Erro
     loop {
         let at = reader.pos() as u64;
         let Some(op) = reader.next_byte() else {
-            return Err(Error { offset: at, opcode: None, kind: ErrorKind::NoStop });
+            return Err(Error {
+                offset: at,
+                opcode: None,
+                kind: ErrorKind::NoStop,
+            });
         };
         let Some(name) = opcodes::name(op) else {
-            return Err(Error { offset: at, opcode: None, kind: ErrorKind::UnknownOpcode(op) });
+            return Err(Error {
+                offset: at,
+                opcode: None,
+                kind: ErrorKind::UnknownOpcode(op),
+            });
         };
         match machine.step(op, &mut reader) {
             Ok(Flow::Continue) => {}
             Ok(Flow::Stop(root)) => return Ok((machine.finish(root), reader.pos())),
-            Err(kind) => return Err(Error { offset: at, opcode: Some(name), kind }),
+            Err(kind) => {
+                return Err(Error {
+                    offset: at,
+                    opcode: Some(name),
+                    kind,
+                })
+            }
         }
     }
 }
@@ -76,7 +90,12 @@ impl<'l> Machine<'l> {
     }
 
     fn finish(self, root: NodeId) -> Pickle {
-        Pickle { nodes: self.nodes, root, globals: self.globals, protocol: self.protocol }
+        Pickle {
+            nodes: self.nodes,
+            root,
+            globals: self.globals,
+            protocol: self.protocol,
+        }
     }
 
     fn limit(what: &'static str, limit: usize) -> ErrorKind {
@@ -88,7 +107,11 @@ impl<'l> Machine<'l> {
     /// Add a node to the arena.
     pub(crate) fn new_node(&mut self, value: Value) -> Result<NodeId, ErrorKind> {
         let max = self.limits.max_nodes;
-        let used = self.nodes.len().checked_add(self.copied_ids).ok_or(Self::limit("max_nodes", max))?;
+        let used = self
+            .nodes
+            .len()
+            .checked_add(self.copied_ids)
+            .ok_or(Self::limit("max_nodes", max))?;
         if used >= max {
             return Err(Self::limit("max_nodes", max));
         }
@@ -100,7 +123,10 @@ impl<'l> Machine<'l> {
     /// Charge `n` ids copied out of an existing container against `max_nodes`.
     pub(crate) fn charge_copies(&mut self, n: usize) -> Result<(), ErrorKind> {
         let max = self.limits.max_nodes;
-        self.copied_ids = self.copied_ids.checked_add(n).ok_or(Self::limit("max_nodes", max))?;
+        self.copied_ids = self
+            .copied_ids
+            .checked_add(n)
+            .ok_or(Self::limit("max_nodes", max))?;
         if self.nodes.len().saturating_add(self.copied_ids) > max {
             return Err(Self::limit("max_nodes", max));
         }
@@ -114,7 +140,9 @@ impl<'l> Machine<'l> {
     pub(crate) fn node_mut(&mut self, id: NodeId) -> Result<&mut Value, ErrorKind> {
         self.nodes
             .get_mut(id.0 as usize)
-            .ok_or(ErrorKind::Malformed("internal error: a stack item refers to no node"))
+            .ok_or(ErrorKind::Malformed(
+                "internal error: a stack item refers to no node",
+            ))
     }
 
     pub(crate) fn type_name(&self, id: NodeId) -> &'static str {
@@ -203,7 +231,10 @@ impl<'l> Machine<'l> {
             return Err(Self::limit("max_string_len", self.limits.max_string_len));
         }
         let max = self.limits.max_total_bytes;
-        self.total_bytes = self.total_bytes.checked_add(len).ok_or(Self::limit("max_total_bytes", max))?;
+        self.total_bytes = self
+            .total_bytes
+            .checked_add(len)
+            .ok_or(Self::limit("max_total_bytes", max))?;
         if self.total_bytes > max {
             return Err(Self::limit("max_total_bytes", max));
         }
@@ -212,7 +243,11 @@ impl<'l> Machine<'l> {
 
     /// A length-prefixed payload: the declared length is checked against the remaining input
     /// (UnexpectedEof) and then the limits, before anything is copied.
-    pub(crate) fn payload<'a>(&mut self, r: &mut Reader<'a>, len: u64) -> Result<&'a [u8], ErrorKind> {
+    pub(crate) fn payload<'a>(
+        &mut self,
+        r: &mut Reader<'a>,
+        len: u64,
+    ) -> Result<&'a [u8], ErrorKind> {
         let len = usize::try_from(len).map_err(|_| ErrorKind::UnexpectedEof)?;
         if len > r.remaining() {
             return Err(ErrorKind::UnexpectedEof);

@@ -144,7 +144,11 @@ impl Checkpoint {
         match &t.data {
             TensorData::Strided { storage } => {
                 let s = self.storages.get(*storage).ok_or_else(|| {
-                    Error::tensor(&self.path, &t.name, "refers to a storage that does not exist")
+                    Error::tensor(
+                        &self.path,
+                        &t.name,
+                        "refers to a storage that does not exist",
+                    )
                 })?;
                 // Views were checked against their storage when the file was opened; check
                 // again so that a hand-built TensorInfo cannot read out of bounds.

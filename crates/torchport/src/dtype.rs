@@ -264,7 +264,10 @@ mod tests {
     #[test]
     fn storage_classes() {
         assert_eq!(DType::from_storage_class("FloatStorage"), Some(DType::F32));
-        assert_eq!(DType::from_storage_class("QUInt8Storage"), Some(DType::QUInt8));
+        assert_eq!(
+            DType::from_storage_class("QUInt8Storage"),
+            Some(DType::QUInt8)
+        );
         assert_eq!(DType::from_storage_class("EvilStorage"), None);
     }
 

@@ -138,14 +138,19 @@ impl<'a> Walker<'a> {
     fn walk_node(&mut self, id: NodeId, name: &str, depth: usize) -> Result<()> {
         let p = self.p;
         match p.get(id) {
-            PValue::List(items) | PValue::Tuple(items) | PValue::Set(items) | PValue::FrozenSet(items) => {
+            PValue::List(items)
+            | PValue::Tuple(items)
+            | PValue::Set(items)
+            | PValue::FrozenSet(items) => {
                 if items.is_empty() {
                     let kind = match p.get(id) {
                         PValue::List(_) => "[]",
                         PValue::Tuple(_) => "()",
                         _ => "set()",
                     };
-                    self.found.values.push((name.to_string(), Value::Empty(kind)));
+                    self.found
+                        .values
+                        .push((name.to_string(), Value::Empty(kind)));
                 }
                 for (i, &item) in items.iter().enumerate() {
                     self.walk(item, &join(name, &i.to_string()), depth + 1)?;
@@ -153,7 +158,9 @@ impl<'a> Walker<'a> {
             }
             PValue::Dict(items) => {
                 if items.is_empty() {
-                    self.found.values.push((name.to_string(), Value::Empty("{}")));
+                    self.found
+                        .values
+                        .push((name.to_string(), Value::Empty("{}")));
                 }
                 self.walk_items(items, name, depth)?;
             }
@@ -256,7 +263,9 @@ impl<'a> Walker<'a> {
         let dict_like = !obj.dict_items.is_empty() || class == "collections.OrderedDict";
         if dict_like && obj.state.is_none() && obj.list_items.is_empty() {
             if obj.dict_items.is_empty() {
-                self.found.values.push((name.to_string(), Value::Empty("{}")));
+                self.found
+                    .values
+                    .push((name.to_string(), Value::Empty("{}")));
             }
             return self.walk_items(&obj.dict_items, name, depth);
         }
@@ -284,7 +293,9 @@ impl<'a> Walker<'a> {
         if self.found.tensors.len() == mark.0 {
             self.found.values.truncate(mark.1);
             self.found.modules.truncate(mark.2);
-            self.found.values.push((name.to_string(), Value::Object(class)));
+            self.found
+                .values
+                .push((name.to_string(), Value::Object(class)));
         }
         Ok(())
     }
@@ -327,7 +338,9 @@ impl<'a> Walker<'a> {
 
     /// A pickled `nn.Module`: name its tensors exactly as `state_dict()` would.
     fn module(&mut self, class: &str, state: NodeId, name: &str, depth: usize) -> Result<()> {
-        self.found.modules.push((name.to_string(), class.to_string()));
+        self.found
+            .modules
+            .push((name.to_string(), class.to_string()));
         if let Some(params) = self.dict_get(state, "_parameters") {
             for &(k, v) in self.dict_entries(params).unwrap_or_default() {
                 if !matches!(self.p.get(v), PValue::None) {
@@ -386,7 +399,13 @@ impl<'a> Walker<'a> {
 
     // ----- the rebuild table -----
 
-    fn rebuild(&mut self, module: &str, func: &str, args: &[NodeId], name: &str) -> Result<TensorInfo> {
+    fn rebuild(
+        &mut self,
+        module: &str,
+        func: &str,
+        args: &[NodeId],
+        name: &str,
+    ) -> Result<TensorInfo> {
         let bad = |what: String| Error::tensor(self.path, name, what);
         let arg = |i: usize| {
             args.get(i)
@@ -394,7 +413,8 @@ impl<'a> Walker<'a> {
                 .ok_or_else(|| bad(format!("{module}.{func} needs argument {i}")))
         };
         match func {
-            "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3" | "_rebuild_qtensor" => {
+            "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3"
+            | "_rebuild_qtensor" => {
                 let (index, storage_dtype) = self.storage_arg(arg(0)?, name)?;
                 let offset = self.usize_arg(arg(1)?, name, "storage offset")?;
                 let shape = self.usize_list(arg(2)?, name, "size")?;
@@ -414,7 +434,16 @@ impl<'a> Walker<'a> {
                     }
                     _ => {}
                 }
-                self.strided(name, dtype, shape, strides, offset, index, quant, requires_grad)
+                self.strided(
+                    name,
+                    dtype,
+                    shape,
+                    strides,
+                    offset,
+                    index,
+                    quant,
+                    requires_grad,
+                )
             }
             "_rebuild_parameter" | "_rebuild_parameter_with_state" => {
                 let mut t = self.tensor_arg(arg(0)?, name)?;
@@ -462,7 +491,10 @@ impl<'a> Walker<'a> {
                     Some(PValue::Str(s)) => Some(s.as_str()),
                     _ => None,
                 };
-                let layout = layout.unwrap_or("sparse").trim_start_matches("torch.").to_string();
+                let layout = layout
+                    .unwrap_or("sparse")
+                    .trim_start_matches("torch.")
+                    .to_string();
                 // data = (indices, values, size, …): take dtype and size from the values.
                 let parts = args
                     .get(1)
@@ -544,7 +576,13 @@ impl<'a> Walker<'a> {
     fn storage_arg(&mut self, id: NodeId, name: &str) -> Result<(usize, DType)> {
         let payload = match self.p.get(id) {
             PValue::PersistentId(payload) => *payload,
-            _ => return Err(Error::tensor(self.path, name, "its storage is not a persistent id")),
+            _ => {
+                return Err(Error::tensor(
+                    self.path,
+                    name,
+                    "its storage is not a persistent id",
+                ))
+            }
         };
         match self
             .r
@@ -552,7 +590,11 @@ impl<'a> Walker<'a> {
             .map_err(|what| Error::tensor(self.path, name, what))?
         {
             Persistent::Storage { index, dtype } => Ok((index, dtype)),
-            _ => Err(Error::tensor(self.path, name, "its storage id does not name a storage")),
+            _ => Err(Error::tensor(
+                self.path,
+                name,
+                "its storage id does not name a storage",
+            )),
         }
     }
 
@@ -560,7 +602,9 @@ impl<'a> Walker<'a> {
         let bad = |what: &str| Error::tensor(self.path, name, what.to_string());
         match self.p.get(id) {
             PValue::Object(o) => {
-                let (m, f) = self.callable(o.callable).ok_or_else(|| bad("expected a tensor"))?;
+                let (m, f) = self
+                    .callable(o.callable)
+                    .ok_or_else(|| bad("expected a tensor"))?;
                 if !is_rebuild_function(&m, &f) {
                     return Err(bad(&format!("expected a tensor, found a {m}.{f} object")));
                 }
@@ -585,13 +629,23 @@ impl<'a> Walker<'a> {
         self.p
             .as_int(id)
             .and_then(|i| usize::try_from(i).ok())
-            .ok_or_else(|| Error::tensor(self.path, name, format!("its {what} is not a non-negative integer")))
+            .ok_or_else(|| {
+                Error::tensor(
+                    self.path,
+                    name,
+                    format!("its {what} is not a non-negative integer"),
+                )
+            })
     }
 
     fn usize_list(&self, id: NodeId, name: &str, what: &str) -> Result<Vec<usize>> {
         // A `torch.Size` is recorded as a call on its tuple of sizes.
         let id = match self.p.get(id) {
-            PValue::Object(o) if o.args.len() == 1 && self.p.as_global(o.callable) == Some(("torch", "Size")) => o.args[0],
+            PValue::Object(o)
+                if o.args.len() == 1 && self.p.as_global(o.callable) == Some(("torch", "Size")) =>
+            {
+                o.args[0]
+            }
             _ => id,
         };
         let items = self
@@ -602,10 +656,16 @@ impl<'a> Walker<'a> {
             return Err(Error::tensor(
                 self.path,
                 name,
-                format!("its {what} has {} entries, more than Limits::max_ndim", items.len()),
+                format!(
+                    "its {what} has {} entries, more than Limits::max_ndim",
+                    items.len()
+                ),
             ));
         }
-        items.iter().map(|&i| self.usize_arg(i, name, what)).collect()
+        items
+            .iter()
+            .map(|&i| self.usize_arg(i, name, what))
+            .collect()
     }
 
     fn bool_arg(&self, id: Option<&NodeId>) -> bool {
@@ -640,7 +700,8 @@ impl<'a> Walker<'a> {
         };
         match (scheme.as_str(), params.len()) {
             ("per_tensor_affine", 3) => Ok(Quant::PerTensor {
-                scale: float(self.p, params.get(1)).ok_or_else(|| bad("its scale is not a number"))?,
+                scale: float(self.p, params.get(1))
+                    .ok_or_else(|| bad("its scale is not a number"))?,
                 zero_point: params
                     .get(2)
                     .and_then(|&z| self.p.as_int(z))
@@ -656,7 +717,9 @@ impl<'a> Walker<'a> {
                     axis,
                 })
             }
-            _ => Err(bad(&format!("its quantization scheme {scheme} is not supported"))),
+            _ => Err(bad(&format!(
+                "its quantization scheme {scheme} is not supported"
+            ))),
         }
     }
 
@@ -677,15 +740,36 @@ impl<'a> Walker<'a> {
         let TensorData::Strided { storage } = t.data else {
             return Err(Error::tensor(self.path, name, "has no data"));
         };
-        let bytes = self.r.storages().get(storage).map(Storage::bytes).unwrap_or_default();
+        let bytes = self
+            .r
+            .storages()
+            .get(storage)
+            .map(Storage::bytes)
+            .unwrap_or_default();
         let data = view_bytes(&t, bytes, self.order);
         let out = match t.dtype {
-            DType::F64 => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
-            DType::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default()) as f64).collect(),
-            DType::I64 => data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()) as f64).collect(),
-            DType::I32 => data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap_or_default()) as f64).collect(),
+            DType::F64 => data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect(),
+            DType::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default()) as f64)
+                .collect(),
+            DType::I64 => data
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()) as f64)
+                .collect(),
+            DType::I32 => data
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap_or_default()) as f64)
+                .collect(),
             other => {
-                return Err(Error::tensor(self.path, name, format!("is {other}, expected float or integer")))
+                return Err(Error::tensor(
+                    self.path,
+                    name,
+                    format!("is {other}, expected float or integer"),
+                ))
             }
         };
         Ok(out)
@@ -693,7 +777,8 @@ impl<'a> Walker<'a> {
 
     /// `numpy.core.multiarray.scalar(dtype, bytes)`: decode the common numeric kinds.
     fn numpy_scalar(&mut self, module: &str, func: &str, args: &[NodeId]) -> Option<Value> {
-        if func != "scalar" || !matches!(module, "numpy.core.multiarray" | "numpy._core.multiarray") {
+        if func != "scalar" || !matches!(module, "numpy.core.multiarray" | "numpy._core.multiarray")
+        {
             return None;
         }
         let dtype_obj = match self.p.get(*args.first()?) {
@@ -723,14 +808,20 @@ impl Walker<'_> {
     /// The strings in a set, list or tuple, including protocol 2's `set([...])` call.
     fn strings(&self, id: NodeId) -> Vec<String> {
         let items: &[NodeId] = match self.p.get(id) {
-            PValue::Set(items) | PValue::FrozenSet(items) | PValue::List(items) | PValue::Tuple(items) => items,
+            PValue::Set(items)
+            | PValue::FrozenSet(items)
+            | PValue::List(items)
+            | PValue::Tuple(items) => items,
             PValue::Object(o) => match o.args.first() {
                 Some(&a) if o.list_items.is_empty() => return self.strings(a),
                 _ => &o.list_items,
             },
             _ => &[],
         };
-        items.iter().filter_map(|&i| self.p.as_str(i).map(str::to_string)).collect()
+        items
+            .iter()
+            .filter_map(|&i| self.p.as_str(i).map(str::to_string))
+            .collect()
     }
 
     /// A bytes object: BINBYTES, or protocol 2's `_codecs.encode(text, 'latin1')`.
@@ -749,16 +840,52 @@ impl Walker<'_> {
 fn decode_numpy(code: &str, raw: &[u8]) -> Option<(&'static str, Value)> {
     let b = |n: usize| raw.get(..n);
     Some(match code {
-        "f8" => ("float64", Value::Float(f64::from_le_bytes(b(8)?.try_into().ok()?))),
-        "f4" => ("float32", Value::Float(f32::from_le_bytes(b(4)?.try_into().ok()?) as f64)),
-        "f2" => ("float16", Value::Float(half::f16::from_le_bytes(b(2)?.try_into().ok()?).to_f64())),
-        "i8" => ("int64", Value::Int(i64::from_le_bytes(b(8)?.try_into().ok()?))),
-        "i4" => ("int32", Value::Int(i32::from_le_bytes(b(4)?.try_into().ok()?) as i64)),
-        "i2" => ("int16", Value::Int(i16::from_le_bytes(b(2)?.try_into().ok()?) as i64)),
+        "f8" => (
+            "float64",
+            Value::Float(f64::from_le_bytes(b(8)?.try_into().ok()?)),
+        ),
+        "f4" => (
+            "float32",
+            Value::Float(f32::from_le_bytes(b(4)?.try_into().ok()?) as f64),
+        ),
+        "f2" => (
+            "float16",
+            Value::Float(half::f16::from_le_bytes(b(2)?.try_into().ok()?).to_f64()),
+        ),
+        "i8" => (
+            "int64",
+            Value::Int(i64::from_le_bytes(b(8)?.try_into().ok()?)),
+        ),
+        "i4" => (
+            "int32",
+            Value::Int(i32::from_le_bytes(b(4)?.try_into().ok()?) as i64),
+        ),
+        "i2" => (
+            "int16",
+            Value::Int(i16::from_le_bytes(b(2)?.try_into().ok()?) as i64),
+        ),
         "i1" => ("int8", Value::Int(*b(1)?.first()? as i8 as i64)),
-        "u8" => ("uint64", u64::from_le_bytes(b(8)?.try_into().ok()?).try_into().map_or_else(|_| Value::BigInt(u64::from_le_bytes(raw[..8].try_into().unwrap_or_default()).to_string()), Value::Int)),
-        "u4" => ("uint32", Value::Int(u32::from_le_bytes(b(4)?.try_into().ok()?) as i64)),
-        "u2" => ("uint16", Value::Int(u16::from_le_bytes(b(2)?.try_into().ok()?) as i64)),
+        "u8" => (
+            "uint64",
+            u64::from_le_bytes(b(8)?.try_into().ok()?)
+                .try_into()
+                .map_or_else(
+                    |_| {
+                        Value::BigInt(
+                            u64::from_le_bytes(raw[..8].try_into().unwrap_or_default()).to_string(),
+                        )
+                    },
+                    Value::Int,
+                ),
+        ),
+        "u4" => (
+            "uint32",
+            Value::Int(u32::from_le_bytes(b(4)?.try_into().ok()?) as i64),
+        ),
+        "u2" => (
+            "uint16",
+            Value::Int(u16::from_le_bytes(b(2)?.try_into().ok()?) as i64),
+        ),
         "u1" => ("uint8", Value::Int(*b(1)?.first()? as i64)),
         "b1" => ("bool", Value::Bool(*b(1)?.first()? != 0)),
         _ => return None,

@@ -32,9 +32,20 @@ pub fn classify(module: &str, name: &str) -> GlobalClass {
         return GlobalClass::Dangerous;
     }
     let safe = crate::interpret::is_rebuild_function(module, name)
-        || (module == "torch" && (DType::from_storage_class(name).is_some() || DType::from_name(name).is_some()))
-        || (module == "torch" && name.starts_with("per_") )
-        || (module == "torch" && matches!(name, "device" | "Size" | "sparse_coo" | "sparse_csr" | "sparse_csc" | "sparse_bsr" | "sparse_bsc"))
+        || (module == "torch"
+            && (DType::from_storage_class(name).is_some() || DType::from_name(name).is_some()))
+        || (module == "torch" && name.starts_with("per_"))
+        || (module == "torch"
+            && matches!(
+                name,
+                "device"
+                    | "Size"
+                    | "sparse_coo"
+                    | "sparse_csr"
+                    | "sparse_csc"
+                    | "sparse_bsr"
+                    | "sparse_bsc"
+            ))
         || matches!(
             (module, name),
             ("collections", "OrderedDict")
@@ -42,7 +53,24 @@ pub fn classify(module: &str, name: &str) -> GlobalClass {
                 | ("torch.serialization", "_get_layout")
                 | ("_codecs", "encode")
                 | ("copyreg", "_reconstructor")
-                | ("builtins", "set" | "frozenset" | "object" | "list" | "dict" | "tuple" | "int" | "float" | "str" | "bytes" | "bool" | "complex" | "slice" | "range" | "bytearray")
+                | (
+                    "builtins",
+                    "set"
+                        | "frozenset"
+                        | "object"
+                        | "list"
+                        | "dict"
+                        | "tuple"
+                        | "int"
+                        | "float"
+                        | "str"
+                        | "bytes"
+                        | "bool"
+                        | "complex"
+                        | "slice"
+                        | "range"
+                        | "bytearray"
+                )
                 | ("__builtin__", "set" | "frozenset" | "object")
                 | ("numpy.core.multiarray" | "numpy._core.multiarray", "scalar")
                 | ("numpy", "dtype")

@@ -10,7 +10,9 @@ use std::time::Instant;
 use torchport::{Checkpoint, Limits};
 
 fn dir(sub: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(sub)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(sub)
 }
 
 /// (file, words the error must contain)
@@ -23,7 +25,10 @@ const CASES: &[(&str, &[&str])] = &[
     ("overflow_view.pt", &["tensor w", "overflows"]),
     ("truncated_zip.pt", &["zip archive is corrupt or truncated"]),
     ("truncated_legacy.pt", &["truncated"]),
-    ("missing_storage.pt", &["tensor w", "archive/data/7", "missing"]),
+    (
+        "missing_storage.pt",
+        &["tensor w", "archive/data/7", "missing"],
+    ),
     ("random.bin", &["not a file torchport recognizes"]),
     ("empty.pt", &["empty"]),
     ("huge_string.pt", &["BINUNICODE8", "truncated"]),
@@ -34,14 +39,21 @@ fn each_hostile_file_gets_one_clear_error() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir("hostile/manifest.json")).unwrap()).unwrap();
     let listed = manifest.as_object().unwrap();
-    assert_eq!(listed.len(), CASES.len(), "every hostile file has a case here");
+    assert_eq!(
+        listed.len(),
+        CASES.len(),
+        "every hostile file has a case here"
+    );
     for (file, words) in CASES {
         assert!(listed.contains_key(*file), "{file} is not in the manifest");
         let path = dir("hostile").join(file);
         let start = Instant::now();
         let err = torchport::open(&path).expect_err(file).to_string();
         println!("{file}: {:?}: {err}", start.elapsed());
-        assert!(err.contains(file), "{file}: the error names the file: {err}");
+        assert!(
+            err.contains(file),
+            "{file}: the error names the file: {err}"
+        );
         for w in *words {
             assert!(err.contains(w), "{file}: expected {w:?} in: {err}");
         }
@@ -66,13 +78,24 @@ fn fixture(name: &str) -> Vec<u8> {
 #[test]
 fn every_truncation_fails_cleanly() {
     let mut checked = 0;
-    for name in ["proto2.pt", "legacy.pt", "tar.pt", "views.pt", "bigendian.pt"] {
+    for name in [
+        "proto2.pt",
+        "legacy.pt",
+        "tar.pt",
+        "views.pt",
+        "bigendian.pt",
+    ] {
         let full = fixture(name);
-        let intact = contents(&torchport::open_bytes(name, full.clone(), &Limits::default()).unwrap());
+        let intact =
+            contents(&torchport::open_bytes(name, full.clone(), &Limits::default()).unwrap());
         let step = (full.len() / 1500).max(1);
         for cut in (0..full.len()).step_by(step) {
             if let Ok(c) = torchport::open_bytes(name, full[..cut].to_vec(), &Limits::default()) {
-                assert_eq!(contents(&c), intact, "{name} cut at {cut} read different data");
+                assert_eq!(
+                    contents(&c),
+                    intact,
+                    "{name} cut at {cut} read different data"
+                );
             }
             checked += 1;
         }
@@ -94,7 +117,13 @@ fn mutations_never_panic() {
     };
     let mut opened = 0;
     let mut total = 0;
-    for name in ["proto2.pt", "legacy.pt", "tar.pt", "whole_module.pt", "dtypes.pt"] {
+    for name in [
+        "proto2.pt",
+        "legacy.pt",
+        "tar.pt",
+        "whole_module.pt",
+        "dtypes.pt",
+    ] {
         let full = fixture(name);
         for _ in 0..600 {
             let mut m = full.clone();

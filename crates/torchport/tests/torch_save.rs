@@ -53,7 +53,10 @@ fn check_fixture(json_path: &Path) -> usize {
     assert_eq!(ckpt.format().name(), want["format"], "{ctx}: format");
     let want_tensors = want["tensors"].as_array().unwrap();
     let names: Vec<&str> = ckpt.tensors().iter().map(|t| t.name.as_str()).collect();
-    let want_names: Vec<&str> = want_tensors.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let want_names: Vec<&str> = want_tensors
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, want_names, "{ctx}: tensor names in order");
 
     for (t, w) in ckpt.tensors().iter().zip(want_tensors) {
@@ -73,7 +76,10 @@ fn check_fixture(json_path: &Path) -> usize {
         if w.get("sparse") == Some(&Json::Bool(true)) {
             assert!(matches!(t.data, TensorData::Unsupported { .. }), "{tctx}");
             let err = ckpt.data(t).unwrap_err().to_string();
-            assert!(err.contains(&t.name) && err.contains("sparse"), "{tctx}: {err}");
+            assert!(
+                err.contains(&t.name) && err.contains("sparse"),
+                "{tctx}: {err}"
+            );
             continue;
         }
         if let Some(q) = w.get("quant") {
@@ -82,7 +88,14 @@ fn check_fixture(json_path: &Path) -> usize {
                     assert_eq!(*scale, q["scale"].as_f64().unwrap(), "{tctx}: scale");
                     assert_eq!(*zero_point, q["zero_point"].as_i64().unwrap(), "{tctx}");
                 }
-                (Some(Quant::PerChannel { scales, zero_points, axis }), "per_channel_affine") => {
+                (
+                    Some(Quant::PerChannel {
+                        scales,
+                        zero_points,
+                        axis,
+                    }),
+                    "per_channel_affine",
+                ) => {
                     let ws: Vec<f64> = serde_json::from_value(q["scales"].clone()).unwrap();
                     let wz: Vec<f64> = serde_json::from_value(q["zero_points"].clone()).unwrap();
                     assert_eq!(scales, &ws, "{tctx}: scales");
@@ -96,10 +109,16 @@ fn check_fixture(json_path: &Path) -> usize {
         let n = w["nbytes"].as_u64().unwrap() as usize;
         let data = ckpt.data(t).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(data.len(), n, "{tctx}: byte count");
-        assert!(data[..] == bin[off..off + n], "{tctx}: bytes differ from torch's");
+        assert!(
+            data[..] == bin[off..off + n],
+            "{tctx}: bytes differ from torch's"
+        );
         // A contiguous little-endian view is handed out without a copy.
         if t.is_contiguous() && ckpt.byte_order() == torchport::ByteOrder::Little && n > 0 {
-            assert!(matches!(data, Cow::Borrowed(_)), "{tctx}: expected zero-copy");
+            assert!(
+                matches!(data, Cow::Borrowed(_)),
+                "{tctx}: expected zero-copy"
+            );
         }
     }
     // Tensors torch says share one storage must share memory here too.
@@ -114,7 +133,12 @@ fn check_fixture(json_path: &Path) -> usize {
         let ranges: Vec<(usize, usize)> = ts
             .iter()
             .filter_map(|t| ckpt.storage(t))
-            .map(|s| (s.bytes().as_ptr() as usize, s.bytes().as_ptr() as usize + s.len()))
+            .map(|s| {
+                (
+                    s.bytes().as_ptr() as usize,
+                    s.bytes().as_ptr() as usize + s.len(),
+                )
+            })
             .collect();
         let root = ranges.iter().max_by_key(|(a, b)| b - a).copied();
         if let Some((lo, hi)) = root {
@@ -127,8 +151,12 @@ fn check_fixture(json_path: &Path) -> usize {
     if let Some(values) = want.get("values").and_then(Json::as_object) {
         for (k, w) in values {
             let ours = ckpt.values().iter().find(|(n, _)| n == k);
-            let (_, v) = ours.unwrap_or_else(|| panic!("{ctx}: value {k} missing; have {:?}", ckpt.values()));
-            assert!(value_matches(v, w), "{ctx}: value {k}: ours {v:?}, torch {w}");
+            let (_, v) = ours
+                .unwrap_or_else(|| panic!("{ctx}: value {k} missing; have {:?}", ckpt.values()));
+            assert!(
+                value_matches(v, w),
+                "{ctx}: value {k}: ours {v:?}, torch {w}"
+            );
         }
     }
     want_tensors.len()

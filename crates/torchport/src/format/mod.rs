@@ -12,7 +12,7 @@ mod torch_legacy;
 mod torch_tar;
 mod torch_zip;
 
-/// The container format of a file, named as in DESIGN.md (`inspect --json`'s `format`).
+/// The format of a file, named as in DESIGN.md (`inspect --json`'s `format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Format {
@@ -22,15 +22,37 @@ pub enum Format {
     TorchLegacy,
     /// `torch.save` tar archive (PyTorch ≤ 0.1.x).
     TorchTar,
+    /// `torch.jit.save` TorchScript archive.
+    TorchScript,
+    /// `torch.export.save` archive.
+    Pt2,
+    /// safetensors.
+    Safetensors,
+    /// numpy `.npz` archive.
+    Npz,
+    /// numpy `.npy` array.
+    Npy,
+    /// ONNX model (initializers).
+    Onnx,
+    /// Sharded checkpoint index (`*.index.json`).
+    Sharded,
 }
 
 impl Format {
-    /// The contract name: `torch-zip`, `torch-legacy`, `torch-tar`.
+    /// The contract name: `torch-zip`, `torch-legacy`, `torch-tar`, `torchscript`, `pt2`,
+    /// `safetensors`, `npz`, `npy`, `onnx`, `sharded`.
     pub fn name(self) -> &'static str {
         match self {
             Format::TorchZip => "torch-zip",
             Format::TorchLegacy => "torch-legacy",
             Format::TorchTar => "torch-tar",
+            Format::TorchScript => "torchscript",
+            Format::Pt2 => "pt2",
+            Format::Safetensors => "safetensors",
+            Format::Npz => "npz",
+            Format::Npy => "npy",
+            Format::Onnx => "onnx",
+            Format::Sharded => "sharded",
         }
     }
 }
@@ -41,16 +63,39 @@ impl fmt::Display for Format {
     }
 }
 
-/// Detect the format of `bytes` from its first bytes.
+/// Detect the format of a file from its bytes (zip archives are told apart by the records
+/// they hold). `None` when no format matches.
 pub fn detect(bytes: &[u8]) -> Option<Format> {
     if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") {
-        Some(Format::TorchZip)
+        Some(zip_kind(bytes))
     } else if torch_legacy::looks_like(bytes) {
         Some(Format::TorchLegacy)
     } else if bytes.get(257..262) == Some(b"ustar") {
         Some(Format::TorchTar)
     } else {
         None
+    }
+}
+
+/// Which kind of zip archive: decided from the record names in its central directory.
+fn zip_kind(bytes: &[u8]) -> Format {
+    let Ok(zip) = zip::ZipArchive::new(std::io::Cursor::new(bytes)) else {
+        // A damaged zip: the torch zip reader reports what is wrong with it.
+        return Format::TorchZip;
+    };
+    let names: Vec<String> = zip
+        .file_names()
+        .filter_map(|n| n.ok().map(|n| n.into_owned()))
+        .collect();
+    let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
+    if has("/constants.pkl") || names.iter().any(|n| n.contains("/code/__torch__")) {
+        Format::TorchScript
+    } else if has("archive_format") || names.iter().any(|n| n.contains("/models/")) {
+        Format::Pt2
+    } else if !names.is_empty() && names.iter().all(|n| n.ends_with(".npy")) {
+        Format::Npz
+    } else {
+        Format::TorchZip
     }
 }
 
@@ -65,6 +110,10 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         Some(Format::TorchZip) => torch_zip::read(path, file, limits),
         Some(Format::TorchLegacy) => torch_legacy::read(path, file, limits),
         Some(Format::TorchTar) => torch_tar::read(path, file, limits),
+        Some(other) => Err(Error::UnsupportedFormat {
+            path: path.to_path_buf(),
+            what: format!("a {other} file"),
+        }),
         None => Err(Error::UnknownFormat {
             path: path.to_path_buf(),
             detail: describe_head(bytes),

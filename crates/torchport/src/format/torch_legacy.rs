@@ -35,14 +35,15 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let mut pos = 0usize;
     let mut next = |what: &str| -> Result<Pickle> {
         let rest = bytes.get(pos..).unwrap_or_default();
-        let (p, used) = torchport_pickle::parse_prefix(rest, &limits.pickle).map_err(|mut source| {
-            source.offset += pos as u64;
-            Error::Pickle {
-                path: path.to_path_buf(),
-                record: format!("the {what} pickle"),
-                source,
-            }
-        })?;
+        let (p, used) =
+            torchport_pickle::parse_prefix(rest, &limits.pickle).map_err(|mut source| {
+                source.offset += pos as u64;
+                Error::Pickle {
+                    path: path.to_path_buf(),
+                    record: format!("the {what} pickle"),
+                    source,
+                }
+            })?;
         pos += used;
         Ok(p)
     };
@@ -52,7 +53,10 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     }
     let version = next("protocol version")?;
     if version.as_int(version.root()) != Some(PROTOCOL_VERSION) {
-        return Err(Error::corrupt(path, format!("the legacy protocol version is not {PROTOCOL_VERSION}")));
+        return Err(Error::corrupt(
+            path,
+            format!("the legacy protocol version is not {PROTOCOL_VERSION}"),
+        ));
     }
     let sys_info = next("sys_info")?;
     let order = sys_info_order(&sys_info);
@@ -78,12 +82,23 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let mut storages = Vec::with_capacity(keys.len().min(1 << 16));
     let mut by_root = HashMap::new();
     for key in &keys {
-        let dtype = *dtypes
-            .get(key)
-            .ok_or_else(|| Error::corrupt(path, format!("storage {key} is listed but no tensor uses it, so its element size is unknown")))?;
-        let header = bytes
-            .get(pos..pos + 8)
-            .ok_or_else(|| Error::corrupt(path, format!("the file ends at byte {} before storage {key}'s size", bytes.len())))?;
+        let dtype = *dtypes.get(key).ok_or_else(|| {
+            Error::corrupt(
+                path,
+                format!(
+                    "storage {key} is listed but no tensor uses it, so its element size is unknown"
+                ),
+            )
+        })?;
+        let header = bytes.get(pos..pos + 8).ok_or_else(|| {
+            Error::corrupt(
+                path,
+                format!(
+                    "the file ends at byte {} before storage {key}'s size",
+                    bytes.len()
+                ),
+            )
+        })?;
         let raw: [u8; 8] = header.try_into().unwrap_or_default();
         let numel = match order {
             ByteOrder::Little => i64::from_le_bytes(raw),
@@ -92,7 +107,12 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         let nbytes = usize::try_from(numel)
             .ok()
             .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| Error::corrupt(path, format!("storage {key} at byte {pos} declares {numel} elements")))?;
+            .ok_or_else(|| {
+                Error::corrupt(
+                    path,
+                    format!("storage {key} at byte {pos} declares {numel} elements"),
+                )
+            })?;
         let start = pos + 8;
         let storage = start
             .checked_add(nbytes)
@@ -107,7 +127,11 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         storages.push(storage);
         pos = start + nbytes;
     }
-    let mut resolver = LegacyResolver { storages, by_root, views: HashMap::new() };
+    let mut resolver = LegacyResolver {
+        storages,
+        by_root,
+        views: HashMap::new(),
+    };
     let found = interpret(path, &main, &mut resolver, order, limits)?;
     let mut globals = main.globals().to_vec();
     for g in sys_info.globals() {
@@ -115,7 +139,14 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
             globals.push(g.clone());
         }
     }
-    Ok(Checkpoint::new(path, Format::TorchLegacy, order, found, globals, resolver.storages))
+    Ok(Checkpoint::new(
+        path,
+        Format::TorchLegacy,
+        order,
+        found,
+        globals,
+        resolver.storages,
+    ))
 }
 
 /// `sys_info["little_endian"]`: the byte order the file was written in.
@@ -149,13 +180,20 @@ enum Id {
 }
 
 fn parse_id(p: &Pickle, payload: NodeId) -> Result<Id, String> {
-    let parts = p.as_tuple_or_list(payload).ok_or("its persistent id is not a tuple")?;
+    let parts = p
+        .as_tuple_or_list(payload)
+        .ok_or("its persistent id is not a tuple")?;
     match parts.first().and_then(|&k| key_string(p, k)).as_deref() {
-        Some("module") => Ok(Id::Module(*parts.get(1).ok_or("its module id names no class")?)),
+        Some("module") => Ok(Id::Module(
+            *parts.get(1).ok_or("its module id names no class")?,
+        )),
         Some("storage") if parts.len() >= 6 => {
             let dtype = match p.get(parts[1]) {
-                PValue::Global { name, .. } => DType::from_storage_class(name)
-                    .ok_or_else(|| format!("its storage type {name} is not a torch storage class"))?,
+                PValue::Global { name, .. } => {
+                    DType::from_storage_class(name).ok_or_else(|| {
+                        format!("its storage type {name} is not a torch storage class")
+                    })?
+                }
                 _ => return Err("its storage type is not a class".into()),
             };
             let root = key_string(p, parts[2]).ok_or("its storage key is not a string")?;

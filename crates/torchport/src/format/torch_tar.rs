@@ -28,12 +28,22 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let bytes = file.as_slice();
     let members = members(path, bytes)?;
     let member = |name: &str| {
-        members.get(name).cloned().ok_or_else(|| Error::MissingRecord {
-            path: path.to_path_buf(),
-            record: name.to_string(),
-        })
+        members
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::MissingRecord {
+                path: path.to_path_buf(),
+                record: name.to_string(),
+            })
     };
-    let mut r = Reader { path, file, limits, pos: 0, end: 0, member: "" };
+    let mut r = Reader {
+        path,
+        file,
+        limits,
+        pos: 0,
+        end: 0,
+        member: "",
+    };
 
     // storages
     r.enter("storages", member("storages")?);
@@ -46,7 +56,8 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         let (Some(&key), Some(&class)) = (parts.first(), parts.get(2)) else {
             return Err(r.corrupt("a storage record is not a (key, location, type) tuple"));
         };
-        let key = key_string(&p, key).ok_or_else(|| r.corrupt("a storage key is not a string or integer"))?;
+        let key = key_string(&p, key)
+            .ok_or_else(|| r.corrupt("a storage key is not a string or integer"))?;
         let dtype = match p.get(class) {
             PValue::Global { name, .. } => DType::from_storage_class(name),
             _ => None,
@@ -58,7 +69,9 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| r.corrupt(&format!("storage {key} declares {numel} elements")))?;
         let range = r.take(nbytes)?;
-        let s = file.storage(range).ok_or_else(|| r.corrupt("a storage lies outside the file"))?;
+        let s = file
+            .storage(range)
+            .ok_or_else(|| r.corrupt("a storage lies outside the file"))?;
         by_key.insert(key, (storages.len(), dtype));
         storages.push(s);
     }
@@ -69,19 +82,30 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
             return Err(r.corrupt("a storage view is not a (key, root, offset, size) tuple"));
         };
         let num = |i: &NodeId| views.as_int(*i).and_then(|x| usize::try_from(x).ok());
-        let (Some(target), Some(root), Some(offset), Some(numel)) =
-            (key_string(&views, *target), key_string(&views, *root), num(offset), num(numel))
-        else {
+        let (Some(target), Some(root), Some(offset), Some(numel)) = (
+            key_string(&views, *target),
+            key_string(&views, *root),
+            num(offset),
+            num(numel),
+        ) else {
             return Err(r.corrupt("a storage view has invalid fields"));
         };
-        let &(base, dtype) = by_key.get(&root).ok_or_else(|| r.corrupt(&format!("storage view {target} names unknown storage {root}")))?;
+        let &(base, dtype) = by_key.get(&root).ok_or_else(|| {
+            r.corrupt(&format!(
+                "storage view {target} names unknown storage {root}"
+            ))
+        })?;
         let es = dtype.size();
         let sub = offset
             .checked_mul(es)
             .zip(numel.checked_mul(es))
             .and_then(|(s, n)| Some(s..s.checked_add(n)?))
             .and_then(|range| storages[base].slice(range))
-            .ok_or_else(|| r.corrupt(&format!("storage view {target} reaches outside storage {root}")))?;
+            .ok_or_else(|| {
+                r.corrupt(&format!(
+                    "storage view {target} reaches outside storage {root}"
+                ))
+            })?;
         by_key.insert(target, (storages.len(), dtype));
         storages.push(sub);
     }
@@ -99,7 +123,9 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         ) else {
             return Err(r.corrupt("a tensor record is not a (key, storage, type) tuple"));
         };
-        let &(storage, dtype) = by_key.get(&skey).ok_or_else(|| r.corrupt(&format!("tensor {key} names unknown storage {skey}")))?;
+        let &(storage, dtype) = by_key
+            .get(&skey)
+            .ok_or_else(|| r.corrupt(&format!("tensor {key} names unknown storage {skey}")))?;
         let ndim = r.i32()?;
         r.take(4)?;
         let ndim = usize::try_from(ndim)
@@ -109,7 +135,11 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         let mut dims = Vec::with_capacity(2 * ndim + 1);
         for _ in 0..2 * ndim + 1 {
             let v = r.i64()?;
-            dims.push(usize::try_from(v).map_err(|_| r.corrupt(&format!("tensor {key} has a negative size, stride or offset")))?);
+            dims.push(usize::try_from(v).map_err(|_| {
+                r.corrupt(&format!(
+                    "tensor {key} has a negative size, stride or offset"
+                ))
+            })?);
         }
         let offset = dims.pop().unwrap_or_default();
         let strides = dims.split_off(ndim);
@@ -131,9 +161,20 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     // the object
     r.enter("pickle", member("pickle")?);
     let main = r.pickle()?;
-    let mut resolver = TarResolver { storages, by_key, tensors };
+    let mut resolver = TarResolver {
+        storages,
+        by_key,
+        tensors,
+    };
     let found = interpret(path, &main, &mut resolver, ByteOrder::Little, limits)?;
-    Ok(Checkpoint::new(path, Format::TorchTar, ByteOrder::Little, found, main.globals().to_vec(), resolver.storages))
+    Ok(Checkpoint::new(
+        path,
+        Format::TorchTar,
+        ByteOrder::Little,
+        found,
+        main.globals().to_vec(),
+        resolver.storages,
+    ))
 }
 
 /// Byte ranges of the tar's regular members, by name.
@@ -146,9 +187,15 @@ fn members(path: &Path, bytes: &[u8]) -> Result<HashMap<String, Range<usize>>> {
         let name = entry.path().map_err(bad)?.to_string_lossy().into_owned();
         let start = usize::try_from(entry.raw_file_position()).unwrap_or(usize::MAX);
         let len = usize::try_from(entry.size()).unwrap_or(usize::MAX);
-        let end = start.checked_add(len).filter(|&e| e <= bytes.len()).ok_or_else(|| {
-            Error::corrupt(path, format!("tar member {name} ({len} bytes) extends past the end of the file"))
-        })?;
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(|| {
+                Error::corrupt(
+                    path,
+                    format!("tar member {name} ({len} bytes) extends past the end of the file"),
+                )
+            })?;
         out.insert(name, start..end);
     }
     Ok(out)
@@ -181,13 +228,23 @@ impl Reader<'_> {
     }
 
     fn corrupt(&self, what: &str) -> Error {
-        Error::corrupt(self.path, format!("tar member {}: {what} (at byte {})", self.member, self.pos))
+        Error::corrupt(
+            self.path,
+            format!("tar member {}: {what} (at byte {})", self.member, self.pos),
+        )
     }
 
     fn take(&mut self, n: usize) -> Result<Range<usize>> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.end).ok_or_else(|| {
-            self.corrupt(&format!("{n} more bytes are needed but the member ends at byte {}", self.end))
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.end)
+            .ok_or_else(|| {
+                self.corrupt(&format!(
+                    "{n} more bytes are needed but the member ends at byte {}",
+                    self.end
+                ))
+            })?;
         let r = self.pos..end;
         self.pos = end;
         Ok(r)
@@ -195,20 +252,29 @@ impl Reader<'_> {
 
     fn i64(&mut self) -> Result<i64> {
         let r = self.take(8)?;
-        Ok(i64::from_le_bytes(self.file.as_slice()[r].try_into().unwrap_or_default()))
+        Ok(i64::from_le_bytes(
+            self.file.as_slice()[r].try_into().unwrap_or_default(),
+        ))
     }
 
     fn i32(&mut self) -> Result<i32> {
         let r = self.take(4)?;
-        Ok(i32::from_le_bytes(self.file.as_slice()[r].try_into().unwrap_or_default()))
+        Ok(i32::from_le_bytes(
+            self.file.as_slice()[r].try_into().unwrap_or_default(),
+        ))
     }
 
     fn pickle(&mut self) -> Result<Pickle> {
         let rest = &self.file.as_slice()[self.pos..self.end];
-        let (p, used) = torchport_pickle::parse_prefix(rest, &self.limits.pickle).map_err(|mut source| {
-            source.offset += self.pos as u64;
-            Error::Pickle { path: self.path.to_path_buf(), record: format!("tar member {}", self.member), source }
-        })?;
+        let (p, used) =
+            torchport_pickle::parse_prefix(rest, &self.limits.pickle).map_err(|mut source| {
+                source.offset += self.pos as u64;
+                Error::Pickle {
+                    path: self.path.to_path_buf(),
+                    record: format!("tar member {}", self.member),
+                    source,
+                }
+            })?;
         self.pos += used;
         Ok(p)
     }
@@ -240,7 +306,9 @@ impl Resolver for TarResolver {
         if let Some(&(index, dtype)) = self.by_key.get(&key) {
             return Ok(Persistent::Storage { index, dtype });
         }
-        Err(format!("its persistent id {key} names no tensor or storage in the archive"))
+        Err(format!(
+            "its persistent id {key} names no tensor or storage in the archive"
+        ))
     }
 
     fn storages(&self) -> &[Storage] {

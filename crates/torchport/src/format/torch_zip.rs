@@ -43,7 +43,10 @@ impl<'a> Archive<'a> {
 
     /// Every record name in the archive.
     pub(crate) fn names(&self) -> Vec<String> {
-        self.zip.file_names().filter_map(|n| n.ok().map(|n| n.into_owned())).collect()
+        self.zip
+            .file_names()
+            .filter_map(|n| n.ok().map(|n| n.into_owned()))
+            .collect()
     }
 
     /// True when a record of this name exists.
@@ -70,9 +73,12 @@ impl<'a> Archive<'a> {
                 .ok()
                 .zip(usize::try_from(size).ok())
                 .and_then(|(s, n)| Some(s..s.checked_add(n)?));
-            return range
-                .and_then(|r| self.file.storage(r))
-                .ok_or_else(|| Error::corrupt(self.path, format!("record {name} ({size} bytes) extends past the end of the file")));
+            return range.and_then(|r| self.file.storage(r)).ok_or_else(|| {
+                Error::corrupt(
+                    self.path,
+                    format!("record {name} ({size} bytes) extends past the end of the file"),
+                )
+            });
         }
         drop(raw);
         if size > self.max_decompressed {
@@ -90,11 +96,19 @@ impl<'a> Archive<'a> {
         entry
             .take(size.saturating_add(1))
             .read_to_end(&mut out)
-            .map_err(|e| Error::corrupt(self.path, format!("record {name} cannot be decompressed: {e}")))?;
+            .map_err(|e| {
+                Error::corrupt(
+                    self.path,
+                    format!("record {name} cannot be decompressed: {e}"),
+                )
+            })?;
         if out.len() as u64 != size {
             return Err(Error::corrupt(
                 self.path,
-                format!("record {name} decompresses to {} bytes, but the archive declares {size}", out.len()),
+                format!(
+                    "record {name} decompresses to {} bytes, but the archive declares {size}",
+                    out.len()
+                ),
             ));
         }
         Ok(Storage::owned(out))
@@ -115,40 +129,51 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let mut ar = Archive::new(path, file, limits)?;
     let names = ar.names();
     let Some(root) = find_root(&names) else {
-        let what = if names.iter().any(|n| n.contains("/models/") || n.ends_with("archive_format")) {
-            "a torch.export (.pt2) archive"
-        } else {
-            return Err(Error::corrupt(path, "the zip archive has no data.pkl record; it is not a torch.save file"));
-        };
-        return Err(Error::UnsupportedFormat { path: path.to_path_buf(), what: what.into() });
+        return Err(Error::corrupt(
+            path,
+            "the zip archive has no data.pkl record; it is not a torch.save file",
+        ));
     };
-    if ar.has(&format!("{root}constants.pkl")) || names.iter().any(|n| n.starts_with(&format!("{root}code/"))) {
-        return Err(Error::UnsupportedFormat {
-            path: path.to_path_buf(),
-            what: "a TorchScript archive (torch.jit.save)".into(),
-        });
-    }
     let order = match ar.has(&format!("{root}byteorder")) {
         false => ByteOrder::Little,
         true => match ar.record(&format!("{root}byteorder"))?.bytes() {
             b"little" => ByteOrder::Little,
             b"big" => ByteOrder::Big,
             other => {
-                return Err(Error::corrupt(path, format!("the byteorder record says {:?}; expected \"little\" or \"big\"", String::from_utf8_lossy(other))))
+                return Err(Error::corrupt(
+                    path,
+                    format!(
+                        "the byteorder record says {:?}; expected \"little\" or \"big\"",
+                        String::from_utf8_lossy(other)
+                    ),
+                ))
             }
         },
     };
     let record = format!("{root}data.pkl");
     let pkl = ar.record(&record)?;
-    let pickle = torchport_pickle::parse(pkl.bytes(), &limits.pickle).map_err(|source| Error::Pickle {
-        path: path.to_path_buf(),
-        record: record.clone(),
-        source,
-    })?;
-    let mut resolver = ZipResolver { ar, root, storages: Vec::new(), by_key: HashMap::new() };
+    let pickle =
+        torchport_pickle::parse(pkl.bytes(), &limits.pickle).map_err(|source| Error::Pickle {
+            path: path.to_path_buf(),
+            record: record.clone(),
+            source,
+        })?;
+    let mut resolver = ZipResolver {
+        ar,
+        root,
+        storages: Vec::new(),
+        by_key: HashMap::new(),
+    };
     let found = interpret(path, &pickle, &mut resolver, order, limits)?;
     let globals = pickle.globals().to_vec();
-    Ok(Checkpoint::new(path, Format::TorchZip, order, found, globals, resolver.storages))
+    Ok(Checkpoint::new(
+        path,
+        Format::TorchZip,
+        order,
+        found,
+        globals,
+        resolver.storages,
+    ))
 }
 
 struct ZipResolver<'a> {
@@ -160,10 +185,14 @@ struct ZipResolver<'a> {
 
 /// Parse a zip persistent id: `('storage', <StorageClass>, key, location, numel)`.
 pub(crate) fn storage_id(p: &Pickle, payload: NodeId) -> Result<(DType, String, u64), String> {
-    let parts = p.as_tuple_or_list(payload).ok_or("its persistent id is not a tuple")?;
+    let parts = p
+        .as_tuple_or_list(payload)
+        .ok_or("its persistent id is not a tuple")?;
     let kind = parts.first().and_then(|&k| p.as_str(k));
     if kind != Some("storage") || parts.len() < 5 {
-        return Err("its persistent id is not a ('storage', type, key, location, size) tuple".into());
+        return Err(
+            "its persistent id is not a ('storage', type, key, location, size) tuple".into(),
+        );
     }
     let dtype = match p.get(parts[1]) {
         PValue::Global { name, .. } => DType::from_storage_class(name)
@@ -190,10 +219,14 @@ impl Resolver for ZipResolver<'_> {
         }
         let name = format!("{}data/{key}", self.root);
         let storage = self.ar.record(&name).map_err(|e| match e {
-            Error::MissingRecord { .. } => format!("its storage record {name} is missing from the archive"),
+            Error::MissingRecord { .. } => {
+                format!("its storage record {name} is missing from the archive")
+            }
             other => other.to_string(),
         })?;
-        let declared = numel.checked_mul(dtype.size() as u64).ok_or("its storage size overflows")?;
+        let declared = numel
+            .checked_mul(dtype.size() as u64)
+            .ok_or("its storage size overflows")?;
         if (storage.len() as u64) < declared {
             return Err(format!(
                 "its storage record {name} holds {} bytes, but the pickle declares {numel} elements of {dtype} ({declared} bytes)",
@@ -218,7 +251,10 @@ mod tests {
     #[test]
     fn roots() {
         let n = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(find_root(&n(&["archive/data.pkl", "archive/data/0"])), Some("archive/".into()));
+        assert_eq!(
+            find_root(&n(&["archive/data.pkl", "archive/data/0"])),
+            Some("archive/".into())
+        );
         assert_eq!(find_root(&n(&["x y/data.pkl"])), Some("x y/".into()));
         assert_eq!(find_root(&n(&["a/b/data.pkl"])), None);
         assert_eq!(find_root(&n(&["data.pkl"])), Some(String::new()));

@@ -1,0 +1,99 @@
+//! `OutTensor`: a tensor on its way to a writer or a transformation — name, dtype, shape,
+//! and its bytes (contiguous, little-endian) produced on demand, so writers can stream one
+//! tensor at a time and transformations can be chained without reading anything early.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::checkpoint::Checkpoint;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::TensorInfo;
+
+type Producer<'a> = Box<dyn Fn() -> Result<Cow<'a, [u8]>> + 'a>;
+
+/// A tensor to be written or transformed; its data is produced when asked for.
+pub struct OutTensor<'a> {
+    /// Output name.
+    pub name: String,
+    /// Element type of the produced bytes.
+    pub dtype: DType,
+    /// Shape of the produced bytes (row-major).
+    pub shape: Vec<usize>,
+    data: Producer<'a>,
+}
+
+impl fmt::Debug for OutTensor<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutTensor")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> OutTensor<'a> {
+    /// A tensor whose bytes come from `data` (contiguous, little-endian, row-major).
+    pub fn new(
+        name: impl Into<String>,
+        dtype: DType,
+        shape: Vec<usize>,
+        data: impl Fn() -> Result<Cow<'a, [u8]>> + 'a,
+    ) -> Self {
+        OutTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            data: Box::new(data),
+        }
+    }
+
+    /// A tensor of a checkpoint, read (zero-copy where possible) when asked for.
+    pub fn from_checkpoint(ckpt: &'a Checkpoint, t: &'a TensorInfo) -> Self {
+        OutTensor::new(t.name.clone(), t.dtype, t.shape.clone(), move || {
+            ckpt.data(t)
+        })
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Size of the data in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    /// Produce the bytes; checks that their length matches dtype and shape.
+    pub fn data(&self) -> Result<Cow<'a, [u8]>> {
+        let d = (self.data)()?;
+        if d.len() != self.nbytes() {
+            return Err(Error::Tensor {
+                path: Default::default(),
+                tensor: self.name.clone(),
+                what: format!(
+                    "produced {} bytes, but {} {:?} needs {}",
+                    d.len(),
+                    self.dtype,
+                    self.shape,
+                    self.nbytes()
+                ),
+            });
+        }
+        Ok(d)
+    }
+}
+
+impl Checkpoint {
+    /// Every tensor with readable data, as [`OutTensor`]s in file order (meta and other
+    /// data-less tensors are left out; see [`Checkpoint::tensors`] for all of them).
+    pub fn out_tensors(&self) -> Vec<OutTensor<'_>> {
+        self.tensors
+            .iter()
+            .filter(|t| matches!(t.data, crate::tensor::TensorData::Strided { .. }))
+            .map(|t| OutTensor::from_checkpoint(self, t))
+            .collect()
+    }
+}
