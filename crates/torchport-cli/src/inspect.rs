@@ -132,6 +132,23 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
             writeln!(out, "  {path}  {class}")?;
         }
     }
+    if !c.graph_ops().is_empty() {
+        let calls: usize = c.graph_ops().iter().map(|(_, n)| n).sum();
+        writeln!(
+            out,
+            "\ngraph ops ({} distinct, {calls} calls):",
+            c.graph_ops().len()
+        )?;
+        let w = c
+            .graph_ops()
+            .iter()
+            .map(|(t, _)| t.len())
+            .max()
+            .unwrap_or(0);
+        for (target, n) in c.graph_ops() {
+            writeln!(out, "  {target:<w$}  {n}")?;
+        }
+    }
     if !c.values().is_empty() {
         writeln!(out, "\nvalues ({}):", c.values().len())?;
         for (name, v) in c.values() {
@@ -191,6 +208,11 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
         .iter()
         .map(|(p, cls)| json!({"path": p, "class": cls}))
         .collect();
+    let graph_ops: serde_json::Map<String, serde_json::Value> = c
+        .graph_ops()
+        .iter()
+        .map(|(t, n)| (t.clone(), json!(n)))
+        .collect();
     json!({
         "file": c.path().display().to_string(),
         "format": c.format().name(),
@@ -199,6 +221,7 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
         "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
         "values": values,
         "modules": modules,
+        "graph_ops": graph_ops,
         "globals": globals,
     })
 }

@@ -23,6 +23,7 @@ pub struct Checkpoint {
     pub(crate) values: Vec<(String, Value)>,
     pub(crate) globals: Vec<(String, String)>,
     pub(crate) modules: Vec<(String, String)>,
+    pub(crate) graph_ops: Vec<(String, usize)>,
     pub(crate) storages: Vec<Storage>,
     pub(crate) index: HashMap<String, usize>,
 }
@@ -73,6 +74,7 @@ impl Checkpoint {
             values: found.values,
             globals,
             modules: found.modules,
+            graph_ops: Vec::new(),
             storages,
             index,
         }
@@ -113,9 +115,17 @@ impl Checkpoint {
         &self.globals
     }
 
-    /// For a pickled `nn.Module`: each module's path (`""` for the root) and class.
+    /// For a pickled `nn.Module` or a TorchScript archive: each module's path (`""` for the
+    /// root) and qualified class (`__torch__.torch.nn.modules.linear.Linear` for TorchScript).
     pub fn modules(&self) -> &[(String, String)] {
         &self.modules
+    }
+
+    /// For a program (`.pt2`): each op target its top-level graph calls
+    /// (`torch.ops.aten.conv2d.default`, `_operator.getitem`) and how many nodes call it,
+    /// in order of first use. Empty for files that hold no program.
+    pub fn graph_ops(&self) -> &[(String, usize)] {
+        &self.graph_ops
     }
 
     /// Number of distinct storages behind the tensors.

@@ -103,6 +103,12 @@ impl Storage {
         self.range.is_empty()
     }
 
+    /// The file bytes this storage is a range of, and the range (to open an archive nested
+    /// in a record without copying it).
+    pub(crate) fn parts(&self) -> (&FileBytes, Range<usize>) {
+        (&self.file, self.range.clone())
+    }
+
     /// True when the bytes are read straight from a memory map (no copy was made).
     pub fn is_mapped(&self) -> bool {
         matches!(self.file, FileBytes::Mapped(_))

@@ -8,9 +8,12 @@ use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 
+mod pt2;
+mod pt2_json;
 mod torch_legacy;
 mod torch_tar;
 mod torch_zip;
+mod torchscript;
 
 /// The format of a file, named as in DESIGN.md (`inspect --json`'s `format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,11 +90,16 @@ fn zip_kind(bytes: &[u8]) -> Format {
         .file_names()
         .filter_map(|n| n.ok().map(|n| n.into_owned()))
         .collect();
-    let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
-    if has("/constants.pkl") || names.iter().any(|n| n.contains("/code/__torch__")) {
-        Format::TorchScript
-    } else if has("archive_format") || names.iter().any(|n| n.contains("/models/")) {
+    let torchscript = |n: &String| {
+        n == "constants.pkl"
+            || n.ends_with("/constants.pkl")
+            || n.starts_with("code/__torch__")
+            || n.contains("/code/__torch__")
+    };
+    if pt2::looks_like(&names) || names.iter().any(|n| n.contains("/models/")) {
         Format::Pt2
+    } else if names.iter().any(torchscript) {
+        Format::TorchScript
     } else if !names.is_empty() && names.iter().all(|n| n.ends_with(".npy")) {
         Format::Npz
     } else {
@@ -110,6 +118,8 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         Some(Format::TorchZip) => torch_zip::read(path, file, limits),
         Some(Format::TorchLegacy) => torch_legacy::read(path, file, limits),
         Some(Format::TorchTar) => torch_tar::read(path, file, limits),
+        Some(Format::TorchScript) => torchscript::read(path, file, limits),
+        Some(Format::Pt2) => pt2::read(path, file, limits),
         Some(other) => Err(Error::UnsupportedFormat {
             path: path.to_path_buf(),
             what: format!("a {other} file"),
