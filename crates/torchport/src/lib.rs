@@ -17,6 +17,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cast;
 mod checkpoint;
 mod dtype;
 mod error;
