@@ -10,7 +10,7 @@
 use crate::dtype::DType;
 
 /// Why a conversion cannot be done.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CastError {
     /// The source dtype has no single real value per element.
