@@ -194,7 +194,10 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
     json!({
         "file": c.path().display().to_string(),
         "format": c.format().name(),
-        "byte_order": format!("{:?}", c.byte_order()).to_lowercase(),
+        "byte_order": match c.byte_order() {
+            torchport::ByteOrder::Little => "little",
+            torchport::ByteOrder::Big => "big",
+        },
         "tensors": tensors,
         "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
         "values": values,

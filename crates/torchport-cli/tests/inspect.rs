@@ -19,10 +19,15 @@ fn torchport(args: &[&str]) -> Output {
 #[test]
 fn json_lists_what_torch_loaded() {
     let out = torchport(&["inspect", "examples/data/lstm_linear.pt", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let want: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(root().join("tests/fixtures/torch_save/lstm_linear.pt.expected.json")).unwrap(),
+        &std::fs::read(root().join("tests/fixtures/torch_save/lstm_linear.pt.expected.json"))
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(got["format"], "torch-zip");
@@ -36,16 +41,33 @@ fn json_lists_what_torch_loaded() {
     }
     let params: u64 = want_t
         .iter()
-        .map(|t| t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product::<u64>())
+        .map(|t| {
+            t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .product::<u64>()
+        })
         .sum();
     assert_eq!(got["totals"]["parameters"], params);
     let globals: Vec<String> = got["globals"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|g| format!("{}.{} {}", g["module"].as_str().unwrap(), g["name"].as_str().unwrap(), g["class"].as_str().unwrap()))
+        .map(|g| {
+            format!(
+                "{}.{} {}",
+                g["module"].as_str().unwrap(),
+                g["name"].as_str().unwrap(),
+                g["class"].as_str().unwrap()
+            )
+        })
         .collect();
-    assert!(globals.contains(&"torch._utils._rebuild_tensor_v2 known-safe".to_string()), "{globals:?}");
+    assert!(
+        globals.contains(&"torch._utils._rebuild_tensor_v2 known-safe".to_string()),
+        "{globals:?}"
+    );
 }
 
 #[test]
@@ -54,10 +76,17 @@ fn table_shows_names_values_and_modules() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("format:  torch-zip"), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("state_dict.fc.weight ") || l.starts_with("state_dict.")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("state_dict.fc.weight ") || l.starts_with("state_dict.")),
+        "{text}"
+    );
     assert!(text.contains("epoch = 3"), "{text}");
     assert!(text.contains("np_scalar = numpy.float64(0.5)"), "{text}");
-    assert!(text.contains("args = <argparse.Namespace object>"), "{text}");
+    assert!(
+        text.contains("args = <argparse.Namespace object>"),
+        "{text}"
+    );
 
     let out = torchport(&["inspect", "tests/fixtures/torch_save/whole_module.pt"]);
     let text = String::from_utf8(out.stdout).unwrap();
@@ -71,7 +100,10 @@ fn hostile_files_exit_2_with_one_sentence() {
         ("tests/fixtures/hostile/os_system.pt", "posix.system"),
         ("tests/fixtures/hostile/memo_bomb.pt", "max_visits"),
         ("tests/fixtures/hostile/oob_view.pt", "storage holds only"),
-        ("tests/fixtures/hostile/random.bin", "not a file torchport recognizes"),
+        (
+            "tests/fixtures/hostile/random.bin",
+            "not a file torchport recognizes",
+        ),
         ("no/such/file.pt", "cannot read the file"),
     ] {
         let out = torchport(&["inspect", file]);
@@ -79,6 +111,9 @@ fn hostile_files_exit_2_with_one_sentence() {
         assert!(out.stdout.is_empty(), "{file}: nothing on stdout");
         let err = String::from_utf8(out.stderr).unwrap();
         assert_eq!(err.lines().count(), 1, "{file}: {err}");
-        assert!(err.starts_with("error: ") && err.contains(file) && err.contains(word), "{file}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(file) && err.contains(word),
+            "{file}: {err}"
+        );
     }
 }

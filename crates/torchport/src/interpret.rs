@@ -259,9 +259,11 @@ impl<'a> Walker<'a> {
                 return self.module(&class, state, name, depth);
             }
         }
-        // Dict-like objects (OrderedDict, defaultdict) hold their entries as SETITEMS.
+        // Dict-like objects (OrderedDict, defaultdict) hold their entries as SETITEMS. The
+        // BUILD state torch attaches to a state_dict (`_metadata`: module versions) is
+        // bookkeeping for `load_state_dict`, not content, and is not shown.
         let dict_like = !obj.dict_items.is_empty() || class == "collections.OrderedDict";
-        if dict_like && obj.state.is_none() && obj.list_items.is_empty() {
+        if dict_like && obj.list_items.is_empty() {
             if obj.dict_items.is_empty() {
                 self.found
                     .values

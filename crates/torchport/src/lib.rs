@@ -42,3 +42,8 @@ pub use tensor::{ByteOrder, Quant, TensorData, TensorInfo};
 pub use value::Value;
 
 pub use torchport_pickle as pickle;
+
+/// The README's Rust examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
