@@ -8,6 +8,9 @@ use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 
+mod numpy;
+mod safetensors;
+mod sharded;
 mod torch_legacy;
 mod torch_tar;
 mod torch_zip;
@@ -65,13 +68,24 @@ impl fmt::Display for Format {
 
 /// Detect the format of a file from its bytes (zip archives are told apart by the records
 /// they hold). `None` when no format matches.
+///
+/// safetensors: an 8-byte little-endian header length of at most 100 MB followed by `{`;
+/// npy: the magic `\x93NUMPY`; sharded index: a JSON object (it starts with `{` after
+/// whitespace) that mentions `"weight_map"`; npz: a zip archive whose records all end in
+/// `.npy` (or an empty zip archive).
 pub fn detect(bytes: &[u8]) -> Option<Format> {
     if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") {
         Some(zip_kind(bytes))
+    } else if bytes.starts_with(numpy::MAGIC) {
+        Some(Format::Npy)
     } else if torch_legacy::looks_like(bytes) {
         Some(Format::TorchLegacy)
     } else if bytes.get(257..262) == Some(b"ustar") {
         Some(Format::TorchTar)
+    } else if safetensors::looks_like(bytes) {
+        Some(Format::Safetensors)
+    } else if sharded::looks_like(bytes) {
+        Some(Format::Sharded)
     } else {
         None
     }
@@ -92,7 +106,8 @@ fn zip_kind(bytes: &[u8]) -> Format {
         Format::TorchScript
     } else if has("archive_format") || names.iter().any(|n| n.contains("/models/")) {
         Format::Pt2
-    } else if !names.is_empty() && names.iter().all(|n| n.ends_with(".npy")) {
+    } else if names.iter().all(|n| n.ends_with(".npy")) {
+        // `numpy.savez()` of no arrays is an empty archive: an npz with no tensors.
         Format::Npz
     } else {
         Format::TorchZip
@@ -110,6 +125,10 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         Some(Format::TorchZip) => torch_zip::read(path, file, limits),
         Some(Format::TorchLegacy) => torch_legacy::read(path, file, limits),
         Some(Format::TorchTar) => torch_tar::read(path, file, limits),
+        Some(Format::Safetensors) => safetensors::read(path, file, limits),
+        Some(Format::Npy) => numpy::read_npy(path, file, limits),
+        Some(Format::Npz) => numpy::read_npz(path, file, limits),
+        Some(Format::Sharded) => sharded::read(path, file, limits),
         Some(other) => Err(Error::UnsupportedFormat {
             path: path.to_path_buf(),
             what: format!("a {other} file"),
