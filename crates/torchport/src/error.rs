@@ -100,6 +100,19 @@ pub enum Error {
         /// The `Limits` field that sets it.
         field: &'static str,
     },
+    /// A tensor's external data (ONNX) cannot be used: its location leaves the model's
+    /// folder, its file cannot be opened, or its byte range does not fit.
+    #[error("{}: tensor {tensor}: external data {location:?}: {what}", path.display())]
+    ExternalData {
+        /// The model file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The `location` it names.
+        location: String,
+        /// What is wrong.
+        what: String,
+    },
     /// No tensor of that name.
     #[error("{}: no tensor named {name}", path.display())]
     NoSuchTensor {
