@@ -110,6 +110,19 @@ pub enum Error {
         /// What went wrong reading the shard (its message names the shard's own path).
         source: Box<Error>,
     },
+    /// A tensor's external data (ONNX) cannot be used: its location leaves the model's
+    /// folder, its file cannot be opened, or its byte range does not fit.
+    #[error("{}: tensor {tensor}: external data {location:?}: {what}", path.display())]
+    ExternalData {
+        /// The model file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The `location` it names.
+        location: String,
+        /// What is wrong.
+        what: String,
+    },
     /// No tensor of that name.
     #[error("{}: no tensor named {name}", path.display())]
     NoSuchTensor {

@@ -9,6 +9,7 @@ use crate::limits::Limits;
 use crate::storage::FileBytes;
 
 mod numpy;
+mod onnx;
 mod safetensors;
 mod sharded;
 mod torch_legacy;
@@ -86,6 +87,9 @@ pub fn detect(bytes: &[u8]) -> Option<Format> {
         Some(Format::Safetensors)
     } else if sharded::looks_like(bytes) {
         Some(Format::Sharded)
+    } else if onnx::looks_like(bytes) {
+        // Last: ONNX has no magic number, only a structural check (see onnx/proto.rs).
+        Some(Format::Onnx)
     } else {
         None
     }
@@ -115,11 +119,18 @@ fn zip_kind(bytes: &[u8]) -> Format {
 }
 
 pub(crate) fn open(path: &Path, limits: &Limits) -> Result<Checkpoint> {
-    read(path, &FileBytes::open(path)?, limits)
+    dispatch(path, &FileBytes::open(path)?, limits, true)
 }
 
 /// Read a checkpoint held in memory; `path` only names it in messages.
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    dispatch(path, file, limits, false)
+}
+
+/// Read with the reader of the detected format. `on_disk`: the bytes are the file at `path`
+/// (formats that refer to files beside the checkpoint, like ONNX external data, may then
+/// look in its folder).
+fn dispatch(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool) -> Result<Checkpoint> {
     let bytes = file.as_slice();
     match detect(bytes) {
         Some(Format::TorchZip) => torch_zip::read(path, file, limits),
@@ -129,6 +140,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         Some(Format::Npy) => numpy::read_npy(path, file, limits),
         Some(Format::Npz) => numpy::read_npz(path, file, limits),
         Some(Format::Sharded) => sharded::read(path, file, limits),
+        Some(Format::Onnx) => onnx::read(path, file, limits, on_disk),
         Some(other) => Err(Error::UnsupportedFormat {
             path: path.to_path_buf(),
             what: format!("a {other} file"),
