@@ -74,9 +74,9 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
     writeln!(out, "file:    {}", c.path().display())?;
     writeln!(
         out,
-        "format:  {} ({:?}-endian data)",
+        "format:  {} ({}-endian data)",
         c.format(),
-        c.byte_order()
+        c.byte_order().name()
     )?;
     writeln!(
         out,
@@ -216,7 +216,7 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
     json!({
         "file": c.path().display().to_string(),
         "format": c.format().name(),
-        "byte_order": format!("{:?}", c.byte_order()).to_lowercase(),
+        "byte_order": c.byte_order().name(),
         "tensors": tensors,
         "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
         "values": values,

@@ -35,6 +35,17 @@
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+// Hostile input: no indexing, unwrap or panic outside tests.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 
 mod error;
 mod globals;

@@ -283,3 +283,17 @@ pub const ALL: [u8; 68] = [
     PERSID,
     BINPERSID,
 ];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_opcode_is_named_once() {
+        let mut seen = std::collections::HashSet::new();
+        for op in super::ALL {
+            assert!(super::name(op).is_some(), "0x{op:02x}");
+            assert!(seen.insert(op), "0x{op:02x} listed twice");
+        }
+        let named = (0..=255u8).filter(|&b| super::name(b).is_some()).count();
+        assert_eq!(named, super::ALL.len());
+    }
+}

@@ -259,8 +259,8 @@ impl Machine<'_> {
 
             // ---- globals and calls ----
             GLOBAL => {
-                let module = utf8(r.line()?)?;
-                let name = utf8(r.line()?)?;
+                let module = self.text_line(r)?;
+                let name = self.text_line(r)?;
                 let id = self.global(module, name)?;
                 self.push(id)?;
             }
@@ -279,12 +279,15 @@ impl Machine<'_> {
                     });
                 };
                 let (module, name) = (module.clone(), name.clone());
+                // The names are copied out of memoizable strs: charge the copies.
+                self.charge_bytes(module.len())?;
+                self.charge_bytes(name.len())?;
                 let id = self.global(module, name)?;
                 self.push(id)?;
             }
             INST => {
-                let module = utf8(r.line()?)?;
-                let name = utf8(r.line()?)?;
+                let module = self.text_line(r)?;
+                let name = self.text_line(r)?;
                 let args = self.pop_mark()?;
                 let class = self.global(module, name)?;
                 self.push_new(Value::Object(Object::new(CallKind::Inst, class, args)))?;
@@ -341,9 +344,8 @@ impl Machine<'_> {
 
             // ---- persistent ids and the extension registry ----
             PERSID => {
-                let line = r.line()?;
-                self.charge_bytes(line.len())?;
-                let pid = self.new_node(Value::Str(utf8(line)?))?;
+                let line = self.text_line(r)?;
+                let pid = self.new_node(Value::Str(line))?;
                 self.push_new(Value::PersistentId(pid))?;
             }
             BINPERSID => {
@@ -359,6 +361,13 @@ impl Machine<'_> {
             _ => return Err(ErrorKind::UnknownOpcode(op)),
         }
         Ok(Flow::Continue)
+    }
+
+    /// A UTF-8 text line (GLOBAL / INST names), charged to the payload limits.
+    fn text_line(&mut self, r: &mut Reader<'_>) -> Result<String, ErrorKind> {
+        let line = r.line()?;
+        self.charge_bytes(line.len())?;
+        utf8(line)
     }
 
     /// The items of the argument tuple `id` (copied, and charged to `max_nodes`).

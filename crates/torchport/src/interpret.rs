@@ -292,9 +292,11 @@ impl<'a> Walker<'a> {
                 return self.module(&class, state, name, depth);
             }
         }
-        // Dict-like objects (OrderedDict, defaultdict) hold their entries as SETITEMS.
+        // Dict-like objects (OrderedDict, defaultdict) hold their entries as SETITEMS. The
+        // BUILD state torch attaches to a state_dict (`_metadata`: module versions) is
+        // bookkeeping for `load_state_dict`, not content, and is not shown.
         let dict_like = !obj.dict_items.is_empty() || class == "collections.OrderedDict";
-        if dict_like && obj.state.is_none() && obj.list_items.is_empty() {
+        if dict_like && obj.list_items.is_empty() {
             if obj.dict_items.is_empty() {
                 self.found
                     .values
@@ -940,7 +942,7 @@ fn leaf_value(v: &PValue) -> Value {
         PValue::None => Value::None,
         PValue::Bool(b) => Value::Bool(*b),
         PValue::Int(i) => Value::Int(*i),
-        PValue::BigInt(bytes) => Value::BigInt(bigint_decimal(bytes)),
+        PValue::BigInt(bytes) => Value::BigInt(torchport_pickle::bigint_to_decimal(bytes)),
         PValue::Float(f) => Value::Float(*f),
         PValue::Str(s) => Value::Str(s.clone()),
         PValue::Bytes(b) | PValue::ByteArray(b) => Value::Bytes(b.len()),
@@ -949,56 +951,9 @@ fn leaf_value(v: &PValue) -> Value {
     }
 }
 
-/// Decimal text of a little-endian two's-complement integer (LONG1/LONG4 payload).
-fn bigint_decimal(bytes: &[u8]) -> String {
-    let negative = bytes.last().is_some_and(|&b| b & 0x80 != 0);
-    // Magnitude as little-endian base-256 digits.
-    let mut mag: Vec<u8> = if negative {
-        let mut carry = 1u16;
-        bytes
-            .iter()
-            .map(|&b| {
-                let v = (!b) as u16 + carry;
-                carry = v >> 8;
-                v as u8
-            })
-            .collect()
-    } else {
-        bytes.to_vec()
-    };
-    let mut digits = Vec::new();
-    while mag.iter().any(|&d| d != 0) {
-        let mut rem = 0u32;
-        for d in mag.iter_mut().rev() {
-            let cur = (rem << 8) | *d as u32;
-            *d = (cur / 10) as u8;
-            rem = cur % 10;
-        }
-        digits.push(b'0' + rem as u8);
-    }
-    if digits.is_empty() {
-        digits.push(b'0');
-    }
-    if negative {
-        digits.push(b'-');
-    }
-    digits.reverse();
-    String::from_utf8(digits).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bigints() {
-        assert_eq!(bigint_decimal(&[0xff]), "-1");
-        assert_eq!(bigint_decimal(&[0x00, 0x01]), "256");
-        assert_eq!(
-            bigint_decimal(&[0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19]),
-            "119547037146038801333356"
-        );
-    }
 
     #[test]
     fn strides() {

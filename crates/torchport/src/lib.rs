@@ -17,6 +17,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cast;
 mod checkpoint;
 mod dtype;
 mod error;
@@ -41,3 +42,8 @@ pub use tensor::{ByteOrder, Quant, TensorData, TensorInfo};
 pub use value::Value;
 
 pub use torchport_pickle as pickle;
+
+/// The README's Rust examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,119 @@
+//! `torchport inspect` through the real binary: the table, the JSON contract of DESIGN.md,
+//! and exit code 2 with one sentence on stderr for hostile files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn torchport(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_torchport"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run torchport")
+}
+
+#[test]
+fn json_lists_what_torch_loaded() {
+    let out = torchport(&["inspect", "examples/data/lstm_linear.pt", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/torch_save/lstm_linear.pt.expected.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(got["format"], "torch-zip");
+    let got_t = got["tensors"].as_array().unwrap();
+    let want_t = want["tensors"].as_array().unwrap();
+    assert_eq!(got_t.len(), want_t.len());
+    for (g, w) in got_t.iter().zip(want_t) {
+        for key in ["name", "dtype", "shape", "nbytes"] {
+            assert_eq!(g[key], w[key], "{key} of {}", w["name"]);
+        }
+    }
+    let params: u64 = want_t
+        .iter()
+        .map(|t| {
+            t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .product::<u64>()
+        })
+        .sum();
+    assert_eq!(got["totals"]["parameters"], params);
+    let globals: Vec<String> = got["globals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            format!(
+                "{}.{} {}",
+                g["module"].as_str().unwrap(),
+                g["name"].as_str().unwrap(),
+                g["class"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert!(
+        globals.contains(&"torch._utils._rebuild_tensor_v2 known-safe".to_string()),
+        "{globals:?}"
+    );
+}
+
+#[test]
+fn table_shows_names_values_and_modules() {
+    let out = torchport(&["inspect", "tests/fixtures/torch_save/training_ckpt.pt"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("format:  torch-zip"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("state_dict.fc.weight ") || l.starts_with("state_dict.")),
+        "{text}"
+    );
+    assert!(text.contains("epoch = 3"), "{text}");
+    assert!(text.contains("np_scalar = numpy.float64(0.5)"), "{text}");
+    assert!(
+        text.contains("args = <argparse.Namespace object>"),
+        "{text}"
+    );
+
+    let out = torchport(&["inspect", "tests/fixtures/torch_save/whole_module.pt"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("(root)  tiny_models.TinyNet"), "{text}");
+    assert!(text.contains("tiny_models.TinyNet  [inert]"), "{text}");
+}
+
+#[test]
+fn hostile_files_exit_2_with_one_sentence() {
+    for (file, word) in [
+        ("tests/fixtures/hostile/os_system.pt", "posix.system"),
+        ("tests/fixtures/hostile/memo_bomb.pt", "max_visits"),
+        ("tests/fixtures/hostile/oob_view.pt", "storage holds only"),
+        (
+            "tests/fixtures/hostile/random.bin",
+            "not a file torchport recognizes",
+        ),
+        ("no/such/file.pt", "cannot read the file"),
+    ] {
+        let out = torchport(&["inspect", file]);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        assert!(out.stdout.is_empty(), "{file}: nothing on stdout");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{file}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(file) && err.contains(word),
+            "{file}: {err}"
+        );
+    }
+}
