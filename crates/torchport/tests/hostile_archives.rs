@@ -22,6 +22,15 @@ const CASES: &[(&str, &[&str])] = &[
         &["__parameters__", "code/__torch__.py", "max_code_line"],
     ),
     (
+        "ts_param_not_tensor.pt",
+        &[
+            "(root)",
+            "declares parameter training",
+            "its value is a bool",
+        ],
+    ),
+    ("ts_self_cycle.pt", &["module self", "contains itself"]),
+    (
         "ts_missing_code.pt",
         &["BatchNorm2d", "no code record", "batchnorm.py"],
     ),
@@ -53,6 +62,10 @@ const CASES: &[(&str, &[&str])] = &[
             "holds only 96 bytes",
             "weight_4",
         ],
+    ),
+    (
+        "pt2_huge_shape.pt2",
+        &["tensor fc.weight", "4611686018427387904", "overflows"],
     ),
     ("pt2_truncated.pt2", &["truncated", "starting at byte"]),
     (

@@ -116,7 +116,7 @@ fn zip_kind(bytes: &[u8]) -> Format {
             || n.starts_with("code/__torch__")
             || n.contains("/code/__torch__")
     };
-    if pt2::looks_like(&names) || names.iter().any(|n| n.contains("/models/")) {
+    if pt2::looks_like(&names) {
         Format::Pt2
     } else if names.iter().any(torchscript) {
         Format::TorchScript
@@ -172,4 +172,45 @@ fn describe_head(bytes: &[u8]) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     format!("it starts with bytes {head}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn zip_of(names: &[&str]) -> Vec<u8> {
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for n in names {
+            w.start_file(*n, opts).unwrap();
+            w.write_all(b"x").unwrap();
+        }
+        w.finish().unwrap().into_inner()
+    }
+
+    #[test]
+    fn zip_kinds() {
+        let kind = |names: &[&str]| detect(&zip_of(names));
+        // A TorchScript model whose classes live in a `models` package.
+        let ts = [
+            "m/data.pkl",
+            "m/code/__torch__/models/resnet.py",
+            "m/constants.pkl",
+        ];
+        assert_eq!(kind(&ts), Some(Format::TorchScript));
+        let pt2 = [
+            "p/archive_format",
+            "p/models/model.json",
+            "p/data/constants/x.pkl",
+        ];
+        assert_eq!(kind(&pt2), Some(Format::Pt2));
+        let v0 = [
+            "serialized_exported_program.json",
+            "serialized_state_dict.pt",
+        ];
+        assert_eq!(kind(&v0), Some(Format::Pt2));
+        assert_eq!(kind(&["a/data.pkl", "a/data/0"]), Some(Format::TorchZip));
+    }
 }

@@ -433,8 +433,10 @@ mod tests {
             }
         );
         assert!(!got["P"].is_module);
-        let mut small = Limits::default();
-        small.max_code_line = 10;
+        let small = Limits {
+            max_code_line: 10,
+            ..Limits::default()
+        };
         let err = parse_code(Path::new("f"), "r", code, &small).unwrap_err();
         assert!(err.to_string().contains("max_code_line"), "{err}");
     }
