@@ -58,6 +58,7 @@ pub(crate) fn interpret(
         visits: 0,
         max_visits: limits.max_visits.max(pickle.len().saturating_mul(4)),
         on_path: Vec::new(),
+        rebuilds: 0,
         found: Found::default(),
     };
     w.walk(pickle.root(), "", 0)?;
@@ -84,6 +85,7 @@ pub(crate) fn tensor_at(
         visits: 0,
         max_visits: limits.max_visits,
         on_path: Vec::new(),
+        rebuilds: 0,
         found: Found::default(),
     };
     w.tensor_arg(node, name)
@@ -138,6 +140,8 @@ struct Walker<'a> {
     visits: usize,
     max_visits: usize,
     on_path: Vec<NodeId>,
+    /// Rebuild calls in progress (a rebuild's argument can be another rebuild call).
+    rebuilds: usize,
     found: Found,
 }
 
@@ -434,7 +438,35 @@ impl<'a> Walker<'a> {
 
     // ----- the rebuild table -----
 
+    /// Most rebuild calls nested in one another (torch nests at most three:
+    /// `_rebuild_from_type_v2` → `_rebuild_parameter` → `_rebuild_tensor_v2`); a pickle can
+    /// make a call its own argument, which would otherwise recurse forever.
+    const MAX_NESTED_REBUILDS: usize = 16;
+
     fn rebuild(
+        &mut self,
+        module: &str,
+        func: &str,
+        args: &[NodeId],
+        name: &str,
+    ) -> Result<TensorInfo> {
+        if self.rebuilds >= Self::MAX_NESTED_REBUILDS {
+            return Err(Error::tensor(
+                self.path,
+                name,
+                format!(
+                    "its rebuild calls nest more than {} deep (a rebuild call that contains itself)",
+                    Self::MAX_NESTED_REBUILDS
+                ),
+            ));
+        }
+        self.rebuilds += 1;
+        let r = self.rebuild_call(module, func, args, name);
+        self.rebuilds -= 1;
+        r
+    }
+
+    fn rebuild_call(
         &mut self,
         module: &str,
         func: &str,

@@ -31,6 +31,10 @@ const CASES: &[(&str, &[&str])] = &[
     ),
     ("ts_self_cycle.pt", &["module self", "contains itself"]),
     (
+        "ts_rebuild_cycle.pt",
+        &["tensor w", "nest more than 16 deep"],
+    ),
+    (
         "ts_missing_code.pt",
         &["BatchNorm2d", "no code record", "batchnorm.py"],
     ),
