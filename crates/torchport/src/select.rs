@@ -209,6 +209,7 @@ fn cast_tensor<'a>(
                 what: format!("cannot be cast from {from} to {to}: {e}"),
             })
     })
+    .with_release(move || ckpt.release(t))
 }
 
 /// [`cast::cast`] a chunk at a time, so the `f64` detour needs a fixed amount of memory.

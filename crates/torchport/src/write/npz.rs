@@ -106,8 +106,11 @@ pub(crate) fn write<W: Write + Seek>(
         put(&mut zip, path, &head)?;
         let data = tensor_bytes(path, t)?;
         put(&mut zip, path, &data)?;
-        total += data.len() as u64;
-        progress(&t.name, data.len() as u64);
+        let data_len = data.len() as u64;
+        total += data_len;
+        drop(data);
+        t.release();
+        progress(&t.name, data_len);
     }
     zip.finish().map_err(zip_err)?;
     Ok(total)

@@ -136,8 +136,11 @@ pub(crate) fn write(
         let t = &tensors[i];
         let data = tensor_bytes(path, t)?;
         put(w, path, &data)?;
-        total += data.len() as u64;
-        progress(&t.name, data.len() as u64);
+        let data_len = data.len() as u64;
+        total += data_len;
+        drop(data);
+        t.release();
+        progress(&t.name, data_len);
     }
     Ok(total)
 }

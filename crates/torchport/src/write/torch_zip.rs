@@ -179,8 +179,11 @@ pub(crate) fn write<W: Write + Seek>(
             .map_err(zip_err)?;
         let data = tensor_bytes(path, t)?;
         put(&mut zip, path, &data)?;
-        total += data.len() as u64;
-        progress(&t.name, data.len() as u64);
+        let data_len = data.len() as u64;
+        total += data_len;
+        drop(data);
+        t.release();
+        progress(&t.name, data_len);
     }
     record(&mut zip, "version", b"3\n")?;
     record(
