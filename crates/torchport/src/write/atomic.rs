@@ -1,9 +1,6 @@
 //! Atomic output files: everything is written to a temporary file in the destination's
 //! folder, synced to disk, and renamed over the destination only when complete. On any error
 //! (or a panic) the temporary file is removed, so a failed write never leaves a partial file.
-//! While a large file is written, a background thread asks the OS to write back what is
-//! already written (`fdatasync` every 64 MiB), so the disk works while the next tensors are
-//! produced and the final sync has little left to do.
 //! An output that is one of the inputs (same path after resolving links, or the same file
 //! through a hard link) is refused before anything is created.
 
@@ -11,8 +8,6 @@ use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Sender};
-use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 
@@ -24,63 +19,6 @@ pub struct AtomicFile {
     dest: PathBuf,
     temp: PathBuf,
     file: Option<File>,
-    flusher: Flusher,
-}
-
-/// Bytes written between two background write-back requests.
-const FLUSH_EVERY: u64 = 64 << 20;
-
-/// Background write-back: a thread that syncs a clone of the file handle when asked.
-#[derive(Debug, Default)]
-struct Flusher {
-    pending: u64,
-    thread: Option<(Sender<()>, JoinHandle<std::io::Result<()>>)>,
-}
-
-impl Flusher {
-    /// Count `n` more bytes written; every [`FLUSH_EVERY`] bytes, ask the thread to sync.
-    fn wrote(&mut self, file: &File, n: u64) {
-        self.pending += n;
-        if self.pending < FLUSH_EVERY {
-            return;
-        }
-        self.pending = 0;
-        if self.thread.is_none() {
-            let Ok(clone) = file.try_clone() else { return };
-            let (tx, rx) = channel::<()>();
-            let handle = std::thread::spawn(move || {
-                let mut result = Ok(());
-                while rx.recv().is_ok() {
-                    while rx.try_recv().is_ok() {}
-                    if let Err(e) = clone.sync_data() {
-                        // Keep the first error: a failed write-back is reported by commit
-                        // (a later fsync on the same open file may not report it again).
-                        if result.is_ok() {
-                            result = Err(e);
-                        }
-                    }
-                }
-                result
-            });
-            self.thread = Some((tx, handle));
-        }
-        if let Some((tx, _)) = &self.thread {
-            let _ = tx.send(());
-        }
-    }
-
-    /// Stop the thread and return the first write-back error it met.
-    fn finish(&mut self) -> std::io::Result<()> {
-        match self.thread.take() {
-            Some((tx, handle)) => {
-                drop(tx);
-                handle.join().unwrap_or_else(|_| {
-                    Err(std::io::Error::other("the write-back thread panicked"))
-                })
-            }
-            None => Ok(()),
-        }
-    }
 }
 
 /// Makes temporary names unique within this process.
@@ -112,7 +50,6 @@ impl AtomicFile {
                         dest: dest.to_path_buf(),
                         temp,
                         file: Some(file),
-                        flusher: Flusher::default(),
                     })
                 }
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
@@ -125,14 +62,6 @@ impl AtomicFile {
     pub fn file(&mut self) -> &mut File {
         // `file` is only taken by `commit`, which consumes `self`.
         self.file.as_mut().expect("AtomicFile used after commit")
-    }
-
-    /// Note that `n` more bytes were written (and flushed to the file): starts background
-    /// write-back once enough has accumulated.
-    pub fn wrote(&mut self, n: u64) {
-        if let Some(f) = &self.file {
-            self.flusher.wrote(f, n);
-        }
     }
 
     /// The destination path.
@@ -148,9 +77,6 @@ impl AtomicFile {
     /// Sync the data to disk and rename the temporary file over the destination.
     pub fn commit(mut self) -> Result<()> {
         let file = self.file.take().expect("AtomicFile committed twice");
-        self.flusher
-            .finish()
-            .map_err(|e| Error::write_io(&self.dest, e))?;
         file.sync_all()
             .map_err(|e| Error::write_io(&self.dest, e))?;
         drop(file);

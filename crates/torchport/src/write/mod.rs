@@ -150,27 +150,19 @@ pub fn write(
     validate(path, format, tensors)?;
     let inputs: Vec<&Path> = opts.inputs.iter().map(PathBuf::as_path).collect();
     let mut file = AtomicFile::create(path, &inputs)?;
-    // The buffered writer gets its own handle (same open file), so that `file` stays free
-    // to start background write-back as tensors are written.
-    let handle = file
-        .file()
-        .try_clone()
-        .map_err(|e| Error::write_io(path, e))?;
-    let mut user = opts.progress.take();
+    let mut noop = |_: &str, _: u64| {};
+    let progress: Progress<'_> = match opts.progress.take() {
+        Some(p) => p,
+        None => &mut noop,
+    };
     let data_bytes = {
-        let mut tick = |name: &str, n: u64| {
-            file.wrote(n);
-            if let Some(p) = user.as_mut() {
-                p(name, n);
-            }
-        };
-        let mut w = BufWriter::with_capacity(BUFFER, handle);
+        let mut w = BufWriter::with_capacity(BUFFER, file.file());
         let n = match format {
             OutputFormat::Safetensors => {
-                safetensors::write(&mut w, path, tensors, &opts.metadata, &mut tick)?
+                safetensors::write(&mut w, path, tensors, &opts.metadata, progress)?
             }
-            OutputFormat::Npz => npz::write(&mut w, path, tensors, &mut tick)?,
-            OutputFormat::TorchZip => torch_zip::write(&mut w, path, tensors, &mut tick)?,
+            OutputFormat::Npz => npz::write(&mut w, path, tensors, progress)?,
+            OutputFormat::TorchZip => torch_zip::write(&mut w, path, tensors, progress)?,
         };
         w.flush().map_err(|e| Error::write_io(path, e))?;
         n
