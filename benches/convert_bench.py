@@ -2,9 +2,10 @@
 """Benchmark `torchport convert big.pt out.safetensors` against the Python path
 (torch.load + safetensors.torch.save_file) and against `cp` (the floor), in one run.
 
-Not a test: it prints timings, peak RSS and ratios. Each command runs twice and the second
-run is reported (the page cache cannot be dropped without root on every machine, so both
-sides read a warm cache). Peak RSS comes from /usr/bin/time -v (apt-get install time).
+Not a test: it prints timings, peak RSS and ratios. Each command runs once to warm the page
+cache (it cannot be dropped without root on every machine, so every side reads a warm cache),
+then --runs more times; the median run is reported (on a shared machine single runs vary by
+tens of percent). Peak RSS comes from /usr/bin/time -v (apt-get install time).
 
     cargo build --release -p torchport-cli
     /work/main/.venv/bin/python benches/convert_bench.py [--size-mib 1024] [--tensor-mib 32]
@@ -58,6 +59,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--tensor-mib", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--bin", type=Path, default=REPO / "target" / "release" / "torchport")
     args = ap.parse_args()
     if not args.bin.exists():
@@ -91,10 +93,16 @@ def main():
         out.unlink(missing_ok=True)
         timed(cmd)  # warm-up run (fills the page cache)
         out.unlink(missing_ok=True)
-        results[label] = timed(cmd)
+        runs = []
+        for _ in range(args.runs):
+            out.unlink(missing_ok=True)
+            runs.append(timed(cmd))
+        runs.sort()
+        results[label] = runs[len(runs) // 2]
         s, rss = results[label]
-        print(f"{label:32s} {s:7.2f} s  {size / 2**20 / s:7.0f} MiB/s  peak RSS {rss / 1024:7.1f} MiB",
-              flush=True)
+        spread = ", ".join(f"{r[0]:.2f}" for r in runs)
+        print(f"{label:32s} {s:7.2f} s  {size / 2**20 / s:7.0f} MiB/s  peak RSS {rss / 1024:7.1f} MiB"
+              f"  (runs: {spread} s)", flush=True)
     same = out_rs.exists() and out_py.exists()
     if same:
         import safetensors.torch as st

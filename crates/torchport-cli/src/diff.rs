@@ -62,7 +62,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 fn err_text(x: Option<f64>) -> String {
     match x {
         None => "-".into(),
-        Some(v) if v == 0.0 => "0".into(),
+        Some(0.0) => "0".into(),
         Some(v) if v.is_infinite() => "inf".into(),
         Some(v) => format!("{v:.3e}"),
     }

@@ -135,10 +135,16 @@ impl ConvertOptions {
             let found = ckpt.tensors().iter().any(|t| t.name.starts_with(&prefix))
                 || ckpt.values().iter().any(|(n, _)| n.starts_with(&prefix));
             if !found {
+                let leaf = ckpt.tensor(k).is_some() || ckpt.values().iter().any(|(n, _)| n == k);
+                let what = if leaf {
+                    "is a single entry, not a sub-tree of tensors"
+                } else {
+                    "does not exist"
+                };
                 return Err(Error::Select {
                     path: ckpt.path().to_path_buf(),
                     what: format!(
-                        "has no key {k:?} holding tensors or values; its top-level keys are: {}",
+                        "key {k:?} {what}; its top-level keys are: {}",
                         top_level_keys(ckpt).join(", ")
                     ),
                 });
