@@ -5,9 +5,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod convert;
+mod diff;
 mod inspect;
+mod table;
 
-/// Read PyTorch files in pure Rust: inspect what a checkpoint holds.
+/// Read PyTorch files in pure Rust: inspect, convert and compare checkpoints.
 #[derive(Parser)]
 #[command(name = "torchport", version, about)]
 struct Cli {
@@ -20,12 +23,20 @@ enum Command {
     /// Show a file's format, tensors (name, dtype, shape, size), totals, non-tensor values
     /// and the globals its pickles reference.
     Inspect(inspect::Args),
+    /// Convert a checkpoint to safetensors, npz or a torch.save .pt file (format from OUT's
+    /// extension), optionally selecting (--key, --include, --exclude) and casting (--dtype).
+    Convert(convert::Args),
+    /// Compare two files tensor by tensor; exit 0 when all shared tensors are close and no
+    /// name is missing, 1 when they differ, 2 on error.
+    Diff(diff::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Convert(args) => convert::run(&args),
+        Command::Diff(args) => diff::run(&args),
     };
     match result {
         Ok(code) => code,

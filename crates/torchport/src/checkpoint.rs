@@ -191,6 +191,16 @@ impl Checkpoint {
         }
     }
 
+    /// Hint that `t`'s bytes will not be read again soon: drops its storage's pages from this
+    /// process's resident memory (they stay in the OS page cache and come back transparently
+    /// when read). Writers call it after each tensor, so converting a file keeps about one
+    /// tensor resident instead of the whole memory-mapped file.
+    pub fn release(&self, t: &TensorInfo) {
+        if let Some(s) = self.storage(t) {
+            s.release();
+        }
+    }
+
     /// The data of the tensor named `name`.
     pub fn data_by_name(&self, name: &str) -> Result<Cow<'_, [u8]>> {
         let t = self.tensor(name).ok_or_else(|| Error::NoSuchTensor {

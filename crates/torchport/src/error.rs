@@ -131,6 +131,31 @@ pub enum Error {
         /// The name asked for.
         name: String,
     },
+    /// The output file could not be created, written, synced or renamed into place.
+    #[error("{}: cannot write the file: {source}", path.display())]
+    WriteIo {
+        /// The output file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// An output file cannot be written: a tensor the format cannot hold, an output that
+    /// would replace an input, a name used twice…
+    #[error("{}: {what}", path.display())]
+    Write {
+        /// The output file.
+        path: PathBuf,
+        /// What is wrong, and what to do about it.
+        what: String,
+    },
+    /// A selection (`--key`, `--include`, `--exclude`, `--dtype`) cannot be applied.
+    #[error("{}: {what}", path.display())]
+    Select {
+        /// The input file.
+        path: PathBuf,
+        /// What is wrong, and what is available instead.
+        what: String,
+    },
 }
 
 impl Error {
@@ -138,6 +163,20 @@ impl Error {
         Error::Corrupt {
             path: path.to_path_buf(),
             what: what.into(),
+        }
+    }
+
+    pub(crate) fn write(path: &Path, what: impl Into<String>) -> Self {
+        Error::Write {
+            path: path.to_path_buf(),
+            what: what.into(),
+        }
+    }
+
+    pub(crate) fn write_io(path: &Path, source: std::io::Error) -> Self {
+        Error::WriteIo {
+            path: path.to_path_buf(),
+            source,
         }
     }
 

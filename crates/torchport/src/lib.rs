@@ -19,15 +19,18 @@
 
 pub mod cast;
 mod checkpoint;
+pub mod diff;
 mod dtype;
 mod error;
 mod format;
 mod interpret;
 mod limits;
 mod out;
+pub mod select;
 mod storage;
 mod tensor;
 mod value;
+pub mod write;
 
 pub mod security;
 

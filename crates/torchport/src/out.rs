@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::tensor::TensorInfo;
 
 type Producer<'a> = Box<dyn Fn() -> Result<Cow<'a, [u8]>> + 'a>;
+type Release<'a> = Box<dyn Fn() + 'a>;
 
 /// A tensor to be written or transformed; its data is produced when asked for.
 pub struct OutTensor<'a> {
@@ -21,6 +22,7 @@ pub struct OutTensor<'a> {
     /// Shape of the produced bytes (row-major).
     pub shape: Vec<usize>,
     data: Producer<'a>,
+    release: Option<Release<'a>>,
 }
 
 impl fmt::Debug for OutTensor<'_> {
@@ -46,6 +48,22 @@ impl<'a> OutTensor<'a> {
             dtype,
             shape,
             data: Box::new(data),
+            release: None,
+        }
+    }
+
+    /// Attach a hook that [`OutTensor::release`] calls once the data has been written (for
+    /// checkpoint tensors: drop the source pages from resident memory).
+    pub fn with_release(mut self, release: impl Fn() + 'a) -> Self {
+        self.release = Some(Box::new(release));
+        self
+    }
+
+    /// Tell the source that this tensor's bytes are no longer needed (a hint; see
+    /// [`Checkpoint::release`]). Writers call it after writing each tensor.
+    pub fn release(&self) {
+        if let Some(r) = &self.release {
+            r();
         }
     }
 
@@ -54,6 +72,7 @@ impl<'a> OutTensor<'a> {
         OutTensor::new(t.name.clone(), t.dtype, t.shape.clone(), move || {
             ckpt.data(t)
         })
+        .with_release(move || ckpt.release(t))
     }
 
     /// Number of elements.

@@ -126,6 +126,32 @@ impl Storage {
         (&self.file, self.range.clone())
     }
 
+    /// Drop this storage's pages from the process's resident memory (memory-mapped storages
+    /// only; a no-op otherwise). The bytes stay in the OS page cache and are read back
+    /// transparently if used again, so this is only a hint: writers call it after each
+    /// tensor so that converting a large file keeps about one tensor resident.
+    pub fn release(&self) {
+        #[cfg(unix)]
+        if let FileBytes::Mapped(map) = &self.file {
+            if self.range.is_empty() {
+                return;
+            }
+            // SAFETY: the map is a read-only, shared mapping of a file (`Mmap::map`).
+            // MADV_DONTNEED on such a mapping only unmaps the pages from this process: a later
+            // access faults them back in from the page cache / file with the same content, so
+            // every outstanding `&[u8]` into the map stays valid and unchanged (the one
+            // unsound case, private copy-on-write mappings losing writes, cannot arise).
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    self.range.start,
+                    self.range.len(),
+                )
+            };
+        }
+    }
+
     /// True when the bytes are read straight from a memory map (no copy was made).
     pub fn is_mapped(&self) -> bool {
         matches!(self.file, FileBytes::Mapped(_))

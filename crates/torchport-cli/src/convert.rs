@@ -1,0 +1,179 @@
+//! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D] [--dry-run]`:
+//! parse the arguments into `torchport::select::ConvertOptions`, then write with
+//! `torchport::write` (all selection, casting and writing logic lives in the library).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use regex::Regex;
+use torchport::select::{ConvertOptions, Selection, CAST_TARGETS};
+use torchport::write::{self, OutputFormat, WriteOptions};
+use torchport::DType;
+
+use crate::inspect::human_bytes;
+use crate::table::{shape_text, write_table};
+
+/// Inputs larger than this get a progress bar (when stderr is a terminal).
+const PROGRESS_MIN_BYTES: u64 = 64 << 20;
+
+/// Arguments of `convert`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The file to read (any format torchport opens).
+    input: PathBuf,
+    /// The file to write; its extension picks the format: .safetensors, .npz or .pt.
+    output: PathBuf,
+    /// Keep only the tensors under this top-level key and strip its prefix
+    /// (`--key state_dict` turns `state_dict.fc.weight` into `fc.weight`).
+    #[arg(long, value_name = "K")]
+    key: Option<String>,
+    /// Keep only names this regex matches (anywhere in the name; after --key).
+    #[arg(long, value_name = "RE")]
+    include: Option<String>,
+    /// Leave out names this regex matches (anywhere in the name; after --key).
+    #[arg(long, value_name = "RE")]
+    exclude: Option<String>,
+    /// Cast floating-point tensors to this dtype (float16, bfloat16, float32, float64);
+    /// integer, bool, complex and quantized tensors keep their dtype.
+    #[arg(long, value_name = "D")]
+    dtype: Option<String>,
+    /// Print what would be written (name, dtype -> dtype, shape, bytes) and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn regex(flag: &str, re: &Option<String>) -> anyhow::Result<Option<Regex>> {
+    re.as_deref()
+        .map(|r| Regex::new(r).map_err(|e| anyhow!("{flag} {r:?} is not a valid regex: {e}")))
+        .transpose()
+}
+
+fn options(args: &Args) -> anyhow::Result<ConvertOptions> {
+    let dtype = match &args.dtype {
+        None => None,
+        Some(d) => {
+            let names: Vec<&str> = CAST_TARGETS.iter().map(|t| t.name()).collect();
+            let dt = DType::from_name(d).filter(|t| CAST_TARGETS.contains(t));
+            Some(dt.ok_or_else(|| {
+                anyhow!(
+                    "--dtype {d:?} is not a dtype convert casts to; use one of {}",
+                    names.join(", ")
+                )
+            })?)
+        }
+    };
+    Ok(ConvertOptions {
+        key: args.key.clone(),
+        include: regex("--include", &args.include)?,
+        exclude: regex("--exclude", &args.exclude)?,
+        dtype,
+    })
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let Some(format) = OutputFormat::from_path(&args.output) else {
+        bail!(
+            "{}: cannot tell the output format from the extension; use .safetensors, .npz or .pt",
+            args.output.display()
+        );
+    };
+    let opts = options(args)?;
+    // Refuse before opening (and memory-mapping) the input.
+    write::check_not_input(&args.output, &[&args.input])?;
+    let ckpt = torchport::open(&args.input)?;
+    let sel = opts.select(&ckpt)?;
+    for (name, why) in &sel.without_data {
+        eprintln!("warning: leaving out {name}: it is {why}");
+    }
+    if args.dry_run {
+        write::validate(&args.output, format, &sel.tensors)?;
+        dry_run(&sel, format, args)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let total = sel.total_bytes();
+    let bar = (std::io::stderr().is_terminal() && total > PROGRESS_MIN_BYTES).then(|| {
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let mut tick = |name: &str, n: u64| {
+        if let Some(b) = &bar {
+            b.inc(n);
+            b.set_message(name.to_string());
+        }
+    };
+    let start = Instant::now();
+    let written = write::write(
+        &args.output,
+        format,
+        &sel.tensors,
+        WriteOptions {
+            metadata: sel.metadata.clone(),
+            inputs: vec![args.input.clone()],
+            progress: Some(&mut tick),
+        },
+    );
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let written = written?;
+    eprintln!(
+        "wrote {} tensors ({}) to {} in {:.2} s",
+        written.tensors,
+        human_bytes(written.file_bytes),
+        args.output.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dry_run(sel: &Selection<'_>, format: OutputFormat, args: &Args) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let rows: Vec<[String; 4]> = sel
+        .tensors
+        .iter()
+        .zip(&sel.source_dtypes)
+        .map(|(t, from)| {
+            let dtype = if *from == t.dtype {
+                t.dtype.to_string()
+            } else {
+                format!("{from} -> {}", t.dtype)
+            };
+            [
+                t.name.clone(),
+                dtype,
+                shape_text(&t.shape),
+                t.nbytes().to_string(),
+            ]
+        })
+        .collect();
+    write_table(
+        &mut out,
+        ["name", "dtype", "shape", "bytes"],
+        &rows,
+        [false, false, false, true],
+    )?;
+    let total = sel.total_bytes();
+    writeln!(
+        out,
+        "\n{} tensors, {} ({total} bytes) of data would be written to {} ({format})",
+        sel.tensors.len(),
+        human_bytes(total),
+        args.output.display()
+    )?;
+    if format == OutputFormat::Safetensors {
+        let keys: Vec<&str> = sel.metadata.iter().map(|(k, _)| k.as_str()).collect();
+        writeln!(out, "metadata: {}", keys.join(", "))?;
+    }
+    writeln!(out, "dry run: nothing was written")?;
+    Ok(())
+}

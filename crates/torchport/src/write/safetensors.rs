@@ -1,0 +1,146 @@
+//! The safetensors writer.
+//!
+//! Layout (the safetensors spec): an 8-byte little-endian header length N, N bytes of JSON
+//! (`{"__metadata__": {..strings..}, "<name>": {"dtype", "shape", "data_offsets": [begin,
+//! end]}, ...}`, padded with spaces so the data starts 8-byte aligned), then the tensors'
+//! bytes back to back with no holes. Tensors are laid out by element size, largest first
+//! (stable: file order within a size), so every tensor starts aligned to its element size and
+//! can be viewed in place from a memory map; the JSON lists them in that order.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::out::OutTensor;
+use crate::write::{nbytes, put, tensor_bytes, Progress};
+
+/// The safetensors spec's largest header (the reference reader refuses larger ones).
+const MAX_HEADER: usize = 100_000_000;
+
+/// The safetensors dtype name for a torch dtype, if safetensors has one.
+pub fn safetensors_dtype(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Bool => "BOOL",
+        DType::U8 => "U8",
+        DType::I8 => "I8",
+        DType::I16 => "I16",
+        DType::U16 => "U16",
+        DType::I32 => "I32",
+        DType::U32 => "U32",
+        DType::I64 => "I64",
+        DType::U64 => "U64",
+        DType::F16 => "F16",
+        DType::BF16 => "BF16",
+        DType::F32 => "F32",
+        DType::F64 => "F64",
+        DType::C64 => "C64",
+        DType::F8E4M3Fn => "F8_E4M3",
+        DType::F8E5M2 => "F8_E5M2",
+        DType::F8E4M3Fnuz => "F8_E4M3FNUZ",
+        DType::F8E5M2Fnuz => "F8_E5M2FNUZ",
+        DType::F8E8M0Fnu => "F8_E8M0",
+        _ => return None,
+    })
+}
+
+/// The header JSON (padded) and the order the tensors' data follows in.
+pub(crate) fn header(
+    path: &Path,
+    tensors: &[OutTensor<'_>],
+    metadata: &[(String, String)],
+) -> Result<(Vec<u8>, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(tensors[i].dtype.size()));
+
+    let json = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut h = String::from("{");
+    let mut first = true;
+    let mut sep = |h: &mut String| {
+        if !first {
+            h.push(',');
+        }
+        first = false;
+    };
+    if !metadata.is_empty() {
+        if tensors.iter().any(|t| t.name == "__metadata__") {
+            return Err(Error::write(
+                path,
+                "a tensor is named __metadata__, which safetensors reserves; rename it or leave it out with --exclude",
+            ));
+        }
+        sep(&mut h);
+        h.push_str("\"__metadata__\":{");
+        for (i, (k, v)) in metadata.iter().enumerate() {
+            if i > 0 {
+                h.push(',');
+            }
+            h.push_str(&json(k));
+            h.push(':');
+            h.push_str(&json(v));
+        }
+        h.push('}');
+    }
+    let mut offset = 0u64;
+    for &i in &order {
+        let t = &tensors[i];
+        let dtype = safetensors_dtype(t.dtype).ok_or_else(|| {
+            Error::write(
+                path,
+                format!(
+                    "tensor {} is {}, which safetensors cannot hold",
+                    t.name, t.dtype
+                ),
+            )
+        })?;
+        let end = offset
+            .checked_add(nbytes(path, t)?)
+            .ok_or_else(|| Error::write(path, "the total size of the tensors overflows"))?;
+        let shape: Vec<String> = t.shape.iter().map(usize::to_string).collect();
+        sep(&mut h);
+        h.push_str(&format!(
+            "{}:{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{offset},{end}]}}",
+            json(&t.name),
+            shape.join(",")
+        ));
+        offset = end;
+    }
+    h.push('}');
+    let mut bytes = h.into_bytes();
+    bytes.resize(bytes.len().next_multiple_of(8), b' ');
+    if bytes.len() > MAX_HEADER {
+        return Err(Error::write(
+            path,
+            format!(
+                "the safetensors header would be {} bytes, over the format's limit of {MAX_HEADER}; write fewer tensors or less metadata",
+                bytes.len()
+            ),
+        ));
+    }
+    Ok((bytes, order))
+}
+
+/// Stream a safetensors file into `w`; returns the bytes of tensor data written.
+pub(crate) fn write(
+    w: &mut impl Write,
+    path: &Path,
+    tensors: &[OutTensor<'_>],
+    metadata: &[(String, String)],
+    progress: Progress<'_>,
+) -> Result<u64> {
+    let (head, order) = header(path, tensors, metadata)?;
+    put(w, path, &(head.len() as u64).to_le_bytes())?;
+    put(w, path, &head)?;
+    let mut total = 0u64;
+    for i in order {
+        let t = &tensors[i];
+        let data = tensor_bytes(path, t)?;
+        put(w, path, &data)?;
+        let data_len = data.len() as u64;
+        total += data_len;
+        drop(data);
+        t.release();
+        progress(&t.name, data_len);
+    }
+    Ok(total)
+}
