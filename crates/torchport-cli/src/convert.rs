@@ -1,6 +1,8 @@
-//! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D] [--dry-run]`:
-//! parse the arguments into `torchport::select::ConvertOptions`, then write with
-//! `torchport::write` (all selection, casting and writing logic lives in the library).
+//! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D]
+//! [--preset P]... [--rules FILE] [--target T] [--dry-run]`: parse the arguments into
+//! `torchport::select::ConvertOptions` and a `torchport::remap::RuleSet`, then write with
+//! `torchport::write` (all selection, remapping, casting and writing logic lives in the
+//! library). Order: select and cast, then presets (in the order given), then the rule file.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -10,6 +12,8 @@ use std::time::Instant;
 use anyhow::{anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use regex::Regex;
+use torchport::remap::report::{load_target, report};
+use torchport::remap::{apply_with, Context, Plan, RuleSet, TensorMeta};
 use torchport::select::{ConvertOptions, Selection, CAST_TARGETS};
 use torchport::write::{self, OutputFormat, WriteOptions};
 use torchport::DType;
@@ -41,7 +45,20 @@ pub struct Args {
     /// integer, bool, complex and quantized tensors keep their dtype.
     #[arg(long, value_name = "D")]
     dtype: Option<String>,
-    /// Print what would be written (name, dtype -> dtype, shape, bytes) and write nothing.
+    /// Apply a preset after selecting (strip-prefix, lstm-gates, gru-gates, attention-qkv,
+    /// burn); repeatable, applied in the order given.
+    #[arg(long = "preset", value_name = "P")]
+    presets: Vec<String>,
+    /// Apply the rules of this TOML file after the presets (see docs/RULES.md).
+    #[arg(long, value_name = "FILE")]
+    rules: Option<PathBuf>,
+    /// Check the result against what the Rust model expects (a JSON list of names and
+    /// shapes, or any file torchport opens) before writing; on any mismatch print the
+    /// match report, write nothing and exit 1. Presets also use it as evidence.
+    #[arg(long, value_name = "T")]
+    target: Option<PathBuf>,
+    /// Print what would be written (the remapping plan, then name, dtype -> dtype, shape,
+    /// bytes) and write nothing.
     #[arg(long)]
     dry_run: bool,
 }
@@ -85,12 +102,36 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Refuse before opening (and memory-mapping) the input.
     write::check_not_input(&args.output, &[&args.input])?;
     let ckpt = torchport::open(&args.input)?;
-    let sel = opts.select(&ckpt)?;
+    let mut sel = opts.select(&ckpt)?;
     for (name, why) in &sel.without_data {
         eprintln!("warning: leaving out {name}: it is {why}");
     }
+    let target = args.target.as_ref().map(load_target).transpose()?;
+    let ctx = Context {
+        modules: ckpt.modules(),
+        target: target.as_deref(),
+    };
+    let plan = remap(args, &mut sel, &ctx)?;
+    if let Some(target) = &target {
+        let metas: Vec<TensorMeta> = sel.tensors.iter().map(TensorMeta::of).collect();
+        let r = report(&metas, target, &ctx);
+        if !r.all_matched() {
+            print!("{r}");
+            eprintln!(
+                "error: the result does not match {}; nothing was written",
+                args.target
+                    .as_ref()
+                    .map_or_else(String::new, |t| t.display().to_string())
+            );
+            return Ok(ExitCode::from(1));
+        }
+    }
     if args.dry_run {
         write::validate(&args.output, format, &sel.tensors)?;
+        if let Some(plan) = &plan {
+            print!("{plan}");
+            println!();
+        }
         dry_run(&sel, format, args)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -134,6 +175,33 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         start.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Apply the presets and the rule file, if any, to the selected tensors; returns the plan.
+fn remap(args: &Args, sel: &mut Selection<'_>, ctx: &Context<'_>) -> anyhow::Result<Option<Plan>> {
+    if args.presets.is_empty() && args.rules.is_none() {
+        return Ok(None);
+    }
+    let mut rules = RuleSet::new();
+    for p in &args.presets {
+        rules.preset(p)?;
+    }
+    if let Some(path) = &args.rules {
+        rules.extend(RuleSet::from_toml_file(path)?);
+    }
+    let (tensors, plan) = apply_with(&rules, std::mem::take(&mut sel.tensors), ctx)?;
+    sel.source_dtypes = tensors.iter().map(|t| t.dtype).collect();
+    sel.tensors = tensors;
+    for u in &plan.undecided {
+        eprintln!(
+            "warning: {} left unchanged by preset {}: {}",
+            u.name, u.preset, u.why
+        );
+    }
+    for w in &plan.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(Some(plan))
 }
 
 fn dry_run(sel: &Selection<'_>, format: OutputFormat, args: &Args) -> anyhow::Result<()> {

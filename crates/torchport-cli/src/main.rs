@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod convert;
 mod diff;
 mod inspect;
+mod match_cmd;
 mod table;
 
 /// Read PyTorch files in pure Rust: inspect, convert and compare checkpoints.
@@ -29,6 +30,10 @@ enum Command {
     /// Compare two files tensor by tensor; exit 0 when all shared tensors are close and no
     /// name is missing, 1 when they differ, 2 on error.
     Diff(diff::Args),
+    /// Compare a checkpoint (after presets and rules) with what a Rust model expects:
+    /// matched, missing, unused and mismatched tensors, with suggested rules.
+    /// Exit 0 when all match, 1 when not, 2 on error.
+    Match(match_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +42,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         Command::Convert(args) => convert::run(&args),
         Command::Diff(args) => diff::run(&args),
+        Command::Match(args) => match_cmd::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -293,7 +293,7 @@ fn values(d: &mut TensorDiff, ta: DType, da: &[u8], tb: DType, db: &[u8], opts: 
             if abs > opts.atol + opts.rtol * y.abs() || (abs > 0.0 && !abs.is_finite()) {
                 d.mismatched += 1;
             }
-            if abs > 0.0 && worst.map_or(true, |(_, w)| abs > w) {
+            if abs > 0.0 && worst.is_none_or(|(_, w)| abs > w) {
                 worst = Some((ci * CHUNK + i, abs));
             }
             max_abs = max_abs.max(abs);

@@ -221,7 +221,7 @@ fn cast_tensor<'a>(
 /// [`cast::cast`] a chunk at a time, so the `f64` detour needs a fixed amount of memory.
 pub fn cast_chunked(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>, CastError> {
     const CHUNK: usize = 1 << 16;
-    if bytes.len() % from.size() != 0 {
+    if !bytes.len().is_multiple_of(from.size()) {
         return Err(CastError::Length {
             len: bytes.len(),
             dtype: from,
