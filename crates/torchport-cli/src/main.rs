@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod inspect;
+mod ops;
+mod run;
 
-/// Read PyTorch files in pure Rust: inspect what a checkpoint holds.
+/// Read PyTorch files in pure Rust: inspect what a checkpoint holds, run exported programs.
 #[derive(Parser)]
 #[command(name = "torchport", version, about)]
 struct Cli {
@@ -20,12 +22,19 @@ enum Command {
     /// Show a file's format, tensors (name, dtype, shape, size), totals, non-tensor values
     /// and the globals its pickles reference.
     Inspect(inspect::Args),
+    /// Run an exported program (.pt2 from torch.export.save) on .npy inputs; write an .npz.
+    Run(run::Args),
+    /// List every operator an exported program uses and whether `run` supports it
+    /// (exit 1 if any is unsupported).
+    Ops(ops::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Ops(args) => ops::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -53,3 +53,4 @@ macro_rules! family {
 }
 
 family!(resnet, mobilenet, vgg, squeezenet, shufflenet, densenet, efficientnet, regnet, convnext);
+family!(vit, bert, gpt2, lstm, gru, unet, half);

@@ -30,10 +30,21 @@ pub fn mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     if a.rank() < 2 || b.rank() < 2 {
         op_bail!("matrix product of shapes {:?} and {:?}", a.dims(), b.dims());
     }
-    if a.rank() == 2 && b.rank() == 2 {
-        return Ok(a.matmul(&b)?);
+    let prod = |a: &Tensor, b: &Tensor| {
+        if a.rank() == 2 && b.rank() == 2 {
+            a.matmul(b)
+        } else {
+            a.broadcast_matmul(b)
+        }
+    };
+    match prod(&a, &b) {
+        Ok(r) => Ok(r),
+        // candle's gemm takes only some stridings (e.g. not a transposed batch of heads).
+        Err(candle_core::Error::MatMulUnexpectedStriding(_)) => {
+            Ok(prod(&a.contiguous()?, &b.contiguous()?)?)
+        }
+        Err(e) => Err(e.into()),
     }
-    Ok(a.broadcast_matmul(&b)?)
 }
 
 /// `torch.matmul` semantics, including 1-d operands.
