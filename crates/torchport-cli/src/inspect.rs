@@ -74,9 +74,9 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
     writeln!(out, "file:    {}", c.path().display())?;
     writeln!(
         out,
-        "format:  {} ({:?}-endian data)",
+        "format:  {} ({}-endian data)",
         c.format(),
-        c.byte_order()
+        c.byte_order().name()
     )?;
     writeln!(
         out,
@@ -130,6 +130,23 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
         for (path, class) in c.modules() {
             let path = if path.is_empty() { "(root)" } else { path };
             writeln!(out, "  {path}  {class}")?;
+        }
+    }
+    if !c.graph_ops().is_empty() {
+        let calls: usize = c.graph_ops().iter().map(|(_, n)| n).sum();
+        writeln!(
+            out,
+            "\ngraph ops ({} distinct, {calls} calls):",
+            c.graph_ops().len()
+        )?;
+        let w = c
+            .graph_ops()
+            .iter()
+            .map(|(t, _)| t.len())
+            .max()
+            .unwrap_or(0);
+        for (target, n) in c.graph_ops() {
+            writeln!(out, "  {target:<w$}  {n}")?;
         }
     }
     if !c.values().is_empty() {
@@ -191,17 +208,20 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
         .iter()
         .map(|(p, cls)| json!({"path": p, "class": cls}))
         .collect();
+    let graph_ops: serde_json::Map<String, serde_json::Value> = c
+        .graph_ops()
+        .iter()
+        .map(|(t, n)| (t.clone(), json!(n)))
+        .collect();
     json!({
         "file": c.path().display().to_string(),
         "format": c.format().name(),
-        "byte_order": match c.byte_order() {
-            torchport::ByteOrder::Little => "little",
-            torchport::ByteOrder::Big => "big",
-        },
+        "byte_order": c.byte_order().name(),
         "tensors": tensors,
         "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
         "values": values,
         "modules": modules,
+        "graph_ops": graph_ops,
         "globals": globals,
     })
 }

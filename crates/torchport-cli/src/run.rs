@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use torchport_runtime::npy::{npy_bytes, read_npy, write_npz};
 use torchport_runtime::{dtype, Program};
 
@@ -38,7 +37,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let outputs = program
         .run(&inputs)
-        .with_context(|| format!("running {}", args.model.display()))?;
+        .map_err(|e| anyhow::anyhow!("running {}: {e}", args.model.display()))?;
     let dtypes = program.output_dtypes();
     let arrays = outputs
         .iter()

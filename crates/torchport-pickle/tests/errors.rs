@@ -35,7 +35,7 @@ fn unexpected_eof_at_every_truncation() {
     let mut prefixes = 0;
     for entry in fs::read_dir(corpus_dir()).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().map_or(true, |x| x != "pkl") {
+        if path.extension().is_none_or(|x| x != "pkl") {
             continue;
         }
         let bytes = fs::read(&path).unwrap();

@@ -1,10 +1,11 @@
-//! Reading a `.pt2` archive: the serialized program (`<root>/models/<name>.json`) and its
-//! weights and constants by state_dict name.
+//! Reading a `.pt2` archive: the serialized program (`<root>/models/model.json`) and its
+//! weights by state_dict name.
 //!
-//! TEMPORARY (replace at merge): `read_payloads` reads `data/weights/*` and `data/constants/*`
-//! through the payload configs itself, because torchport's `.pt2` reader (branch readers-b,
-//! `torchport::open`) was not merged yet. Once it is, `read_payloads` becomes a loop over
-//! `torchport::open(path)?.tensors()` feeding [`tensor_from_bytes`].
+//! Parameters and persistent buffers come from torchport's own `.pt2` reader
+//! ([`read_weights`], through `torchport::open`). Tensor constants (lifted tensors,
+//! non-persistent buffers) are listed by that reader as values without data, so
+//! [`Archive::read_constants`] reads `data/constants/` through its payload config.
+//! TEMPORARY: drop it once `torchport::open` exposes constant tensors.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -103,16 +104,14 @@ impl Archive {
         })
     }
 
-    /// TEMPORARY until the readers-b `.pt2` reader is merged: every weight and constant
-    /// tensor by state_dict name (or constant name).
-    pub fn read_payloads(&mut self) -> Result<HashMap<String, Tensor>> {
+    /// TEMPORARY (until `torchport::open` gives constant tensors): every tensor constant by
+    /// its constant name, from `data/constants/`.
+    pub fn read_constants(&mut self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
-        for (dir, cfg) in [
-            ("data/weights/", "model_weights_config.json"),
-            ("data/constants/", "model_constants_config.json"),
-        ] {
+        {
+            let (dir, cfg) = ("data/constants/", "model_constants_config.json");
             let Some(json) = self.read(&format!("{dir}{cfg}"), MAX_JSON)? else {
-                continue;
+                return Ok(out);
             };
             let config: PayloadConfig =
                 serde_json::from_slice(&json).map_err(|e| Error::Schema {
@@ -161,6 +160,28 @@ impl Archive {
         }
         Ok(out)
     }
+}
+
+/// Parameters and persistent buffers by state_dict name, read by torchport's `.pt2` reader.
+pub fn read_weights(path: &Path) -> Result<HashMap<String, Tensor>> {
+    let ckpt = torchport::open(path).map_err(|e| Error::Archive {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    })?;
+    let mut out = HashMap::new();
+    for t in ckpt.tensors() {
+        let werr = |what: String| Error::Weight {
+            name: t.name.clone(),
+            what,
+        };
+        if let torchport::TensorData::Unsupported { what } = &t.data {
+            return Err(werr(format!("{what} is not supported")));
+        }
+        let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
+        let tensor = tensor_from_bytes(&bytes, t.dtype.name(), &t.shape).map_err(werr)?;
+        out.insert(t.name.clone(), tensor);
+    }
+    Ok(out)
 }
 
 /// Bytes per element of a torch dtype name the runtime reads.

@@ -51,7 +51,8 @@ impl Program {
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
         let mut ar = Archive::open(path.as_ref())?;
         let ep = ar.program()?;
-        let payloads = ar.read_payloads()?;
+        let mut payloads = crate::archive::read_weights(path.as_ref())?;
+        payloads.extend(ar.read_constants()?);
         Program::from_parts(ep, payloads)
     }
 

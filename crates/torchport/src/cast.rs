@@ -80,7 +80,7 @@ fn f8(b: u8, exp_bits: u32, bias: i32, fnuz: bool, finite_only: bool) -> f64 {
 /// Decode little-endian bytes of a real dtype into `f64` values.
 pub fn to_f64(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>, CastError> {
     let n = dtype.size();
-    if bytes.len() % n != 0 {
+    if !bytes.len().is_multiple_of(n) {
         return Err(CastError::Length {
             len: bytes.len(),
             dtype,

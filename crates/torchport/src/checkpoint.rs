@@ -23,6 +23,7 @@ pub struct Checkpoint {
     pub(crate) values: Vec<(String, Value)>,
     pub(crate) globals: Vec<(String, String)>,
     pub(crate) modules: Vec<(String, String)>,
+    pub(crate) graph_ops: Vec<(String, usize)>,
     pub(crate) storages: Vec<Storage>,
     pub(crate) index: HashMap<String, usize>,
 }
@@ -61,6 +62,15 @@ impl Checkpoint {
         globals: Vec<(String, String)>,
         storages: Vec<Storage>,
     ) -> Checkpoint {
+        // Every storage records its own byte order; a reader that found one order for the
+        // whole file gives it here.
+        let storages = match order {
+            ByteOrder::Little => storages,
+            ByteOrder::Big => storages
+                .into_iter()
+                .map(|s| s.with_order(ByteOrder::Big))
+                .collect(),
+        };
         let mut index = HashMap::with_capacity(found.tensors.len());
         for (i, t) in found.tensors.iter().enumerate() {
             index.entry(t.name.clone()).or_insert(i);
@@ -73,6 +83,7 @@ impl Checkpoint {
             values: found.values,
             globals,
             modules: found.modules,
+            graph_ops: Vec::new(),
             storages,
             index,
         }
@@ -88,7 +99,10 @@ impl Checkpoint {
         self.format
     }
 
-    /// Byte order of the stored data (data is always handed out little-endian).
+    /// Byte order of the stored data (data is always handed out little-endian). Files that
+    /// can mix orders (an npz of arrays saved on different machines, a sharded checkpoint)
+    /// say `Big` only when all of their data is big-endian; [`Storage::byte_order`] gives
+    /// each storage's own order.
     pub fn byte_order(&self) -> ByteOrder {
         self.order
     }
@@ -113,9 +127,17 @@ impl Checkpoint {
         &self.globals
     }
 
-    /// For a pickled `nn.Module`: each module's path (`""` for the root) and class.
+    /// For a pickled `nn.Module` or a TorchScript archive: each module's path (`""` for the
+    /// root) and qualified class (`__torch__.torch.nn.modules.linear.Linear` for TorchScript).
     pub fn modules(&self) -> &[(String, String)] {
         &self.modules
+    }
+
+    /// For a program (`.pt2`): each op target its top-level graph calls
+    /// (`torch.ops.aten.conv2d.default`, `_operator.getitem`) and how many nodes call it,
+    /// in order of first use. Empty for files that hold no program.
+    pub fn graph_ops(&self) -> &[(String, usize)] {
+        &self.graph_ops
     }
 
     /// Number of distinct storages behind the tensors.
@@ -154,7 +176,7 @@ impl Checkpoint {
                 // again so that a hand-built TensorInfo cannot read out of bounds.
                 crate::tensor::check_view(t.dtype, &t.shape, &t.strides, t.offset, s.len())
                     .map_err(|what| Error::tensor(&self.path, &t.name, what))?;
-                Ok(view_bytes(t, s.bytes(), self.order))
+                Ok(view_bytes(t, s.bytes(), s.byte_order()))
             }
             TensorData::Meta => Err(Error::Unsupported {
                 path: self.path.clone(),

@@ -19,7 +19,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The content matches none of the formats torchport reads.
-    #[error("{}: not a file torchport recognizes ({detail}); expected a PyTorch checkpoint (zip, legacy stream or tar)", path.display())]
+    #[error("{}: not a file torchport recognizes ({detail}); expected a PyTorch checkpoint (zip, legacy stream or tar), safetensors, numpy .npy/.npz or a sharded *.index.json", path.display())]
     UnknownFormat {
         /// The file.
         path: PathBuf,
@@ -99,6 +99,29 @@ pub enum Error {
         limit: u64,
         /// The `Limits` field that sets it.
         field: &'static str,
+    },
+    /// A shard named by a sharded checkpoint's index could not be read.
+    #[error("{}: shard {shard}: {source}", path.display())]
+    Shard {
+        /// The index file.
+        path: PathBuf,
+        /// The shard, as the index names it.
+        shard: String,
+        /// What went wrong reading the shard (its message names the shard's own path).
+        source: Box<Error>,
+    },
+    /// A tensor's external data (ONNX) cannot be used: its location leaves the model's
+    /// folder, its file cannot be opened, or its byte range does not fit.
+    #[error("{}: tensor {tensor}: external data {location:?}: {what}", path.display())]
+    ExternalData {
+        /// The model file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The `location` it names.
+        location: String,
+        /// What is wrong.
+        what: String,
     },
     /// No tensor of that name.
     #[error("{}: no tensor named {name}", path.display())]

@@ -64,7 +64,40 @@ pub(crate) fn interpret(
     Ok(w.found)
 }
 
-fn join(prefix: &str, key: &str) -> String {
+/// Rebuild the one tensor at `node` (a call to a rebuild function from the fixed table),
+/// naming it `name`; TorchScript archives name their tensors from the module tree.
+pub(crate) fn tensor_at(
+    path: &Path,
+    pickle: &Pickle,
+    resolver: &mut dyn Resolver,
+    order: ByteOrder,
+    limits: &Limits,
+    node: NodeId,
+    name: &str,
+) -> Result<TensorInfo> {
+    let mut w = Walker {
+        path,
+        p: pickle,
+        r: resolver,
+        order,
+        limits,
+        visits: 0,
+        max_visits: limits.max_visits,
+        on_path: Vec::new(),
+        found: Found::default(),
+    };
+    w.tensor_arg(node, name)
+}
+
+/// True when `node` is a call to one of the tensor rebuild functions.
+pub(crate) fn is_tensor(pickle: &Pickle, node: NodeId) -> bool {
+    pickle
+        .as_object(node)
+        .and_then(|o| pickle.as_global(o.callable))
+        .is_some_and(|(m, f)| is_rebuild_function(m, f))
+}
+
+pub(crate) fn join(prefix: &str, key: &str) -> String {
     if prefix.is_empty() {
         key.to_string()
     } else {

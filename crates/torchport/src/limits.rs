@@ -18,6 +18,9 @@ pub struct Limits {
     pub max_ndim: usize,
     /// Largest record decompressed from a deflated zip entry, in bytes. Default 16 GiB.
     pub max_decompressed: u64,
+    /// Longest `__parameters__` / `__buffers__` declaration line read from a TorchScript
+    /// archive's code, in bytes. Default 1 MiB (tens of thousands of names).
+    pub max_code_line: usize,
 }
 
 impl Default for Limits {
@@ -29,6 +32,7 @@ impl Default for Limits {
             max_tensors: 10_000_000,
             max_ndim: 64,
             max_decompressed: 16 << 30,
+            max_code_line: 1 << 20,
         }
     }
 }

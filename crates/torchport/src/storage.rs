@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::tensor::ByteOrder;
 
 /// Bytes of a whole file: memory-mapped when possible.
 #[derive(Clone, Debug)]
@@ -52,15 +53,18 @@ impl FileBytes {
         Some(Storage {
             file: self.clone(),
             range,
+            order: ByteOrder::Little,
         })
     }
 }
 
-/// One storage: a contiguous run of bytes that tensor views index into.
+/// One storage: a contiguous run of bytes that tensor views index into, with the byte
+/// order its elements are stored in (formats like npz mix orders within one file).
 #[derive(Clone, Debug)]
 pub struct Storage {
     file: FileBytes,
     range: Range<usize>,
+    order: ByteOrder,
 }
 
 impl Storage {
@@ -70,7 +74,19 @@ impl Storage {
         Storage {
             file: FileBytes::Owned(Arc::new(bytes)),
             range: 0..len,
+            order: ByteOrder::Little,
         }
+    }
+
+    /// The same bytes, marked as holding elements in byte order `order`.
+    pub(crate) fn with_order(mut self, order: ByteOrder) -> Storage {
+        self.order = order;
+        self
+    }
+
+    /// Byte order of the elements stored here (data is always handed out little-endian).
+    pub fn byte_order(&self) -> ByteOrder {
+        self.order
     }
 
     /// A storage over `range` of this one's bytes (a legacy storage view), if it lies inside.
@@ -81,6 +97,7 @@ impl Storage {
         Some(Storage {
             file: self.file.clone(),
             range: self.range.start + range.start..self.range.start + range.end,
+            order: self.order,
         })
     }
 
@@ -101,6 +118,12 @@ impl Storage {
     /// True when the storage holds no bytes.
     pub fn is_empty(&self) -> bool {
         self.range.is_empty()
+    }
+
+    /// The file bytes this storage is a range of, and the range (to open an archive nested
+    /// in a record without copying it).
+    pub(crate) fn parts(&self) -> (&FileBytes, Range<usize>) {
+        (&self.file, self.range.clone())
     }
 
     /// True when the bytes are read straight from a memory map (no copy was made).

@@ -15,6 +15,16 @@ pub enum ByteOrder {
     Big,
 }
 
+impl ByteOrder {
+    /// `little` or `big`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ByteOrder::Little => "little",
+            ByteOrder::Big => "big",
+        }
+    }
+}
+
 /// Quantization parameters of a quantized tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Quant {

@@ -8,9 +8,16 @@ use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 
+mod numpy;
+mod onnx;
+mod pt2;
+mod pt2_json;
+mod safetensors;
+mod sharded;
 mod torch_legacy;
 mod torch_tar;
 mod torch_zip;
+mod torchscript;
 
 /// The format of a file, named as in DESIGN.md (`inspect --json`'s `format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,13 +72,29 @@ impl fmt::Display for Format {
 
 /// Detect the format of a file from its bytes (zip archives are told apart by the records
 /// they hold). `None` when no format matches.
+///
+/// safetensors: an 8-byte little-endian header length of at most 100 MB followed by `{`;
+/// npy: the magic `\x93NUMPY`; sharded index: a JSON object (it starts with `{` after
+/// whitespace) that mentions `"weight_map"`; npz: a zip archive whose records all end in
+/// `.npy` (or an empty zip archive); pt2: a zip archive with an `archive_format` record (or
+/// the older top-level `serialized_exported_program.json`); TorchScript: a zip archive with
+/// `constants.pkl` or `code/__torch__*` records.
 pub fn detect(bytes: &[u8]) -> Option<Format> {
     if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") {
         Some(zip_kind(bytes))
+    } else if bytes.starts_with(numpy::MAGIC) {
+        Some(Format::Npy)
     } else if torch_legacy::looks_like(bytes) {
         Some(Format::TorchLegacy)
     } else if bytes.get(257..262) == Some(b"ustar") {
         Some(Format::TorchTar)
+    } else if safetensors::looks_like(bytes) {
+        Some(Format::Safetensors)
+    } else if sharded::looks_like(bytes) {
+        Some(Format::Sharded)
+    } else if onnx::looks_like(bytes) {
+        // Last: ONNX has no magic number, only a structural check (see onnx/proto.rs).
+        Some(Format::Onnx)
     } else {
         None
     }
@@ -87,12 +110,18 @@ fn zip_kind(bytes: &[u8]) -> Format {
         .file_names()
         .filter_map(|n| n.ok().map(|n| n.into_owned()))
         .collect();
-    let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
-    if has("/constants.pkl") || names.iter().any(|n| n.contains("/code/__torch__")) {
-        Format::TorchScript
-    } else if has("archive_format") || names.iter().any(|n| n.contains("/models/")) {
+    let torchscript = |n: &String| {
+        n == "constants.pkl"
+            || n.ends_with("/constants.pkl")
+            || n.starts_with("code/__torch__")
+            || n.contains("/code/__torch__")
+    };
+    if pt2::looks_like(&names) {
         Format::Pt2
-    } else if !names.is_empty() && names.iter().all(|n| n.ends_with(".npy")) {
+    } else if names.iter().any(torchscript) {
+        Format::TorchScript
+    } else if names.iter().all(|n| n.ends_with(".npy")) {
+        // `numpy.savez()` of no arrays is an empty archive: an npz with no tensors.
         Format::Npz
     } else {
         Format::TorchZip
@@ -100,20 +129,30 @@ fn zip_kind(bytes: &[u8]) -> Format {
 }
 
 pub(crate) fn open(path: &Path, limits: &Limits) -> Result<Checkpoint> {
-    read(path, &FileBytes::open(path)?, limits)
+    dispatch(path, &FileBytes::open(path)?, limits, true)
 }
 
 /// Read a checkpoint held in memory; `path` only names it in messages.
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    dispatch(path, file, limits, false)
+}
+
+/// Read with the reader of the detected format. `on_disk`: the bytes are the file at `path`
+/// (formats that refer to files beside the checkpoint, like ONNX external data, may then
+/// look in its folder).
+fn dispatch(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool) -> Result<Checkpoint> {
     let bytes = file.as_slice();
     match detect(bytes) {
         Some(Format::TorchZip) => torch_zip::read(path, file, limits),
         Some(Format::TorchLegacy) => torch_legacy::read(path, file, limits),
         Some(Format::TorchTar) => torch_tar::read(path, file, limits),
-        Some(other) => Err(Error::UnsupportedFormat {
-            path: path.to_path_buf(),
-            what: format!("a {other} file"),
-        }),
+        Some(Format::TorchScript) => torchscript::read(path, file, limits),
+        Some(Format::Pt2) => pt2::read(path, file, limits),
+        Some(Format::Safetensors) => safetensors::read(path, file, limits),
+        Some(Format::Npy) => numpy::read_npy(path, file, limits),
+        Some(Format::Npz) => numpy::read_npz(path, file, limits),
+        Some(Format::Sharded) => sharded::read(path, file, limits),
+        Some(Format::Onnx) => onnx::read(path, file, limits, on_disk),
         None => Err(Error::UnknownFormat {
             path: path.to_path_buf(),
             detail: describe_head(bytes),
@@ -133,4 +172,45 @@ fn describe_head(bytes: &[u8]) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     format!("it starts with bytes {head}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn zip_of(names: &[&str]) -> Vec<u8> {
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for n in names {
+            w.start_file(*n, opts).unwrap();
+            w.write_all(b"x").unwrap();
+        }
+        w.finish().unwrap().into_inner()
+    }
+
+    #[test]
+    fn zip_kinds() {
+        let kind = |names: &[&str]| detect(&zip_of(names));
+        // A TorchScript model whose classes live in a `models` package.
+        let ts = [
+            "m/data.pkl",
+            "m/code/__torch__/models/resnet.py",
+            "m/constants.pkl",
+        ];
+        assert_eq!(kind(&ts), Some(Format::TorchScript));
+        let pt2 = [
+            "p/archive_format",
+            "p/models/model.json",
+            "p/data/constants/x.pkl",
+        ];
+        assert_eq!(kind(&pt2), Some(Format::Pt2));
+        let v0 = [
+            "serialized_exported_program.json",
+            "serialized_state_dict.pt",
+        ];
+        assert_eq!(kind(&v0), Some(Format::Pt2));
+        assert_eq!(kind(&["a/data.pkl", "a/data/0"]), Some(Format::TorchZip));
+    }
 }

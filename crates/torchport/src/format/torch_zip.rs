@@ -14,28 +14,56 @@ use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::interpret::{interpret, Persistent, Resolver};
+use crate::interpret::{interpret, Found, Persistent, Resolver};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::ByteOrder;
 
-/// An opened zip archive over the file's bytes.
+/// An opened zip archive over the file's bytes, or over a range of them (an archive nested
+/// as a stored record of another one, as `.pt2` files hold `torch.save` archives).
 pub(crate) struct Archive<'a> {
     path: &'a Path,
     file: &'a FileBytes,
+    /// Where the archive starts in `file`, and its length.
+    base: usize,
+    len: usize,
     zip: ZipArchive<Cursor<&'a [u8]>>,
     max_decompressed: u64,
 }
 
 impl<'a> Archive<'a> {
     pub(crate) fn new(path: &'a Path, file: &'a FileBytes, limits: &Limits) -> Result<Self> {
-        let zip = ZipArchive::new(Cursor::new(file.as_slice())).map_err(|source| Error::Zip {
+        Self::within(path, file, 0..file.as_slice().len(), limits)
+    }
+
+    /// The archive held in `range` of `file` (a range that lies outside reads as empty).
+    pub(crate) fn within(
+        path: &'a Path,
+        file: &'a FileBytes,
+        range: std::ops::Range<usize>,
+        limits: &Limits,
+    ) -> Result<Self> {
+        let bytes = file.as_slice().get(range.clone()).unwrap_or_default();
+        let zip = ZipArchive::new(Cursor::new(bytes)).map_err(|source| Error::Zip {
             path: path.to_path_buf(),
             source,
         })?;
+        if zip.offset() != 0 {
+            // The last directory found belongs to an archive that starts inside the file: a
+            // cut-off file whose own directory is gone, ending with a zip stored inside it.
+            return Err(Error::corrupt(
+                path,
+                format!(
+                    "the zip directory at the end of the file describes an archive starting at byte {}, not at the start; the file is truncated or has data in front",
+                    zip.offset()
+                ),
+            ));
+        }
         Ok(Archive {
             path,
             file,
+            base: range.start,
+            len: bytes.len(),
             zip,
             max_decompressed: limits.max_decompressed,
         })
@@ -72,7 +100,9 @@ impl<'a> Archive<'a> {
             let range = usize::try_from(start)
                 .ok()
                 .zip(usize::try_from(size).ok())
-                .and_then(|(s, n)| Some(s..s.checked_add(n)?));
+                .and_then(|(s, n)| Some(s..s.checked_add(n)?))
+                .filter(|r| r.end <= self.len)
+                .map(|r| r.start + self.base..r.end + self.base);
             return range.and_then(|r| self.file.storage(r)).ok_or_else(|| {
                 Error::corrupt(
                     self.path,
@@ -116,7 +146,7 @@ impl<'a> Archive<'a> {
 }
 
 /// The root folder of a torch zip: the folder holding `data.pkl` (any name).
-fn find_root(names: &[String]) -> Option<String> {
+pub(crate) fn find_root(names: &[String]) -> Option<String> {
     names
         .iter()
         .filter_map(|n| n.strip_suffix("data.pkl"))
@@ -126,7 +156,28 @@ fn find_root(names: &[String]) -> Option<String> {
 }
 
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
-    let mut ar = Archive::new(path, file, limits)?;
+    let parts = read_parts(path, Archive::new(path, file, limits)?, limits)?;
+    Ok(Checkpoint::new(
+        path,
+        Format::TorchZip,
+        parts.order,
+        parts.found,
+        parts.globals,
+        parts.storages,
+    ))
+}
+
+/// What one `torch.save` archive holds, before it becomes a [`Checkpoint`] (the `.pt2`
+/// reader merges the parts of archives nested in its own).
+pub(crate) struct Parts {
+    pub order: ByteOrder,
+    pub found: Found,
+    pub globals: Vec<(String, String)>,
+    pub storages: Vec<Storage>,
+}
+
+/// Read the `torch.save` archive `ar`: its `data.pkl` and the storages it names.
+pub(crate) fn read_parts(path: &Path, mut ar: Archive<'_>, limits: &Limits) -> Result<Parts> {
     let names = ar.names();
     let Some(root) = find_root(&names) else {
         return Err(Error::corrupt(
@@ -134,53 +185,72 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
             "the zip archive has no data.pkl record; it is not a torch.save file",
         ));
     };
-    let order = match ar.has(&format!("{root}byteorder")) {
-        false => ByteOrder::Little,
-        true => match ar.record(&format!("{root}byteorder"))?.bytes() {
-            b"little" => ByteOrder::Little,
-            b"big" => ByteOrder::Big,
-            other => {
-                return Err(Error::corrupt(
-                    path,
-                    format!(
-                        "the byteorder record says {:?}; expected \"little\" or \"big\"",
-                        String::from_utf8_lossy(other)
-                    ),
-                ))
-            }
-        },
-    };
+    let order = read_byteorder(path, &mut ar, &root)?;
     let record = format!("{root}data.pkl");
-    let pkl = ar.record(&record)?;
-    let pickle =
-        torchport_pickle::parse(pkl.bytes(), &limits.pickle).map_err(|source| Error::Pickle {
-            path: path.to_path_buf(),
-            record: record.clone(),
-            source,
-        })?;
-    let mut resolver = ZipResolver {
-        ar,
-        root,
-        storages: Vec::new(),
-        by_key: HashMap::new(),
-    };
+    let pickle = parse_record(path, &mut ar, &record, limits)?;
+    let mut resolver = ZipResolver::new(ar, root);
     let found = interpret(path, &pickle, &mut resolver, order, limits)?;
-    let globals = pickle.globals().to_vec();
-    Ok(Checkpoint::new(
-        path,
-        Format::TorchZip,
+    Ok(Parts {
         order,
         found,
-        globals,
-        resolver.storages,
-    ))
+        globals: pickle.globals().to_vec(),
+        storages: resolver.storages,
+    })
 }
 
-struct ZipResolver<'a> {
-    ar: Archive<'a>,
+/// The byte order a zip archive declares in `<root>byteorder` (little when absent).
+pub(crate) fn read_byteorder(path: &Path, ar: &mut Archive<'_>, root: &str) -> Result<ByteOrder> {
+    let name = format!("{root}byteorder");
+    if !ar.has(&name) {
+        return Ok(ByteOrder::Little);
+    }
+    match ar.record(&name)?.bytes() {
+        b"little" => Ok(ByteOrder::Little),
+        b"big" => Ok(ByteOrder::Big),
+        other => Err(Error::corrupt(
+            path,
+            format!(
+                "the byteorder record says {:?}; expected \"little\" or \"big\"",
+                String::from_utf8_lossy(other)
+            ),
+        )),
+    }
+}
+
+/// Parse the pickle held in one record of the archive.
+pub(crate) fn parse_record(
+    path: &Path,
+    ar: &mut Archive<'_>,
+    record: &str,
+    limits: &Limits,
+) -> Result<Pickle> {
+    let pkl = ar.record(record)?;
+    torchport_pickle::parse(pkl.bytes(), &limits.pickle).map_err(|source| Error::Pickle {
+        path: path.to_path_buf(),
+        record: record.to_string(),
+        source,
+    })
+}
+
+/// Resolves `('storage', type, key, location, numel)` persistent ids to the records
+/// `<root>data/<key>`, each loaded once.
+pub(crate) struct ZipResolver<'a> {
+    pub ar: Archive<'a>,
     root: String,
-    storages: Vec<Storage>,
+    pub storages: Vec<Storage>,
     by_key: HashMap<String, (usize, DType)>,
+}
+
+impl<'a> ZipResolver<'a> {
+    /// A resolver for the archive whose root folder is `root` (with its trailing `/`).
+    pub(crate) fn new(ar: Archive<'a>, root: String) -> Self {
+        ZipResolver {
+            ar,
+            root,
+            storages: Vec::new(),
+            by_key: HashMap::new(),
+        }
+    }
 }
 
 /// Parse a zip persistent id: `('storage', <StorageClass>, key, location, numel)`.

@@ -1,0 +1,370 @@
+//! `torch.export.save` archives (`.pt2`). Two layouts:
+//!
+//! - **packaged** (torch ≥ 2.8): `<root>/archive_format` = `pt2`, the program in
+//!   `<root>/models/<name>.json`, weights in `<root>/data/weights/` described by
+//!   `<name>_weights_config.json` (FQN → record, dtype, sizes, strides, offset; records are
+//!   raw storage bytes shared by aliasing tensors, or a `torch.save` archive of the tensor
+//!   when `use_pickle` is set), constants likewise in `<root>/data/constants/`. An archive
+//!   may instead keep a model's weights as one `torch.save` state dict,
+//!   `data/weights/<name>.pt` (and `data/constants/<name>.pt`), which torch still reads.
+//! - **v0** (torch ≤ 2.7): records at the top level: `serialized_exported_program.json`,
+//!   `serialized_state_dict.pt` and `serialized_constants.pt` (`torch.save` archives).
+//!
+//! Tensors are the program's `state_dict` (parameters and persistent buffers) named by their
+//! FQNs in the file's order; constants (lifted tensors, non-persistent buffers, script
+//! objects) are listed among the values. The graph is summarized as op target → count over
+//! the top-level nodes. Pickled script objects (`custom_obj_*`, `opaque_obj_*`) and sample
+//! inputs are never read.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::format::pt2_json::{layout_name, scalar_type, PayloadConfig, PayloadMeta, Program};
+use crate::format::torch_zip::{read_byteorder, read_parts, Archive};
+use crate::format::Format;
+use crate::interpret::{contiguous_strides, Found};
+use crate::limits::Limits;
+use crate::storage::{FileBytes, Storage};
+use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
+use crate::value::Value;
+
+/// The root folder of a packaged archive: the folder holding `archive_format`.
+fn find_root(names: &[String]) -> Option<String> {
+    names
+        .iter()
+        .filter_map(|n| n.strip_suffix("archive_format"))
+        .filter(|r| r.is_empty() || (r.ends_with('/') && r.matches('/').count() == 1))
+        .min_by_key(|r| r.len())
+        .map(str::to_string)
+}
+
+/// True when record names look like a `.pt2` archive (either layout).
+pub(crate) fn looks_like(names: &[String]) -> bool {
+    find_root(names).is_some() || names.iter().any(|n| n == V0_PROGRAM)
+}
+
+const V0_PROGRAM: &str = "serialized_exported_program.json";
+
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    let ar = Archive::new(path, file, limits)?;
+    let names = ar.names();
+    let mut b = Builder {
+        path,
+        ar,
+        limits,
+        order: None,
+        found: Found::default(),
+        globals: Vec::new(),
+        storages: Vec::new(),
+        by_record: HashMap::new(),
+        ops: Vec::new(),
+        op_index: HashMap::new(),
+    };
+    match find_root(&names) {
+        Some(root) => b.packaged(&root, &names)?,
+        None if names.iter().any(|n| n == V0_PROGRAM) => b.v0()?,
+        None => {
+            return Err(Error::corrupt(
+                path,
+                "the zip archive has neither an archive_format record nor serialized_exported_program.json; it is not a torch.export archive",
+            ))
+        }
+    }
+    let order = b.order.unwrap_or(ByteOrder::Little);
+    let mut ckpt = Checkpoint::new(path, Format::Pt2, order, b.found, b.globals, b.storages);
+    ckpt.graph_ops = b.ops;
+    Ok(ckpt)
+}
+
+struct Builder<'a> {
+    path: &'a Path,
+    ar: Archive<'a>,
+    limits: &'a Limits,
+    order: Option<ByteOrder>,
+    found: Found,
+    globals: Vec<(String, String)>,
+    storages: Vec<Storage>,
+    /// Raw payload record → storage index (aliasing tensors share one record).
+    by_record: HashMap<String, usize>,
+    ops: Vec<(String, usize)>,
+    op_index: HashMap<String, usize>,
+}
+
+impl Builder<'_> {
+    fn packaged(&mut self, root: &str, names: &[String]) -> Result<()> {
+        let format_record = format!("{root}archive_format");
+        let kind = self.ar.record(&format_record)?;
+        if kind.bytes().trim_ascii() != b"pt2" {
+            return Err(Error::corrupt(
+                self.path,
+                format!(
+                    "record {format_record} says {:?}; expected \"pt2\"",
+                    String::from_utf8_lossy(kind.bytes().get(..64).unwrap_or(kind.bytes()))
+                ),
+            ));
+        }
+        self.order = Some(read_byteorder(self.path, &mut self.ar, root)?);
+        let models: Vec<String> = names
+            .iter()
+            .filter_map(|n| {
+                n.strip_prefix(root)?
+                    .strip_prefix("models/")?
+                    .strip_suffix(".json")
+            })
+            .filter(|m| !m.is_empty() && !m.contains('/'))
+            .map(str::to_string)
+            .collect();
+        if models.is_empty() {
+            return Err(Error::corrupt(
+                self.path,
+                format!("the archive holds no exported program (no {root}models/<name>.json record); AOTInductor packages are not read"),
+            ));
+        }
+        for model in &models {
+            // One program: plain FQNs. Several: each program's names under `<model>.`.
+            let prefix = if models.len() == 1 {
+                String::new()
+            } else {
+                format!("{model}.")
+            };
+            let program: Program = self.json(&format!("{root}models/{model}.json"), "program")?;
+            self.count_ops(&program);
+            let legacy = format!("{root}data/weights/{model}.pt");
+            if self.ar.has(&legacy) {
+                self.nested_state_dict(&legacy, &prefix, false)?;
+            } else {
+                let record = format!("{root}data/weights/{model}_weights_config.json");
+                let config: PayloadConfig = self.json(&record, "weights config")?;
+                for (fqn, meta) in &config.config.0 {
+                    let dir = format!("{root}data/weights/");
+                    self.weight(&dir, &format!("{prefix}{fqn}"), meta)?;
+                }
+            }
+            let legacy = format!("{root}data/constants/{model}.pt");
+            let record = format!("{root}data/constants/{model}_constants_config.json");
+            if self.ar.has(&legacy) {
+                self.nested_state_dict(&legacy, &prefix, true)?;
+            } else if self.ar.has(&record) {
+                let config: PayloadConfig = self.json(&record, "constants config")?;
+                for (fqn, meta) in config.config.0 {
+                    let class = match (&meta.tensor_meta, meta.path_name.as_str()) {
+                        (Some(_), _) => "torch.Tensor",
+                        (None, p) if p.starts_with("custom_obj_") => "torch.ScriptObject",
+                        (None, _) => "pickled object",
+                    };
+                    let v = Value::Object(class.into());
+                    self.found.values.push((format!("{prefix}{fqn}"), v));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The torch ≤ 2.7 layout: top-level records, weights as one `torch.save` state dict.
+    fn v0(&mut self) -> Result<()> {
+        let program: Program = self.json(V0_PROGRAM, "program")?;
+        self.count_ops(&program);
+        if !self.ar.has("serialized_state_dict.pt") && self.ar.has("serialized_state_dict.json") {
+            return Err(Error::UnsupportedFormat {
+                path: self.path.to_path_buf(),
+                what: "a .pt2 archive whose weights are in serialized_state_dict.json (torch 2.1)"
+                    .into(),
+            });
+        }
+        self.nested_state_dict("serialized_state_dict.pt", "", false)?;
+        if self.ar.has("serialized_constants.pt") {
+            self.nested_state_dict("serialized_constants.pt", "", true)?;
+        }
+        Ok(())
+    }
+
+    /// Parse a JSON record into `T`; `what` names it in errors.
+    fn json<T: DeserializeOwned>(&mut self, record: &str, what: &str) -> Result<T> {
+        let bytes = self.ar.record(record)?;
+        serde_json::from_slice(bytes.bytes()).map_err(|e| {
+            Error::corrupt(
+                self.path,
+                format!("record {record} is not a valid {what}: {e}"),
+            )
+        })
+    }
+
+    fn count_ops(&mut self, program: &Program) {
+        for node in &program.graph_module.graph.nodes {
+            match self.op_index.get(&node.target) {
+                Some(&i) => self.ops[i].1 += 1,
+                None => {
+                    self.op_index.insert(node.target.clone(), self.ops.len());
+                    self.ops.push((node.target.clone(), 1));
+                }
+            }
+        }
+    }
+
+    /// Set the checkpoint's byte order, or check that `order` agrees with it.
+    fn agree(&mut self, order: ByteOrder, record: &str) -> Result<()> {
+        match self.order {
+            Some(o) if o != order => Err(Error::corrupt(
+                self.path,
+                format!("record {record} is {order:?}-endian, but the archive is {o:?}-endian"),
+            )),
+            _ => {
+                self.order = Some(order);
+                Ok(())
+            }
+        }
+    }
+
+    /// Read a `torch.save` archive held in `record`: its tensors become state-dict entries
+    /// under `prefix` (or, for constants, values).
+    fn nested_state_dict(&mut self, record: &str, prefix: &str, constants: bool) -> Result<()> {
+        let parts = self.nested(record)?;
+        self.agree(parts.order, record)?;
+        let base = self.storages.len();
+        for mut t in parts.found.tensors {
+            t.name = format!("{prefix}{}", t.name);
+            if constants {
+                let v = Value::Object("torch.Tensor".into());
+                self.found.values.push((t.name, v));
+                continue;
+            }
+            if let TensorData::Strided { storage } = &mut t.data {
+                *storage += base;
+            }
+            self.push(t)?;
+        }
+        if !constants {
+            self.storages.extend(parts.storages);
+            for (name, v) in parts.found.values {
+                self.found.values.push((format!("{prefix}{name}"), v));
+            }
+        }
+        Ok(())
+    }
+
+    /// The parts of the `torch.save` archive stored in `record`; messages name the record.
+    fn nested(&mut self, record: &str) -> Result<crate::format::torch_zip::Parts> {
+        let storage = self.ar.record(record)?;
+        let label = PathBuf::from(format!("{}/{record}", self.path.display()));
+        let (file, range) = storage.parts();
+        let parts = read_parts(
+            &label,
+            Archive::within(&label, file, range, self.limits)?,
+            self.limits,
+        )?;
+        for g in &parts.globals {
+            if !self.globals.contains(g) {
+                self.globals.push(g.clone());
+            }
+        }
+        Ok(parts)
+    }
+
+    fn push(&mut self, t: TensorInfo) -> Result<()> {
+        if self.found.tensors.len() >= self.limits.max_tensors {
+            return Err(Error::Limit {
+                path: self.path.to_path_buf(),
+                what: "the number of tensors".into(),
+                limit: self.limits.max_tensors as u64,
+                field: "max_tensors",
+            });
+        }
+        self.found.tensors.push(t);
+        Ok(())
+    }
+
+    /// One entry of a weights config: a view into a raw payload record, or a pickled tensor.
+    fn weight(&mut self, dir: &str, fqn: &str, meta: &PayloadMeta) -> Result<()> {
+        let record = format!("{dir}{}", meta.path_name);
+        let bad = |what: String| Error::tensor(self.path, fqn, what);
+        if meta.use_pickle {
+            let mut parts = self.nested(&record)?;
+            self.agree(parts.order, &record)?;
+            if parts.found.tensors.len() != 1 || !parts.found.tensors[0].name.is_empty() {
+                return Err(bad(format!(
+                    "its pickled record {record} does not hold exactly one tensor"
+                )));
+            }
+            let mut t = parts.found.tensors.remove(0);
+            t.name = fqn.to_string();
+            if let TensorData::Strided { storage } = &mut t.data {
+                *storage += self.storages.len();
+            }
+            self.storages.extend(parts.storages);
+            return self.push(t);
+        }
+        let tm = meta
+            .tensor_meta
+            .as_ref()
+            .ok_or_else(|| bad("its config entry has no tensor_meta".into()))?;
+        let dtype = scalar_type(tm.dtype).ok_or_else(|| {
+            bad(format!(
+                "its dtype number {} is not a known ScalarType",
+                tm.dtype
+            ))
+        })?;
+        if tm.sizes.len() > self.limits.max_ndim || tm.strides.len() != tm.sizes.len() {
+            return Err(bad(format!(
+                "its config declares {} sizes and {} strides (at most Limits::max_ndim = {}, and as many strides as sizes)",
+                tm.sizes.len(),
+                tm.strides.len(),
+                self.limits.max_ndim
+            )));
+        }
+        let ints = |v: &[crate::format::pt2_json::SymInt], what: &str| {
+            v.iter()
+                .map(|s| s.as_int.and_then(|i| usize::try_from(i).ok()))
+                .collect::<Option<Vec<usize>>>()
+                .ok_or_else(|| bad(format!("its {what} are not all non-negative integers (symbolic sizes are not read)")))
+        };
+        let shape = ints(&tm.sizes, "sizes")?;
+        let strides = ints(&tm.strides, "strides")?;
+        let offset = ints(std::slice::from_ref(&tm.storage_offset), "storage offset")?[0];
+        let mut t = TensorInfo {
+            name: fqn.to_string(),
+            dtype,
+            strides: strides.clone(),
+            shape,
+            offset,
+            data: TensorData::Meta,
+            quant: None,
+            requires_grad: tm.requires_grad,
+        };
+        if tm.layout != 7 {
+            t.strides = contiguous_strides(&t.shape);
+            t.data = TensorData::Unsupported {
+                what: format!("a {} tensor", layout_name(tm.layout)),
+            };
+            return self.push(t);
+        }
+        let index = match self.by_record.get(&record) {
+            Some(&i) => i,
+            None => {
+                let storage = self.ar.record(&record).map_err(|e| match e {
+                    Error::MissingRecord { .. } => bad(format!(
+                        "its weight record {record} is missing from the archive"
+                    )),
+                    other => other,
+                })?;
+                let i = self.storages.len();
+                self.storages.push(storage);
+                self.by_record.insert(record.clone(), i);
+                i
+            }
+        };
+        let len = self.storages.get(index).map_or(0, Storage::len);
+        if len == 0 && t.shape.iter().all(|&d| d > 0) {
+            // torch writes no bytes for fake tensors (and loads zeros): no data was saved.
+            check_view(dtype, &t.shape, &t.strides, offset, usize::MAX).map_err(bad)?;
+            return self.push(t);
+        }
+        check_view(dtype, &t.shape, &t.strides, offset, len)
+            .map_err(|what| bad(format!("{what} (record {record}, as its config declares)")))?;
+        t.data = TensorData::Strided { storage: index };
+        self.push(t)
+    }
+}

@@ -1,0 +1,180 @@
+//! The few parts of a `.pt2` archive's JSON records that torchport reads, as typed serde
+//! structs (everything else in the records is skipped while parsing, never kept): the
+//! payload configs of `data/weights` / `data/constants` (in file order) and the targets of
+//! the top-level graph's nodes in `models/<name>.json`.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use crate::dtype::DType;
+
+/// `data/weights/<model>_weights_config.json` and `data/constants/<model>_constants_config.json`.
+#[derive(Deserialize)]
+pub(crate) struct PayloadConfig {
+    /// FQN → where and how its payload is stored, in the file's order.
+    pub config: Ordered<PayloadMeta>,
+}
+
+/// One entry of a payload config.
+#[derive(Deserialize)]
+pub(crate) struct PayloadMeta {
+    /// The record's name inside the payload directory (`weight_0`, `tensor_0`, `custom_obj_0`).
+    pub path_name: String,
+    /// The record is a `torch.save` archive of the tensor (tensor subclasses), not raw bytes.
+    #[serde(default)]
+    pub use_pickle: bool,
+    /// dtype, sizes, strides, offset; absent for script objects.
+    pub tensor_meta: Option<TensorMeta>,
+}
+
+/// `torch._export.serde.schema.TensorMeta`.
+#[derive(Deserialize)]
+pub(crate) struct TensorMeta {
+    /// A `ScalarType` number.
+    pub dtype: i64,
+    pub sizes: Vec<SymInt>,
+    #[serde(default)]
+    pub requires_grad: bool,
+    pub strides: Vec<SymInt>,
+    pub storage_offset: SymInt,
+    /// A `Layout` number; 7 is strided.
+    pub layout: i64,
+}
+
+/// A size that is a plain integer (`{"as_int": 4}`) or a symbolic expression.
+#[derive(Deserialize)]
+pub(crate) struct SymInt {
+    pub as_int: Option<i64>,
+}
+
+/// `models/<name>.json` (and the older `serialized_exported_program.json`), reduced to the
+/// targets of the top-level graph's nodes.
+#[derive(Deserialize)]
+pub(crate) struct Program {
+    pub graph_module: GraphModule,
+}
+
+/// The graph module of an exported program.
+#[derive(Deserialize)]
+pub(crate) struct GraphModule {
+    pub graph: Graph,
+}
+
+/// A graph: only its nodes' targets are kept.
+#[derive(Deserialize)]
+pub(crate) struct Graph {
+    #[serde(default)]
+    pub nodes: Vec<Node>,
+}
+
+/// A node: only its target is kept (`torch.ops.aten.conv2d.default`, `_operator.getitem`).
+#[derive(Deserialize)]
+pub(crate) struct Node {
+    pub target: String,
+}
+
+/// A JSON object read as `(key, value)` pairs in the file's order; a repeated key keeps its
+/// first position and its last value, as Python's `json` module does.
+pub(crate) struct Ordered<T>(pub Vec<(String, T)>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Ordered<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Ordered<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out: Vec<(String, T)> = Vec::new();
+                let mut index = std::collections::HashMap::new();
+                while let Some((k, v)) = map.next_entry::<String, T>()? {
+                    match index.get(&k) {
+                        Some(&i) => out[i] = (k, v),
+                        None => {
+                            index.insert(k.clone(), out.len());
+                            out.push((k, v));
+                        }
+                    }
+                }
+                Ok(Ordered(out))
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
+/// The dtype of a `ScalarType` number (`torch/_export/serde/schema.py`).
+pub(crate) fn scalar_type(n: i64) -> Option<DType> {
+    Some(match n {
+        1 => DType::U8,
+        2 => DType::I8,
+        3 => DType::I16,
+        4 => DType::I32,
+        5 => DType::I64,
+        6 => DType::F16,
+        7 => DType::F32,
+        8 => DType::F64,
+        9 => DType::C32,
+        10 => DType::C64,
+        11 => DType::C128,
+        12 => DType::Bool,
+        13 => DType::BF16,
+        28 => DType::U16,
+        29 => DType::F8E4M3Fn,
+        30 => DType::F8E5M2,
+        31 => DType::F8E4M3Fnuz,
+        32 => DType::F8E5M2Fnuz,
+        33 => DType::F8E8M0Fnu,
+        34 => DType::U32,
+        35 => DType::U64,
+        _ => return None,
+    })
+}
+
+/// The name of a `Layout` number other than strided (7).
+pub(crate) fn layout_name(n: i64) -> &'static str {
+    match n {
+        1 => "sparse_coo",
+        2 => "sparse_csr",
+        3 => "sparse_csc",
+        4 => "sparse_bsr",
+        5 => "sparse_bsc",
+        6 => "mkldnn",
+        _ => "unknown-layout",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_order() {
+        let c: PayloadConfig = serde_json::from_str(
+            r#"{"config": {"z": {"path_name": "weight_1", "tensor_meta": null},
+                           "a": {"path_name": "weight_0", "use_pickle": true, "tensor_meta": null},
+                           "z": {"path_name": "weight_2", "tensor_meta": null}}}"#,
+        )
+        .unwrap();
+        let names: Vec<_> = c
+            .config
+            .0
+            .iter()
+            .map(|(k, m)| (k.as_str(), m.path_name.as_str()))
+            .collect();
+        assert_eq!(names, [("z", "weight_2"), ("a", "weight_0")]);
+        assert!(c.config.0[1].1.use_pickle);
+    }
+
+    #[test]
+    fn dtypes() {
+        assert_eq!(scalar_type(7), Some(DType::F32));
+        assert_eq!(scalar_type(5), Some(DType::I64));
+        assert_eq!(scalar_type(13), Some(DType::BF16));
+        assert_eq!(scalar_type(0), None);
+    }
+}
