@@ -1,10 +1,9 @@
 //! `torchport run` and `torchport ops` through the real binary, on the export fixtures.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use torchport_runtime::npy::{parse_npy, read_npy};
+use torchport_runtime::npy::{read_arrays, read_npy};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -36,15 +35,13 @@ fn run_writes_outputs_that_match_torch() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let mut z = zip::ZipArchive::new(std::fs::File::open(&out).unwrap()).unwrap();
-    assert_eq!(z.len(), 2);
-    for i in 0..2 {
-        let mut bytes = Vec::new();
-        z.by_name(&format!("output_{i}.npy")).unwrap().read_to_end(&mut bytes).unwrap();
-        let got = parse_npy(&bytes).unwrap();
+    let arrays = read_arrays(&out).unwrap();
+    let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["output_0", "output_1"]);
+    for (i, (_, got)) in arrays.iter().enumerate() {
         let want = read_npy(&root().join(format!("{EXPORT}/bert.output_{i}.npy"))).unwrap();
         assert_eq!(got.dims(), want.dims());
-        let diff = (&got - &want).unwrap().abs().unwrap().max_all().unwrap();
+        let diff = (got - &want).unwrap().abs().unwrap().max_all().unwrap();
         assert!(diff.to_scalar::<f32>().unwrap() < 1e-4, "output_{i}");
     }
     std::fs::remove_dir_all(&dir).ok();

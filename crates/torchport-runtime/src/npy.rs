@@ -1,84 +1,35 @@
-//! TEMPORARY (replace at merge with torchport's npy/npz reader and writer from branches
-//! readers-a and writers): a minimal `.npy` reader and `.npz` writer for little-endian C-order
-//! arrays of f32, f16, f64, i64, i32, u8 and bool, enough for `torchport run` and the tests.
+//! numpy I/O for `torchport run` and the tests. Reading goes through torchport's own numpy
+//! reader (`torchport::open`). TEMPORARY (replace at merge with the npz writer from branch
+//! writers): a minimal `.npz` writer for little-endian C-order f32, f16, f64, i64, i32, u8
+//! and bool arrays.
 
 use std::io::Write;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
-/// Largest header accepted.
-const MAX_HEADER: usize = 1 << 16;
-
-/// Read a `.npy` file into a tensor (bool arrays become u8 0/1).
+/// Read a `.npy` file (through torchport's numpy reader) into a runtime tensor: floats as f32,
+/// integers as i64, bool as u8 0/1.
 pub fn read_npy(path: &Path) -> Result<Tensor, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-    parse_npy(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    let mut all = read_arrays(path)?;
+    if all.len() != 1 {
+        return Err(format!("{}: expected one array, found {}", path.display(), all.len()));
+    }
+    Ok(all.remove(0).1)
 }
 
-/// Parse `.npy` bytes.
-pub fn parse_npy(b: &[u8]) -> Result<Tensor, String> {
-    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
-        return Err("not a .npy file (bad magic)".into());
-    }
-    let (hlen, start) = match b[6] {
-        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
-        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
-        v => return Err(format!(".npy version {v} is not supported")),
-    };
-    if hlen > MAX_HEADER || start + hlen > b.len() {
-        return Err("the .npy header is truncated or too long".into());
-    }
-    let header = std::str::from_utf8(&b[start..start + hlen]).map_err(|_| "the .npy header is not text")?;
-    let field = |key: &str| -> Result<&str, String> {
-        let at = header
-            .find(&format!("'{key}':"))
-            .ok_or_else(|| format!("the .npy header has no '{key}'"))?;
-        Ok(header[at + key.len() + 3..].trim_start())
-    };
-    let descr = field("descr")?;
-    let descr = descr
-        .strip_prefix('\'')
-        .and_then(|s| s.split('\'').next())
-        .ok_or("bad descr in the .npy header")?;
-    if field("fortran_order")?.starts_with("True") {
-        return Err("Fortran-order arrays are not supported".into());
-    }
-    let shape_txt = field("shape")?;
-    let shape_txt = shape_txt
-        .strip_prefix('(')
-        .and_then(|s| s.split(')').next())
-        .ok_or("bad shape in the .npy header")?;
-    let shape = shape_txt
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("bad dim '{s}' in the .npy shape")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let data = &b[start + hlen..];
-    let n = shape
+/// Every array of a numpy file (`.npy` or `.npz`), by name, as runtime tensors.
+pub fn read_arrays(path: &Path) -> Result<Vec<(String, Tensor)>, String> {
+    let ckpt = torchport::open(path).map_err(|e| e.to_string())?;
+    ckpt.tensors()
         .iter()
-        .try_fold(1usize, |a, &s| a.checked_mul(s))
-        .ok_or("the .npy shape is too large")?;
-    let (dt, size) = match descr {
-        "<f4" => (DType::F32, 4),
-        "<f2" => (DType::F16, 2),
-        "<f8" => (DType::F64, 8),
-        "<i8" => (DType::I64, 8),
-        "<i4" => (DType::I32, 4),
-        "|u1" => (DType::U8, 1),
-        "|b1" => (DType::U8, 1),
-        d => return Err(format!("dtype '{d}' is not supported (f32, f16, f64, i64, i32, u8, bool)")),
-    };
-    let need = n.checked_mul(size).ok_or("the .npy shape is too large")?;
-    if data.len() != need {
-        return Err(format!("the .npy data has {} bytes, the header says {need}", data.len()));
-    }
-    let t = Tensor::from_raw_buffer(data, dt, &shape, &Device::Cpu).map_err(|e| e.to_string())?;
-    if descr == "|b1" {
-        return t.ne(&t.zeros_like().map_err(|e| e.to_string())?).map_err(|e| e.to_string());
-    }
-    Ok(t)
+        .map(|t| {
+            let bytes = ckpt.data(t).map_err(|e| e.to_string())?;
+            let x = crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
+                .map_err(|e| format!("{}: array '{}': {e}", path.display(), t.name))?;
+            Ok((t.name.clone(), x))
+        })
+        .collect()
 }
 
 /// `.npy` bytes of a tensor; u8 tensors flagged `bool` are written as numpy bool.
