@@ -42,7 +42,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             out,
             "{} ops, {nodes} nodes; {}",
             ops.len(),
-            if n == 0 { "all supported".to_string() } else { format!("{n} unsupported") }
+            if n == 0 {
+                "all supported".to_string()
+            } else {
+                format!("{n} unsupported")
+            }
         )?;
     }
     Ok(if program.unsupported_ops().is_empty() {

@@ -44,7 +44,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .enumerate()
         .map(|(i, t)| {
             let is_bool = dtypes.get(i).copied().flatten() == Some(dtype::BOOL);
-            Ok((format!("output_{i}"), npy_bytes(t, is_bool).map_err(anyhow::Error::msg)?))
+            Ok((
+                format!("output_{i}"),
+                npy_bytes(t, is_bool).map_err(anyhow::Error::msg)?,
+            ))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     write_npz(&args.output, &arrays).map_err(anyhow::Error::msg)?;

@@ -59,17 +59,31 @@ fn run_with_a_missing_input_is_one_error_line() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.starts_with("error: running tests/fixtures/export/bert.plain.pt2: "), "{err}");
+    assert!(
+        err.starts_with("error: running tests/fixtures/export/bert.plain.pt2: "),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("the program takes 2 input(s) but 1 were given"), "{err}");
+    assert!(
+        err.contains("the program takes 2 input(s) but 1 were given"),
+        "{err}"
+    );
 }
 
 #[test]
 fn ops_lists_every_op_and_support() {
     let o = torchport(&["ops", &format!("{EXPORT}/resnet.decomp.pt2")]);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let text = String::from_utf8_lossy(&o.stdout);
-    let conv = text.lines().find(|l| l.starts_with("aten.convolution.default")).unwrap();
+    let conv = text
+        .lines()
+        .find(|l| l.starts_with("aten.convolution.default"))
+        .unwrap();
     let cols: Vec<&str> = conv.split_whitespace().collect();
     assert_eq!(cols, ["aten.convolution.default", "14", "yes"]);
     assert!(text.trim_end().ends_with("all supported"), "{text}");
@@ -80,8 +94,16 @@ fn ops_exits_1_on_unsupported() {
     let o = torchport(&["ops", &format!("{EXPORT}/bad_unknown_op.pt2"), "--json"]);
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["unsupported"], serde_json::json!(["aten.frobnicate.default"]));
-    let op = v["ops"].as_array().unwrap().iter().find(|o| o["op"] == "aten.frobnicate.default").unwrap();
+    assert_eq!(
+        v["unsupported"],
+        serde_json::json!(["aten.frobnicate.default"])
+    );
+    let op = v["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == "aten.frobnicate.default")
+        .unwrap();
     assert_eq!(op["supported"], false);
     assert_eq!(op["count"], 1);
 }
@@ -98,5 +120,8 @@ fn run_refuses_a_program_with_unsupported_ops() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("aten.frobnicate.default (see `torchport ops`)"), "{err}");
+    assert!(
+        err.contains("aten.frobnicate.default (see `torchport ops`)"),
+        "{err}"
+    );
 }

@@ -17,7 +17,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         runs = args.get(i + 1).ok_or("--runs needs a number")?.parse()?;
         args.drain(i..i + 2);
     }
-    let model = args.first().ok_or("usage: run_timing MODEL.pt2 INPUT.npy... [--runs N]")?;
+    let model = args
+        .first()
+        .ok_or("usage: run_timing MODEL.pt2 INPUT.npy... [--runs N]")?;
     let t0 = Instant::now();
     let program = Program::load(model)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;

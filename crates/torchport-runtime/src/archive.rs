@@ -79,7 +79,10 @@ impl Archive {
         if f.size() > limit {
             return Err(Error::Archive {
                 path: self.path.clone(),
-                what: format!("record {name} is {} bytes, over the limit of {limit}", f.size()),
+                what: format!(
+                    "record {name} is {} bytes, over the limit of {limit}",
+                    f.size()
+                ),
             });
         }
         let mut buf = Vec::with_capacity(f.size() as usize);
@@ -148,7 +151,8 @@ impl Archive {
                     .read(&format!("{dir}{}", meta.path_name), u64::MAX)?
                     .ok_or_else(|| werr(format!("record {dir}{} is missing", meta.path_name)))?;
                 let name = dtype::name(tm.dtype);
-                let size = elem_size(name).ok_or_else(|| werr(format!("dtype {name} is not supported")))?;
+                let size = elem_size(name)
+                    .ok_or_else(|| werr(format!("dtype {name} is not supported")))?;
                 let bytes = gather_strided(&bytes, size, &sizes, &strides, offset)
                     .ok_or_else(|| werr(format!(
                         "sizes {sizes:?}, strides {strides:?}, offset {offset} reach outside its {} bytes",
@@ -210,7 +214,9 @@ pub fn gather_strided(
     let last = sizes
         .iter()
         .zip(strides)
-        .try_fold(offset, |acc, (&s, &st)| acc.checked_add((s - 1).checked_mul(st)?))?;
+        .try_fold(offset, |acc, (&s, &st)| {
+            acc.checked_add((s - 1).checked_mul(st)?)
+        })?;
     if last.checked_add(1)?.checked_mul(elem)? > data.len() || sizes.len() != strides.len() {
         return None;
     }
@@ -246,7 +252,11 @@ pub fn gather_strided(
 
 /// A runtime tensor from contiguous little-endian bytes of torch dtype `name`
 /// (floats become f32, ints i64, bool u8).
-pub fn tensor_from_bytes(bytes: &[u8], name: &str, shape: &[usize]) -> std::result::Result<Tensor, String> {
+pub fn tensor_from_bytes(
+    bytes: &[u8],
+    name: &str,
+    shape: &[usize],
+) -> std::result::Result<Tensor, String> {
     let dev = Device::Cpu;
     let n: usize = shape.iter().product();
     let size = elem_size(name).ok_or_else(|| format!("dtype {name} is not supported"))?;

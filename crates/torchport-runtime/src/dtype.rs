@@ -84,8 +84,14 @@ pub fn runtime(st: ScalarType) -> OpResult<DType> {
 /// `!= 0` for bool), returning it in the runtime representation.
 pub fn cast(t: &Tensor, st: ScalarType) -> OpResult<Tensor> {
     Ok(match st {
-        HALF => t.to_dtype(DType::F32)?.to_dtype(DType::F16)?.to_dtype(DType::F32)?,
-        BFLOAT16 => t.to_dtype(DType::F32)?.to_dtype(DType::BF16)?.to_dtype(DType::F32)?,
+        HALF => t
+            .to_dtype(DType::F32)?
+            .to_dtype(DType::F16)?
+            .to_dtype(DType::F32)?,
+        BFLOAT16 => t
+            .to_dtype(DType::F32)?
+            .to_dtype(DType::BF16)?
+            .to_dtype(DType::F32)?,
         FLOAT | DOUBLE => t.to_dtype(DType::F32)?,
         BOOL => {
             if t.dtype() == DType::U8 {

@@ -13,7 +13,11 @@ use candle_core::{DType, Tensor};
 pub fn read_npy(path: &Path) -> Result<Tensor, String> {
     let mut all = read_arrays(path)?;
     if all.len() != 1 {
-        return Err(format!("{}: expected one array, found {}", path.display(), all.len()));
+        return Err(format!(
+            "{}: expected one array, found {}",
+            path.display(),
+            all.len()
+        ));
     }
     Ok(all.remove(0).1)
 }
@@ -38,14 +42,61 @@ pub fn npy_bytes(t: &Tensor, bool_: bool) -> Result<Vec<u8>, String> {
     let t = t.contiguous().map_err(e)?;
     let flat = t.flatten_all().map_err(e)?;
     let (descr, data): (&str, Vec<u8>) = match t.dtype() {
-        DType::F32 => ("<f4", flat.to_vec1::<f32>().map_err(e)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::F64 => ("<f8", flat.to_vec1::<f64>().map_err(e)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::F16 => ("<f2", flat.to_vec1::<half::f16>().map_err(e)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::F32 => (
+            "<f4",
+            flat.to_vec1::<f32>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        DType::F64 => (
+            "<f8",
+            flat.to_vec1::<f64>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        DType::F16 => (
+            "<f2",
+            flat.to_vec1::<half::f16>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
         // numpy has no bfloat16: written as float32 (exact).
-        DType::BF16 => ("<f4", flat.to_dtype(DType::F32).map_err(e)?.to_vec1::<f32>().map_err(e)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::I64 => ("<i8", flat.to_vec1::<i64>().map_err(e)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::I32 => ("<i4", flat.to_vec1::<i32>().map_err(e)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::U8 => (if bool_ { "|b1" } else { "|u1" }, flat.to_vec1::<u8>().map_err(e)?),
+        DType::BF16 => (
+            "<f4",
+            flat.to_dtype(DType::F32)
+                .map_err(e)?
+                .to_vec1::<f32>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        DType::I64 => (
+            "<i8",
+            flat.to_vec1::<i64>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        DType::I32 => (
+            "<i4",
+            flat.to_vec1::<i32>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        DType::U8 => (
+            if bool_ { "|b1" } else { "|u1" },
+            flat.to_vec1::<u8>().map_err(e)?,
+        ),
         d => return Err(format!("cannot write a {d:?} tensor to .npy")),
     };
     let shape: Vec<String> = t.dims().iter().map(|d| d.to_string()).collect();
@@ -73,12 +124,17 @@ pub fn write_npz(path: &Path, arrays: &[(String, Vec<u8>)]) -> Result<(), String
     let mut zw = zip::ZipWriter::new(file);
     let opts = zip::write::SimpleFileOptions::default()
         .compression_method(zip::CompressionMethod::Stored)
-        .large_file(arrays.iter().any(|(_, b)| b.len() as u64 >= u32::MAX as u64));
+        .large_file(
+            arrays
+                .iter()
+                .any(|(_, b)| b.len() as u64 >= u32::MAX as u64),
+        );
     for (name, bytes) in arrays {
         zw.start_file(format!("{name}.npy"), opts)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         zw.write_all(bytes).map_err(io)?;
     }
-    zw.finish().map_err(|e| format!("{}: {e}", path.display()))?;
+    zw.finish()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     std::fs::rename(&tmp, path).map_err(io)
 }

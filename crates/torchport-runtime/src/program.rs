@@ -73,11 +73,17 @@ impl Program {
         let mut inputs = Vec::new();
         for spec in specs {
             let (arg, fqn) = match spec {
-                InputSpec::Parameter { arg, parameter_name } => (arg, parameter_name),
-                InputSpec::Buffer { arg, buffer_name, .. } => (arg, buffer_name),
-                InputSpec::TensorConstant { arg, tensor_constant_name } => {
-                    (arg, tensor_constant_name)
-                }
+                InputSpec::Parameter {
+                    arg,
+                    parameter_name,
+                } => (arg, parameter_name),
+                InputSpec::Buffer {
+                    arg, buffer_name, ..
+                } => (arg, buffer_name),
+                InputSpec::TensorConstant {
+                    arg,
+                    tensor_constant_name,
+                } => (arg, tensor_constant_name),
                 InputSpec::UserInput { arg } => {
                     let Argument::AsTensor(t) = arg else {
                         return Err(Error::Program(format!(
@@ -91,7 +97,9 @@ impl Program {
                     inputs.push(input_info(&t.name, meta));
                     continue;
                 }
-                InputSpec::CustomObj { custom_obj_name, .. } => {
+                InputSpec::CustomObj {
+                    custom_obj_name, ..
+                } => {
                     return Err(Error::Program(format!(
                         "custom object input '{custom_obj_name}' is not supported"
                     )))
@@ -173,11 +181,17 @@ impl Program {
     pub fn ops(&self) -> Vec<OpUse> {
         let mut m: BTreeMap<String, (usize, bool)> = BTreeMap::new();
         for (node, k) in self.ep.graph_module.graph.nodes.iter().zip(&self.kernels) {
-            let e = m.entry(op_key(&node.target).to_string()).or_insert((0, k.is_some()));
+            let e = m
+                .entry(op_key(&node.target).to_string())
+                .or_insert((0, k.is_some()));
             e.0 += 1;
         }
         m.into_iter()
-            .map(|(op, (count, supported))| OpUse { op, count, supported })
+            .map(|(op, (count, supported))| OpUse {
+                op,
+                count,
+                supported,
+            })
             .collect()
     }
 
@@ -230,7 +244,10 @@ impl Program {
             .map(|o| match o {
                 Argument::AsTensor(t) => {
                     let Some(Value::Tensor(v)) = env.get(&t.name) else {
-                        return Err(Error::Program(format!("output '{}' was never computed", t.name)));
+                        return Err(Error::Program(format!(
+                            "output '{}' was never computed",
+                            t.name
+                        )));
                     };
                     match tv.get(&t.name) {
                         Some(m) => dtype::to_declared(v, m.dtype)
@@ -316,7 +333,10 @@ fn check_input(i: usize, info: &InputInfo, t: &Tensor) -> Result<Tensor> {
             }
         }
     }
-    let is_float = matches!(t.dtype(), DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    let is_float = matches!(
+        t.dtype(),
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64
+    );
     let st = info.dtype;
     let ok = if dtype::is_float(st) {
         is_float
@@ -394,7 +414,10 @@ fn bind_outputs(
     let base = op.split('.').nth(1).unwrap_or("");
     if base.ends_with('_') && !base.starts_with('_') {
         if let (Some(Argument::AsTensor(src)), Some(Argument::AsTensor(dst))) = (
-            node.inputs.iter().find(|a| a.name == "self").map(|a| &a.arg),
+            node.inputs
+                .iter()
+                .find(|a| a.name == "self")
+                .map(|a| &a.arg),
             node.outputs.first(),
         ) {
             if let Some(v) = env.get(&dst.name).cloned() {

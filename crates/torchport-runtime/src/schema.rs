@@ -354,13 +354,34 @@ pub struct GraphSignature {
 #[serde(rename_all = "snake_case")]
 #[allow(missing_docs)]
 pub enum InputSpec {
-    UserInput { arg: Argument },
-    Parameter { arg: TensorArgument, parameter_name: String },
-    Buffer { arg: TensorArgument, buffer_name: String, #[serde(default)] persistent: Option<bool> },
-    TensorConstant { arg: TensorArgument, tensor_constant_name: String },
-    CustomObj { arg: CustomObjArgument, custom_obj_name: String },
-    Token { arg: serde_json::Value },
-    ConstantInput { name: String, value: serde_json::Value },
+    UserInput {
+        arg: Argument,
+    },
+    Parameter {
+        arg: TensorArgument,
+        parameter_name: String,
+    },
+    Buffer {
+        arg: TensorArgument,
+        buffer_name: String,
+        #[serde(default)]
+        persistent: Option<bool>,
+    },
+    TensorConstant {
+        arg: TensorArgument,
+        tensor_constant_name: String,
+    },
+    CustomObj {
+        arg: CustomObjArgument,
+        custom_obj_name: String,
+    },
+    Token {
+        arg: serde_json::Value,
+    },
+    ConstantInput {
+        name: String,
+        value: serde_json::Value,
+    },
 }
 
 /// The role of one graph output.
@@ -368,14 +389,35 @@ pub enum InputSpec {
 #[serde(rename_all = "snake_case")]
 #[allow(missing_docs)]
 pub enum OutputSpec {
-    UserOutput { arg: Argument },
-    LossOutput { arg: TensorArgument },
-    BufferMutation { arg: TensorArgument, buffer_name: String },
-    GradientToParameter { arg: TensorArgument, parameter_name: String },
-    GradientToUserInput { arg: TensorArgument, user_input_name: String },
-    UserInputMutation { arg: TensorArgument, user_input_name: String },
-    Token { arg: serde_json::Value },
-    ParameterMutation { arg: TensorArgument, parameter_name: String },
+    UserOutput {
+        arg: Argument,
+    },
+    LossOutput {
+        arg: TensorArgument,
+    },
+    BufferMutation {
+        arg: TensorArgument,
+        buffer_name: String,
+    },
+    GradientToParameter {
+        arg: TensorArgument,
+        parameter_name: String,
+    },
+    GradientToUserInput {
+        arg: TensorArgument,
+        user_input_name: String,
+    },
+    UserInputMutation {
+        arg: TensorArgument,
+        user_input_name: String,
+    },
+    Token {
+        arg: serde_json::Value,
+    },
+    ParameterMutation {
+        arg: TensorArgument,
+        parameter_name: String,
+    },
 }
 
 /// `PayloadConfig` (`data/weights/model_weights_config.json`, `data/constants/…`): FQN → payload.

@@ -30,7 +30,10 @@ pub fn register(r: &mut Registry) {
     for n in ["aten.hardsigmoid.default", "aten.hardsigmoid_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
-            one(x.affine(1.0, 3.0)?.clamp(0f32, 6f32)?.affine(1.0 / 6.0, 0.0)?)
+            one(x
+                .affine(1.0, 3.0)?
+                .clamp(0f32, 6f32)?
+                .affine(1.0 / 6.0, 0.0)?)
         });
     }
     for n in ["aten.sigmoid.default", "aten.sigmoid_.default"] {

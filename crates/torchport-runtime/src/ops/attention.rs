@@ -13,7 +13,10 @@ use crate::value::{one, Args, Outputs, Value};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.scaled_dot_product_attention.default", sdpa);
-    r.add("aten._scaled_dot_product_flash_attention_for_cpu.default", sdpa);
+    r.add(
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        sdpa,
+    );
 }
 
 /// softmax(q kᵀ · scale + mask) v over the last two dims; q: [..., L, E], k/v: [..., S, E].

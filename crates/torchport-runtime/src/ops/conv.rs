@@ -47,22 +47,32 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
     let stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
     let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
     let padding = match a.get("padding") {
-        Some(crate::schema::Argument::AsString(s)) => match s.as_str() {
-            "valid" => [0, 0],
-            "same" => {
-                let k = &w.dims()[2..];
-                let (kh, kw) = if one_d { (1, k[0]) } else { (k[0], k[1]) };
-                if stride != [1, 1] || (kh - 1) * dilation[0] % 2 == 1 || (kw - 1) * dilation[1] % 2 == 1 {
-                    op_bail!("padding='same' is supported only for stride 1 and odd effective kernels");
+        Some(crate::schema::Argument::AsString(s)) => {
+            match s.as_str() {
+                "valid" => [0, 0],
+                "same" => {
+                    let k = &w.dims()[2..];
+                    let (kh, kw) = if one_d { (1, k[0]) } else { (k[0], k[1]) };
+                    if stride != [1, 1]
+                        || (kh - 1) * dilation[0] % 2 == 1
+                        || (kw - 1) * dilation[1] % 2 == 1
+                    {
+                        op_bail!("padding='same' is supported only for stride 1 and odd effective kernels");
+                    }
+                    [(kh - 1) * dilation[0] / 2, (kw - 1) * dilation[1] / 2]
                 }
-                [(kh - 1) * dilation[0] / 2, (kw - 1) * dilation[1] / 2]
+                p => op_bail!("padding '{p}' is not supported"),
             }
-            p => op_bail!("padding '{p}' is not supported"),
-        },
+        }
         _ => pair(&a.ints_or("padding", &[0])?, "padding", one_d)?,
     };
     let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
-    let p = Params { stride, padding, dilation, groups };
+    let p = Params {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
     one(conv(&x, &w, b.as_ref(), &p)?)
 }
 
@@ -81,7 +91,10 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
         (x.clone(), w.clone())
     };
     if x.rank() != 4 || w.rank() != 4 {
-        op_bail!("convolution expects a batched input, got shape {:?}", x.dims());
+        op_bail!(
+            "convolution expects a batched input, got shape {:?}",
+            x.dims()
+        );
     }
     let cin = x.dims()[1];
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
@@ -227,7 +240,11 @@ fn conv_transpose2d(
     let ow = full_w - 2 * padding[1];
     // cols[(co, kh, kw), (h, w)] = W^T x, then col2im.
     let xm = x.contiguous()?.reshape((n, ci, h * wd))?;
-    let wm = w.contiguous()?.reshape((ci, co * kh * kw))?.t()?.contiguous()?;
+    let wm = w
+        .contiguous()?
+        .reshape((ci, co * kh * kw))?
+        .t()?
+        .contiguous()?;
     let cols = wm.broadcast_matmul(&xm)?; // [n, co*kh*kw, h*w]
     let cols = f32_vec(&cols)?;
     let mut out = vec![0f32; n * co * oh * ow];

@@ -13,7 +13,12 @@ pub fn register(r: &mut Registry) {
     for n in ["aten.add.Tensor", "aten.add.Scalar"] {
         r.add(n, add);
     }
-    for n in ["aten.sub.Tensor", "aten.sub.Scalar", "aten.rsub.Scalar", "aten.rsub.Tensor"] {
+    for n in [
+        "aten.sub.Tensor",
+        "aten.sub.Scalar",
+        "aten.rsub.Scalar",
+        "aten.rsub.Tensor",
+    ] {
         r.add(n, sub);
     }
     r.add("aten.mul.Tensor", mul);
@@ -49,21 +54,39 @@ pub fn register(r: &mut Registry) {
     r.add("aten.bitwise_or.Tensor", logical_or);
     r.add("aten.neg.default", |a| one(a.tensor("self")?.neg()?));
     r.add("aten.abs.default", |a| one(a.tensor("self")?.abs()?));
-    r.add("aten.exp.default", |a| one(float(&a.tensor("self")?)?.exp()?));
-    r.add("aten.log.default", |a| one(float(&a.tensor("self")?)?.log()?));
-    r.add("aten.sqrt.default", |a| one(float(&a.tensor("self")?)?.sqrt()?));
+    r.add("aten.exp.default", |a| {
+        one(float(&a.tensor("self")?)?.exp()?)
+    });
+    r.add("aten.log.default", |a| {
+        one(float(&a.tensor("self")?)?.log()?)
+    });
+    r.add("aten.sqrt.default", |a| {
+        one(float(&a.tensor("self")?)?.sqrt()?)
+    });
     r.add("aten.rsqrt.default", |a| {
         one(float(&a.tensor("self")?)?.sqrt()?.recip()?)
     });
     r.add("aten.reciprocal.default", |a| {
         one(float(&a.tensor("self")?)?.recip()?)
     });
-    r.add("aten.sin.default", |a| one(float(&a.tensor("self")?)?.sin()?));
-    r.add("aten.cos.default", |a| one(float(&a.tensor("self")?)?.cos()?));
-    r.add("aten.tanh.default", |a| one(float(&a.tensor("self")?)?.tanh()?));
-    r.add("aten.erf.default", |a| one(float(&a.tensor("self")?)?.erf()?));
-    r.add("aten.floor.default", |a| one(float(&a.tensor("self")?)?.floor()?));
-    r.add("aten.ceil.default", |a| one(float(&a.tensor("self")?)?.ceil()?));
+    r.add("aten.sin.default", |a| {
+        one(float(&a.tensor("self")?)?.sin()?)
+    });
+    r.add("aten.cos.default", |a| {
+        one(float(&a.tensor("self")?)?.cos()?)
+    });
+    r.add("aten.tanh.default", |a| {
+        one(float(&a.tensor("self")?)?.tanh()?)
+    });
+    r.add("aten.erf.default", |a| {
+        one(float(&a.tensor("self")?)?.erf()?)
+    });
+    r.add("aten.floor.default", |a| {
+        one(float(&a.tensor("self")?)?.floor()?)
+    });
+    r.add("aten.ceil.default", |a| {
+        one(float(&a.tensor("self")?)?.ceil()?)
+    });
     r.add("aten.where.self", where_self);
     r.add("aten.where.ScalarOther", where_self);
     r.add("aten.where.ScalarSelf", where_self);
@@ -114,7 +137,9 @@ fn identity(a: &Args) -> OpResult<Outputs> {
 
 /// Broadcast two tensors of one dtype to their common shape.
 pub fn broadcast2(a: &Tensor, b: &Tensor) -> OpResult<(Tensor, Tensor)> {
-    let s = a.shape().broadcast_shape_binary_op(b.shape(), "broadcast")?;
+    let s = a
+        .shape()
+        .broadcast_shape_binary_op(b.shape(), "broadcast")?;
     Ok((a.broadcast_as(&s)?, b.broadcast_as(&s)?))
 }
 
@@ -184,11 +209,15 @@ fn pow(a: &Args) -> OpResult<Outputs> {
         }
     }
     let t = float(&t)?;
-    one(match e.as_f64() {
-        x if x == 2.0 => t.sqr()?,
-        x if x == 0.5 => t.sqrt()?,
-        x if x == 1.0 => t,
-        x => t.powf(x)?,
+    let x = e.as_f64();
+    one(if x == 2.0 {
+        t.sqr()?
+    } else if x == 0.5 {
+        t.sqrt()?
+    } else if x == 1.0 {
+        t
+    } else {
+        t.powf(x)?
     })
 }
 

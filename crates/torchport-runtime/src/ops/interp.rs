@@ -20,7 +20,10 @@ pub fn register(r: &mut Registry) {
 /// Output sizes and the optional user scale factors of an upsample call.
 fn sizes(a: &Args, x: &Tensor) -> OpResult<([usize; 2], [Option<f64>; 2])> {
     if x.rank() != 4 {
-        op_bail!("2-d upsampling expects a 4-d input, got shape {:?}", x.dims());
+        op_bail!(
+            "2-d upsampling expects a 4-d input, got shape {:?}",
+            x.dims()
+        );
     }
     let (h, w) = (x.dims()[2], x.dims()[3]);
     let input_name = if a.has("input") { "input" } else { "self" };
@@ -31,10 +34,16 @@ fn sizes(a: &Args, x: &Tensor) -> OpResult<([usize; 2], [Option<f64>; 2])> {
         None => [a.opt_float("scales_h")?, a.opt_float("scales_w")?],
     };
     let out = match a.opt_ints("output_size")? {
-        Some(v) if v.len() == 2 => [usize_of(v[0], "output size")?, usize_of(v[1], "output size")?],
+        Some(v) if v.len() == 2 => [
+            usize_of(v[0], "output size")?,
+            usize_of(v[1], "output size")?,
+        ],
         Some(v) => op_bail!("output_size {v:?} must have 2 values"),
         None => match scales {
-            [Some(sh), Some(sw)] => [(h as f64 * sh).floor() as usize, (w as f64 * sw).floor() as usize],
+            [Some(sh), Some(sw)] => [
+                (h as f64 * sh).floor() as usize,
+                (w as f64 * sw).floor() as usize,
+            ],
             _ => op_bail!("upsample needs output_size or scale_factors"),
         },
     };

@@ -99,6 +99,10 @@ fn addmm(a: &Args) -> OpResult<Outputs> {
     if beta == 0.0 {
         return one(p);
     }
-    let b = if beta == 1.0 { bias } else { bias.affine(beta, 0.0)? };
+    let b = if beta == 1.0 {
+        bias
+    } else {
+        bias.affine(beta, 0.0)?
+    };
     one(p.broadcast_add(&b)?)
 }

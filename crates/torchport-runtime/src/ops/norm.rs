@@ -11,9 +11,15 @@ use crate::value::{one, Args, Outputs, Value};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.batch_norm.default", batch_norm);
-    r.add("aten._native_batch_norm_legit_no_training.default", batch_norm);
+    r.add(
+        "aten._native_batch_norm_legit_no_training.default",
+        batch_norm,
+    );
     r.add("aten.native_batch_norm.default", batch_norm);
-    r.add("aten._native_batch_norm_legit_functional.default", batch_norm);
+    r.add(
+        "aten._native_batch_norm_legit_functional.default",
+        batch_norm,
+    );
     r.add("aten.layer_norm.default", layer_norm);
     r.add("aten.native_layer_norm.default", layer_norm);
     r.add("aten.group_norm.default", group_norm);
@@ -108,7 +114,11 @@ fn group_norm(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let native = a.node().target.contains("native_group_norm");
     let groups = usize_of(
-        if native { a.int("group")? } else { a.int("num_groups")? },
+        if native {
+            a.int("group")?
+        } else {
+            a.int("num_groups")?
+        },
         "num_groups",
     )?;
     let eps = a.float_or("eps", 1e-5)?;

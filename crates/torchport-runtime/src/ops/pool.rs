@@ -27,7 +27,14 @@ fn two(v: &[i64], what: &str) -> OpResult<[usize; 2]> {
 }
 
 /// Output length of a pooling window along one dim (ATen's `pooling_output_shape`).
-fn pool_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize, ceil: bool) -> OpResult<usize> {
+fn pool_len(
+    len: usize,
+    k: usize,
+    pad: usize,
+    stride: usize,
+    dil: usize,
+    ceil: bool,
+) -> OpResult<usize> {
     if stride == 0 || k == 0 {
         op_bail!("pooling kernel and stride must be positive");
     }
@@ -39,7 +46,11 @@ fn pool_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize, ceil: b
         op_bail!("the pooling window is larger than the padded input");
     }
     let s = stride as i64;
-    let mut out = if ceil { (num + s - 1) / s + 1 } else { num / s + 1 };
+    let mut out = if ceil {
+        (num + s - 1) / s + 1
+    } else {
+        num / s + 1
+    };
     if ceil && (out - 1) * s >= (len + pad) as i64 {
         out -= 1;
     }
@@ -49,7 +60,10 @@ fn pool_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize, ceil: b
 /// Input as [planes, H, W] f32 data plus its leading dims (N, C or just C).
 fn planes(x: &Tensor) -> OpResult<(Vec<f32>, Vec<usize>, usize, usize)> {
     if x.rank() != 3 && x.rank() != 4 {
-        op_bail!("2-d pooling expects a 3-d or 4-d input, got shape {:?}", x.dims());
+        op_bail!(
+            "2-d pooling expects a 3-d or 4-d input, got shape {:?}",
+            x.dims()
+        );
     }
     let r = x.rank();
     let (h, w) = (x.dims()[r - 2], x.dims()[r - 1]);

@@ -35,7 +35,11 @@ fn config(a: &Args) -> OpResult<Config> {
     }
     Ok(Config {
         layers: usize_of(a.int("num_layers")?, "num_layers")?,
-        dirs: if a.bool_or("bidirectional", false)? { 2 } else { 1 },
+        dirs: if a.bool_or("bidirectional", false)? {
+            2
+        } else {
+            1
+        },
         has_biases: a.bool_or("has_biases", true)?,
         batch_first: a.bool_or("batch_first", false)?,
     })
@@ -102,7 +106,10 @@ fn rnn(a: &Args, cell: Cell) -> OpResult<Outputs> {
     let cfg = config(a)?;
     let mut x = float(&a.tensor("input")?)?;
     if x.rank() != 3 {
-        op_bail!("unbatched recurrent input (shape {:?}) is not supported", x.dims());
+        op_bail!(
+            "unbatched recurrent input (shape {:?}) is not supported",
+            x.dims()
+        );
     }
     if cfg.batch_first {
         x = x.transpose(0, 1)?.contiguous()?;

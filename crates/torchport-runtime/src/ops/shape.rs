@@ -87,7 +87,7 @@ pub fn infer_shape(shape: &[i64], numel: usize) -> OpResult<Vec<usize>> {
     }
     let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
     if let Some(i) = hole {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || numel / known * known != numel {
             op_bail!("shape {shape:?} is invalid for {numel} elements");
         }
         out[i] = numel / known;
@@ -99,7 +99,10 @@ pub fn infer_shape(shape: &[i64], numel: usize) -> OpResult<Vec<usize>> {
 
 fn view(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
-    let shape = infer_shape(&a.ints(if a.has("size") { "size" } else { "shape" })?, t.elem_count())?;
+    let shape = infer_shape(
+        &a.ints(if a.has("size") { "size" } else { "shape" })?,
+        t.elem_count(),
+    )?;
     one(t.reshape(shape)?)
 }
 
@@ -160,7 +163,10 @@ fn expand(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let size = a.ints("size")?;
     if size.len() < t.rank() {
-        op_bail!("expand to {size:?} has fewer dims than the tensor ({:?})", t.dims());
+        op_bail!(
+            "expand to {size:?} has fewer dims than the tensor ({:?})",
+            t.dims()
+        );
     }
     let lead = size.len() - t.rank();
     let shape = size
@@ -395,13 +401,13 @@ fn arange(a: &Args) -> OpResult<Outputs> {
     };
     let step = a.scalar_or("step", Scalar::Int(1))?;
     let is_int = |s: Scalar| matches!(s, Scalar::Int(_));
-    let st = a.opt_scalar_type("dtype")?.unwrap_or(
-        if is_int(start) && is_int(end) && is_int(step) {
-            dtype::LONG
-        } else {
-            dtype::FLOAT
-        },
-    );
+    let st =
+        a.opt_scalar_type("dtype")?
+            .unwrap_or(if is_int(start) && is_int(end) && is_int(step) {
+                dtype::LONG
+            } else {
+                dtype::FLOAT
+            });
     let (s, e, k) = (start.as_f64(), end.as_f64(), step.as_f64());
     if k == 0.0 {
         op_bail!("arange step must be non-zero");
