@@ -224,9 +224,11 @@ fn pow(a: &Args) -> OpResult<Outputs> {
 fn pow_tt(a: &Args) -> OpResult<Outputs> {
     let (b, e) = operands(a, "self", "exponent")?;
     let (b, e) = broadcast2(&float(&b)?, &float(&e)?)?;
-    // b^e = exp(e * ln|b|), with the sign of b for odd integer e: handled by the caller's
-    // models only for positive bases; keep torch's NaN for negative bases otherwise.
-    one(b.log()?.mul(&e)?.exp()?)
+    let shape = b.dims().to_vec();
+    let (bv, ev) = (super::f32_vec(&b)?, super::f32_vec(&e)?);
+    // f32::powf follows C pow: negative bases with integral exponents are real.
+    let v: Vec<f32> = bv.iter().zip(&ev).map(|(x, y)| x.powf(*y)).collect();
+    one(super::from_f32(v, &shape)?)
 }
 
 fn maximum(a: &Args) -> OpResult<Outputs> {
