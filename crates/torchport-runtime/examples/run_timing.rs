@@ -4,6 +4,7 @@
 //! cargo run --release -p torchport-runtime --example run_timing -- MODEL.pt2 X.npy [Y.npy ...] --runs 20
 //! ```
 //! Prints one JSON line: {"load_ms", "median_ms", "min_ms", "runs"}. Threads: RAYON_NUM_THREADS.
+//! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr).
 
 use std::time::Instant;
 
@@ -36,6 +37,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
+    if std::env::var_os("TORCHPORT_PROFILE").is_some() {
+        let (_, ops) = program.profile(&inputs)?;
+        for o in ops.iter().take(12) {
+            eprintln!("{:>9.2} ms {:>4}x {}", o.total.as_secs_f64() * 1e3, o.count, o.op);
+        }
+    }
     println!(
         "{{\"load_ms\": {load_ms:.2}, \"median_ms\": {:.3}, \"min_ms\": {:.3}, \"runs\": {runs}}}",
         times[times.len() / 2],

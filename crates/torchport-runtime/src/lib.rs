@@ -26,7 +26,7 @@ pub mod value;
 
 pub use error::{Error, Result};
 pub use ops::Registry;
-pub use program::{InputInfo, OpUse, Program};
+pub use program::{InputInfo, OpTime, OpUse, Program};
 
 /// Re-export of the candle crate the runtime computes with.
 pub use candle_core;

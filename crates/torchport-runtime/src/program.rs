@@ -23,6 +23,17 @@ pub struct OpUse {
     pub supported: bool,
 }
 
+/// Time spent in one operator during [`Program::profile`].
+#[derive(Debug, Clone)]
+pub struct OpTime {
+    /// The overload.
+    pub op: String,
+    /// Total time in its kernels.
+    pub total: std::time::Duration,
+    /// Nodes run.
+    pub count: usize,
+}
+
 /// What a user input of the program expects.
 #[derive(Debug, Clone)]
 pub struct InputInfo {
@@ -205,6 +216,24 @@ impl Program {
     /// inputs any integer dtype; bool inputs u8. Outputs come back in their declared dtype where
     /// candle has it (f32, f16, bf16, f64, i64, i32), bool as u8 0/1.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.run_inner(inputs, None)
+    }
+
+    /// Run like [`Program::run`] and also return the time spent in each operator (total,
+    /// node count), slowest first: what to look at before optimizing.
+    pub fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<OpTime>)> {
+        let mut times: HashMap<String, OpTime> = HashMap::new();
+        let out = self.run_inner(inputs, Some(&mut times))?;
+        let mut v: Vec<OpTime> = times.into_values().collect();
+        v.sort_by(|a, b| b.total.cmp(&a.total));
+        Ok((out, v))
+    }
+
+    fn run_inner(
+        &self,
+        inputs: &[Tensor],
+        mut times: Option<&mut HashMap<String, OpTime>>,
+    ) -> Result<Vec<Tensor>> {
         if !self.unsupported.is_empty() {
             return Err(Error::UnsupportedOps(self.unsupported.clone()));
         }
@@ -232,7 +261,18 @@ impl Program {
             let Some(kernel) = self.kernels[i] else {
                 return Err(Error::UnsupportedOps(vec![node.target.clone()]));
             };
+            let start = times.as_ref().map(|_| std::time::Instant::now());
             let outs = kernel(&Args::new(node, &env)).map_err(|e| op_err(e.0))?;
+            if let (Some(t), Some(start)) = (times.as_deref_mut(), start) {
+                let key = op_key(&node.target);
+                let e = t.entry(key.to_string()).or_insert_with(|| OpTime {
+                    op: key.to_string(),
+                    total: std::time::Duration::ZERO,
+                    count: 0,
+                });
+                e.total += start.elapsed();
+                e.count += 1;
+            }
             bind_outputs(node, outs, &mut env).map_err(op_err)?;
             for dead in &self.frees[i] {
                 env.remove(dead);

@@ -54,7 +54,7 @@ fn batch_norm(a: &Args) -> OpResult<Outputs> {
     if let Some(b) = a.opt_tensor("bias")? {
         shift = shift.broadcast_add(&per_channel(&b, r)?)?;
     }
-    let y = x.broadcast_mul(&scale)?.broadcast_add(&shift)?;
+    let y = scale_shift(&x, &scale, &shift)?;
     if target.contains("aten.batch_norm.") {
         return one(y);
     }
@@ -65,6 +65,26 @@ fn batch_norm(a: &Args) -> OpResult<Outputs> {
         Value::Tensor(empty.clone()),
         Value::Tensor(empty),
     ])
+}
+
+/// `x * scale[c] + shift[c]` over channel dim 1, in one pass over contiguous data.
+fn scale_shift(x: &Tensor, scale: &Tensor, shift: &Tensor) -> OpResult<Tensor> {
+    let dims = x.dims().to_vec();
+    let c = dims.get(1).copied().unwrap_or(1);
+    let inner: usize = dims.iter().skip(2).product();
+    let (sc, sh) = (super::f32_vec(scale)?, super::f32_vec(shift)?);
+    if sc.len() != c || sh.len() != c || dims.len() < 2 {
+        return Ok(x.broadcast_mul(scale)?.broadcast_add(shift)?);
+    }
+    let mut v = super::f32_vec(x)?;
+    for (i, plane) in v.chunks_mut(inner.max(1)).enumerate() {
+        let ch = i % c;
+        let (a, b) = (sc[ch], sh[ch]);
+        for e in plane {
+            *e = *e * a + b;
+        }
+    }
+    super::from_f32(v, &dims)
 }
 
 /// Normalize `x` over its last `k` dims: returns (y, mean, rstd) with mean/rstd keeping dims.
