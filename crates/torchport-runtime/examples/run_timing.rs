@@ -40,7 +40,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("TORCHPORT_PROFILE").is_some() {
         let (_, ops) = program.profile(&inputs)?;
         for o in ops.iter().take(12) {
-            eprintln!("{:>9.2} ms {:>4}x {}", o.total.as_secs_f64() * 1e3, o.count, o.op);
+            eprintln!(
+                "{:>9.2} ms {:>4}x {}",
+                o.total.as_secs_f64() * 1e3,
+                o.count,
+                o.op
+            );
         }
     }
     println!(

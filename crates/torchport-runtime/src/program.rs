@@ -225,7 +225,7 @@ impl Program {
         let mut times: HashMap<String, OpTime> = HashMap::new();
         let out = self.run_inner(inputs, Some(&mut times))?;
         let mut v: Vec<OpTime> = times.into_values().collect();
-        v.sort_by(|a, b| b.total.cmp(&a.total));
+        v.sort_by_key(|o| std::cmp::Reverse(o.total));
         Ok((out, v))
     }
 
