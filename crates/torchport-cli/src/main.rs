@@ -9,9 +9,12 @@ mod convert;
 mod diff;
 mod inspect;
 mod match_cmd;
+mod ops;
+mod run;
 mod table;
 
-/// Read PyTorch files in pure Rust: inspect, convert and compare checkpoints.
+/// Read PyTorch files in pure Rust: inspect, convert, compare and adapt checkpoints, and run
+/// exported programs.
 #[derive(Parser)]
 #[command(name = "torchport", version, about)]
 struct Cli {
@@ -34,6 +37,11 @@ enum Command {
     /// matched, missing, unused and mismatched tensors, with suggested rules.
     /// Exit 0 when all match, 1 when not, 2 on error.
     Match(match_cmd::Args),
+    /// Run an exported program (.pt2 from torch.export.save) on .npy inputs; write an .npz.
+    Run(run::Args),
+    /// List every operator an exported program uses and whether `run` supports it
+    /// (exit 1 if any is unsupported).
+    Ops(ops::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +51,8 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(&args),
         Command::Diff(args) => diff::run(&args),
         Command::Match(args) => match_cmd::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Ops(args) => ops::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,55 @@
+//! `torchport run MODEL --input X.npy [--input Y.npy ...] --output OUT.npz`: run an exported
+//! program (`.pt2`) on `.npy` inputs (positional, in order) and write its outputs as
+//! `output_0`, `output_1`, … to an `.npz`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use torchport_runtime::npy::{npy_bytes, read_npy, write_npz};
+use torchport_runtime::{dtype, Program};
+
+/// Arguments of `run`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The exported program (`.pt2` written by `torch.export.save`).
+    model: PathBuf,
+    /// An input array (`.npy`), once per user input, in the program's order.
+    #[arg(long = "input", value_name = "X.npy")]
+    inputs: Vec<PathBuf>,
+    /// Where to write the outputs (`.npz`, arrays `output_0`, `output_1`, …).
+    #[arg(long, value_name = "OUT.npz")]
+    output: PathBuf,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let program = Program::load(&args.model)?;
+    if !program.unsupported_ops().is_empty() {
+        anyhow::bail!(
+            "{}: the program uses operators torchport cannot run yet: {} (see `torchport ops`)",
+            args.model.display(),
+            program.unsupported_ops().join(", ")
+        );
+    }
+    let inputs = args
+        .inputs
+        .iter()
+        .map(|p| read_npy(p).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let outputs = program
+        .run(&inputs)
+        .map_err(|e| anyhow::anyhow!("running {}: {e}", args.model.display()))?;
+    let dtypes = program.output_dtypes();
+    let arrays = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let is_bool = dtypes.get(i).copied().flatten() == Some(dtype::BOOL);
+            Ok((
+                format!("output_{i}"),
+                npy_bytes(t, is_bool).map_err(anyhow::Error::msg)?,
+            ))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    write_npz(&args.output, &arrays).map_err(anyhow::Error::msg)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,127 @@
+//! `torchport run` and `torchport ops` through the real binary, on the export fixtures.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use torchport_runtime::npy::{read_arrays, read_npy};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn torchport(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_torchport"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run torchport")
+}
+
+const EXPORT: &str = "tests/fixtures/export";
+
+#[test]
+fn run_writes_outputs_that_match_torch() {
+    let dir = std::env::temp_dir().join(format!("torchport-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("bert.npz");
+    let o = torchport(&[
+        "run",
+        &format!("{EXPORT}/bert.decomp.pt2"),
+        "--input",
+        &format!("{EXPORT}/bert.input_0.npy"),
+        "--input",
+        &format!("{EXPORT}/bert.input_1.npy"),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let arrays = read_arrays(&out).unwrap();
+    let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["output_0", "output_1"]);
+    for (i, (_, got)) in arrays.iter().enumerate() {
+        let want = read_npy(&root().join(format!("{EXPORT}/bert.output_{i}.npy"))).unwrap();
+        assert_eq!(got.dims(), want.dims());
+        let diff = (got - &want).unwrap().abs().unwrap().max_all().unwrap();
+        assert!(diff.to_scalar::<f32>().unwrap() < 1e-4, "output_{i}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn run_with_a_missing_input_is_one_error_line() {
+    let o = torchport(&[
+        "run",
+        &format!("{EXPORT}/bert.plain.pt2"),
+        "--input",
+        &format!("{EXPORT}/bert.input_0.npy"),
+        "--output",
+        "/nonexistent/out.npz",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with("error: running tests/fixtures/export/bert.plain.pt2: "),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the program takes 2 input(s) but 1 were given"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ops_lists_every_op_and_support() {
+    let o = torchport(&["ops", &format!("{EXPORT}/resnet.decomp.pt2")]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    let conv = text
+        .lines()
+        .find(|l| l.starts_with("aten.convolution.default"))
+        .unwrap();
+    let cols: Vec<&str> = conv.split_whitespace().collect();
+    assert_eq!(cols, ["aten.convolution.default", "14", "yes"]);
+    assert!(text.trim_end().ends_with("all supported"), "{text}");
+}
+
+#[test]
+fn ops_exits_1_on_unsupported() {
+    let o = torchport(&["ops", &format!("{EXPORT}/bad_unknown_op.pt2"), "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["unsupported"],
+        serde_json::json!(["aten.frobnicate.default"])
+    );
+    let op = v["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == "aten.frobnicate.default")
+        .unwrap();
+    assert_eq!(op["supported"], false);
+    assert_eq!(op["count"], 1);
+}
+
+#[test]
+fn run_refuses_a_program_with_unsupported_ops() {
+    let o = torchport(&[
+        "run",
+        &format!("{EXPORT}/bad_unknown_op.pt2"),
+        "--input",
+        &format!("{EXPORT}/tiny.input_0.npy"),
+        "--output",
+        "/tmp/never.npz",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("aten.frobnicate.default (see `torchport ops`)"),
+        "{err}"
+    );
+}

@@ -1,0 +1,138 @@
+//! Torch `ScalarType` enum ints (schema.py) ↔ names, and the runtime's dtype policy:
+//! floats compute in f32, integers in i64, bools as u8 0/1.
+
+use candle_core::{DType, Tensor};
+
+use crate::error::{OpError, OpResult};
+
+/// Torch's `ScalarType` as serialized in programs (schema.py `ScalarType`).
+pub type ScalarType = i64;
+
+/// `torch.uint8`.
+pub const BYTE: ScalarType = 1;
+/// `torch.int8`.
+pub const CHAR: ScalarType = 2;
+/// `torch.int16`.
+pub const SHORT: ScalarType = 3;
+/// `torch.int32`.
+pub const INT: ScalarType = 4;
+/// `torch.int64`.
+pub const LONG: ScalarType = 5;
+/// `torch.float16`.
+pub const HALF: ScalarType = 6;
+/// `torch.float32`.
+pub const FLOAT: ScalarType = 7;
+/// `torch.float64`.
+pub const DOUBLE: ScalarType = 8;
+/// `torch.bool`.
+pub const BOOL: ScalarType = 12;
+/// `torch.bfloat16`.
+pub const BFLOAT16: ScalarType = 13;
+
+/// The torch name (without `torch.`) of a serialized dtype, e.g. `float32`.
+pub fn name(st: ScalarType) -> &'static str {
+    match st {
+        1 => "uint8",
+        2 => "int8",
+        3 => "int16",
+        4 => "int32",
+        5 => "int64",
+        6 => "float16",
+        7 => "float32",
+        8 => "float64",
+        9 => "complex32",
+        10 => "complex64",
+        11 => "complex128",
+        12 => "bool",
+        13 => "bfloat16",
+        28 => "uint16",
+        29 => "float8_e4m3fn",
+        30 => "float8_e5m2",
+        31 => "float8_e4m3fnuz",
+        32 => "float8_e5m2fnuz",
+        33 => "float8_e8m0fnu",
+        34 => "uint32",
+        35 => "uint64",
+        _ => "unknown",
+    }
+}
+
+/// Whether the dtype is a floating type the runtime computes (f16, bf16, f32, f64).
+pub fn is_float(st: ScalarType) -> bool {
+    matches!(st, HALF | FLOAT | DOUBLE | BFLOAT16)
+}
+
+/// Whether the dtype is an integer type the runtime holds as i64.
+pub fn is_int(st: ScalarType) -> bool {
+    matches!(st, BYTE | CHAR | SHORT | INT | LONG | 28 | 34 | 35)
+}
+
+/// The candle dtype values of torch dtype `st` are held in while the graph runs.
+pub fn runtime(st: ScalarType) -> OpResult<DType> {
+    if is_float(st) {
+        Ok(DType::F32)
+    } else if is_int(st) {
+        Ok(DType::I64)
+    } else if st == BOOL {
+        Ok(DType::U8)
+    } else {
+        Err(OpError(format!("dtype {} is not supported", name(st))))
+    }
+}
+
+/// Cast `t` to torch dtype `st` as torch would (rounding f16/bf16, truncating to ints,
+/// `!= 0` for bool), returning it in the runtime representation.
+pub fn cast(t: &Tensor, st: ScalarType) -> OpResult<Tensor> {
+    Ok(match st {
+        HALF => t
+            .to_dtype(DType::F32)?
+            .to_dtype(DType::F16)?
+            .to_dtype(DType::F32)?,
+        BFLOAT16 => t
+            .to_dtype(DType::F32)?
+            .to_dtype(DType::BF16)?
+            .to_dtype(DType::F32)?,
+        FLOAT | DOUBLE => t.to_dtype(DType::F32)?,
+        BOOL => {
+            if t.dtype() == DType::U8 {
+                t.clone()
+            } else {
+                t.ne(&t.zeros_like()?)?
+            }
+        }
+        s if is_int(s) => {
+            if t.dtype() == DType::I64 {
+                t.clone()
+            } else {
+                t.to_dtype(DType::I64)?
+            }
+        }
+        s => return Err(OpError(format!("cast to {} is not supported", name(s)))),
+    })
+}
+
+/// Convert a runtime tensor to the candle dtype closest to torch dtype `st`, for results
+/// handed to the caller: f16/bf16/f64/i32 as such, other ints as i64, bool as u8.
+pub fn to_declared(t: &Tensor, st: ScalarType) -> OpResult<Tensor> {
+    let want = match st {
+        HALF => DType::F16,
+        BFLOAT16 => DType::BF16,
+        DOUBLE => DType::F64,
+        FLOAT => DType::F32,
+        INT => DType::I32,
+        BOOL | BYTE => DType::U8,
+        s if is_int(s) => DType::I64,
+        s => return Err(OpError(format!("dtype {} is not supported", name(s)))),
+    };
+    Ok(t.to_dtype(want)?)
+}
+
+/// The torch dtype a candle tensor's runtime representation stands for, when the program
+/// gives no better answer.
+pub fn of_runtime(d: DType) -> ScalarType {
+    match d {
+        DType::U8 => BOOL,
+        DType::I64 | DType::U32 | DType::I32 | DType::I16 => LONG,
+        _ => FLOAT,
+    }
+}

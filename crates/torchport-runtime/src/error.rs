@@ -1,0 +1,109 @@
+//! The runtime's error type: one variant per kind of failure, each naming what it concerns.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading or running a program.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The file could not be read.
+    #[error("{path}: cannot read the file: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a `.pt2` archive holding a serialized program.
+    #[error("{path}: {what}")]
+    Archive {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The program's JSON is invalid or from an unsupported schema version.
+    #[error("{path}: {record} is not a valid exported program: {what}")]
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// The archive record (e.g. `model/models/model.json`).
+        record: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// The program is well-formed but refers to something it does not define.
+    #[error("invalid program: {0}")]
+    Program(String),
+    /// The program uses operators this runtime does not implement.
+    #[error("the program uses {} unsupported operator(s): {}", .0.len(), .0.join(", "))]
+    UnsupportedOps(Vec<String>),
+    /// A weight named by the signature is missing or unusable.
+    #[error("weight '{name}': {what}")]
+    Weight {
+        /// The weight's state_dict name.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// The inputs given to `run` do not match the program.
+    #[error("input {index}: {what}")]
+    Input {
+        /// Position of the user input.
+        index: usize,
+        /// What is wrong.
+        what: String,
+    },
+    /// `run` was given the wrong number of inputs.
+    #[error("the program takes {expected} input(s) but {got} were given")]
+    InputCount {
+        /// Inputs the program takes.
+        expected: usize,
+        /// Inputs given.
+        got: usize,
+    },
+    /// An operator failed.
+    #[error("node '{node}' ({target}): {what}")]
+    Op {
+        /// The node's name.
+        node: String,
+        /// The operator.
+        target: String,
+        /// What went wrong.
+        what: String,
+    },
+}
+
+/// Result with the runtime's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// An error inside one op, before the interpreter adds the node's name and target.
+#[derive(Debug)]
+pub struct OpError(pub String);
+
+impl From<candle_core::Error> for OpError {
+    fn from(e: candle_core::Error) -> Self {
+        OpError(e.to_string())
+    }
+}
+
+impl From<String> for OpError {
+    fn from(s: String) -> Self {
+        OpError(s)
+    }
+}
+
+impl From<&str> for OpError {
+    fn from(s: &str) -> Self {
+        OpError(s.to_string())
+    }
+}
+
+/// Result of an op kernel.
+pub type OpResult<T> = std::result::Result<T, OpError>;
+
+/// Return early from an op with a formatted message.
+#[macro_export]
+macro_rules! op_bail {
+    ($($arg:tt)*) => { return Err($crate::error::OpError(format!($($arg)*))) };
+}

@@ -1,0 +1,32 @@
+//! Run `torch.export` programs (`.pt2` archives written by `torch.export.save`) in pure Rust,
+//! on candle's CPU backend, with no Python and no libtorch.
+//!
+//! ```no_run
+//! use torchport_runtime::Program;
+//! let program = Program::load("model.pt2")?;
+//! let x = candle_core::Tensor::zeros((1, 3, 224, 224), candle_core::DType::F32, &candle_core::Device::Cpu)?;
+//! let outputs = program.run(&[x])?;
+//! println!("{:?}", outputs[0].dims());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Inputs and outputs are `candle_core::Tensor`s (see [`Program::run`] for the dtype rules).
+//! Layers: [`schema`] (the serialized program as serde types: the graph IR), [`ops`] (the op
+//! registry, one file per op family), [`Program`] (weights + interpreter). Before running,
+//! every node is checked and the complete list of unsupported operators is reported.
+
+pub mod archive;
+pub mod dtype;
+pub mod error;
+pub mod npy;
+pub mod ops;
+pub mod program;
+pub mod schema;
+pub mod value;
+
+pub use error::{Error, Result};
+pub use ops::Registry;
+pub use program::{InputInfo, OpTime, OpUse, Program};
+
+/// Re-export of the candle crate the runtime computes with.
+pub use candle_core;

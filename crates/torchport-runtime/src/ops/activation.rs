@@ -1,0 +1,125 @@
+//! Activations: relu, relu6/hardtanh, hardswish, hardsigmoid, sigmoid, silu, gelu (erf and
+//! tanh), leaky_relu, elu, softmax/log_softmax. In-place variants (`relu_`) share the kernel;
+//! the interpreter rebinds the mutated input.
+
+use candle_core::{Tensor, D};
+
+use super::{dim, float, Registry};
+use crate::dtype;
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    for n in ["aten.relu.default", "aten.relu_.default"] {
+        r.add(n, |a| one(a.tensor("self")?.relu()?));
+    }
+    for n in ["aten.hardtanh.default", "aten.hardtanh_.default"] {
+        r.add(n, hardtanh);
+    }
+    r.add("aten.relu6.default", |a| {
+        one(float(&a.tensor("self")?)?.clamp(0f32, 6f32)?)
+    });
+    for n in ["aten.hardswish.default", "aten.hardswish_.default"] {
+        r.add(n, |a| {
+            let x = float(&a.tensor("self")?)?;
+            one((&x * x.affine(1.0, 3.0)?.clamp(0f32, 6f32)?)?.affine(1.0 / 6.0, 0.0)?)
+        });
+    }
+    for n in ["aten.hardsigmoid.default", "aten.hardsigmoid_.default"] {
+        r.add(n, |a| {
+            let x = float(&a.tensor("self")?)?;
+            one(x
+                .affine(1.0, 3.0)?
+                .clamp(0f32, 6f32)?
+                .affine(1.0 / 6.0, 0.0)?)
+        });
+    }
+    for n in ["aten.sigmoid.default", "aten.sigmoid_.default"] {
+        r.add(n, |a| one(sigmoid(&float(&a.tensor("self")?)?)?));
+    }
+    for n in ["aten.silu.default", "aten.silu_.default"] {
+        r.add(n, |a| {
+            let x = float(&a.tensor("self")?)?;
+            one((&x * sigmoid(&x)?)?)
+        });
+    }
+    r.add("aten.gelu.default", gelu);
+    r.add("aten.gelu_.default", gelu);
+    r.add("aten.leaky_relu.default", leaky_relu);
+    r.add("aten.leaky_relu_.default", leaky_relu);
+    r.add("aten.elu.default", |a| {
+        let x = float(&a.tensor("self")?)?;
+        one(x.elu(a.float_or("alpha", 1.0)?)?)
+    });
+    r.add("aten.softmax.int", softmax);
+    r.add("aten._softmax.default", softmax);
+    r.add("aten.log_softmax.int", softmax);
+    r.add("aten._log_softmax.default", softmax);
+}
+
+/// Logistic sigmoid, computed as torch does for f32 (1 / (1 + exp(-x))).
+pub fn sigmoid(x: &Tensor) -> OpResult<Tensor> {
+    Ok(x.neg()?.exp()?.affine(1.0, 1.0)?.recip()?)
+}
+
+fn hardtanh(a: &Args) -> OpResult<Outputs> {
+    let x = a.tensor("self")?;
+    let lo = a.float_or("min_val", -1.0)? as f32;
+    let hi = a.float_or("max_val", 1.0)? as f32;
+    one(float(&x)?.clamp(lo, hi)?)
+}
+
+fn gelu(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    match a.str_or("approximate", "none")? {
+        "none" => one(x.gelu_erf()?),
+        "tanh" => {
+            // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            let k = (2.0f64 / std::f64::consts::PI).sqrt();
+            let inner = (&x + x.powf(3.0)?.affine(0.044715, 0.0)?)?.affine(k, 0.0)?;
+            one((&x * inner.tanh()?.affine(0.5, 0.5)?)?)
+        }
+        m => op_bail!("gelu approximate='{m}' is not supported"),
+    }
+}
+
+fn leaky_relu(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let s = a.float_or("negative_slope", 0.01)?;
+    let neg = x.affine(s, 0.0)?;
+    let pos = x.ge(&x.zeros_like()?)?;
+    one(pos.where_cond(&x, &neg)?)
+}
+
+/// Softmax over `d` with the max subtracted first.
+pub fn softmax_dim(x: &Tensor, d: usize) -> OpResult<Tensor> {
+    let m = x.max_keepdim(d)?;
+    // Rows that are all -inf give NaN in torch too; keep the max finite to match its output.
+    let e = x.broadcast_sub(&m)?.exp()?;
+    let s = e.sum_keepdim(d)?;
+    Ok(e.broadcast_div(&s)?)
+}
+
+fn softmax(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let d = dim(a.int("dim")?, x.rank())?;
+    let target = a.node().target.as_str();
+    if let Some(st) = a.opt_scalar_type("dtype")? {
+        if !dtype::is_float(st) {
+            op_bail!("softmax to dtype {} is not supported", dtype::name(st));
+        }
+    }
+    if target.contains("log_softmax") {
+        let m = x.max_keepdim(d)?;
+        let xc = x.broadcast_sub(&m)?;
+        let lse = xc.exp()?.sum_keepdim(d)?.log()?;
+        return one(xc.broadcast_sub(&lse)?);
+    }
+    if d + 1 == x.rank() {
+        return one(softmax_dim(&x, x.rank() - 1)?);
+    }
+    let _ = D::Minus1;
+    one(softmax_dim(&x, d)?)
+}

@@ -1,0 +1,274 @@
+//! Convolutions: conv1d/conv2d/convolution (grouped, depthwise, asymmetric padding) and
+//! conv_transpose2d. Dense and grouped convs go through candle's im2col + gemm; depthwise
+//! convs (groups == in channels) use a direct kernel, which is far faster than one gemm per
+//! channel.
+
+use candle_core::{Tensor, D};
+
+use super::{f32_vec, float, from_f32, usize_of, Registry};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    r.add("aten.conv2d.default", conv_nd);
+    r.add("aten.conv1d.default", conv_nd);
+    r.add("aten.conv2d.padding", conv_nd);
+    r.add("aten.conv1d.padding", conv_nd);
+    r.add("aten.convolution.default", convolution);
+    r.add("aten.conv_transpose2d.input", conv_transpose);
+    r.add("aten.conv_transpose1d.default", conv_transpose);
+}
+
+/// Convolution parameters, per spatial dim (always two: 1-d convs run as 2-d with height 1).
+struct Params {
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+}
+
+fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
+    let p = match (v, one_d) {
+        ([x], true) => [0, usize_of(*x, what)?],
+        ([x], false) => [usize_of(*x, what)?, usize_of(*x, what)?],
+        ([y, x], false) => [usize_of(*y, what)?, usize_of(*x, what)?],
+        _ => op_bail!("{what} {v:?} has the wrong length"),
+    };
+    Ok(p)
+}
+
+fn conv_nd(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let w = float(&a.tensor("weight")?)?;
+    let b = a.opt_tensor("bias")?;
+    let one_d = w.rank() == 3;
+    let stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
+    let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
+    let padding = match a.get("padding") {
+        Some(crate::schema::Argument::AsString(s)) => {
+            match s.as_str() {
+                "valid" => [0, 0],
+                "same" => {
+                    let k = &w.dims()[2..];
+                    let (kh, kw) = if one_d { (1, k[0]) } else { (k[0], k[1]) };
+                    if stride != [1, 1]
+                        || (kh - 1) * dilation[0] % 2 == 1
+                        || (kw - 1) * dilation[1] % 2 == 1
+                    {
+                        op_bail!("padding='same' is supported only for stride 1 and odd effective kernels");
+                    }
+                    [(kh - 1) * dilation[0] / 2, (kw - 1) * dilation[1] / 2]
+                }
+                p => op_bail!("padding '{p}' is not supported"),
+            }
+        }
+        _ => pair(&a.ints_or("padding", &[0])?, "padding", one_d)?,
+    };
+    let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
+    let p = Params {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    one(conv(&x, &w, b.as_ref(), &p)?)
+}
+
+fn convolution(a: &Args) -> OpResult<Outputs> {
+    if a.bool_or("transposed", false)? {
+        return conv_transpose(a);
+    }
+    conv_nd(a)
+}
+
+fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tensor> {
+    let one_d = w.rank() == 3;
+    let (x, w) = if one_d {
+        (x.unsqueeze(D::Minus2)?, w.unsqueeze(D::Minus2)?)
+    } else {
+        (x.clone(), w.clone())
+    };
+    if x.rank() != 4 || w.rank() != 4 {
+        op_bail!(
+            "convolution expects a batched input, got shape {:?}",
+            x.dims()
+        );
+    }
+    let cin = x.dims()[1];
+    let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
+        depthwise(&x, &w, p)?
+    } else {
+        let mut x = x;
+        let [ph, pw] = p.padding;
+        let pad = if ph == pw {
+            ph
+        } else {
+            x = x.pad_with_zeros(2, ph, ph)?.pad_with_zeros(3, pw, pw)?;
+            0
+        };
+        if p.stride[0] != p.stride[1] || p.dilation[0] != p.dilation[1] {
+            op_bail!(
+                "convolution with different strides or dilations per dim is not supported (stride {:?}, dilation {:?})",
+                p.stride,
+                p.dilation
+            );
+        }
+        x.contiguous()?
+            .conv2d(&w.contiguous()?, pad, p.stride[0], p.dilation[0], p.groups)?
+    };
+    let y = match b {
+        Some(b) => y.broadcast_add(&float(b)?.reshape((1, (), 1, 1))?)?,
+        None => y,
+    };
+    Ok(if one_d { y.squeeze(2)? } else { y })
+}
+
+/// Output length of a convolution along one dim.
+fn out_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize) -> OpResult<usize> {
+    let eff = dil * (k - 1) + 1;
+    let padded = len + 2 * pad;
+    if padded < eff || stride == 0 {
+        op_bail!("the kernel ({k}, dilation {dil}) is larger than the padded input ({padded})");
+    }
+    Ok((padded - eff) / stride + 1)
+}
+
+/// Direct depthwise convolution: weight [C*m, 1, kh, kw], groups = C.
+fn depthwise(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Tensor> {
+    let (n, c, h, wd) = x.dims4()?;
+    let (co, _, kh, kw) = w.dims4()?;
+    if co % c != 0 {
+        op_bail!("depthwise weight has {co} output channels for {c} groups");
+    }
+    let m = co / c;
+    let oh = out_len(h, kh, p.padding[0], p.stride[0], p.dilation[0])?;
+    let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
+    let xs = f32_vec(x)?;
+    let ws = f32_vec(w)?;
+    let mut out = vec![0f32; n * co * oh * ow];
+    let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
+    for b in 0..n {
+        for oc in 0..co {
+            let ic = oc / m;
+            let src = &xs[(b * c + ic) * h * wd..][..h * wd];
+            let ker = &ws[oc * kh * kw..][..kh * kw];
+            let dst = &mut out[(b * co + oc) * oh * ow..][..oh * ow];
+            for i in 0..kh {
+                for j in 0..kw {
+                    let kv = ker[i * kw + j];
+                    let di = (i * p.dilation[0]) as isize - ph;
+                    let dj = (j * p.dilation[1]) as isize - pw;
+                    for y in 0..oh {
+                        let iy = (y * p.stride[0]) as isize + di;
+                        if iy < 0 || iy >= h as isize {
+                            continue;
+                        }
+                        let row = &src[iy as usize * wd..][..wd];
+                        let drow = &mut dst[y * ow..][..ow];
+                        if p.stride[1] == 1 {
+                            // Valid output columns: 0 <= x + dj < wd.
+                            let x0 = (-dj).max(0) as usize;
+                            let x1 = ((wd as isize - dj).min(ow as isize)).max(0) as usize;
+                            for xo in x0..x1.max(x0) {
+                                drow[xo] += kv * row[(xo as isize + dj) as usize];
+                            }
+                        } else {
+                            for (xo, d) in drow.iter_mut().enumerate() {
+                                let ix = (xo * p.stride[1]) as isize + dj;
+                                if ix >= 0 && ix < wd as isize {
+                                    *d += kv * row[ix as usize];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    from_f32(out, &[n, co, oh, ow])
+}
+
+fn conv_transpose(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let w = float(&a.tensor("weight")?)?;
+    let b = a.opt_tensor("bias")?;
+    let one_d = w.rank() == 3;
+    let (x, w) = if one_d {
+        (x.unsqueeze(2)?, w.unsqueeze(2)?)
+    } else {
+        (x, w)
+    };
+    let stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
+    let padding = pair(&a.ints_or("padding", &[0])?, "padding", one_d)?;
+    let out_pad = pair(&a.ints_or("output_padding", &[0])?, "output_padding", one_d)?;
+    let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
+    let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
+    if groups != 1 {
+        op_bail!("conv_transpose with groups = {groups} is not supported");
+    }
+    let y = conv_transpose2d(&x, &w, stride, padding, out_pad, dilation)?;
+    let y = match b {
+        Some(b) => y.broadcast_add(&float(&b)?.reshape((1, (), 1, 1))?)?,
+        None => y,
+    };
+    one(if one_d { y.squeeze(2)? } else { y })
+}
+
+/// Transposed 2-d convolution, written out directly (scatter of each input pixel through the
+/// kernel) so that per-dim strides, paddings and output paddings are all supported.
+fn conv_transpose2d(
+    x: &Tensor,
+    w: &Tensor,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    out_pad: [usize; 2],
+    dil: [usize; 2],
+) -> OpResult<Tensor> {
+    let (n, ci, h, wd) = x.dims4()?;
+    let (wci, co, kh, kw) = w.dims4()?;
+    if wci != ci {
+        op_bail!("conv_transpose weight has {wci} input channels, the input {ci}");
+    }
+    let full_h = (h - 1) * stride[0] + dil[0] * (kh - 1) + 1 + out_pad[0];
+    let full_w = (wd - 1) * stride[1] + dil[1] * (kw - 1) + 1 + out_pad[1];
+    if full_h < 2 * padding[0] + 1 || full_w < 2 * padding[1] + 1 {
+        op_bail!("conv_transpose padding is larger than the output");
+    }
+    let oh = full_h - 2 * padding[0];
+    let ow = full_w - 2 * padding[1];
+    // cols[(co, kh, kw), (h, w)] = W^T x, then col2im.
+    let xm = x.contiguous()?.reshape((n, ci, h * wd))?;
+    let wm = w
+        .contiguous()?
+        .reshape((ci, co * kh * kw))?
+        .t()?
+        .contiguous()?;
+    let cols = wm.broadcast_matmul(&xm)?; // [n, co*kh*kw, h*w]
+    let cols = f32_vec(&cols)?;
+    let mut out = vec![0f32; n * co * oh * ow];
+    for b in 0..n {
+        for c in 0..co {
+            let dst = &mut out[(b * co + c) * oh * ow..][..oh * ow];
+            for i in 0..kh {
+                for j in 0..kw {
+                    let row = &cols[((b * co + c) * kh * kw + i * kw + j) * h * wd..][..h * wd];
+                    for y in 0..h {
+                        let oy = (y * stride[0] + i * dil[0]) as isize - padding[0] as isize;
+                        if oy < 0 || oy >= oh as isize {
+                            continue;
+                        }
+                        for xx in 0..wd {
+                            let ox = (xx * stride[1] + j * dil[1]) as isize - padding[1] as isize;
+                            if ox >= 0 && ox < ow as isize {
+                                dst[oy as usize * ow + ox as usize] += row[y * wd + xx];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    from_f32(out, &[n, co, oh, ow])
+}

@@ -1,0 +1,351 @@
+//! Elementwise arithmetic, comparisons, unary math, `where`/`masked_fill`, casts and copies.
+
+use candle_core::{DType, Shape, Tensor};
+
+use super::{as_dtype, binary_operands, float, scalar_tensor, Registry};
+use crate::dtype;
+use crate::error::{OpError, OpResult};
+use crate::op_bail;
+use crate::value::{one, Args, Outputs, Scalar, TensorOrScalar};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    for n in ["aten.add.Tensor", "aten.add.Scalar"] {
+        r.add(n, add);
+    }
+    for n in [
+        "aten.sub.Tensor",
+        "aten.sub.Scalar",
+        "aten.rsub.Scalar",
+        "aten.rsub.Tensor",
+    ] {
+        r.add(n, sub);
+    }
+    r.add("aten.mul.Tensor", mul);
+    r.add("aten.mul.Scalar", mul);
+    r.add("aten.div.Tensor", div);
+    r.add("aten.div.Scalar", div);
+    r.add("aten.div.Tensor_mode", div);
+    r.add("aten.pow.Tensor_Scalar", pow);
+    r.add("aten.pow.Tensor_Tensor", pow_tt);
+    r.add("aten.maximum.default", maximum);
+    r.add("aten.minimum.default", minimum);
+    for (n, f) in [
+        ("aten.eq.Tensor", cmp_eq as crate::ops::OpFn),
+        ("aten.eq.Scalar", cmp_eq),
+        ("aten.ne.Tensor", cmp_ne),
+        ("aten.ne.Scalar", cmp_ne),
+        ("aten.lt.Tensor", cmp_lt),
+        ("aten.lt.Scalar", cmp_lt),
+        ("aten.le.Tensor", cmp_le),
+        ("aten.le.Scalar", cmp_le),
+        ("aten.gt.Tensor", cmp_gt),
+        ("aten.gt.Scalar", cmp_gt),
+        ("aten.ge.Tensor", cmp_ge),
+        ("aten.ge.Scalar", cmp_ge),
+    ] {
+        r.add(n, f);
+    }
+    r.add("aten.logical_not.default", logical_not);
+    r.add("aten.bitwise_not.default", logical_not);
+    r.add("aten.logical_and.default", logical_and);
+    r.add("aten.bitwise_and.Tensor", logical_and);
+    r.add("aten.logical_or.default", logical_or);
+    r.add("aten.bitwise_or.Tensor", logical_or);
+    r.add("aten.neg.default", |a| one(a.tensor("self")?.neg()?));
+    r.add("aten.abs.default", |a| one(a.tensor("self")?.abs()?));
+    r.add("aten.exp.default", |a| {
+        one(float(&a.tensor("self")?)?.exp()?)
+    });
+    r.add("aten.log.default", |a| {
+        one(float(&a.tensor("self")?)?.log()?)
+    });
+    r.add("aten.sqrt.default", |a| {
+        one(float(&a.tensor("self")?)?.sqrt()?)
+    });
+    r.add("aten.rsqrt.default", |a| {
+        one(float(&a.tensor("self")?)?.sqrt()?.recip()?)
+    });
+    r.add("aten.reciprocal.default", |a| {
+        one(float(&a.tensor("self")?)?.recip()?)
+    });
+    r.add("aten.sin.default", |a| {
+        one(float(&a.tensor("self")?)?.sin()?)
+    });
+    r.add("aten.cos.default", |a| {
+        one(float(&a.tensor("self")?)?.cos()?)
+    });
+    r.add("aten.tanh.default", |a| {
+        one(float(&a.tensor("self")?)?.tanh()?)
+    });
+    r.add("aten.erf.default", |a| {
+        one(float(&a.tensor("self")?)?.erf()?)
+    });
+    r.add("aten.floor.default", |a| {
+        one(float(&a.tensor("self")?)?.floor()?)
+    });
+    r.add("aten.ceil.default", |a| {
+        one(float(&a.tensor("self")?)?.ceil()?)
+    });
+    r.add("aten.where.self", where_self);
+    r.add("aten.where.ScalarOther", where_self);
+    r.add("aten.where.ScalarSelf", where_self);
+    r.add("aten.where.Scalar", where_self);
+    r.add("aten.masked_fill.Scalar", masked_fill);
+    r.add("aten.masked_fill.Tensor", masked_fill);
+    r.add("aten.clamp.default", clamp);
+    r.add("aten.clamp_min.default", clamp);
+    r.add("aten.clamp_max.default", clamp);
+    for n in [
+        "aten._to_copy.default",
+        "aten.to.dtype",
+        "aten.to.dtype_layout",
+        "aten.to.device",
+        "aten._assert_tensor_metadata.default",
+    ] {
+        r.add(n, to_copy);
+    }
+    r.add("aten.type_as.default", |a| {
+        let t = a.tensor("self")?;
+        one(as_dtype(&t, a.tensor("other")?.dtype())?)
+    });
+    for n in [
+        "aten.clone.default",
+        "aten.alias.default",
+        "aten.contiguous.default",
+        "aten.detach.default",
+        "aten.lift_fresh_copy.default",
+        "aten.dropout.default",
+        "aten.native_dropout.default",
+        "aten.feature_dropout.default",
+    ] {
+        r.add(n, identity);
+    }
+}
+
+fn identity(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor(if a.has("self") { "self" } else { "input" })?;
+    if a.node().target.contains("native_dropout") {
+        let mask = t.ones_like()?.to_dtype(DType::U8)?;
+        return Ok(vec![
+            crate::value::Value::Tensor(t),
+            crate::value::Value::Tensor(mask),
+        ]);
+    }
+    one(t)
+}
+
+/// Broadcast two tensors of one dtype to their common shape.
+pub fn broadcast2(a: &Tensor, b: &Tensor) -> OpResult<(Tensor, Tensor)> {
+    let s = a
+        .shape()
+        .broadcast_shape_binary_op(b.shape(), "broadcast")?;
+    Ok((a.broadcast_as(&s)?, b.broadcast_as(&s)?))
+}
+
+fn operands(a: &Args, x: &str, y: &str) -> OpResult<(Tensor, Tensor)> {
+    let l = a.tensor_or_scalar(x)?;
+    let r = a.tensor_or_scalar(y)?;
+    binary_operands(&l, &r)
+}
+
+fn alpha_scaled(a: &Args, t: Tensor) -> OpResult<Tensor> {
+    match a.scalar_or("alpha", Scalar::Int(1))? {
+        Scalar::Int(1) => Ok(t),
+        s => Ok(t.broadcast_mul(&scalar_tensor(s, t.dtype())?)?),
+    }
+}
+
+fn add(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    let r = alpha_scaled(a, r)?;
+    one(l.broadcast_add(&r)?)
+}
+
+fn sub(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    let r = alpha_scaled(a, r)?;
+    if a.node().target.contains("rsub") {
+        one(r.broadcast_sub(&l)?)
+    } else {
+        one(l.broadcast_sub(&r)?)
+    }
+}
+
+fn mul(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    one(l.broadcast_mul(&r)?)
+}
+
+fn div(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    let mode = a.str_or("rounding_mode", "")?;
+    let q = float(&l)?.broadcast_div(&float(&r)?)?;
+    let int = l.dtype() == DType::I64 && r.dtype() == DType::I64;
+    match mode {
+        "" => one(q),
+        "floor" if int => one(q.floor()?.to_dtype(DType::I64)?),
+        "floor" => one(q.floor()?),
+        "trunc" => {
+            let t = q.sign()?.broadcast_mul(&q.abs()?.floor()?)?;
+            one(if int { t.to_dtype(DType::I64)? } else { t })
+        }
+        m => op_bail!("rounding_mode '{m}' is not supported"),
+    }
+}
+
+fn pow(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let e = a.scalar("exponent")?;
+    if t.dtype() == DType::I64 {
+        if let Scalar::Int(n) = e {
+            if (0..=8).contains(&n) {
+                let mut acc = t.ones_like()?;
+                for _ in 0..n {
+                    acc = acc.mul(&t)?;
+                }
+                return one(acc);
+            }
+        }
+    }
+    let t = float(&t)?;
+    let x = e.as_f64();
+    one(if x == 2.0 {
+        t.sqr()?
+    } else if x == 0.5 {
+        t.sqrt()?
+    } else if x == 1.0 {
+        t
+    } else {
+        t.powf(x)?
+    })
+}
+
+fn pow_tt(a: &Args) -> OpResult<Outputs> {
+    let (b, e) = operands(a, "self", "exponent")?;
+    let (b, e) = broadcast2(&float(&b)?, &float(&e)?)?;
+    let shape = b.dims().to_vec();
+    let (bv, ev) = (super::f32_vec(&b)?, super::f32_vec(&e)?);
+    // f32::powf follows C pow: negative bases with integral exponents are real.
+    let v: Vec<f32> = bv.iter().zip(&ev).map(|(x, y)| x.powf(*y)).collect();
+    one(super::from_f32(v, &shape)?)
+}
+
+fn maximum(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    one(l.broadcast_maximum(&r)?)
+}
+
+fn minimum(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    one(l.broadcast_minimum(&r)?)
+}
+
+macro_rules! cmp_op {
+    ($name:ident, $method:ident) => {
+        fn $name(a: &Args) -> OpResult<Outputs> {
+            let (l, r) = operands(a, "self", "other")?;
+            one(l.$method(&r)?)
+        }
+    };
+}
+cmp_op!(cmp_eq, broadcast_eq);
+cmp_op!(cmp_ne, broadcast_ne);
+cmp_op!(cmp_lt, broadcast_lt);
+cmp_op!(cmp_le, broadcast_le);
+cmp_op!(cmp_gt, broadcast_gt);
+cmp_op!(cmp_ge, broadcast_ge);
+
+/// A tensor as a 0/1 u8 mask (`!= 0`).
+pub fn to_mask(t: &Tensor) -> OpResult<Tensor> {
+    if t.dtype() == DType::U8 {
+        Ok(t.clone())
+    } else {
+        Ok(t.ne(&t.zeros_like()?)?)
+    }
+}
+
+fn logical_not(a: &Args) -> OpResult<Outputs> {
+    let t = to_mask(&a.tensor("self")?)?;
+    one(t.eq(&t.zeros_like()?)?)
+}
+
+fn logical_and(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    one(to_mask(&l)?.broadcast_mul(&to_mask(&r)?)?)
+}
+
+fn logical_or(a: &Args) -> OpResult<Outputs> {
+    let (l, r) = operands(a, "self", "other")?;
+    one(to_mask(&l)?.broadcast_maximum(&to_mask(&r)?)?)
+}
+
+/// `torch.where(cond, x, y)` with broadcasting and promotion.
+pub fn where_t(cond: &Tensor, x: &TensorOrScalar, y: &TensorOrScalar) -> OpResult<Tensor> {
+    let (x, y) = binary_operands(x, y)?;
+    let cond = to_mask(cond)?;
+    let s = Shape::from(cond.dims())
+        .broadcast_shape_binary_op(x.shape(), "where")?
+        .broadcast_shape_binary_op(y.shape(), "where")?;
+    let c = cond.broadcast_as(&s)?;
+    Ok(c.where_cond(&x.broadcast_as(&s)?, &y.broadcast_as(&s)?)?)
+}
+
+fn where_self(a: &Args) -> OpResult<Outputs> {
+    let cond = a.tensor("condition")?;
+    one(where_t(
+        &cond,
+        &a.tensor_or_scalar("self")?,
+        &a.tensor_or_scalar("other")?,
+    )?)
+}
+
+fn masked_fill(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let mask = a.tensor("mask")?;
+    let v = match a.tensor_or_scalar("value")? {
+        TensorOrScalar::Tensor(v) => TensorOrScalar::Tensor(as_dtype(&v, t.dtype())?),
+        TensorOrScalar::Scalar(s) => TensorOrScalar::Tensor(scalar_tensor(s, t.dtype())?),
+    };
+    let r = where_t(&mask, &v, &TensorOrScalar::Tensor(t.clone()))?;
+    // masked_fill keeps self's shape (the mask broadcasts to it).
+    one(r.broadcast_as(t.shape())?.contiguous()?)
+}
+
+fn clamp(a: &Args) -> OpResult<Outputs> {
+    let mut t = a.tensor("self")?;
+    let target = &a.node().target;
+    let (lo, hi) = if target.contains("clamp_min") {
+        (a.opt_float("min")?, None)
+    } else if target.contains("clamp_max") {
+        (None, a.opt_float("max")?)
+    } else {
+        (a.opt_float("min")?, a.opt_float("max")?)
+    };
+    if let Some(lo) = lo {
+        t = t.broadcast_maximum(&scalar_tensor(Scalar::Float(lo), t.dtype())?)?;
+    }
+    if let Some(hi) = hi {
+        t = t.broadcast_minimum(&scalar_tensor(Scalar::Float(hi), t.dtype())?)?;
+    }
+    one(t)
+}
+
+fn to_copy(a: &Args) -> OpResult<Outputs> {
+    if a.node().target.contains("_assert_tensor_metadata") {
+        return Ok(vec![]);
+    }
+    let t = a.tensor(if a.has("self") { "self" } else { "input" })?;
+    match a.opt_scalar_type("dtype")? {
+        Some(st) => one(dtype::cast(&t, st)?),
+        None => one(t),
+    }
+}
+
+/// Make an error for a tensor of the wrong dtype.
+pub fn want_float(t: &Tensor, what: &str) -> OpResult<()> {
+    if t.dtype() != DType::F32 {
+        return Err(OpError(format!("{what} must be a float tensor")));
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! The op registry: ATen overload name (`aten.conv2d.default`) → kernel. Each family file
+//! registers its kernels in `register`; adding an op is one function plus one `r.add` line.
+//!
+//! A kernel reads its arguments by their ATen schema names through [`Args`] (defaults are
+//! omitted by the serializer, so each kernel states the schema default it falls back to) and
+//! returns one [`Value`] per schema output.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor};
+
+use crate::error::{OpError, OpResult};
+use crate::value::{Args, Outputs, Scalar, TensorOrScalar};
+
+pub mod activation;
+pub mod attention;
+pub mod conv;
+pub mod elementwise;
+pub mod interp;
+pub mod linalg;
+pub mod norm;
+pub mod pool;
+pub mod reduce;
+pub mod rnn;
+pub mod shape;
+
+/// An op kernel.
+pub type OpFn = fn(&Args) -> OpResult<Outputs>;
+
+/// Kernels by ATen overload name, without the `torch.ops.` prefix.
+#[derive(Default)]
+pub struct Registry {
+    ops: HashMap<&'static str, OpFn>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A registry with every kernel of this crate.
+    pub fn with_all_ops() -> Self {
+        let mut r = Registry::new();
+        activation::register(&mut r);
+        attention::register(&mut r);
+        conv::register(&mut r);
+        elementwise::register(&mut r);
+        interp::register(&mut r);
+        linalg::register(&mut r);
+        norm::register(&mut r);
+        pool::register(&mut r);
+        reduce::register(&mut r);
+        rnn::register(&mut r);
+        shape::register(&mut r);
+        r
+    }
+
+    /// Register `f` for `name` (e.g. `aten.relu.default`), replacing any earlier kernel.
+    pub fn add(&mut self, name: &'static str, f: OpFn) {
+        self.ops.insert(name, f);
+    }
+
+    /// The kernel for a node target such as `torch.ops.aten.relu.default`.
+    pub fn get(&self, target: &str) -> Option<OpFn> {
+        self.ops.get(op_key(target)).copied()
+    }
+
+    /// Every registered overload name, sorted.
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut v: Vec<_> = self.ops.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// A node target without its `torch.ops.` prefix.
+pub fn op_key(target: &str) -> &str {
+    target.strip_prefix("torch.ops.").unwrap_or(target)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers shared by the kernels
+// ---------------------------------------------------------------------------------------------
+
+/// A dim index (possibly negative) made absolute for a tensor of rank `rank`.
+pub fn dim(d: i64, rank: usize) -> OpResult<usize> {
+    let r = i64::try_from(rank).map_err(|_| OpError("rank too large".into()))?;
+    let r1 = r.max(1);
+    let a = if d < 0 { d + r1 } else { d };
+    if a < 0 || a >= r1 {
+        return Err(OpError(format!(
+            "dim {d} is out of range for a tensor of rank {rank}"
+        )));
+    }
+    Ok(a as usize)
+}
+
+/// A non-negative int argument as usize.
+pub fn usize_of(v: i64, what: &str) -> OpResult<usize> {
+    usize::try_from(v).map_err(|_| OpError(format!("{what} must be non-negative, got {v}")))
+}
+
+/// The rank of the type-promotion lattice the runtime uses: bool < int < float.
+fn rank_of(d: DType) -> u8 {
+    match d {
+        DType::U8 => 0,
+        DType::I64 | DType::I32 | DType::U32 | DType::I16 => 1,
+        _ => 2,
+    }
+}
+
+/// The runtime dtype of the promotion of `a` and `b`.
+pub fn promote(a: DType, b: DType) -> DType {
+    match rank_of(a).max(rank_of(b)) {
+        0 => DType::U8,
+        1 => DType::I64,
+        _ => DType::F32,
+    }
+}
+
+/// Convert to `d` if needed.
+pub fn as_dtype(t: &Tensor, d: DType) -> OpResult<Tensor> {
+    if t.dtype() == d {
+        Ok(t.clone())
+    } else {
+        Ok(t.to_dtype(d)?)
+    }
+}
+
+/// A 0-d tensor holding `s` in dtype `d`.
+pub fn scalar_tensor(s: Scalar, d: DType) -> OpResult<Tensor> {
+    let dev = candle_core::Device::Cpu;
+    Ok(match d {
+        DType::I64 => Tensor::new(s.as_f64() as i64, &dev)?,
+        DType::U8 => Tensor::new(u8::from(s.as_f64() != 0.0), &dev)?,
+        _ => Tensor::new(s.as_f64() as f32, &dev)?,
+    })
+}
+
+/// Two operands promoted to a common dtype, scalars turned into 0-d tensors of that dtype
+/// (a Python scalar does not raise a tensor's category unless it is of a higher one).
+pub fn binary_operands(a: &TensorOrScalar, b: &TensorOrScalar) -> OpResult<(Tensor, Tensor)> {
+    let cat = |x: &TensorOrScalar| match x {
+        TensorOrScalar::Tensor(t) => t.dtype(),
+        TensorOrScalar::Scalar(s) => s.dtype(),
+    };
+    let d = promote(cat(a), cat(b));
+    let mk = |x: &TensorOrScalar| match x {
+        TensorOrScalar::Tensor(t) => as_dtype(t, d),
+        TensorOrScalar::Scalar(s) => scalar_tensor(*s, d),
+    };
+    Ok((mk(a)?, mk(b)?))
+}
+
+/// Ensure a tensor holds floats (int and bool inputs are converted, as torch's float ops do).
+pub fn float(t: &Tensor) -> OpResult<Tensor> {
+    as_dtype(t, DType::F32)
+}
+
+/// Sizes of `t` as i64.
+pub fn sizes(t: &Tensor) -> Vec<i64> {
+    t.dims().iter().map(|&d| d as i64).collect()
+}
+
+/// Contiguous f32 data of `t` (floats only) as a Vec.
+pub fn f32_vec(t: &Tensor) -> OpResult<Vec<f32>> {
+    Ok(float(t)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// A tensor from f32 data and a shape.
+pub fn from_f32(data: Vec<f32>, shape: &[usize]) -> OpResult<Tensor> {
+    Ok(Tensor::from_vec(data, shape, &candle_core::Device::Cpu)?)
+}
+
+/// Reject an argument that the runtime does not implement.
+pub fn unsupported(what: &str) -> OpError {
+    OpError(format!("{what} is not supported"))
+}

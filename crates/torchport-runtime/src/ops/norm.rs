@@ -1,0 +1,168 @@
+//! Normalization: batch_norm (inference), layer_norm, group_norm, in both their composite and
+//! `native_*` (core ATen) forms.
+
+use candle_core::Tensor;
+
+use super::{float, usize_of, Registry};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs, Value};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    r.add("aten.batch_norm.default", batch_norm);
+    r.add(
+        "aten._native_batch_norm_legit_no_training.default",
+        batch_norm,
+    );
+    r.add("aten.native_batch_norm.default", batch_norm);
+    r.add(
+        "aten._native_batch_norm_legit_functional.default",
+        batch_norm,
+    );
+    r.add("aten.layer_norm.default", layer_norm);
+    r.add("aten.native_layer_norm.default", layer_norm);
+    r.add("aten.group_norm.default", group_norm);
+    r.add("aten.native_group_norm.default", group_norm);
+}
+
+/// Reshape a per-channel vector [C] to broadcast over [N, C, ...] of rank `rank`.
+fn per_channel(v: &Tensor, rank: usize) -> OpResult<Tensor> {
+    let mut shape = vec![1usize; rank.max(2)];
+    shape[1] = v.elem_count();
+    Ok(float(v)?.reshape(shape)?)
+}
+
+fn batch_norm(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let target = a.node().target.as_str();
+    if a.bool_or("training", false)? && !target.contains("no_training") {
+        op_bail!("batch_norm in training mode is not supported (export the model in eval mode)");
+    }
+    let (Some(mean), Some(var)) = (a.opt_tensor("running_mean")?, a.opt_tensor("running_var")?)
+    else {
+        op_bail!("batch_norm without running statistics is not supported");
+    };
+    let eps = a.float_or("eps", 1e-5)?;
+    let r = x.rank();
+    let inv = per_channel(&var, r)?.affine(1.0, eps)?.sqrt()?.recip()?;
+    let mut scale = inv;
+    if let Some(w) = a.opt_tensor("weight")? {
+        scale = scale.broadcast_mul(&per_channel(&w, r)?)?;
+    }
+    let mut shift = per_channel(&mean, r)?.neg()?.broadcast_mul(&scale)?;
+    if let Some(b) = a.opt_tensor("bias")? {
+        shift = shift.broadcast_add(&per_channel(&b, r)?)?;
+    }
+    let y = scale_shift(&x, &scale, &shift)?;
+    if target.contains("aten.batch_norm.") {
+        return one(y);
+    }
+    // native forms also return (save_mean, save_invstd): empty in inference.
+    let empty = Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+    Ok(vec![
+        Value::Tensor(y),
+        Value::Tensor(empty.clone()),
+        Value::Tensor(empty),
+    ])
+}
+
+/// `x * scale[c] + shift[c]` over channel dim 1, in one pass over contiguous data.
+fn scale_shift(x: &Tensor, scale: &Tensor, shift: &Tensor) -> OpResult<Tensor> {
+    let dims = x.dims().to_vec();
+    let c = dims.get(1).copied().unwrap_or(1);
+    let inner: usize = dims.iter().skip(2).product();
+    let (sc, sh) = (super::f32_vec(scale)?, super::f32_vec(shift)?);
+    if sc.len() != c || sh.len() != c || dims.len() < 2 {
+        return Ok(x.broadcast_mul(scale)?.broadcast_add(shift)?);
+    }
+    let mut v = super::f32_vec(x)?;
+    for (i, plane) in v.chunks_mut(inner.max(1)).enumerate() {
+        let ch = i % c;
+        let (a, b) = (sc[ch], sh[ch]);
+        for e in plane {
+            *e = *e * a + b;
+        }
+    }
+    super::from_f32(v, &dims)
+}
+
+/// Normalize `x` over its last `k` dims: returns (y, mean, rstd) with mean/rstd keeping dims.
+fn normalize_last(x: &Tensor, k: usize, eps: f64) -> OpResult<(Tensor, Tensor, Tensor)> {
+    let r = x.rank();
+    if k > r {
+        op_bail!("cannot normalize {k} dims of a rank-{r} tensor");
+    }
+    let lead: Vec<usize> = x.dims()[..r - k].to_vec();
+    let mut flat = lead.clone();
+    flat.push(x.dims()[r - k..].iter().product());
+    let xf = x.reshape(flat)?;
+    let mean = xf.mean_keepdim(candle_core::D::Minus1)?;
+    let xc = xf.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+    let rstd = var.affine(1.0, eps)?.sqrt()?.recip()?;
+    let y = xc.broadcast_mul(&rstd)?.reshape(x.shape())?;
+    Ok((y, mean, rstd))
+}
+
+fn layer_norm(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let shape = a.ints("normalized_shape")?;
+    let eps = a.float_or("eps", 1e-5)?;
+    let k = shape.len();
+    let (mut y, mean, rstd) = normalize_last(&x, k, eps)?;
+    if let Some(w) = a.opt_tensor("weight")? {
+        y = y.broadcast_mul(&float(&w)?)?;
+    }
+    if let Some(b) = a.opt_tensor("bias")? {
+        y = y.broadcast_add(&float(&b)?)?;
+    }
+    if a.node().target.contains("native_layer_norm") {
+        // mean/rstd have the input's leading dims and size-1 normalized dims.
+        let mut s: Vec<usize> = x.dims()[..x.rank() - k].to_vec();
+        s.extend(std::iter::repeat_n(1, k));
+        return Ok(vec![
+            Value::Tensor(y),
+            Value::Tensor(mean.reshape(s.clone())?),
+            Value::Tensor(rstd.reshape(s)?),
+        ]);
+    }
+    one(y)
+}
+
+fn group_norm(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let native = a.node().target.contains("native_group_norm");
+    let groups = usize_of(
+        if native {
+            a.int("group")?
+        } else {
+            a.int("num_groups")?
+        },
+        "num_groups",
+    )?;
+    let eps = a.float_or("eps", 1e-5)?;
+    let dims = x.dims().to_vec();
+    if dims.len() < 2 || groups == 0 || dims[1] % groups != 0 {
+        op_bail!("group_norm: {groups} groups do not divide the input of shape {dims:?}");
+    }
+    let n = dims[0];
+    let xg = x.reshape((n, groups, ()))?;
+    let (y, mean, rstd) = normalize_last(&xg, 1, eps)?;
+    let mut y = y.reshape(dims.as_slice())?;
+    let r = dims.len();
+    if let Some(w) = a.opt_tensor("weight")? {
+        y = y.broadcast_mul(&per_channel(&w, r)?)?;
+    }
+    if let Some(b) = a.opt_tensor("bias")? {
+        y = y.broadcast_add(&per_channel(&b, r)?)?;
+    }
+    if native {
+        return Ok(vec![
+            Value::Tensor(y),
+            Value::Tensor(mean.reshape((n, groups))?),
+            Value::Tensor(rstd.reshape((n, groups))?),
+        ]);
+    }
+    one(y)
+}

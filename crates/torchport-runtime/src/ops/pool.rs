@@ -1,0 +1,212 @@
+//! Pooling: max_pool2d (with indices, padding, dilation, ceil_mode), avg_pool2d (padding,
+//! ceil_mode, count_include_pad, divisor_override), adaptive_avg_pool2d; direct f32 kernels
+//! that follow ATen's window arithmetic exactly.
+
+use candle_core::Tensor;
+
+use super::{f32_vec, float, from_f32, usize_of, Registry};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs, Value};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    r.add("aten.max_pool2d.default", max_pool);
+    r.add("aten.max_pool2d_with_indices.default", max_pool);
+    r.add("aten.avg_pool2d.default", avg_pool);
+    r.add("aten.adaptive_avg_pool2d.default", adaptive_avg);
+    r.add("aten._adaptive_avg_pool2d.default", adaptive_avg);
+}
+
+fn two(v: &[i64], what: &str) -> OpResult<[usize; 2]> {
+    match v {
+        [x] => Ok([usize_of(*x, what)?, usize_of(*x, what)?]),
+        [y, x] => Ok([usize_of(*y, what)?, usize_of(*x, what)?]),
+        _ => op_bail!("{what} {v:?} must have 1 or 2 values"),
+    }
+}
+
+/// Output length of a pooling window along one dim (ATen's `pooling_output_shape`).
+fn pool_len(
+    len: usize,
+    k: usize,
+    pad: usize,
+    stride: usize,
+    dil: usize,
+    ceil: bool,
+) -> OpResult<usize> {
+    if stride == 0 || k == 0 {
+        op_bail!("pooling kernel and stride must be positive");
+    }
+    if pad * 2 > k {
+        op_bail!("pad should be at most half of the kernel size, got pad={pad}, kernel={k}");
+    }
+    let num = (len + 2 * pad) as i64 - (dil * (k - 1)) as i64 - 1;
+    if num < 0 {
+        op_bail!("the pooling window is larger than the padded input");
+    }
+    let s = stride as i64;
+    let mut out = if ceil {
+        (num + s - 1) / s + 1
+    } else {
+        num / s + 1
+    };
+    if ceil && (out - 1) * s >= (len + pad) as i64 {
+        out -= 1;
+    }
+    Ok(out as usize)
+}
+
+/// Input as [planes, H, W] f32 data plus its leading dims (N, C or just C).
+fn planes(x: &Tensor) -> OpResult<(Vec<f32>, Vec<usize>, usize, usize)> {
+    if x.rank() != 3 && x.rank() != 4 {
+        op_bail!(
+            "2-d pooling expects a 3-d or 4-d input, got shape {:?}",
+            x.dims()
+        );
+    }
+    let r = x.rank();
+    let (h, w) = (x.dims()[r - 2], x.dims()[r - 1]);
+    Ok((f32_vec(x)?, x.dims()[..r - 2].to_vec(), h, w))
+}
+
+fn max_pool(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let k = two(&a.ints("kernel_size")?, "kernel_size")?;
+    let s = match a.ints_or("stride", &[])? {
+        v if v.is_empty() => k,
+        v => two(&v, "stride")?,
+    };
+    let p = two(&a.ints_or("padding", &[0])?, "padding")?;
+    let d = two(&a.ints_or("dilation", &[1])?, "dilation")?;
+    let ceil = a.bool_or("ceil_mode", false)?;
+    let (xs, lead, h, w) = planes(&x)?;
+    let oh = pool_len(h, k[0], p[0], s[0], d[0], ceil)?;
+    let ow = pool_len(w, k[1], p[1], s[1], d[1], ceil)?;
+    let np: usize = lead.iter().product();
+    let mut out = vec![0f32; np * oh * ow];
+    let mut idx = vec![0i64; np * oh * ow];
+    for pl in 0..np {
+        let src = &xs[pl * h * w..][..h * w];
+        for y in 0..oh {
+            for xo in 0..ow {
+                let mut best = f32::NEG_INFINITY;
+                let mut bi = -1i64;
+                for i in 0..k[0] {
+                    let iy = (y * s[0] + i * d[0]) as isize - p[0] as isize;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    for j in 0..k[1] {
+                        let ix = (xo * s[1] + j * d[1]) as isize - p[1] as isize;
+                        if ix < 0 || ix >= w as isize {
+                            continue;
+                        }
+                        let at = iy as usize * w + ix as usize;
+                        let v = src[at];
+                        if v > best || v.is_nan() || bi < 0 {
+                            best = v;
+                            bi = at as i64;
+                            if v.is_nan() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                out[(pl * oh + y) * ow + xo] = best;
+                idx[(pl * oh + y) * ow + xo] = bi;
+            }
+        }
+    }
+    let mut shape = lead;
+    shape.extend([oh, ow]);
+    let y = from_f32(out, &shape)?;
+    if a.node().target.contains("with_indices") {
+        let it = Tensor::from_vec(idx, shape.as_slice(), &candle_core::Device::Cpu)?;
+        return Ok(vec![Value::Tensor(y), Value::Tensor(it)]);
+    }
+    one(y)
+}
+
+fn avg_pool(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let k = two(&a.ints("kernel_size")?, "kernel_size")?;
+    let s = match a.ints_or("stride", &[])? {
+        v if v.is_empty() => k,
+        v => two(&v, "stride")?,
+    };
+    let p = two(&a.ints_or("padding", &[0])?, "padding")?;
+    let ceil = a.bool_or("ceil_mode", false)?;
+    let include_pad = a.bool_or("count_include_pad", true)?;
+    let divisor = a.opt_int("divisor_override")?;
+    let (xs, lead, h, w) = planes(&x)?;
+    let oh = pool_len(h, k[0], p[0], s[0], 1, ceil)?;
+    let ow = pool_len(w, k[1], p[1], s[1], 1, ceil)?;
+    let np: usize = lead.iter().product();
+    let mut out = vec![0f32; np * oh * ow];
+    for pl in 0..np {
+        let src = &xs[pl * h * w..][..h * w];
+        for y in 0..oh {
+            let hs = (y * s[0]) as isize - p[0] as isize;
+            let he = (hs + k[0] as isize).min((h + p[0]) as isize);
+            let pool_h = he - hs;
+            let (hs, he) = (hs.max(0) as usize, he.min(h as isize) as usize);
+            for xo in 0..ow {
+                let ws = (xo * s[1]) as isize - p[1] as isize;
+                let we = (ws + k[1] as isize).min((w + p[1]) as isize);
+                let pool_w = we - ws;
+                let (ws, we) = (ws.max(0) as usize, we.min(w as isize) as usize);
+                let mut sum = 0f32;
+                for iy in hs..he {
+                    for ix in ws..we {
+                        sum += src[iy * w + ix];
+                    }
+                }
+                let div = match divisor {
+                    Some(d) if d != 0 => d as f32,
+                    _ if include_pad => (pool_h * pool_w) as f32,
+                    _ => ((he.saturating_sub(hs)) * (we.saturating_sub(ws))) as f32,
+                };
+                out[(pl * oh + y) * ow + xo] = sum / div;
+            }
+        }
+    }
+    let mut shape = lead;
+    shape.extend([oh, ow]);
+    one(from_f32(out, &shape)?)
+}
+
+fn adaptive_avg(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let o = two(&a.ints("output_size")?, "output_size")?;
+    let (xs, lead, h, w) = planes(&x)?;
+    let (oh, ow) = (o[0], o[1]);
+    let np: usize = lead.iter().product();
+    // Fast path: global pooling is a mean over the plane.
+    if oh == 1 && ow == 1 {
+        let mut shape = lead.clone();
+        shape.extend([1, 1]);
+        let y = x.reshape((np, h * w))?.mean_keepdim(1)?;
+        return one(y.reshape(shape)?);
+    }
+    let mut out = vec![0f32; np * oh * ow];
+    for pl in 0..np {
+        let src = &xs[pl * h * w..][..h * w];
+        for y in 0..oh {
+            let (hs, he) = (y * h / oh, ((y + 1) * h).div_ceil(oh));
+            for xo in 0..ow {
+                let (ws, we) = (xo * w / ow, ((xo + 1) * w).div_ceil(ow));
+                let mut sum = 0f32;
+                for iy in hs..he {
+                    for ix in ws..we {
+                        sum += src[iy * w + ix];
+                    }
+                }
+                out[(pl * oh + y) * ow + xo] = sum / ((he - hs) * (we - ws)) as f32;
+            }
+        }
+    }
+    let mut shape = lead;
+    shape.extend([oh, ow]);
+    one(from_f32(out, &shape)?)
+}

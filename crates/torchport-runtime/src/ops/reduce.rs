@@ -1,0 +1,207 @@
+//! Reductions: mean, sum, amax/amin, max/min along a dim, var, cumsum, argmax, any/all.
+
+use candle_core::{DType, Tensor};
+
+use super::{dim, float, Registry};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs, Value};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    r.add("aten.mean.dim", mean);
+    r.add("aten.mean.default", mean);
+    r.add("aten.sum.dim_IntList", sum);
+    r.add("aten.sum.default", sum);
+    r.add("aten.amax.default", amax);
+    r.add("aten.amin.default", amax);
+    r.add("aten.max.dim", max_dim);
+    r.add("aten.min.dim", max_dim);
+    r.add("aten.var.correction", var);
+    r.add("aten.var.dim", var);
+    r.add("aten.cumsum.default", cumsum);
+    r.add("aten.argmax.default", argmax);
+    r.add("aten.any.dim", any_dim);
+    r.add("aten.any.dims", any_dim);
+    r.add("aten.any.default", |a| {
+        let t = super::elementwise::to_mask(&a.tensor("self")?)?;
+        one(t.flatten_all()?.max_keepdim(0)?.reshape(())?)
+    });
+}
+
+/// Absolute dims from an optional `int[]?` (None or empty means all dims).
+fn dims_of(a: &Args, name: &str, rank: usize) -> OpResult<Vec<usize>> {
+    let mut v = match a.opt_ints(name)? {
+        Some(v) if !v.is_empty() => v
+            .iter()
+            .map(|&d| dim(d, rank))
+            .collect::<OpResult<Vec<_>>>()?,
+        _ => (0..rank).collect(),
+    };
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+/// Reduce `t` over `dims` with `f` (a keepdim reduction over one dim), then drop the reduced
+/// dims unless `keep`.
+fn reduce(
+    t: &Tensor,
+    dims: &[usize],
+    keep: bool,
+    f: impl Fn(&Tensor, usize) -> candle_core::Result<Tensor>,
+) -> OpResult<Tensor> {
+    let mut r = t.clone();
+    for &d in dims {
+        r = f(&r, d)?;
+    }
+    if keep {
+        return Ok(r);
+    }
+    let shape: Vec<usize> = t
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dims.contains(i))
+        .map(|(_, &s)| s)
+        .collect();
+    Ok(r.reshape(shape)?)
+}
+
+fn mean(a: &Args) -> OpResult<Outputs> {
+    let t = float(&a.tensor("self")?)?;
+    let dims = dims_of(a, "dim", t.rank())?;
+    let keep = a.bool_or("keepdim", false)?;
+    // Contiguous trailing dims reduce as one flattened axis (one pass, better accuracy).
+    let r = t.rank();
+    if !dims.is_empty() && dims.iter().copied().eq(r - dims.len()..r) && dims.len() > 1 {
+        let lead = &t.dims()[..r - dims.len()];
+        let mut s = lead.to_vec();
+        s.push(dims.iter().map(|&d| t.dims()[d]).product());
+        let m = t.reshape(s)?.mean_keepdim(lead.len())?;
+        let mut out = lead.to_vec();
+        if keep {
+            out.extend(std::iter::repeat_n(1, dims.len()));
+        }
+        return one(m.reshape(out)?);
+    }
+    one(reduce(&t, &dims, keep, |x, d| x.mean_keepdim(d))?)
+}
+
+fn sum(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let t = if t.dtype() == DType::U8 {
+        t.to_dtype(DType::I64)?
+    } else {
+        t
+    };
+    let dims = dims_of(a, "dim", t.rank())?;
+    let keep = a.bool_or("keepdim", false)?;
+    let r = reduce(&t, &dims, keep, |x, d| x.sum_keepdim(d))?;
+    match a.opt_scalar_type("dtype")? {
+        Some(st) => one(crate::dtype::cast(&r, st)?),
+        None => one(r),
+    }
+}
+
+fn amax(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let dims = dims_of(a, "dim", t.rank())?;
+    let keep = a.bool_or("keepdim", false)?;
+    if a.node().target.contains("amin") {
+        one(reduce(&t, &dims, keep, |x, d| x.min_keepdim(d))?)
+    } else {
+        one(reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?)
+    }
+}
+
+fn max_dim(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dim")?, t.rank())?;
+    let keep = a.bool_or("keepdim", false)?;
+    let is_min = a.node().target.contains("min");
+    let (v, i) = if is_min {
+        (t.min_keepdim(d)?, t.argmin_keepdim(d)?)
+    } else {
+        (t.max_keepdim(d)?, t.argmax_keepdim(d)?)
+    };
+    let i = i.to_dtype(DType::I64)?;
+    let (v, i) = if keep {
+        (v, i)
+    } else {
+        (v.squeeze(d)?, i.squeeze(d)?)
+    };
+    Ok(vec![Value::Tensor(v), Value::Tensor(i)])
+}
+
+fn argmax(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let keep = a.bool_or("keepdim", false)?;
+    let (t, d) = match a.opt_int("dim")? {
+        Some(d) => {
+            let d = dim(d, t.rank())?;
+            (t, d)
+        }
+        None => (t.flatten_all()?, 0),
+    };
+    let i = t.argmax_keepdim(d)?.to_dtype(DType::I64)?;
+    one(if keep { i } else { i.squeeze(d)? })
+}
+
+fn var(a: &Args) -> OpResult<Outputs> {
+    let t = float(&a.tensor("self")?)?;
+    let dims = dims_of(a, "dim", t.rank())?;
+    let keep = a.bool_or("keepdim", false)?;
+    let correction = if a.has("correction") {
+        a.float("correction")?
+    } else if a.bool_or("unbiased", true)? {
+        1.0
+    } else {
+        0.0
+    };
+    let n: usize = dims.iter().map(|&d| t.dims()[d]).product();
+    let m = reduce(&t, &dims, true, |x, d| x.mean_keepdim(d))?;
+    let sq = t.broadcast_sub(&m)?.sqr()?;
+    let s = reduce(&sq, &dims, keep, |x, d| x.sum_keepdim(d))?;
+    let denom = n as f64 - correction;
+    if denom <= 0.0 {
+        op_bail!("var over {n} elements with correction {correction}");
+    }
+    one(s.affine(1.0 / denom, 0.0)?)
+}
+
+fn cumsum(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dim")?, t.rank())?;
+    let t = match t.dtype() {
+        DType::U8 => t.to_dtype(DType::I64)?,
+        _ => t,
+    };
+    let r = if t.dtype() == DType::I64 {
+        // Exact integer prefix sums (candle's cumsum goes through a float matmul).
+        let moved = t.transpose(d, t.rank() - 1)?.contiguous()?;
+        let len = moved.dims()[moved.rank() - 1];
+        let mut v = moved.flatten_all()?.to_vec1::<i64>()?;
+        if len > 0 {
+            for row in v.chunks_mut(len) {
+                for i in 1..row.len() {
+                    row[i] += row[i - 1];
+                }
+            }
+        }
+        Tensor::from_vec(v, moved.shape(), &candle_core::Device::Cpu)?.transpose(d, t.rank() - 1)?
+    } else {
+        t.cumsum(d)?
+    };
+    match a.opt_scalar_type("dtype")? {
+        Some(st) => one(crate::dtype::cast(&r, st)?),
+        None => one(r),
+    }
+}
+
+fn any_dim(a: &Args) -> OpResult<Outputs> {
+    let t = super::elementwise::to_mask(&a.tensor("self")?)?;
+    let dims = dims_of(a, "dim", t.rank())?;
+    let keep = a.bool_or("keepdim", false)?;
+    one(reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?)
+}

@@ -1,0 +1,520 @@
+//! Views and layout: view/reshape/flatten, permute/transpose, (un)squeeze, expand, slice,
+//! select, cat/stack, split/chunk/unbind, repeat, indexing (index, index_select, embedding,
+//! gather), and tensor factories (arange, full, zeros/ones, triu/tril, sym_size).
+
+use candle_core::{DType, Device, Tensor, D};
+
+use super::{as_dtype, dim, scalar_tensor, usize_of, Registry};
+use crate::dtype;
+use crate::error::{OpError, OpResult};
+use crate::op_bail;
+use crate::value::{one, Args, Outputs, Scalar, Value};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    for n in [
+        "aten.view.default",
+        "aten.reshape.default",
+        "aten._unsafe_view.default",
+    ] {
+        r.add(n, view);
+    }
+    r.add("aten.flatten.using_ints", flatten);
+    r.add("aten.permute.default", permute);
+    r.add("aten.transpose.int", transpose);
+    r.add("aten.t.default", |a| one(a.tensor("self")?.t()?));
+    r.add("aten.numpy_T.default", |a| {
+        let t = a.tensor("self")?;
+        let dims: Vec<usize> = (0..t.rank()).rev().collect();
+        one(t.permute(dims)?)
+    });
+    r.add("aten.unsqueeze.default", unsqueeze);
+    r.add("aten.squeeze.dim", squeeze);
+    r.add("aten.squeeze.dims", squeeze);
+    r.add("aten.squeeze.default", squeeze);
+    r.add("aten.expand.default", expand);
+    r.add("aten.slice.Tensor", slice);
+    r.add("aten.select.int", select);
+    r.add("aten.cat.default", cat);
+    r.add("aten.concat.default", cat);
+    r.add("aten.stack.default", stack);
+    r.add("aten.split.Tensor", split);
+    r.add("aten.split_with_sizes.default", split);
+    r.add("aten.chunk.default", chunk);
+    r.add("aten.unbind.int", unbind);
+    r.add("aten.repeat.default", repeat);
+    r.add("aten.flip.default", flip);
+    r.add("aten.index.Tensor", index);
+    r.add("aten.index_select.default", index_select);
+    r.add("aten.embedding.default", embedding);
+    r.add("aten.gather.default", gather);
+    r.add("aten.arange.default", arange);
+    r.add("aten.arange.start", arange);
+    r.add("aten.arange.start_step", arange);
+    r.add("aten.full.default", full);
+    r.add("aten.zeros.default", full);
+    r.add("aten.ones.default", full);
+    r.add("aten.scalar_tensor.default", full);
+    r.add("aten.new_zeros.default", full);
+    r.add("aten.new_ones.default", full);
+    r.add("aten.new_full.default", full);
+    r.add("aten.full_like.default", full_like);
+    r.add("aten.zeros_like.default", full_like);
+    r.add("aten.ones_like.default", full_like);
+    r.add("aten.triu.default", triu_tril);
+    r.add("aten.tril.default", triu_tril);
+    r.add("aten.sym_size.int", |a| {
+        let t = a.tensor("self")?;
+        let d = dim(a.int("dim")?, t.rank())?;
+        Ok(vec![Value::Int(t.dims()[d] as i64)])
+    });
+}
+
+/// Resolve a torch shape with at most one -1 against `numel` elements.
+pub fn infer_shape(shape: &[i64], numel: usize) -> OpResult<Vec<usize>> {
+    let mut known: usize = 1;
+    let mut hole = None;
+    for (i, &s) in shape.iter().enumerate() {
+        if s == -1 {
+            if hole.replace(i).is_some() {
+                op_bail!("shape {shape:?} has more than one -1");
+            }
+        } else {
+            known = known
+                .checked_mul(usize_of(s, "a size")?)
+                .ok_or_else(|| OpError(format!("shape {shape:?} is too large")))?;
+        }
+    }
+    let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
+    if let Some(i) = hole {
+        if known == 0 || numel / known * known != numel {
+            op_bail!("shape {shape:?} is invalid for {numel} elements");
+        }
+        out[i] = numel / known;
+    } else if known != numel {
+        op_bail!("shape {shape:?} is invalid for {numel} elements");
+    }
+    Ok(out)
+}
+
+fn view(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let shape = infer_shape(
+        &a.ints(if a.has("size") { "size" } else { "shape" })?,
+        t.elem_count(),
+    )?;
+    one(t.reshape(shape)?)
+}
+
+fn flatten(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    if t.rank() == 0 {
+        return one(t.reshape(1)?);
+    }
+    let s = dim(a.int_or("start_dim", 0)?, t.rank())?;
+    let e = dim(a.int_or("end_dim", -1)?, t.rank())?;
+    one(t.flatten(s, e)?)
+}
+
+fn permute(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let dims = a
+        .ints("dims")?
+        .iter()
+        .map(|&d| dim(d, t.rank()))
+        .collect::<OpResult<Vec<_>>>()?;
+    one(t.permute(dims)?)
+}
+
+fn transpose(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d0 = dim(a.int("dim0")?, t.rank())?;
+    let d1 = dim(a.int("dim1")?, t.rank())?;
+    one(t.transpose(d0, d1)?)
+}
+
+fn unsqueeze(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dim")?, t.rank() + 1)?;
+    one(t.unsqueeze(d)?)
+}
+
+fn squeeze(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let dims: Vec<usize> = if a.has("dim") {
+        a.ints("dim")?
+            .iter()
+            .map(|&d| dim(d, t.rank()))
+            .collect::<OpResult<_>>()?
+    } else {
+        (0..t.rank()).collect()
+    };
+    let shape: Vec<usize> = t
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|(i, &s)| !(s == 1 && dims.contains(i)))
+        .map(|(_, &s)| s)
+        .collect();
+    one(t.reshape(shape)?)
+}
+
+fn expand(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let size = a.ints("size")?;
+    if size.len() < t.rank() {
+        op_bail!(
+            "expand to {size:?} has fewer dims than the tensor ({:?})",
+            t.dims()
+        );
+    }
+    let lead = size.len() - t.rank();
+    let shape = size
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            if s == -1 {
+                if i < lead {
+                    op_bail!("expand size -1 is not allowed for a new leading dim");
+                }
+                Ok(t.dims()[i - lead])
+            } else {
+                usize_of(s, "an expand size")
+            }
+        })
+        .collect::<OpResult<Vec<_>>>()?;
+    one(t.broadcast_as(shape)?)
+}
+
+/// Clamp a Python-style slice bound to `[0, len]`.
+fn bound(v: i64, len: usize) -> usize {
+    let l = len as i64;
+    let v = if v < 0 { v + l } else { v };
+    v.clamp(0, l) as usize
+}
+
+fn slice(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int_or("dim", 0)?, t.rank())?;
+    let len = t.dims()[d];
+    let start = bound(a.opt_int("start")?.unwrap_or(0), len);
+    let end = bound(a.opt_int("end")?.unwrap_or(i64::MAX).min(len as i64), len).max(start);
+    let step = usize_of(a.int_or("step", 1)?, "slice step")?;
+    if step == 0 {
+        op_bail!("slice step must be positive");
+    }
+    let n = end - start;
+    let s = t.narrow(d, start, n)?;
+    if step == 1 {
+        return one(s);
+    }
+    let idx: Vec<i64> = (0..n).step_by(step).map(|i| i as i64).collect();
+    let ids = Tensor::new(idx.as_slice(), &Device::Cpu)?;
+    one(s.contiguous()?.index_select(&ids, d)?)
+}
+
+fn select(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dim")?, t.rank())?;
+    let len = t.dims()[d];
+    let i = a.int("index")?;
+    let i = if i < 0 { i + len as i64 } else { i };
+    if i < 0 || i as usize >= len {
+        op_bail!("index {i} is out of range for dim {d} of size {len}");
+    }
+    one(t.narrow(d, i as usize, 1)?.squeeze(d)?)
+}
+
+fn cat(a: &Args) -> OpResult<Outputs> {
+    let ts = a.tensors("tensors")?;
+    // torch skips legacy empty 1-d tensors in cat.
+    let ts: Vec<Tensor> = ts
+        .into_iter()
+        .filter(|t| !(t.rank() == 1 && t.dims()[0] == 0))
+        .collect();
+    let Some(first) = ts.first() else {
+        op_bail!("cat of no tensors");
+    };
+    let d = dim(a.int_or("dim", 0)?, first.rank())?;
+    let dt = ts
+        .iter()
+        .fold(first.dtype(), |acc, t| super::promote(acc, t.dtype()));
+    let ts = ts
+        .iter()
+        .map(|t| as_dtype(t, dt))
+        .collect::<OpResult<Vec<_>>>()?;
+    one(Tensor::cat(&ts, d)?)
+}
+
+fn stack(a: &Args) -> OpResult<Outputs> {
+    let ts = a.tensors("tensors")?;
+    let Some(first) = ts.first() else {
+        op_bail!("stack of no tensors");
+    };
+    let d = dim(a.int_or("dim", 0)?, first.rank() + 1)?;
+    one(Tensor::stack(&ts, d)?)
+}
+
+fn split(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int_or("dim", 0)?, t.rank())?;
+    let len = t.dims()[d];
+    let sizes: Vec<usize> = if a.node().target.contains("split_with_sizes") {
+        a.ints("split_sizes")?
+            .iter()
+            .map(|&s| usize_of(s, "a split size"))
+            .collect::<OpResult<_>>()?
+    } else {
+        let s = usize_of(a.int("split_size")?, "split size")?.max(1);
+        let mut v = vec![s; len / s];
+        if len % s != 0 {
+            v.push(len % s);
+        }
+        v
+    };
+    split_into(&t, d, &sizes)
+}
+
+fn split_into(t: &Tensor, d: usize, sizes: &[usize]) -> OpResult<Outputs> {
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut start = 0;
+    for &s in sizes {
+        out.push(t.narrow(d, start, s)?);
+        start += s;
+    }
+    if start != t.dims()[d] {
+        op_bail!("split sizes {sizes:?} do not add up to {}", t.dims()[d]);
+    }
+    Ok(vec![Value::Tensors(out)])
+}
+
+fn chunk(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int_or("dim", 0)?, t.rank())?;
+    let n = usize_of(a.int("chunks")?, "chunks")?.max(1);
+    let len = t.dims()[d];
+    let each = len.div_ceil(n).max(1);
+    let mut sizes = Vec::new();
+    let mut left = len;
+    while left > 0 {
+        let s = each.min(left);
+        sizes.push(s);
+        left -= s;
+    }
+    split_into(&t, d, &sizes)
+}
+
+fn unbind(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int_or("dim", 0)?, t.rank())?;
+    let out = (0..t.dims()[d])
+        .map(|i| Ok(t.narrow(d, i, 1)?.squeeze(d)?))
+        .collect::<OpResult<Vec<_>>>()?;
+    Ok(vec![Value::Tensors(out)])
+}
+
+fn repeat(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let reps = a.ints("repeats")?;
+    if reps.len() < t.rank() {
+        op_bail!("repeat needs at least {} counts", t.rank());
+    }
+    let mut shape = vec![1usize; reps.len() - t.rank()];
+    shape.extend_from_slice(t.dims());
+    let mut t = t.reshape(shape)?;
+    for (d, &r) in reps.iter().enumerate() {
+        let r = usize_of(r, "a repeat count")?;
+        if r != 1 {
+            let copies = vec![t.clone(); r];
+            t = Tensor::cat(&copies, d)?;
+        }
+    }
+    one(t)
+}
+
+/// Indices as i64, negative ones wrapped by `len`.
+fn wrap_indices(idx: &Tensor, len: usize) -> OpResult<Tensor> {
+    if idx.dtype() == DType::U8 {
+        op_bail!("boolean mask indexing is not supported");
+    }
+    let idx = as_dtype(idx, DType::I64)?;
+    let neg = idx.lt(&idx.zeros_like()?)?;
+    let wrapped = idx.broadcast_add(&scalar_tensor(Scalar::Int(len as i64), DType::I64)?)?;
+    let idx = neg.where_cond(&wrapped, &idx)?;
+    let v = idx.flatten_all()?.to_vec1::<i64>()?;
+    if let Some(bad) = v.iter().find(|&&i| i < 0 || i as usize >= len) {
+        op_bail!("index {bad} is out of range for a dim of size {len}");
+    }
+    Ok(idx)
+}
+
+/// `x[..., idx, ...]` along one dim with an index tensor of any shape.
+pub fn take(t: &Tensor, idx: &Tensor, d: usize) -> OpResult<Tensor> {
+    let idx = wrap_indices(idx, t.dims()[d])?;
+    let flat = idx.flatten_all()?;
+    let picked = t.contiguous()?.index_select(&flat, d)?;
+    let mut shape: Vec<usize> = t.dims()[..d].to_vec();
+    shape.extend_from_slice(idx.dims());
+    shape.extend_from_slice(&t.dims()[d + 1..]);
+    Ok(picked.reshape(shape)?)
+}
+
+fn index(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let idx = a.opt_tensors("indices")?;
+    let given: Vec<(usize, &Tensor)> = idx
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| x.as_ref().map(|x| (i, x)))
+        .collect();
+    match given.as_slice() {
+        [(d, i)] => one(take(&t, i, *d)?),
+        _ => Err(super::unsupported(
+            "aten.index.Tensor with more than one index tensor",
+        )),
+    }
+}
+
+fn index_select(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dim")?, t.rank())?;
+    one(take(&t, &a.tensor("index")?, d)?)
+}
+
+fn embedding(a: &Args) -> OpResult<Outputs> {
+    let w = a.tensor("weight")?;
+    one(take(&w, &a.tensor("indices")?, 0)?)
+}
+
+fn gather(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dim")?, t.rank())?;
+    let idx = wrap_indices(&a.tensor("index")?, t.dims()[d])?;
+    one(t.contiguous()?.gather(&idx.contiguous()?, d)?)
+}
+
+fn arange(a: &Args) -> OpResult<Outputs> {
+    let (start, end) = if a.has("start") {
+        (a.scalar("start")?, a.scalar("end")?)
+    } else {
+        (Scalar::Int(0), a.scalar("end")?)
+    };
+    let step = a.scalar_or("step", Scalar::Int(1))?;
+    let is_int = |s: Scalar| matches!(s, Scalar::Int(_));
+    let st =
+        a.opt_scalar_type("dtype")?
+            .unwrap_or(if is_int(start) && is_int(end) && is_int(step) {
+                dtype::LONG
+            } else {
+                dtype::FLOAT
+            });
+    let (s, e, k) = (start.as_f64(), end.as_f64(), step.as_f64());
+    if k == 0.0 {
+        op_bail!("arange step must be non-zero");
+    }
+    let n = ((e - s) / k).ceil().max(0.0);
+    if n > 1e9 {
+        op_bail!("arange of {n} elements is too large");
+    }
+    let n = n as usize;
+    let t = if dtype::is_float(st) {
+        let v: Vec<f32> = (0..n).map(|i| (s + i as f64 * k) as f32).collect();
+        Tensor::from_vec(v, n, &Device::Cpu)?
+    } else {
+        let v: Vec<i64> = (0..n).map(|i| (s + i as f64 * k) as i64).collect();
+        Tensor::from_vec(v, n, &Device::Cpu)?
+    };
+    one(dtype::cast(&t, st)?)
+}
+
+fn fill(shape: &[usize], v: Scalar, st: Option<i64>) -> OpResult<Tensor> {
+    let st = st.unwrap_or(match v {
+        Scalar::Int(_) => dtype::LONG,
+        Scalar::Float(_) => dtype::FLOAT,
+        Scalar::Bool(_) => dtype::BOOL,
+    });
+    let d = dtype::runtime(st)?;
+    let t = scalar_tensor(v, d)?.broadcast_as(shape)?.contiguous()?;
+    dtype::cast(&t, st)
+}
+
+fn full(a: &Args) -> OpResult<Outputs> {
+    let target = a.node().target.as_str();
+    let shape: Vec<usize> = if target.contains("scalar_tensor") {
+        vec![]
+    } else {
+        a.ints("size")?
+            .iter()
+            .map(|&s| usize_of(s, "a size"))
+            .collect::<OpResult<_>>()?
+    };
+    let v = if target.contains("zeros") {
+        Scalar::Int(0)
+    } else if target.contains("ones") {
+        Scalar::Int(1)
+    } else if target.contains("scalar_tensor") {
+        a.scalar("s")?
+    } else {
+        a.scalar("fill_value")?
+    };
+    let mut st = a.opt_scalar_type("dtype")?;
+    if st.is_none() && target.contains("new_") {
+        st = Some(dtype::of_runtime(a.tensor("self")?.dtype()));
+    }
+    if st.is_none() && (target.contains("zeros") || target.contains("ones")) {
+        st = Some(dtype::FLOAT);
+    }
+    if st.is_none() && target.contains("scalar_tensor") {
+        st = Some(dtype::FLOAT);
+    }
+    one(fill(&shape, v, st)?)
+}
+
+fn full_like(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let target = a.node().target.as_str();
+    let v = if target.contains("zeros") {
+        Scalar::Int(0)
+    } else if target.contains("ones") {
+        Scalar::Int(1)
+    } else {
+        a.scalar("fill_value")?
+    };
+    let st = a
+        .opt_scalar_type("dtype")?
+        .unwrap_or(dtype::of_runtime(t.dtype()));
+    one(fill(t.dims(), v, Some(st))?)
+}
+
+fn triu_tril(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    if t.rank() < 2 {
+        op_bail!("triu/tril needs a tensor of rank >= 2");
+    }
+    let k = a.int_or("diagonal", 0)?;
+    let (r, c) = (t.dim(D::Minus2)?, t.dim(D::Minus1)?);
+    let rows = Tensor::arange(0i64, r as i64, &Device::Cpu)?.reshape((r, 1))?;
+    let cols = Tensor::arange(0i64, c as i64, &Device::Cpu)?.reshape((1, c))?;
+    let diff = cols.broadcast_sub(&rows)?; // j - i
+    let kk = Tensor::new(k, &Device::Cpu)?;
+    let keep = if a.node().target.contains("triu") {
+        diff.broadcast_ge(&kk)?
+    } else {
+        diff.broadcast_le(&kk)?
+    };
+    let zero = t.zeros_like()?;
+    let keep = keep.broadcast_as(t.shape())?;
+    one(keep.where_cond(&t, &zero)?)
+}
+
+fn flip(a: &Args) -> OpResult<Outputs> {
+    let mut t = a.tensor("self")?;
+    for d in a.ints("dims")? {
+        let d = dim(d, t.rank())?;
+        let n = t.dims()[d] as i64;
+        let idx: Vec<i64> = (0..n).rev().collect();
+        let ids = Tensor::new(idx.as_slice(), &Device::Cpu)?;
+        t = t.contiguous()?.index_select(&ids, d)?;
+    }
+    one(t)
+}

@@ -1,0 +1,516 @@
+//! `Program`: a loaded exported program (graph + weights) and the interpreter that runs it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+
+use crate::archive::Archive;
+use crate::dtype::{self, ScalarType};
+use crate::error::{Error, Result};
+use crate::ops::{op_key, OpFn, Registry};
+use crate::schema::{Argument, ExportedProgram, InputSpec, OutputSpec, TensorMeta};
+use crate::value::{Args, Env, Value};
+
+/// How often one operator is used by a program, and whether the runtime implements it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpUse {
+    /// The overload, e.g. `aten.conv2d.default`.
+    pub op: String,
+    /// Number of nodes calling it.
+    pub count: usize,
+    /// Whether the registry has a kernel for it.
+    pub supported: bool,
+}
+
+/// Time spent in one operator during [`Program::profile`].
+#[derive(Debug, Clone)]
+pub struct OpTime {
+    /// The overload.
+    pub op: String,
+    /// Total time in its kernels.
+    pub total: std::time::Duration,
+    /// Nodes run.
+    pub count: usize,
+}
+
+/// What a user input of the program expects.
+#[derive(Debug, Clone)]
+pub struct InputInfo {
+    /// The placeholder's name in the graph.
+    pub name: String,
+    /// Torch dtype (`ScalarType` int).
+    pub dtype: ScalarType,
+    /// Sizes; `None` for a symbolic (dynamic) dim.
+    pub sizes: Vec<Option<i64>>,
+}
+
+/// A loaded program, ready to run.
+pub struct Program {
+    ep: ExportedProgram,
+    weights: HashMap<String, Tensor>,
+    kernels: Vec<Option<OpFn>>,
+    unsupported: Vec<String>,
+    inputs: Vec<InputInfo>,
+    outputs: Vec<Argument>,
+    /// Per node: values whose last use is this node (freed after it runs).
+    frees: Vec<Vec<String>>,
+}
+
+impl Program {
+    /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
+    pub fn load(path: impl AsRef<Path>) -> Result<Program> {
+        let mut ar = Archive::open(path.as_ref())?;
+        let ep = ar.program()?;
+        let mut payloads = crate::archive::read_weights(path.as_ref())?;
+        payloads.extend(ar.read_constants()?);
+        Program::from_parts(ep, payloads)
+    }
+
+    /// Build a program from a parsed graph and its weights by state_dict name (parameters,
+    /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
+    pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
+        let registry = Registry::with_all_ops();
+        let g = &ep.graph_module.graph;
+        let specs = &ep.graph_module.signature.input_specs;
+        if specs.len() != g.inputs.len() {
+            return Err(Error::Program(format!(
+                "the signature describes {} inputs but the graph has {}",
+                specs.len(),
+                g.inputs.len()
+            )));
+        }
+        let mut weights = HashMap::new();
+        let mut inputs = Vec::new();
+        for spec in specs {
+            let (arg, fqn) = match spec {
+                InputSpec::Parameter {
+                    arg,
+                    parameter_name,
+                } => (arg, parameter_name),
+                InputSpec::Buffer {
+                    arg, buffer_name, ..
+                } => (arg, buffer_name),
+                InputSpec::TensorConstant {
+                    arg,
+                    tensor_constant_name,
+                } => (arg, tensor_constant_name),
+                InputSpec::UserInput { arg } => {
+                    let Argument::AsTensor(t) = arg else {
+                        return Err(Error::Program(format!(
+                            "user input of kind {} is not supported (only tensors)",
+                            arg.kind_name()
+                        )));
+                    };
+                    let meta = g.tensor_values.get(&t.name).ok_or_else(|| {
+                        Error::Program(format!("user input '{}' has no tensor metadata", t.name))
+                    })?;
+                    inputs.push(input_info(&t.name, meta));
+                    continue;
+                }
+                InputSpec::CustomObj {
+                    custom_obj_name, ..
+                } => {
+                    return Err(Error::Program(format!(
+                        "custom object input '{custom_obj_name}' is not supported"
+                    )))
+                }
+                InputSpec::Token { .. } => {
+                    return Err(Error::Program(
+                        "effect tokens (side-effecting ops) are not supported".into(),
+                    ))
+                }
+                InputSpec::ConstantInput { name, .. } => {
+                    return Err(Error::Program(format!(
+                        "constant input '{name}' is not supported"
+                    )))
+                }
+            };
+            let t = payloads.get(fqn).ok_or_else(|| Error::Weight {
+                name: fqn.clone(),
+                what: "the program needs it but the archive does not hold it".into(),
+            })?;
+            if let Some(meta) = g.tensor_values.get(&arg.name) {
+                if let Some(s) = meta.static_sizes() {
+                    let want: Vec<usize> = s.iter().map(|&v| v.max(0) as usize).collect();
+                    if t.dims() != want.as_slice() {
+                        return Err(Error::Weight {
+                            name: fqn.clone(),
+                            what: format!("shape {:?} but the graph expects {want:?}", t.dims()),
+                        });
+                    }
+                }
+            }
+            weights.insert(arg.name.clone(), t.clone());
+        }
+        let outputs = user_outputs(&ep)?;
+
+        let mut kernels = Vec::with_capacity(g.nodes.len());
+        let mut unsupported = BTreeMap::new();
+        for node in &g.nodes {
+            let k = registry.get(&node.target);
+            if k.is_none() {
+                unsupported.insert(op_key(&node.target).to_string(), ());
+            }
+            kernels.push(k);
+        }
+        let frees = last_uses(&ep, &outputs);
+        Ok(Program {
+            ep,
+            weights,
+            kernels,
+            unsupported: unsupported.into_keys().collect(),
+            inputs,
+            outputs,
+            frees,
+        })
+    }
+
+    /// The parsed program.
+    pub fn exported_program(&self) -> &ExportedProgram {
+        &self.ep
+    }
+
+    /// The user inputs, in order.
+    pub fn inputs(&self) -> &[InputInfo] {
+        &self.inputs
+    }
+
+    /// The torch dtype of each user output (`ScalarType` ints), where known.
+    pub fn output_dtypes(&self) -> Vec<Option<ScalarType>> {
+        let tv = &self.ep.graph_module.graph.tensor_values;
+        self.outputs
+            .iter()
+            .map(|o| match o {
+                Argument::AsTensor(t) => tv.get(&t.name).map(|m| m.dtype),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every operator the program uses, with its count and whether it is supported.
+    pub fn ops(&self) -> Vec<OpUse> {
+        let mut m: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+        for (node, k) in self.ep.graph_module.graph.nodes.iter().zip(&self.kernels) {
+            let e = m
+                .entry(op_key(&node.target).to_string())
+                .or_insert((0, k.is_some()));
+            e.0 += 1;
+        }
+        m.into_iter()
+            .map(|(op, (count, supported))| OpUse {
+                op,
+                count,
+                supported,
+            })
+            .collect()
+    }
+
+    /// Operators the runtime lacks (empty when the program can run).
+    pub fn unsupported_ops(&self) -> &[String] {
+        &self.unsupported
+    }
+
+    /// Run the program on `inputs` (one tensor per user input, in order). Float inputs may be
+    /// any float dtype (they are rounded to the declared dtype, then computed in f32); integer
+    /// inputs any integer dtype; bool inputs u8. Outputs come back in their declared dtype where
+    /// candle has it (f32, f16, bf16, f64, i64, i32), bool as u8 0/1.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.run_inner(inputs, None)
+    }
+
+    /// Run like [`Program::run`] and also return the time spent in each operator (total,
+    /// node count), slowest first: what to look at before optimizing.
+    pub fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<OpTime>)> {
+        let mut times: HashMap<String, OpTime> = HashMap::new();
+        let out = self.run_inner(inputs, Some(&mut times))?;
+        let mut v: Vec<OpTime> = times.into_values().collect();
+        v.sort_by_key(|o| std::cmp::Reverse(o.total));
+        Ok((out, v))
+    }
+
+    fn run_inner(
+        &self,
+        inputs: &[Tensor],
+        mut times: Option<&mut HashMap<String, OpTime>>,
+    ) -> Result<Vec<Tensor>> {
+        if !self.unsupported.is_empty() {
+            return Err(Error::UnsupportedOps(self.unsupported.clone()));
+        }
+        if inputs.len() != self.inputs.len() {
+            return Err(Error::InputCount {
+                expected: self.inputs.len(),
+                got: inputs.len(),
+            });
+        }
+        let mut env: Env = HashMap::with_capacity(self.ep.graph_module.graph.nodes.len() * 2);
+        for (name, t) in &self.weights {
+            env.insert(name.clone(), Value::Tensor(t.clone()));
+        }
+        for (i, (info, t)) in self.inputs.iter().zip(inputs).enumerate() {
+            env.insert(info.name.clone(), Value::Tensor(check_input(i, info, t)?));
+        }
+        let g = &self.ep.graph_module.graph;
+        for (i, node) in g.nodes.iter().enumerate() {
+            let name = node.name.clone().unwrap_or_else(|| format!("#{i}"));
+            let op_err = |what: String| Error::Op {
+                node: name.clone(),
+                target: op_key(&node.target).to_string(),
+                what,
+            };
+            let Some(kernel) = self.kernels[i] else {
+                return Err(Error::UnsupportedOps(vec![node.target.clone()]));
+            };
+            let start = times.as_ref().map(|_| std::time::Instant::now());
+            let outs = kernel(&Args::new(node, &env)).map_err(|e| op_err(e.0))?;
+            if let (Some(t), Some(start)) = (times.as_deref_mut(), start) {
+                let key = op_key(&node.target);
+                let e = t.entry(key.to_string()).or_insert_with(|| OpTime {
+                    op: key.to_string(),
+                    total: std::time::Duration::ZERO,
+                    count: 0,
+                });
+                e.total += start.elapsed();
+                e.count += 1;
+            }
+            bind_outputs(node, outs, &mut env).map_err(op_err)?;
+            for dead in &self.frees[i] {
+                env.remove(dead);
+            }
+        }
+        let tv = &g.tensor_values;
+        self.outputs
+            .iter()
+            .map(|o| match o {
+                Argument::AsTensor(t) => {
+                    let Some(Value::Tensor(v)) = env.get(&t.name) else {
+                        return Err(Error::Program(format!(
+                            "output '{}' was never computed",
+                            t.name
+                        )));
+                    };
+                    match tv.get(&t.name) {
+                        Some(m) => dtype::to_declared(v, m.dtype)
+                            .map_err(|e| Error::Program(format!("output '{}': {}", t.name, e.0))),
+                        None => Ok(v.clone()),
+                    }
+                }
+                other => Err(Error::Program(format!(
+                    "non-tensor output ({}) is not supported",
+                    other.kind_name()
+                ))),
+            })
+            .collect()
+    }
+}
+
+fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
+    InputInfo {
+        name: name.to_string(),
+        dtype: meta.dtype,
+        sizes: meta
+            .sizes
+            .iter()
+            .map(|s| match s {
+                crate::schema::SymInt::AsInt(v) => Some(*v),
+                crate::schema::SymInt::AsExpr(_) => None,
+            })
+            .collect(),
+    }
+}
+
+fn user_outputs(ep: &ExportedProgram) -> Result<Vec<Argument>> {
+    let g = &ep.graph_module.graph;
+    let specs = &ep.graph_module.signature.output_specs;
+    if specs.len() != g.outputs.len() {
+        return Err(Error::Program(format!(
+            "the signature describes {} outputs but the graph has {}",
+            specs.len(),
+            g.outputs.len()
+        )));
+    }
+    let mut out = Vec::new();
+    for (spec, arg) in specs.iter().zip(&g.outputs) {
+        match spec {
+            OutputSpec::UserOutput { .. } => out.push(arg.clone()),
+            // Buffer mutations (e.g. BatchNorm's num_batches_tracked in train mode) do not
+            // change what the program returns; inference ignores them.
+            OutputSpec::BufferMutation { .. } => {}
+            OutputSpec::Token { .. } => {
+                return Err(Error::Program("effect tokens are not supported".into()))
+            }
+            _ => {
+                return Err(Error::Program(
+                    "training outputs (loss, gradients, input mutations) are not supported".into(),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Check one user input against the program and convert it to the runtime representation.
+fn check_input(i: usize, info: &InputInfo, t: &Tensor) -> Result<Tensor> {
+    let err = |what: String| Error::Input { index: i, what };
+    if t.rank() != info.sizes.len() {
+        return Err(err(format!(
+            "'{}' should have {} dims ({}), got shape {:?}",
+            info.name,
+            info.sizes.len(),
+            fmt_sizes(&info.sizes),
+            t.dims()
+        )));
+    }
+    for (d, (&got, want)) in t.dims().iter().zip(&info.sizes).enumerate() {
+        if let Some(w) = want {
+            if got as i64 != *w {
+                return Err(err(format!(
+                    "'{}' should have shape {}, got {:?} (dim {d} differs)",
+                    info.name,
+                    fmt_sizes(&info.sizes),
+                    t.dims()
+                )));
+            }
+        }
+    }
+    let is_float = matches!(
+        t.dtype(),
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64
+    );
+    let st = info.dtype;
+    let ok = if dtype::is_float(st) {
+        is_float
+    } else if dtype::is_int(st) {
+        !is_float
+    } else if st == dtype::BOOL {
+        t.dtype() == DType::U8
+    } else {
+        false
+    };
+    if !ok {
+        return Err(err(format!(
+            "'{}' should be {}, got a {:?} tensor",
+            info.name,
+            dtype::name(st),
+            t.dtype()
+        )));
+    }
+    dtype::cast(t, st).map_err(|e| err(e.0))
+}
+
+fn fmt_sizes(s: &[Option<i64>]) -> String {
+    let parts: Vec<String> = s
+        .iter()
+        .map(|v| v.map_or("?".to_string(), |v| v.to_string()))
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// Bind a kernel's outputs to the node's output names; an in-place op (`relu_`) also rebinds
+/// the tensor it mutated.
+fn bind_outputs(
+    node: &crate::schema::Node,
+    outs: Vec<Value>,
+    env: &mut Env,
+) -> std::result::Result<(), String> {
+    let mut outs = outs.into_iter();
+    for arg in &node.outputs {
+        let v = outs.next();
+        match (arg, v) {
+            (Argument::AsTensor(t), Some(Value::Tensor(x))) => {
+                env.insert(t.name.clone(), Value::Tensor(x));
+            }
+            (Argument::AsTensors(ts), Some(Value::Tensors(xs))) => {
+                if ts.len() != xs.len() {
+                    return Err(format!(
+                        "the op produced {} tensors, the graph names {}",
+                        xs.len(),
+                        ts.len()
+                    ));
+                }
+                for (t, x) in ts.iter().zip(xs) {
+                    env.insert(t.name.clone(), Value::Tensor(x));
+                }
+            }
+            (Argument::AsSymInt(crate::schema::SymIntArgument::AsName(n)), Some(v)) => {
+                env.insert(n.clone(), v);
+            }
+            (Argument::AsNone(_), _) => {}
+            (a, v) => {
+                return Err(format!(
+                    "the op's result ({}) does not match the graph's output ({})",
+                    v.map_or("nothing", |v| match v {
+                        Value::Tensor(_) => "a tensor",
+                        Value::Tensors(_) => "a tensor list",
+                        _ => "a scalar",
+                    }),
+                    a.kind_name()
+                ))
+            }
+        }
+    }
+    // In-place ops return their mutated input; later nodes may read it by its old name.
+    let op = op_key(&node.target);
+    let base = op.split('.').nth(1).unwrap_or("");
+    if base.ends_with('_') && !base.starts_with('_') {
+        if let (Some(Argument::AsTensor(src)), Some(Argument::AsTensor(dst))) = (
+            node.inputs
+                .iter()
+                .find(|a| a.name == "self")
+                .map(|a| &a.arg),
+            node.outputs.first(),
+        ) {
+            if let Some(v) = env.get(&dst.name).cloned() {
+                env.insert(src.name.clone(), v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Names of the values each node uses, for `last_uses`.
+fn used_names(arg: &Argument, out: &mut Vec<String>) {
+    use crate::schema::OptionalTensorArgument as O;
+    match arg {
+        Argument::AsTensor(t) => out.push(t.name.clone()),
+        Argument::AsTensors(ts) => out.extend(ts.iter().map(|t| t.name.clone())),
+        Argument::AsOptionalTensors(ts) => out.extend(ts.iter().filter_map(|t| match t {
+            O::AsTensor(t) => Some(t.name.clone()),
+            O::AsNone(_) => None,
+        })),
+        Argument::AsOptionalTensor(O::AsTensor(t)) => out.push(t.name.clone()),
+        Argument::AsSymInt(crate::schema::SymIntArgument::AsName(n)) => out.push(n.clone()),
+        Argument::AsSymInts(v) => out.extend(v.iter().filter_map(|s| match s {
+            crate::schema::SymIntArgument::AsName(n) => Some(n.clone()),
+            _ => None,
+        })),
+        _ => {}
+    }
+}
+
+/// For each node, the values last read by it (never outputs of the program, never values read
+/// by an in-place op, whose name lives on).
+fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
+    let g = &ep.graph_module.graph;
+    let mut last: HashMap<String, usize> = HashMap::new();
+    let mut keep: Vec<String> = Vec::new();
+    for o in outputs {
+        used_names(o, &mut keep);
+    }
+    for (i, node) in g.nodes.iter().enumerate() {
+        let mut names = Vec::new();
+        for a in &node.inputs {
+            used_names(&a.arg, &mut names);
+        }
+        for n in names {
+            last.insert(n, i);
+        }
+    }
+    let mut frees = vec![Vec::new(); g.nodes.len()];
+    for (name, i) in last {
+        if !keep.contains(&name) {
+            frees[i].push(name);
+        }
+    }
+    frees
+}

@@ -1,0 +1,206 @@
+//! Bad programs and bad inputs: one clear error each (fixtures from gen_export.py).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use torchport_runtime::candle_core::{DType, Device, Tensor};
+use torchport_runtime::npy::read_npy;
+use torchport_runtime::schema::parse_program;
+use torchport_runtime::{Error, Program};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/export")
+        .join(name)
+}
+
+fn tiny() -> Program {
+    Program::load(fixture("tiny.plain.pt2")).unwrap()
+}
+
+#[test]
+fn tiny_program_matches_torch() {
+    let x = read_npy(&fixture("tiny.input_0.npy")).unwrap();
+    let want = read_npy(&fixture("tiny.output_0.npy")).unwrap();
+    let got = tiny().run(&[x]).unwrap();
+    let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() <= 1e-6);
+}
+
+#[test]
+fn unknown_op_is_listed_before_running() {
+    let p = Program::load(fixture("bad_unknown_op.pt2")).unwrap();
+    assert_eq!(p.unsupported_ops(), ["aten.frobnicate.default"]);
+    let ops = p.ops();
+    assert!(ops
+        .iter()
+        .any(|o| o.op == "aten.frobnicate.default" && !o.supported && o.count == 1));
+    assert!(ops
+        .iter()
+        .any(|o| o.op == "aten.linear.default" && o.supported));
+    let x = Tensor::zeros((2, 4), DType::F32, &Device::Cpu).unwrap();
+    let err = p.run(&[x]).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedOps(_)));
+    assert_eq!(
+        err.to_string(),
+        "the program uses 1 unsupported operator(s): aten.frobnicate.default"
+    );
+}
+
+#[test]
+fn every_unsupported_op_is_reported_at_once() {
+    // Rename both nodes of the tiny program to unknown ops: both are listed, sorted.
+    let json = zip_member(&fixture("tiny.plain.pt2"), "models/model.json");
+    let text = String::from_utf8(json)
+        .unwrap()
+        .replace(
+            "torch.ops.aten.linear.default",
+            "torch.ops.aten.zzz_two.default",
+        )
+        .replace(
+            "torch.ops.aten.relu.default",
+            "torch.ops.aten.aaa_one.default",
+        );
+    let ep = parse_program(text.as_bytes()).unwrap();
+    let mut w = HashMap::new();
+    w.insert(
+        "0.weight".to_string(),
+        Tensor::ones((3, 4), DType::F32, &Device::Cpu).unwrap(),
+    );
+    w.insert(
+        "0.bias".to_string(),
+        Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let p = Program::from_parts(ep, w).unwrap();
+    assert_eq!(
+        p.unsupported_ops(),
+        ["aten.aaa_one.default", "aten.zzz_two.default"]
+    );
+}
+
+#[test]
+fn weights_built_in_memory_run() {
+    // The same graph with weights we choose: relu(x @ w.T + b) computed by hand.
+    let json = zip_member(&fixture("tiny.plain.pt2"), "models/model.json");
+    let ep = parse_program(&json).unwrap();
+    let dev = Device::Cpu;
+    let mut w = HashMap::new();
+    w.insert(
+        "0.weight".to_string(),
+        Tensor::new(
+            &[[1f32, 0., 0., 0.], [0., -1., 0., 0.], [1., 1., 1., 1.]],
+            &dev,
+        )
+        .unwrap(),
+    );
+    w.insert(
+        "0.bias".to_string(),
+        Tensor::new(&[0f32, 0., -10.], &dev).unwrap(),
+    );
+    let p = Program::from_parts(ep, w).unwrap();
+    let x = Tensor::new(&[[1f32, 2., 3., 4.], [-1., -2., -3., -4.]], &dev).unwrap();
+    let y = p.run(&[x]).unwrap()[0].to_vec2::<f32>().unwrap();
+    assert_eq!(y, vec![vec![1., 0., 0.], vec![0., 2., 0.]]);
+}
+
+#[test]
+fn missing_weight_is_named() {
+    let json = zip_member(&fixture("tiny.plain.pt2"), "models/model.json");
+    let ep = parse_program(&json).unwrap();
+    let err = Program::from_parts(ep, HashMap::new()).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "weight '0.weight': the program needs it but the archive does not hold it"
+    );
+}
+
+#[test]
+fn unknown_schema_version_is_refused() {
+    let err = Program::load(fixture("bad_version.pt2")).err().unwrap();
+    assert!(matches!(err, Error::Schema { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("schema version 99.0 is not supported (this runtime reads 8.x"),
+        "{msg}"
+    );
+    assert!(msg.contains("bad_version.pt2"), "{msg}");
+}
+
+#[test]
+fn corrupt_json_is_refused() {
+    let err = Program::load(fixture("bad_json.pt2")).err().unwrap();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Schema { .. }), "{msg}");
+    assert!(
+        msg.contains("models/model.json is not a valid exported program: EOF while parsing"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn not_an_archive_is_refused() {
+    let err = Program::load(fixture("tiny.input_0.npy")).err().unwrap();
+    assert!(matches!(err, Error::Archive { .. }), "{err}");
+}
+
+#[test]
+fn wrong_input_count() {
+    let err = tiny().run(&[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the program takes 1 input(s) but 0 were given"
+    );
+}
+
+#[test]
+fn wrong_input_shape() {
+    let x = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
+    let err = tiny().run(&[x]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "input 0: 'input' should have shape [2, 4], got [2, 5] (dim 1 differs)"
+    );
+    let x = Tensor::zeros(8, DType::F32, &Device::Cpu).unwrap();
+    let err = tiny().run(&[x]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "input 0: 'input' should have 2 dims ([2, 4]), got shape [8]"
+    );
+}
+
+#[test]
+fn wrong_input_dtype() {
+    let x = Tensor::zeros((2, 4), DType::I64, &Device::Cpu).unwrap();
+    let err = tiny().run(&[x]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "input 0: 'input' should be float32, got a I64 tensor"
+    );
+}
+
+#[test]
+fn f16_input_is_accepted_for_a_float32_program() {
+    let x = read_npy(&fixture("tiny.input_0.npy")).unwrap();
+    let y32 = tiny().run(std::slice::from_ref(&x)).unwrap();
+    let y16 = tiny().run(&[x.to_dtype(DType::F16).unwrap()]).unwrap();
+    let diff = (&y32[0] - &y16[0])
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-2);
+}
+
+fn zip_member(path: &std::path::Path, suffix: &str) -> Vec<u8> {
+    use std::io::Read;
+    let mut z = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    let name = z
+        .file_names()
+        .map(|n| n.unwrap().to_string())
+        .find(|n| n.ends_with(suffix))
+        .unwrap();
+    let mut out = Vec::new();
+    z.by_name(&name).unwrap().read_to_end(&mut out).unwrap();
+    out
+}

@@ -1,0 +1,93 @@
+//! End-to-end: run each family's exported program (plain and run_decompositions()) on the
+//! input PyTorch used and compare with PyTorch's own outputs (tests/fixtures/gen/gen_export.py):
+//! max abs diff <= 1e-4 * max(1, max |ref|), in f32.
+
+use std::path::PathBuf;
+
+use torchport_runtime::candle_core::{DType, Tensor};
+use torchport_runtime::npy::read_npy;
+use torchport_runtime::Program;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/export")
+}
+
+fn numbered(family: &str, kind: &str) -> Vec<Tensor> {
+    (0..)
+        .map(|i| fixtures().join(format!("{family}.{kind}_{i}.npy")))
+        .take_while(|p| p.exists())
+        .map(|p| read_npy(&p).unwrap())
+        .collect()
+}
+
+/// Max abs difference and the tolerance for one output.
+fn compare(got: &Tensor, want: &Tensor) -> (f32, f32) {
+    assert_eq!(got.dims(), want.dims(), "shape");
+    let g = got
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let w = want
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let maxref = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = g
+        .iter()
+        .zip(&w)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    (diff, 1e-4 * maxref.max(1.0))
+}
+
+fn check(family: &str) {
+    let inputs = numbered(family, "input");
+    let want = numbered(family, "output");
+    assert!(
+        !inputs.is_empty() && !want.is_empty(),
+        "{family}: fixtures missing"
+    );
+    for flavour in ["plain", "decomp"] {
+        let path = fixtures().join(format!("{family}.{flavour}.pt2"));
+        let p = Program::load(&path).unwrap_or_else(|e| panic!("{family}.{flavour}: {e}"));
+        assert!(
+            p.unsupported_ops().is_empty(),
+            "{family}.{flavour}: {:?}",
+            p.unsupported_ops()
+        );
+        let got = p
+            .run(&inputs)
+            .unwrap_or_else(|e| panic!("{family}.{flavour}: {e}"));
+        assert_eq!(got.len(), want.len(), "{family}.{flavour}: output count");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (diff, tol) = compare(g, w);
+            eprintln!("{family}.{flavour} output {i}: max abs diff {diff:e} (tolerance {tol:e})");
+            assert!(
+                diff <= tol,
+                "{family}.{flavour} output {i}: max abs diff {diff} > {tol}"
+            );
+        }
+    }
+}
+
+macro_rules! family {
+    ($($name:ident),*) => { $( #[test] fn $name() { check(stringify!($name)); } )* };
+}
+
+family!(
+    resnet,
+    mobilenet,
+    vgg,
+    squeezenet,
+    shufflenet,
+    densenet,
+    efficientnet,
+    regnet,
+    convnext
+);
+family!(vit, bert, gpt2, lstm, gru, unet, half);
