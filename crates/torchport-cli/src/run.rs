@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use torchport_runtime::npy::{npy_bytes, read_npy, write_npz};
+use torchport::write::{write, OutputFormat, WriteOptions};
+use torchport_runtime::npy::{out_tensor, read_npy};
 use torchport_runtime::{dtype, Program};
 
 /// Arguments of `run`.
@@ -44,12 +45,19 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .enumerate()
         .map(|(i, t)| {
             let is_bool = dtypes.get(i).copied().flatten() == Some(dtype::BOOL);
-            Ok((
-                format!("output_{i}"),
-                npy_bytes(t, is_bool).map_err(anyhow::Error::msg)?,
-            ))
+            out_tensor(format!("output_{i}"), t, is_bool).map_err(anyhow::Error::msg)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    write_npz(&args.output, &arrays).map_err(anyhow::Error::msg)?;
+    let mut inputs = vec![args.model.clone()];
+    inputs.extend(args.inputs.iter().cloned());
+    write(
+        &args.output,
+        OutputFormat::Npz,
+        &arrays,
+        WriteOptions {
+            inputs,
+            ..WriteOptions::default()
+        },
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,9 +1,6 @@
 //! `torchport convert` and `torchport diff` through the real binary: outputs read back with
 //! torchport, the safetensors crate and the zip crate; selection flags; dry runs; refusing to
 //! overwrite the input; exit codes (0 / 1 / 2) and the messages that go with them.
-// OutTensor producers return `torchport::Result`, whose error is over clippy's 128-byte
-// threshold (a library-wide question, not this file's).
-#![allow(clippy::result_large_err)]
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

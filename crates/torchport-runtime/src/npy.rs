@@ -1,12 +1,11 @@
-//! numpy I/O for `torchport run` and the tests. Reading goes through torchport's own numpy
-//! reader (`torchport::open`). TEMPORARY (replace at merge with the npz writer from branch
-//! writers): a minimal `.npz` writer for little-endian C-order f32, f16, f64, i64, i32, u8
-//! and bool arrays.
+//! numpy I/O for `torchport run` and the tests, through torchport's own numpy reader
+//! (`torchport::open`) and writers (`torchport::write`).
 
-use std::io::Write;
+use std::borrow::Cow;
 use std::path::Path;
 
 use candle_core::{DType, Tensor};
+use torchport::{DType as TDType, OutTensor};
 
 /// Read a `.npy` file (through torchport's numpy reader) into a runtime tensor: floats as f32,
 /// integers as i64, bool as u8 0/1.
@@ -36,105 +35,54 @@ pub fn read_arrays(path: &Path) -> Result<Vec<(String, Tensor)>, String> {
         .collect()
 }
 
-/// `.npy` bytes of a tensor; u8 tensors flagged `bool` are written as numpy bool.
-pub fn npy_bytes(t: &Tensor, bool_: bool) -> Result<Vec<u8>, String> {
+/// A runtime output as an [`OutTensor`] for torchport's writers: the element type numpy can
+/// hold (bfloat16 becomes float32, exactly; u8 tensors flagged `bool` become numpy bool).
+pub fn out_tensor(name: String, t: &Tensor, bool_: bool) -> Result<OutTensor<'static>, String> {
     let e = |e: candle_core::Error| e.to_string();
-    let t = t.contiguous().map_err(e)?;
-    let flat = t.flatten_all().map_err(e)?;
-    let (descr, data): (&str, Vec<u8>) = match t.dtype() {
+    let flat = t.contiguous().map_err(e)?.flatten_all().map_err(e)?;
+    fn le<T: Copy, const N: usize>(v: Vec<T>, f: fn(T) -> [u8; N]) -> Vec<u8> {
+        v.into_iter().flat_map(f).collect()
+    }
+    let (dtype, data) = match t.dtype() {
         DType::F32 => (
-            "<f4",
-            flat.to_vec1::<f32>()
-                .map_err(e)?
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
+            TDType::F32,
+            le(flat.to_vec1::<f32>().map_err(e)?, f32::to_le_bytes),
         ),
         DType::F64 => (
-            "<f8",
-            flat.to_vec1::<f64>()
-                .map_err(e)?
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
+            TDType::F64,
+            le(flat.to_vec1::<f64>().map_err(e)?, f64::to_le_bytes),
         ),
         DType::F16 => (
-            "<f2",
-            flat.to_vec1::<half::f16>()
-                .map_err(e)?
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
+            TDType::F16,
+            le(
+                flat.to_vec1::<half::f16>().map_err(e)?,
+                half::f16::to_le_bytes,
+            ),
         ),
-        // numpy has no bfloat16: written as float32 (exact).
-        DType::BF16 => (
-            "<f4",
-            flat.to_dtype(DType::F32)
+        DType::BF16 => {
+            let f = flat
+                .to_dtype(DType::F32)
                 .map_err(e)?
                 .to_vec1::<f32>()
-                .map_err(e)?
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
-        ),
+                .map_err(e)?;
+            (TDType::F32, le(f, f32::to_le_bytes))
+        }
         DType::I64 => (
-            "<i8",
-            flat.to_vec1::<i64>()
-                .map_err(e)?
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
+            TDType::I64,
+            le(flat.to_vec1::<i64>().map_err(e)?, i64::to_le_bytes),
         ),
         DType::I32 => (
-            "<i4",
-            flat.to_vec1::<i32>()
-                .map_err(e)?
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
+            TDType::I32,
+            le(flat.to_vec1::<i32>().map_err(e)?, i32::to_le_bytes),
         ),
         DType::U8 => (
-            if bool_ { "|b1" } else { "|u1" },
+            if bool_ { TDType::Bool } else { TDType::U8 },
             flat.to_vec1::<u8>().map_err(e)?,
         ),
-        d => return Err(format!("cannot write a {d:?} tensor to .npy")),
+        d => return Err(format!("cannot write a {d:?} tensor to .npz")),
     };
-    let shape: Vec<String> = t.dims().iter().map(|d| d.to_string()).collect();
-    let shape = match shape.len() {
-        1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.join(", ")),
-    };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header.as_bytes());
-    out.extend(data);
-    Ok(out)
-}
-
-/// Write named arrays to an `.npz` (stored zip), atomically (temp file + rename).
-pub fn write_npz(path: &Path, arrays: &[(String, Vec<u8>)]) -> Result<(), String> {
-    let tmp = path.with_extension("npz.tmp");
-    let io = |e: std::io::Error| format!("{}: {e}", path.display());
-    let file = std::fs::File::create(&tmp).map_err(io)?;
-    let mut zw = zip::ZipWriter::new(file);
-    let opts = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Stored)
-        .large_file(
-            arrays
-                .iter()
-                .any(|(_, b)| b.len() as u64 >= u32::MAX as u64),
-        );
-    for (name, bytes) in arrays {
-        zw.start_file(format!("{name}.npy"), opts)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        zw.write_all(bytes).map_err(io)?;
-    }
-    zw.finish()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::rename(&tmp, path).map_err(io)
+    let data = std::sync::Arc::new(data);
+    Ok(OutTensor::new(name, dtype, t.dims().to_vec(), move || {
+        Ok(Cow::Owned(data.as_ref().clone()))
+    }))
 }

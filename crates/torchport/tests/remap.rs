@@ -4,8 +4,6 @@
 //! (tests/fixtures/remap/every_op.toml) against torch's result; every rule error names its
 //! rule. Match reports: tests/remap_report.rs.
 
-// Test closures hand out `torchport::Error` as it is (its size is the library's choice).
-#![allow(clippy::result_large_err)]
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

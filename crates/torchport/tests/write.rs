@@ -7,9 +7,6 @@
 //! an input (also through a hard link), and the errors for tensors a format cannot hold.
 //! Python-side checks of the same outputs (torch.load, safetensors, numpy):
 //! tests/fixtures/gen/check_writers.py.
-// OutTensor producers return `torchport::Result`, whose error is over clippy's 128-byte
-// threshold (a library-wide question, not this file's).
-#![allow(clippy::result_large_err)]
 
 use std::borrow::Cow;
 use std::collections::HashMap;
