@@ -1,0 +1,57 @@
+//! Errors of the Burn integration: each one sentence naming the file and what went wrong.
+
+use std::path::PathBuf;
+
+use crate::report::LoadReport;
+
+/// Why a load did not happen (or did not finish).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The checkpoint could not be opened or read.
+    #[error(transparent)]
+    Read(#[from] torchport::Error),
+    /// A rename pattern is not a valid regular expression.
+    #[error("the rename pattern {pattern:?} is not a valid regular expression: {message}")]
+    Pattern {
+        /// The pattern.
+        pattern: String,
+        /// The regex engine's message.
+        message: String,
+    },
+    /// Strict loading found missing, unused or mismatched tensors; nothing was loaded.
+    #[error(
+        "{path}: the checkpoint does not fit the module, so nothing was loaded \
+         ({summary}); allow_partial(true) loads what fits\n{report}",
+        summary = report.summary()
+    )]
+    Incomplete {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Everything that did and did not match.
+        report: Box<LoadReport>,
+    },
+    /// Reading a tensor's data failed while it was being applied (the module may be partly
+    /// loaded).
+    #[error("{path}: {} tensor(s) could not be applied: {}", errors.len(), errors.join("; "))]
+    Apply {
+        /// The checkpoint.
+        path: PathBuf,
+        /// One message per failed tensor.
+        errors: Vec<String>,
+    },
+    /// The store only loads; saving a module into a checkpoint is done by torchport's writers.
+    #[error("TorchportStore only loads; save a Burn module with burn-store's own stores")]
+    ReadOnly,
+    /// Writing an activations file failed.
+    #[error("{path}: {message}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

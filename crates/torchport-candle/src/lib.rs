@@ -1,0 +1,269 @@
+//! # torchport-candle
+//!
+//! A candle-nn [`VarBuilder`] over any checkpoint torchport reads (`torch.save` files and every
+//! other format the `torchport` crate opens).
+//!
+//! ```no_run
+//! use candle_core::{DType, Device};
+//!
+//! let vb = torchport_candle::TorchportBackend::open("mlp.pt")?
+//!     .rename(r"^0\.", "fc1.")?
+//!     .rename(r"^2\.", "fc2.")?
+//!     .into_var_builder(DType::F32, &Device::Cpu);
+//! let fc1 = candle_nn::linear(6, 16, vb.pp("fc1"))?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - Lazy: opening reads only the file's directory; each tensor is read when the model asks
+//!   for it.
+//! - One copy: a tensor's bytes are borrowed from the memory-mapped file and copied once, into
+//!   the candle tensor (a strided or big-endian tensor is gathered first). Dtypes candle has
+//!   no element for (float8 variants other than e4m3fn) are decoded to f32.
+//! - Renames: regular-expression rules applied, in order, to the checkpoint's names before
+//!   lookup, so a PyTorch `nn.Sequential` (`0.weight`) can feed a candle model that names its
+//!   layers (`fc1.weight`).
+//! - Errors name the tensor that is missing and the closest names present, or the shape the
+//!   model wanted and the shape the file has.
+#![deny(missing_docs)]
+
+mod activations;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::{SimpleBackend, VarBuilder};
+use torchport::Checkpoint;
+
+pub use activations::Activations;
+
+/// Errors of this crate's own API (candle's `VarBuilder` calls return `candle_core::Error`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The checkpoint could not be opened.
+    #[error(transparent)]
+    Read(#[from] torchport::Error),
+    /// A rename pattern is not a valid regular expression.
+    #[error("the rename pattern {pattern:?} is not a valid regular expression: {message}")]
+    Pattern {
+        /// The pattern.
+        pattern: String,
+        /// The regex engine's message.
+        message: String,
+    },
+    /// Writing an activations file failed.
+    #[error("{path}: {message}")]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// A candle-nn [`SimpleBackend`] serving tensors from a torchport [`Checkpoint`].
+#[derive(Clone, Debug)]
+pub struct TorchportBackend {
+    ckpt: Arc<Checkpoint>,
+    renames: Vec<(regex::Regex, String)>,
+    /// Renamed name -> index into the checkpoint's tensors.
+    index: HashMap<String, usize>,
+}
+
+impl TorchportBackend {
+    /// Open a checkpoint of any format torchport reads.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        Ok(Self::new(torchport::open(path)?))
+    }
+
+    /// Serve an already opened checkpoint.
+    pub fn new(ckpt: impl Into<Arc<Checkpoint>>) -> Self {
+        let mut b = TorchportBackend {
+            ckpt: ckpt.into(),
+            renames: Vec::new(),
+            index: HashMap::new(),
+        };
+        b.reindex();
+        b
+    }
+
+    /// Rename checkpoint tensors before lookup: every match of the regular expression
+    /// `pattern` is replaced by `to` (`$1` names a capture group). Renames apply in order.
+    pub fn rename(mut self, pattern: &str, to: &str) -> Result<Self, Error> {
+        let re = regex::Regex::new(pattern).map_err(|e| Error::Pattern {
+            pattern: pattern.to_string(),
+            message: e.to_string(),
+        })?;
+        self.renames.push((re, to.to_string()));
+        self.reindex();
+        Ok(self)
+    }
+
+    fn renamed(&self, name: &str) -> String {
+        let mut out = name.to_string();
+        for (re, to) in &self.renames {
+            out = re.replace_all(&out, to.as_str()).into_owned();
+        }
+        out
+    }
+
+    fn reindex(&mut self) {
+        let mut index = HashMap::with_capacity(self.ckpt.tensors().len());
+        for (i, t) in self.ckpt.tensors().iter().enumerate() {
+            index.entry(self.renamed(&t.name)).or_insert(i);
+        }
+        self.index = index;
+    }
+
+    /// The checkpoint.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.ckpt
+    }
+
+    /// Every name a model can ask for (after renames), sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.index.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A `VarBuilder` over this backend, producing tensors of `dtype` on `device`.
+    pub fn into_var_builder(self, dtype: DType, device: &Device) -> VarBuilder<'static> {
+        VarBuilder::from_backend(Box::new(self), dtype, device.clone())
+    }
+
+    /// The closest names present to `name`, closest first (at most 3).
+    pub fn closest(&self, name: &str) -> Vec<&str> {
+        let mut scored: Vec<(usize, &str)> = self
+            .index
+            .keys()
+            .map(|k| (distance(name, k), k.as_str()))
+            .filter(|(d, k)| *d <= name.len().max(k.len()) / 2)
+            .collect();
+        scored.sort_unstable();
+        scored.into_iter().take(3).map(|(_, k)| k).collect()
+    }
+
+    fn missing(&self, name: &str) -> candle_core::Error {
+        let close = self.closest(name);
+        let hint = if close.is_empty() {
+            format!("it holds {} tensors", self.index.len())
+        } else {
+            format!("closest names present: {}", close.join(", "))
+        };
+        candle_core::Error::Msg(format!(
+            "{}: no tensor named {name}{}; {hint}",
+            self.ckpt.path().display(),
+            if self.renames.is_empty() {
+                ""
+            } else {
+                " (after renames)"
+            },
+        ))
+    }
+
+    /// Read one tensor as candle's `dtype` on `dev`.
+    fn read(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let i = *self.index.get(name).ok_or_else(|| self.missing(name))?;
+        let info = self
+            .ckpt
+            .tensors()
+            .get(i)
+            .ok_or_else(|| self.missing(name))?;
+        let path = self.ckpt.path().display();
+        if info.quant.is_some() {
+            return Err(candle_core::Error::Msg(format!(
+                "{path}: tensor {} is quantized ({}); dequantize it before loading",
+                info.name, info.dtype
+            )));
+        }
+        let bytes = self
+            .ckpt
+            .data(info)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let t = match candle_dtype(info.dtype) {
+            Some(d) => Tensor::from_raw_buffer(&bytes, d, &info.shape, dev)?,
+            None => {
+                let v = torchport::cast::to_f64(info.dtype, &bytes).map_err(|e| {
+                    candle_core::Error::Msg(format!("{path}: tensor {}: {e}", info.name))
+                })?;
+                let v: Vec<f32> = v.into_iter().map(|x| x as f32).collect();
+                Tensor::from_vec(v, info.shape.clone(), dev)?
+            }
+        };
+        if t.dtype() == dtype {
+            Ok(t)
+        } else {
+            t.to_dtype(dtype)
+        }
+    }
+}
+
+/// candle's dtype for a torch dtype, when candle has one.
+fn candle_dtype(d: torchport::DType) -> Option<DType> {
+    use torchport::DType as T;
+    Some(match d {
+        T::U8 | T::Bool => DType::U8,
+        T::U32 => DType::U32,
+        T::I16 => DType::I16,
+        T::I32 => DType::I32,
+        T::I64 => DType::I64,
+        T::BF16 => DType::BF16,
+        T::F16 => DType::F16,
+        T::F32 => DType::F32,
+        T::F64 => DType::F64,
+        T::F8E4M3Fn => DType::F8E4M3,
+        _ => return None,
+    })
+}
+
+impl SimpleBackend for TorchportBackend {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _h: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let t = self.read(name, dtype, dev)?;
+        if t.shape() != &s {
+            return Err(candle_core::Error::UnexpectedShape {
+                msg: format!(
+                    "{}: tensor {name} does not have the shape the model expects",
+                    self.ckpt.path().display()
+                ),
+                expected: s,
+                got: t.shape().clone(),
+            }
+            .bt());
+        }
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        self.read(name, dtype, dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+}
+
+/// Levenshtein distance over bytes.
+fn distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, &ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
