@@ -100,6 +100,14 @@ pub enum Error {
         /// The `Limits` field that sets it.
         field: &'static str,
     },
+    /// A remapping rule is invalid, or cannot be applied to the tensors it matched.
+    #[error("{rule}: {what}")]
+    Rule {
+        /// Where the rule comes from: file and line, or preset, with its index and kind.
+        rule: String,
+        /// What is wrong.
+        what: String,
+    },
     /// No tensor of that name.
     #[error("{}: no tensor named {name}", path.display())]
     NoSuchTensor {

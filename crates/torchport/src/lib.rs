@@ -25,6 +25,7 @@ mod format;
 mod interpret;
 mod limits;
 mod out;
+pub mod remap;
 mod storage;
 mod tensor;
 mod value;
