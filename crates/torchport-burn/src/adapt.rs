@@ -47,7 +47,7 @@ pub struct Part {
 }
 
 impl Recipe {
-    fn plain(source: String) -> Recipe {
+    pub(crate) fn plain(source: String) -> Recipe {
         Recipe {
             source,
             part: None,

@@ -11,14 +11,9 @@ pub enum Error {
     /// The checkpoint could not be opened or read.
     #[error(transparent)]
     Read(#[from] torchport::Error),
-    /// A rename pattern is not a valid regular expression.
-    #[error("the rename pattern {pattern:?} is not a valid regular expression: {message}")]
-    Pattern {
-        /// The pattern.
-        pattern: String,
-        /// The regex engine's message.
-        message: String,
-    },
+    /// A rule is invalid, or failed on a tensor (the message names the rule).
+    #[error("{0}")]
+    Rules(torchport::Error),
     /// Strict loading found missing, unused or mismatched tensors; nothing was loaded.
     #[error(
         "{path}: the checkpoint does not fit the module, so nothing was loaded \

@@ -79,6 +79,10 @@ pub struct LoadReport {
     pub ignored: Vec<String>,
     /// Renames that would fix the missing/unused pairs, as `(regex, replacement)`.
     pub rename_hints: Vec<(String, String)>,
+    /// Tensors your rules dropped (with the rule), for the record.
+    pub dropped: Vec<String>,
+    /// What your rules' presets could not decide, and rules that matched nothing.
+    pub warnings: Vec<String>,
 }
 
 impl LoadReport {
@@ -151,7 +155,10 @@ impl fmt::Display for LoadReport {
             writeln!(f)?;
         }
         for (from, to) in &self.rename_hints {
-            writeln!(f, "  hint: add the rename {from:?} -> {to:?}")?;
+            writeln!(f, "  hint: add the rename rule {from} -> {to}")?;
+        }
+        for w in &self.warnings {
+            writeln!(f, "  warning: {w}")?;
         }
         if f.alternate() {
             for a in &self.applied {
@@ -163,6 +170,9 @@ impl fmt::Display for LoadReport {
             }
             for i in &self.ignored {
                 writeln!(f, "  ignored    {i}")?;
+            }
+            for d in &self.dropped {
+                writeln!(f, "  dropped    {d}")?;
             }
         }
         Ok(())

@@ -1,34 +1,37 @@
 //! `TorchportStore`: burn-store's [`ModuleStore`] over any checkpoint torchport reads.
 //!
-//! Loading plans first (no data is read), fails as a whole in strict mode, then hands
-//! burn-store's [`ModuleSnapshot::apply`] one deferred tensor per parameter, each of which reads
-//! its bytes from the memory-mapped file only when the applier reaches it, with the block
-//! split and transpose done in the same copy. burn-store's [`FloatCastAdapter`] then casts
-//! float tensors to the module's float dtype.
+//! Loading plans first (no data is read) and fails as a whole in strict mode. Then the
+//! checkpoint's tensors go through the user's rules and the adapters' rules (torchport's remap
+//! engine: lazy, a block along dim 0 of a memory-mapped tensor is borrowed, not copied), and
+//! are handed to burn-store's [`ModuleSnapshot::apply`] a batch at a time (at most
+//! [`BATCH_BYTES`] of data in flight, so there is never a second copy of the model in memory),
+//! with burn-store's [`FloatCastAdapter`] casting floats to the module's float dtype.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
 use burn::module::Module;
 use burn_store::burn_pack::{Error as PackError, Tensor as PackTensor};
-use burn_store::{
-    bridge, ApplyError, ApplyResult, FloatCastAdapter, KeyRemapper, ModuleSnapshot, ModuleStore,
-};
-use torchport::{Checkpoint, TensorData as Layout};
+use burn_store::{bridge, ApplyError, ApplyResult, FloatCastAdapter, ModuleSnapshot, ModuleStore};
+use torchport::remap::{self, Op, Rule, RuleSet, TensorMeta};
+use torchport::Checkpoint;
 
-use crate::adapt::Recipe;
-use crate::data::{produce, produced_dtype};
+use crate::data::{produced_dtype, tensor_data};
 use crate::error::{Error, Result};
-use crate::plan::{self, Plan, Planned};
+use crate::plan::{self, Plan};
 use crate::report::LoadReport;
-use crate::target::{self, Kind, Target};
+use crate::target::{self, Target};
+
+/// Most bytes of tensor data read ahead of one `apply` pass over the module.
+pub const BATCH_BYTES: usize = 64 << 20;
 
 /// Loads any checkpoint torchport reads into any Burn [`Module`]; also a burn-store
 /// [`ModuleStore`], so `model.load_from(&mut store)` works too.
 ///
 /// Strict by default: unless every parameter is filled and every tensor used, nothing is
 /// loaded and the error lists all of it. [`allow_partial`](Self::allow_partial) loads what fits.
+/// Rules (torchport's remap language) run before the target-aware adapters.
 ///
 /// ```no_run
 /// # use burn::module::Module;
@@ -43,8 +46,9 @@ use crate::target::{self, Kind, Target};
 #[derive(Clone, Debug)]
 pub struct TorchportStore {
     ckpt: Arc<Checkpoint>,
-    remapper: KeyRemapper,
+    rules: RuleSet,
     partial: bool,
+    target_aware: bool,
     report: Option<LoadReport>,
     cache: Option<BTreeMap<String, PackTensor>>,
 }
@@ -59,8 +63,9 @@ impl TorchportStore {
     pub fn new(ckpt: impl Into<Arc<Checkpoint>>) -> Self {
         TorchportStore {
             ckpt: ckpt.into(),
-            remapper: KeyRemapper::new(),
+            rules: RuleSet::new(),
             partial: false,
+            target_aware: true,
             report: None,
             cache: None,
         }
@@ -71,25 +76,39 @@ impl TorchportStore {
         &self.ckpt
     }
 
-    /// Rename checkpoint tensors before matching: every match of the regular expression
-    /// `pattern` is replaced by `to` (`$1` names a capture group). Renames apply in the order
-    /// given, before any adapter.
-    pub fn rename(mut self, pattern: &str, to: &str) -> Result<Self> {
-        self.remapper = self
-            .remapper
-            .add_pattern(pattern, to)
-            .map_err(|e| Error::Pattern {
-                pattern: pattern.to_string(),
-                message: e.to_string(),
-            })?;
+    /// Rename checkpoint tensors before matching: the part of a name the regular expression
+    /// `pattern` matches is replaced by `to` (`$1` names a capture group) — a remap `rename`
+    /// rule. Rules run in the order given, before any adapter.
+    pub fn rename(self, pattern: &str, to: &str) -> Result<Self> {
+        let rule = Rule::new(pattern, Op::Rename { to: to.into() }).map_err(Error::Rules)?;
+        let mut rules = RuleSet::new();
+        rules.push(rule);
+        Ok(self.rules(rules))
+    }
+
+    /// Append remap rules (built in Rust or read with `RuleSet::from_toml_file`).
+    pub fn rules(mut self, rules: RuleSet) -> Self {
+        self.rules.extend(rules);
+        self.cache = None;
+        self
+    }
+
+    /// Append a remap preset (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
+    /// `burn`). The `burn` preset already produces Burn's names and layouts, so it turns the
+    /// target-aware adapters off.
+    pub fn preset(mut self, name: &str) -> Result<Self> {
+        self.rules.preset(name).map_err(Error::Rules)?;
+        if name == "burn" {
+            self.target_aware = false;
+        }
         self.cache = None;
         Ok(self)
     }
 
-    /// Use burn-store's [`KeyRemapper`] for renames (replaces earlier renames).
-    pub fn with_key_remapper(mut self, remapper: KeyRemapper) -> Self {
-        self.remapper = remapper;
-        self.cache = None;
+    /// Turn the target-aware adapters off (tensors must then already carry Burn's names and
+    /// layouts, e.g. through your rules) or back on. On by default.
+    pub fn target_aware(mut self, on: bool) -> Self {
+        self.target_aware = on;
         self
     }
 
@@ -101,8 +120,13 @@ impl TorchportStore {
     }
 
     /// Match the checkpoint against `module` without loading anything.
-    pub fn plan<M: Module>(&self, module: &M) -> Plan {
-        plan::plan(&self.ckpt, &self.remapper, target::targets(module))
+    pub fn plan<M: Module>(&self, module: &M) -> Result<Plan> {
+        plan::plan(
+            &self.ckpt,
+            &self.rules,
+            target::targets(module),
+            self.target_aware,
+        )
     }
 
     /// The parameters of `module`, as the adapters see them.
@@ -117,26 +141,67 @@ impl TorchportStore {
 
     /// Load into `module` in place; returns what was done.
     pub fn load_into<M: Module>(&self, module: &mut M) -> Result<LoadReport> {
-        let Plan { planned, report } = self.plan(module);
+        let targets = target::targets(module);
+        let Plan { planned, report } =
+            plan::plan(&self.ckpt, &self.rules, targets.clone(), self.target_aware)?;
         if !self.partial && !report.is_complete() {
             return Err(Error::Incomplete {
                 path: self.ckpt.path().to_path_buf(),
                 report: Box::new(report),
             });
         }
+        let fail = |errors: Vec<String>| Error::Apply {
+            path: self.ckpt.path().to_path_buf(),
+            errors,
+        };
+        let wanted = plan::target_tensors(&targets);
+        let ctx = remap::Context {
+            modules: self.ckpt.modules(),
+            target: Some(&wanted),
+        };
+        let (adapters, produced) = plan::adapter_rules(&planned)?;
+        let (outs, _) =
+            remap::apply_with(&self.rules, self.ckpt.out_tensors(), &ctx).map_err(Error::Rules)?;
+        let (outs, _) = remap::apply(&adapters, outs).map_err(Error::Rules)?;
+        let outs: HashMap<String, torchport::OutTensor<'_>> =
+            outs.into_iter().map(|o| (o.name.clone(), o)).collect();
+
         let float = float_dtype(module);
-        let tensors: Vec<PackTensor> = planned.into_iter().map(|p| self.deferred(p)).collect();
-        let result = module.apply(
-            tensors,
-            None,
-            Some(Box::new(FloatCastAdapter::to(float))),
-            false,
-        );
-        if !result.errors.is_empty() {
-            return Err(Error::Apply {
-                path: self.ckpt.path().to_path_buf(),
-                errors: result.errors.iter().map(|e| e.to_string()).collect(),
-            });
+        let mut batch = Vec::new();
+        let mut bytes = 0usize;
+        let mut errors = Vec::new();
+        let mut flush = |batch: &mut Vec<PackTensor>, module: &mut M| {
+            let result = module.apply(
+                std::mem::take(batch),
+                None,
+                Some(Box::new(FloatCastAdapter::to(float))),
+                false,
+            );
+            errors.extend(result.errors.iter().map(|e| e.to_string()));
+        };
+        for (p, name) in planned.iter().zip(&produced) {
+            let path = p.target.path();
+            let data = outs
+                .get(name)
+                .ok_or_else(|| format!("{path}: the rules produced no tensor {name}"))
+                .and_then(|o| o.data().map_err(|e| format!("{path}: {e}")))
+                .and_then(|d| {
+                    tensor_data(p.dtype, p.target.shape.clone(), d)
+                        .map_err(|e| format!("{path}: {e}"))
+                })
+                .map_err(|e| fail(vec![e]))?;
+            bytes += data.bytes().len();
+            batch.push(bridge::from_data(data, path, None));
+            if bytes >= BATCH_BYTES {
+                flush(&mut batch, module);
+                bytes = 0;
+            }
+        }
+        if !batch.is_empty() {
+            flush(&mut batch, module);
+        }
+        if !errors.is_empty() {
+            return Err(fail(errors));
         }
         Ok(report)
     }
@@ -147,58 +212,59 @@ impl TorchportStore {
         Ok((module, report))
     }
 
-    /// A burn-store tensor that produces this parameter's data when asked.
-    fn deferred(&self, p: Planned) -> PackTensor {
-        let info = &self.ckpt.tensors()[p.tensor];
-        let dtype = produced_dtype(info.dtype);
-        let ckpt = Arc::clone(&self.ckpt);
-        let name = p.target.path();
-        let shape = p.target.shape.clone();
-        bridge::deferred(name, dtype, shape.into(), None, move || {
-            produce(&ckpt, &p).map_err(PackError::ValidationError)
-        })
-    }
-
-    /// Every checkpoint tensor as a lazy burn-store tensor, under its renamed name and in
-    /// PyTorch layout (no adapter applied).
-    fn all_tensors(&mut self) -> &BTreeMap<String, PackTensor> {
-        let ckpt = Arc::clone(&self.ckpt);
-        let remapper = &self.remapper;
-        self.cache.get_or_insert_with(|| {
+    /// Every tensor after the rules, as a lazy burn-store tensor in the checkpoint's own
+    /// layout (no adapter applied); each reads its data when asked.
+    fn all_tensors(&mut self) -> Result<&BTreeMap<String, PackTensor>> {
+        if self.cache.is_none() {
+            let metas: Vec<TensorMeta> =
+                self.ckpt.out_tensors().iter().map(TensorMeta::of).collect();
+            let ctx = remap::Context {
+                modules: self.ckpt.modules(),
+                target: None,
+            };
+            let (outs, _) = remap::plan(&self.rules, &metas, &ctx).map_err(Error::Rules)?;
             let mut map = BTreeMap::new();
-            for (i, info) in ckpt.tensors().iter().enumerate() {
-                if !matches!(info.data, Layout::Strided { .. }) {
-                    continue;
-                }
-                let name = plan::rename(remapper, &info.name);
-                let p = Planned {
-                    target: Target {
-                        segments: vec![name.clone()],
-                        types: vec![String::new()],
-                        shape: info.shape.clone(),
-                        kind: Kind::Float,
-                    },
-                    recipe: Recipe {
-                        source: name.clone(),
-                        part: None,
-                        transpose: false,
-                        note: String::new(),
-                    },
-                    tensor: i,
-                };
-                let c = Arc::clone(&ckpt);
+            for m in outs {
+                let (ckpt, rules, name) =
+                    (Arc::clone(&self.ckpt), self.rules.clone(), m.name.clone());
+                let shape = m.shape.clone();
                 let t = bridge::deferred(
-                    name.clone(),
-                    produced_dtype(info.dtype),
-                    info.shape.clone().into(),
+                    m.name.clone(),
+                    produced_dtype(m.dtype),
+                    m.shape.clone().into(),
                     None,
-                    move || produce(&c, &p).map_err(PackError::ValidationError),
+                    move || {
+                        read_one(&ckpt, &rules, &name, &shape).map_err(PackError::ValidationError)
+                    },
                 );
-                map.entry(name).or_insert(t);
+                map.entry(m.name).or_insert(t);
             }
-            map
-        })
+            self.cache = Some(map);
+        }
+        Ok(self.cache.get_or_insert_with(BTreeMap::new))
     }
+}
+
+/// One tensor after `rules`, read on its own (the rules run over the names again; only this
+/// tensor's data is read).
+fn read_one(
+    ckpt: &Checkpoint,
+    rules: &RuleSet,
+    name: &str,
+    shape: &[usize],
+) -> std::result::Result<burn::tensor::TensorData, String> {
+    let ctx = remap::Context {
+        modules: ckpt.modules(),
+        target: None,
+    };
+    let (outs, _) =
+        remap::apply_with(rules, ckpt.out_tensors(), &ctx).map_err(|e| e.to_string())?;
+    let t = outs
+        .iter()
+        .find(|o| o.name == name)
+        .ok_or_else(|| format!("the rules no longer produce {name}"))?;
+    let data = t.data().map_err(|e| e.to_string())?;
+    tensor_data(t.dtype, shape.to_vec(), data)
 }
 
 /// The float dtype the module's device computes in (f32 on the default ndarray device).
@@ -242,14 +308,14 @@ impl ModuleStore for TorchportStore {
     }
 
     fn get_tensor(&mut self, name: &str) -> Result<Option<&PackTensor>> {
-        Ok(self.all_tensors().get(name))
+        Ok(self.all_tensors()?.get(name))
     }
 
     fn get_all_tensors(&mut self) -> Result<&BTreeMap<String, PackTensor>> {
-        Ok(self.all_tensors())
+        self.all_tensors()
     }
 
     fn keys(&mut self) -> Result<Vec<String>> {
-        Ok(self.all_tensors().keys().cloned().collect())
+        Ok(self.all_tensors()?.keys().cloned().collect())
     }
 }

@@ -115,6 +115,7 @@ fn cnn_with_batch_norm_matches_pytorch() {
     let report = torchport_burn::TorchportStore::open(common::fixture("cnn.pt"))
         .unwrap()
         .plan(&Cnn::new(&device))
+        .unwrap()
         .report;
     assert_eq!(
         report.ignored,
@@ -219,4 +220,35 @@ fn every_adapter_family_matches_pytorch() {
     // Burn's PRelu takes channels on dim 1, as PyTorch's does.
     let p = zoo.prelu.forward(n.clone().swap_dims(1, 2)).swap_dims(1, 2);
     check("prelu", &|| io["out.prelu"].max_abs_diff(&p));
+}
+
+#[test]
+fn legacy_format_and_the_burn_preset_give_the_same_model() {
+    // Any format torchport reads: the same weights saved in torch's legacy (non-zip) format.
+    let device = Device::default();
+    let io = io("lstm_linear");
+    let x = io["input"].float::<3>(&device);
+    let legacy = torchport_burn::load(
+        common::fixture("lstm_linear_legacy.pt"),
+        LstmLinear::new(&device),
+    )
+    .unwrap();
+    let diff = io["output"].max_abs_diff(&legacy.forward(x.clone()));
+    assert!(diff <= TOL, "legacy format: max abs diff {diff}");
+    // remap's name-driven `burn` preset (written independently of the target-aware adapters)
+    // produces Burn's names and layouts itself; loading through it must agree.
+    let (preset, report) = torchport_burn::TorchportStore::open(common::fixture("lstm_linear.pt"))
+        .unwrap()
+        .preset("burn")
+        .unwrap()
+        .load(LstmLinear::new(&device))
+        .unwrap();
+    assert!(report.is_complete(), "{report:#}");
+    let renamed = report
+        .applied
+        .iter()
+        .filter(|a| a.note.contains("your rules"));
+    assert_eq!(renamed.count(), 16, "{report:#}");
+    let diff = io["output"].max_abs_diff(&preset.forward(x));
+    assert!(diff <= TOL, "burn preset: max abs diff {diff}");
 }
