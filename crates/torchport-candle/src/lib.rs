@@ -19,9 +19,10 @@
 //! - One copy: a tensor's bytes are borrowed from the memory-mapped file and copied once, into
 //!   the candle tensor (a strided or big-endian tensor is gathered first). Dtypes candle has
 //!   no element for (float8 variants other than e4m3fn) are decoded to f32.
-//! - Renames: regular-expression rules applied, in order, to the checkpoint's names before
-//!   lookup, so a PyTorch `nn.Sequential` (`0.weight`) can feed a candle model that names its
-//!   layers (`fc1.weight`).
+//! - Rules: torchport's remap language (renames, splits, transposes, presets, TOML rule
+//!   files) runs over the checkpoint's names before lookup, so a PyTorch `nn.Sequential`
+//!   (`0.weight`) can feed a candle model that names its layers (`fc1.weight`). A tensor the
+//!   rules only renamed is read straight from the file.
 //! - Errors name the tensor that is missing and the closest names present, or the shape the
 //!   model wanted and the shape the file has.
 #![deny(missing_docs)]
@@ -34,6 +35,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::{SimpleBackend, VarBuilder};
+use torchport::remap::{self, Op, Rule, RuleSet, TensorMeta};
 use torchport::Checkpoint;
 
 pub use activations::Activations;
@@ -45,14 +47,9 @@ pub enum Error {
     /// The checkpoint could not be opened.
     #[error(transparent)]
     Read(#[from] torchport::Error),
-    /// A rename pattern is not a valid regular expression.
-    #[error("the rename pattern {pattern:?} is not a valid regular expression: {message}")]
-    Pattern {
-        /// The pattern.
-        pattern: String,
-        /// The regex engine's message.
-        message: String,
-    },
+    /// A rule is invalid or failed (the message names the rule).
+    #[error("{0}")]
+    Rules(torchport::Error),
     /// Writing an activations file failed.
     #[error("{path}: {message}")]
     Write {
@@ -63,13 +60,20 @@ pub enum Error {
     },
 }
 
+/// One tensor a model can ask for: where it comes from.
+#[derive(Clone, Debug)]
+struct Entry {
+    /// The checkpoint tensor, when the rules at most renamed it.
+    direct: Option<usize>,
+}
+
 /// A candle-nn [`SimpleBackend`] serving tensors from a torchport [`Checkpoint`].
 #[derive(Clone, Debug)]
 pub struct TorchportBackend {
     ckpt: Arc<Checkpoint>,
-    renames: Vec<(regex::Regex, String)>,
-    /// Renamed name -> index into the checkpoint's tensors.
-    index: HashMap<String, usize>,
+    rules: RuleSet,
+    /// Name after the rules -> where it comes from.
+    index: HashMap<String, Entry>,
 }
 
 impl TorchportBackend {
@@ -80,41 +84,65 @@ impl TorchportBackend {
 
     /// Serve an already opened checkpoint.
     pub fn new(ckpt: impl Into<Arc<Checkpoint>>) -> Self {
-        let mut b = TorchportBackend {
-            ckpt: ckpt.into(),
-            renames: Vec::new(),
-            index: HashMap::new(),
-        };
-        b.reindex();
-        b
+        let ckpt = ckpt.into();
+        let index = ckpt
+            .tensors()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), Entry { direct: Some(i) }))
+            .collect();
+        TorchportBackend {
+            ckpt,
+            rules: RuleSet::new(),
+            index,
+        }
     }
 
-    /// Rename checkpoint tensors before lookup: every match of the regular expression
-    /// `pattern` is replaced by `to` (`$1` names a capture group). Renames apply in order.
-    pub fn rename(mut self, pattern: &str, to: &str) -> Result<Self, Error> {
-        let re = regex::Regex::new(pattern).map_err(|e| Error::Pattern {
-            pattern: pattern.to_string(),
-            message: e.to_string(),
-        })?;
-        self.renames.push((re, to.to_string()));
-        self.reindex();
+    /// Rename checkpoint tensors before lookup: the part of a name the regular expression
+    /// `pattern` matches is replaced by `to` (`$1` names a capture group) — a remap `rename`
+    /// rule. Rules apply in order.
+    pub fn rename(self, pattern: &str, to: &str) -> Result<Self, Error> {
+        let rule = Rule::new(pattern, Op::Rename { to: to.into() }).map_err(Error::Rules)?;
+        let mut rules = RuleSet::new();
+        rules.push(rule);
+        self.rules(rules)
+    }
+
+    /// Append remap rules (built in Rust, or read with `RuleSet::from_toml_file`); fails
+    /// when a rule does not apply to this checkpoint's names and shapes.
+    pub fn rules(mut self, rules: RuleSet) -> Result<Self, Error> {
+        self.rules.extend(rules);
+        self.reindex()?;
         Ok(self)
     }
 
-    fn renamed(&self, name: &str) -> String {
-        let mut out = name.to_string();
-        for (re, to) in &self.renames {
-            out = re.replace_all(&out, to.as_str()).into_owned();
-        }
-        out
+    /// Append a remap preset (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
+    /// `burn`).
+    pub fn preset(mut self, name: &str) -> Result<Self, Error> {
+        self.rules.preset(name).map_err(Error::Rules)?;
+        self.reindex()?;
+        Ok(self)
     }
 
-    fn reindex(&mut self) {
-        let mut index = HashMap::with_capacity(self.ckpt.tensors().len());
-        for (i, t) in self.ckpt.tensors().iter().enumerate() {
-            index.entry(self.renamed(&t.name)).or_insert(i);
+    /// Work out, from names and shapes alone, what the rules make of every tensor.
+    fn reindex(&mut self) -> Result<(), Error> {
+        let metas: Vec<TensorMeta> = self.ckpt.out_tensors().iter().map(TensorMeta::of).collect();
+        let ctx = remap::Context {
+            modules: self.ckpt.modules(),
+            target: None,
+        };
+        let (_, plan) = remap::plan(&self.rules, &metas, &ctx).map_err(Error::Rules)?;
+        let mut index = HashMap::with_capacity(plan.targets.len());
+        for t in &plan.targets {
+            let renamed_only = t.steps.iter().all(|s| s.op.starts_with("rename"));
+            let direct = match (renamed_only, t.sources.as_slice()) {
+                (true, [one]) => self.ckpt.tensors().iter().position(|x| &x.name == one),
+                _ => None,
+            };
+            index.entry(t.name.clone()).or_insert(Entry { direct });
         }
         self.index = index;
+        Ok(())
     }
 
     /// The checkpoint.
@@ -156,7 +184,7 @@ impl TorchportBackend {
         candle_core::Error::Msg(format!(
             "{}: no tensor named {name}{}; {hint}",
             self.ckpt.path().display(),
-            if self.renames.is_empty() {
+            if self.rules.is_empty() {
                 ""
             } else {
                 " (after renames)"
@@ -166,37 +194,61 @@ impl TorchportBackend {
 
     /// Read one tensor as candle's `dtype` on `dev`.
     fn read(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let i = *self.index.get(name).ok_or_else(|| self.missing(name))?;
-        let info = self
-            .ckpt
-            .tensors()
-            .get(i)
-            .ok_or_else(|| self.missing(name))?;
+        let entry = self.index.get(name).ok_or_else(|| self.missing(name))?;
+        let msg = |what: String| candle_core::Error::Msg(what);
         let path = self.ckpt.path().display();
-        if info.quant.is_some() {
-            return Err(candle_core::Error::Msg(format!(
-                "{path}: tensor {} is quantized ({}); dequantize it before loading",
-                info.name, info.dtype
-            )));
-        }
-        let bytes = self
-            .ckpt
-            .data(info)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        let t = match candle_dtype(info.dtype) {
-            Some(d) => Tensor::from_raw_buffer(&bytes, d, &info.shape, dev)?,
+        let t = match entry.direct.and_then(|i| self.ckpt.tensors().get(i)) {
+            Some(info) => {
+                if info.quant.is_some() {
+                    return Err(msg(format!(
+                        "{path}: tensor {} is quantized ({}); dequantize it before loading",
+                        info.name, info.dtype
+                    )));
+                }
+                let bytes = self.ckpt.data(info).map_err(|e| msg(e.to_string()))?;
+                to_tensor(&bytes, info.dtype, &info.shape, dev)
+                    .map_err(|e| msg(format!("{path}: tensor {}: {e}", info.name)))?
+            }
             None => {
-                let v = torchport::cast::to_f64(info.dtype, &bytes).map_err(|e| {
-                    candle_core::Error::Msg(format!("{path}: tensor {}: {e}", info.name))
-                })?;
-                let v: Vec<f32> = v.into_iter().map(|x| x as f32).collect();
-                Tensor::from_vec(v, info.shape.clone(), dev)?
+                // Made by splits, merges, transposes…: run the rules (over names; only the
+                // inputs of this tensor are read).
+                let ctx = remap::Context {
+                    modules: self.ckpt.modules(),
+                    target: None,
+                };
+                let (outs, _) = remap::apply_with(&self.rules, self.ckpt.out_tensors(), &ctx)
+                    .map_err(|e| msg(e.to_string()))?;
+                let out = outs
+                    .iter()
+                    .find(|o| o.name == name)
+                    .ok_or_else(|| self.missing(name))?;
+                let bytes = out.data().map_err(|e| msg(e.to_string()))?;
+                to_tensor(&bytes, out.dtype, &out.shape, dev)
+                    .map_err(|e| msg(format!("{path}: tensor {name}: {e}")))?
             }
         };
         if t.dtype() == dtype {
             Ok(t)
         } else {
             t.to_dtype(dtype)
+        }
+    }
+}
+
+/// Little-endian bytes of `dtype` as a candle tensor: one copy, from the borrowed bytes into
+/// candle's storage; dtypes candle lacks are decoded to f32.
+fn to_tensor(
+    bytes: &[u8],
+    dtype: torchport::DType,
+    shape: &[usize],
+    dev: &Device,
+) -> Result<Tensor, String> {
+    match candle_dtype(dtype) {
+        Some(d) => Tensor::from_raw_buffer(bytes, d, shape, dev).map_err(|e| e.to_string()),
+        None => {
+            let v = torchport::cast::to_f64(dtype, bytes).map_err(|e| e.to_string())?;
+            let v: Vec<f32> = v.into_iter().map(|x| x as f32).collect();
+            Tensor::from_vec(v, shape.to_vec(), dev).map_err(|e| e.to_string())
         }
     }
 }

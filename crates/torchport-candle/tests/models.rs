@@ -158,3 +158,39 @@ fn activations_round_trip_with_order() {
     assert_eq!(back["z_first"].dims(), [2, 2]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn rules_that_split_are_applied_on_read() {
+    // A TOML rule file cutting fc1's weight [16, 6] into two [8, 6] halves.
+    let rules = torchport::remap::RuleSet::from_toml_str(
+        "rules.toml",
+        r#"
+        [[rule]]
+        op = "split"
+        match = '^0\.weight$'
+        dim = 0
+        to = ["top", "bottom"]
+        "#,
+    )
+    .unwrap();
+    let backend = TorchportBackend::open(fixture("mlp.pt"))
+        .unwrap()
+        .rules(rules)
+        .unwrap();
+    assert!(backend.names().contains(&"bottom") && !backend.names().contains(&"0.weight"));
+    let vb = backend.into_var_builder(DType::F32, &Device::Cpu);
+    let bottom = vb.get((8, 6), "bottom").unwrap();
+    // The same rows, read from the file with no rules.
+    let whole = TorchportBackend::open(fixture("mlp.pt"))
+        .unwrap()
+        .into_var_builder(DType::F32, &Device::Cpu)
+        .get((16, 6), "0.weight")
+        .unwrap();
+    let rows = whole.narrow(0, 8, 8).unwrap();
+    assert_eq!(max_abs_diff(&bottom, &rows), 0.0);
+    // Asking for a dtype converts.
+    let half = vb
+        .get_with_hints_dtype((8, 6), "top", Default::default(), DType::F16)
+        .unwrap();
+    assert_eq!(half.dtype(), DType::F16);
+}
