@@ -7,6 +7,9 @@
 //! stays in the memory-mapped file until asked for, when a contiguous tensor is handed out
 //! as a borrowed slice with no copy.
 //!
+//! [`remap`] adapts the tensors to a Rust model's names and layouts (rules, presets such as
+//! `burn`, a dry-run plan, and a match report against a target; docs/RULES.md).
+//!
 //! ```no_run
 //! let ckpt = torchport::open("model.pt")?;
 //! println!("{} ({} tensors)", ckpt.format(), ckpt.tensors().len());

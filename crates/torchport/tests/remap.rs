@@ -11,7 +11,9 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
-use torchport::remap::{apply, apply_with, Context, Op, Plan, Rule, RuleSet, TargetTensor};
+use torchport::remap::{
+    apply, apply_with, plan, Context, Op, Plan, Rule, RuleSet, TargetTensor, TensorMeta,
+};
 use torchport::{DType, OutTensor};
 
 fn fixture(name: &str) -> PathBuf {
@@ -490,5 +492,119 @@ fn rules_and_presets_compose_in_order() {
             "preset strip-prefix, rule 1 (rename)",
             "r.toml:5: rule 2 (rename)"
         ]
+    );
+}
+
+fn meta(name: &str, shape: &[usize]) -> TensorMeta {
+    TensorMeta {
+        name: name.into(),
+        dtype: DType::F32,
+        shape: shape.to_vec(),
+    }
+}
+
+/// The burn preset over metadata only: (output names, undecided names).
+fn burn_plan(
+    tensors: &[TensorMeta],
+    ctx: &Context<'_>,
+) -> (Vec<(String, Vec<usize>)>, Vec<String>) {
+    let mut rules = RuleSet::new();
+    rules.preset("burn").unwrap();
+    let (out, plan) = plan(&rules, tensors, ctx).unwrap();
+    (
+        out.into_iter().map(|m| (m.name, m.shape)).collect(),
+        plan.undecided.into_iter().map(|u| u.name).collect(),
+    )
+}
+
+#[test]
+fn burn_preset_evidence() {
+    let modules = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    // Convolutions keep their layout; a lone 1-D weight is undecided without evidence.
+    let tensors = [
+        meta("conv.weight", &[8, 3, 3, 3]),
+        meta("conv.bias", &[8]),
+        meta("act.weight", &[8]),
+    ];
+    let (out, undecided) = burn_plan(&tensors, &Context::default());
+    assert_eq!(out[0], ("conv.weight".to_string(), vec![8, 3, 3, 3]));
+    assert_eq!(out[2].0, "act.weight");
+    assert_eq!(undecided, ["act.weight"]);
+    // ... which module classes (PReLU -> alpha) or the target (gamma) settle.
+    let m = modules(&[("act", "torch.nn.modules.activation.PReLU")]);
+    let ctx = Context {
+        modules: &m,
+        target: None,
+    };
+    let (out, undecided) = burn_plan(&tensors, &ctx);
+    assert_eq!(out[2].0, "act.alpha");
+    assert!(undecided.is_empty());
+    let target = [TargetTensor::new("act.gamma", &[8])];
+    let ctx = Context {
+        modules: &[],
+        target: Some(&target),
+    };
+    assert_eq!(burn_plan(&tensors, &ctx).0[2].0, "act.gamma");
+    // DataParallel-wrapped module paths still name the classes after strip-prefix.
+    let m = modules(&[("module.act", "torch.nn.modules.normalization.RMSNorm")]);
+    let ctx = Context {
+        modules: &m,
+        target: None,
+    };
+    assert_eq!(burn_plan(&tensors, &ctx).0[2].0, "act.gamma");
+
+    // A projected LSTM has no Burn counterpart; a class that contradicts the shapes is not
+    // trusted; MHA's bias_k / bias_v have no Burn field.
+    let tensors = [
+        meta("lstm.weight_ih_l0", &[16, 3]),
+        meta("lstm.weight_hh_l0", &[16, 2]),
+        meta("lstm.weight_hr_l0", &[2, 4]),
+        meta("gru.weight_ih_l0", &[16, 3]),
+        meta("gru.weight_hh_l0", &[16, 4]),
+        meta("attn.in_proj_weight", &[12, 4]),
+        meta("attn.bias_k", &[1, 1, 4]),
+    ];
+    let m = modules(&[("gru", "torch.nn.modules.rnn.GRU")]);
+    let ctx = Context {
+        modules: &m,
+        target: None,
+    };
+    let (out, undecided) = burn_plan(&tensors, &ctx);
+    assert_eq!(
+        undecided,
+        [
+            "lstm.weight_ih_l0",
+            "lstm.weight_hh_l0",
+            "lstm.weight_hr_l0",
+            "gru.weight_ih_l0",
+            "gru.weight_hh_l0",
+            "attn.bias_k"
+        ]
+    );
+    assert!(out
+        .iter()
+        .any(|(n, s)| n == "attn.query.weight" && s == &[4, 4]));
+}
+
+#[test]
+fn lstm_without_bias_and_root_level_names() {
+    // nn.LSTM(bias=False) saved on its own: names at the root.
+    let tensors = [meta("weight_ih_l0", &[8, 3]), meta("weight_hh_l0", &[8, 2])];
+    let (out, undecided) = burn_plan(&tensors, &Context::default());
+    assert!(undecided.is_empty());
+    assert_eq!(
+        out[0],
+        ("input_gate.input_transform.weight".to_string(), vec![3, 2])
+    );
+    assert_eq!(
+        out[7],
+        (
+            "output_gate.hidden_transform.weight".to_string(),
+            vec![2, 2]
+        )
     );
 }

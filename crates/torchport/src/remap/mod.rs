@@ -31,8 +31,10 @@
 //! ```
 
 mod burn;
+mod dym;
 mod engine;
 mod file;
+mod merge;
 mod ops;
 mod plan;
 mod presets;

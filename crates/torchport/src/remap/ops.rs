@@ -66,10 +66,57 @@ pub(crate) fn concat(
     out
 }
 
+/// Transpose `batches` row-major `rows` x `cols` matrices of `N`-byte elements, in tiles
+/// so that both the reads and the writes stay in cache.
+fn transpose_tiled<const N: usize>(
+    data: &[u8],
+    batches: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<u8> {
+    const TILE: usize = 32;
+    let mut out = vec![0u8; data.len()];
+    let plane = rows * cols * N;
+    for b in 0..batches {
+        let (src, dst) = (
+            &data[b * plane..(b + 1) * plane],
+            &mut out[b * plane..(b + 1) * plane],
+        );
+        for r0 in (0..rows).step_by(TILE) {
+            for c0 in (0..cols).step_by(TILE) {
+                for r in r0..(r0 + TILE).min(rows) {
+                    for c in c0..(c0 + TILE).min(cols) {
+                        let (i, o) = ((r * cols + c) * N, (c * rows + r) * N);
+                        dst[o..o + N].copy_from_slice(&src[i..i + N]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Permute the dims of `data`: output dim `i` is input dim `perm[i]`.
 pub(crate) fn permute(data: &[u8], shape: &[usize], perm: &[usize], esize: usize) -> Vec<u8> {
     let n = shape.len();
     let numel: usize = shape.iter().product();
+    // The common case, a (batched) matrix transpose: the last two dims swap.
+    if n >= 2
+        && numel > 0
+        && perm[..n - 2].iter().enumerate().all(|(i, &p)| i == p)
+        && perm[n - 2] == n - 1
+    {
+        let (rows, cols) = (shape[n - 2], shape[n - 1]);
+        let batches = numel / (rows * cols);
+        match esize {
+            1 => return transpose_tiled::<1>(data, batches, rows, cols),
+            2 => return transpose_tiled::<2>(data, batches, rows, cols),
+            4 => return transpose_tiled::<4>(data, batches, rows, cols),
+            8 => return transpose_tiled::<8>(data, batches, rows, cols),
+            16 => return transpose_tiled::<16>(data, batches, rows, cols),
+            _ => {}
+        }
+    }
     let mut out = Vec::with_capacity(numel * esize);
     if numel == 0 {
         return out;
@@ -155,5 +202,32 @@ mod tests {
             }
         }
         assert_eq!(permute(&data, &[24], &[0], 1), data);
+        // Batched transpose (tiled path) of 2-byte elements: [2, 6, 2] -> [2, 2, 6].
+        let data: Vec<u8> = (0..48).collect();
+        let out = permute(&data, &[2, 6, 2], &[0, 2, 1], 2);
+        for b in 0..2 {
+            for r in 0..6 {
+                for c in 0..2 {
+                    let i = ((b * 6 + r) * 2 + c) * 2;
+                    let o = ((b * 2 + c) * 6 + r) * 2;
+                    assert_eq!(out[o..o + 2], data[i..i + 2]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_transpose_matches_the_odometer() {
+        let (rows, cols) = (37, 70);
+        let data: Vec<u8> = (0..rows * cols * 4).map(|i| (i * 7 % 251) as u8).collect();
+        let tiled = permute(&data, &[rows, cols], &[1, 0], 4);
+        let mut slow = Vec::new();
+        for c in 0..cols {
+            for r in 0..rows {
+                let i = (r * cols + c) * 4;
+                slow.extend_from_slice(&data[i..i + 4]);
+            }
+        }
+        assert_eq!(tiled, slow);
     }
 }

@@ -3,7 +3,7 @@
 //! and lists what it cannot decide. `strip-prefix`, `lstm-gates`, `gru-gates` and
 //! `attention-qkv` live here; `burn` in burn.rs. docs/RULES.md lists every name mapping.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use regex::Regex;
@@ -77,9 +77,6 @@ pub(crate) struct Gen {
     pub undecided: Vec<Undecided>,
 }
 
-/// How many names go into one alternation pattern.
-const CHUNK: usize = 256;
-
 /// A literal output name as a template (`$` would start a group reference).
 pub(crate) fn lit(name: &str) -> String {
     name.replace('$', "$$")
@@ -104,49 +101,40 @@ impl Gen {
     }
 
     pub fn rule(&mut self, pattern: &str, op: Op) -> Result<()> {
-        let origin = Origin::Preset {
+        let rule = Rule::with_origin(pattern, op, self.origin())?;
+        self.rules.push(rule);
+        Ok(())
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::Preset {
             name: self.name,
             index: self.rules.len() + 1,
-        };
-        self.rules.push(Rule::with_origin(pattern, op, origin)?);
-        Ok(())
+        }
     }
 
     /// A rule for exactly the tensor `name`.
     pub fn exact(&mut self, name: &str, op: Op) -> Result<()> {
-        self.rule(&format!("^{}$", regex::escape(name)), op)
+        self.each(&[name.to_string()], op)
     }
 
-    /// One rule (per [`CHUNK`] names) applying `op` to exactly these names.
+    /// One rule applying `op` to exactly these names (templates: literal names).
     pub fn each(&mut self, names: &[String], op: Op) -> Result<()> {
-        for chunk in names.chunks(CHUNK) {
-            let alts: Vec<String> = chunk.iter().map(|n| regex::escape(n)).collect();
-            self.rule(&format!("^(?:{})$", alts.join("|")), op.clone())?;
-        }
+        let names: HashSet<String> = names.iter().cloned().collect();
+        let rule = Rule::for_names(names, "^.*$", op, self.origin())?;
+        self.rules.push(rule);
         Ok(())
     }
 
     /// Rename `P.from` to `P.to` for every prefix `P` in `prefixes` (`""`: the root).
     pub fn rename_leaf(&mut self, prefixes: &[String], from: &str, to: &str) -> Result<()> {
-        for chunk in prefixes.chunks(CHUNK) {
-            let alts: Vec<String> = chunk
-                .iter()
-                .map(|p| {
-                    if p.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{}\\.", regex::escape(p))
-                    }
-                })
-                .collect();
-            let pattern = format!("^({}){}$", alts.join("|"), regex::escape(from));
-            self.rule(
-                &pattern,
-                Op::Rename {
-                    to: format!("${{1}}{}", lit(to)),
-                },
-            )?;
-        }
+        let names: HashSet<String> = prefixes.iter().map(|p| join(p, from)).collect();
+        let pattern = format!(r"^(.*\.)?{}$", regex::escape(from));
+        let op = Op::Rename {
+            to: format!("${{1}}{}", lit(to)),
+        };
+        let rule = Rule::for_names(names, &pattern, op, self.origin())?;
+        self.rules.push(rule);
         Ok(())
     }
 

@@ -233,7 +233,7 @@ pub fn match_tensors(have: &[TensorMeta], want: &[TargetTensor]) -> MatchReport 
             did_you_mean: Vec::new(),
         });
     }
-    did_you_mean(&mut r);
+    super::dym::did_you_mean(&mut r);
     r.suggestions = super::suggest::suggest_rules(&r);
     r
 }
@@ -251,73 +251,6 @@ pub fn report(have: &[TensorMeta], want: &[TargetTensor], ctx: &Context<'_>) -> 
         }
     }
     r
-}
-
-/// Edit distance of `a` and `b`, if at most `max`.
-pub(crate) fn distance(a: &[char], b: &[char], max: usize) -> Option<usize> {
-    if a.len().abs_diff(b.len()) > max {
-        return None;
-    }
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.iter().enumerate() {
-        cur[0] = i + 1;
-        let mut best = cur[0];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-            best = best.min(cur[j + 1]);
-        }
-        if best > max {
-            return None;
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    Some(prev[b.len()]).filter(|&d| d <= max)
-}
-
-/// At most this many name pairs are compared for "did you mean" (large models with
-/// thousands of unmatched names would otherwise take long).
-const PAIR_BUDGET: usize = 2_000_000;
-
-fn closest(name: &str, others: &[Vec<char>], names: &[&str], budget: &mut usize) -> Vec<String> {
-    let a: Vec<char> = name.chars().collect();
-    let max = (a.len() / 3).max(2);
-    let mut found: Vec<(usize, &str)> = Vec::new();
-    for (b, n) in others.iter().zip(names) {
-        if *budget == 0 {
-            break;
-        }
-        *budget -= 1;
-        if let Some(d) = distance(&a, b, max) {
-            found.push((d, n));
-        }
-    }
-    found.sort();
-    found
-        .into_iter()
-        .take(3)
-        .map(|(_, n)| n.to_string())
-        .collect()
-}
-
-fn did_you_mean(r: &mut MatchReport) {
-    let mut budget = PAIR_BUDGET;
-    let unused_names: Vec<&str> = r.unused.iter().map(|u| u.name.as_str()).collect();
-    let unused_chars: Vec<Vec<char>> = unused_names.iter().map(|n| n.chars().collect()).collect();
-    let missing_names: Vec<String> = r.missing.iter().map(|m| m.name.clone()).collect();
-    let missing_refs: Vec<&str> = missing_names.iter().map(String::as_str).collect();
-    let missing_chars: Vec<Vec<char>> = missing_refs.iter().map(|n| n.chars().collect()).collect();
-    let mut unused_dym = Vec::with_capacity(r.unused.len());
-    for u in &r.unused {
-        unused_dym.push(closest(&u.name, &missing_chars, &missing_refs, &mut budget));
-    }
-    for m in &mut r.missing {
-        m.did_you_mean = closest(&m.name, &unused_chars, &unused_names, &mut budget);
-    }
-    for (u, d) in r.unused.iter_mut().zip(unused_dym) {
-        u.did_you_mean = d;
-    }
 }
 
 fn shape_text(shape: &[usize]) -> String {

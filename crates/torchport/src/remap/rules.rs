@@ -170,10 +170,23 @@ impl Op {
     }
 }
 
+/// Which names a rule applies to.
+#[derive(Clone, Debug)]
+enum Matcher {
+    /// Names the regex matches.
+    Regex(Regex),
+    /// Exactly these names (presets: one hash lookup per name however many there are); the
+    /// regex, which matches each of them, expands the templates.
+    Names {
+        names: HashSet<String>,
+        regex: Regex,
+    },
+}
+
 /// One rule: a pattern over tensor names and the [`Op`] applied to every tensor it matches.
 #[derive(Clone, Debug)]
 pub struct Rule {
-    pattern: Regex,
+    matcher: Matcher,
     op: Op,
     pub(crate) origin: Origin,
 }
@@ -203,20 +216,44 @@ impl Rule {
         }
         check_op(&op).map_err(&fail)?;
         Ok(Rule {
-            pattern,
+            matcher: Matcher::Regex(pattern),
             op,
             origin,
         })
     }
 
-    /// The pattern as written.
-    pub fn pattern(&self) -> &str {
-        self.pattern.as_str()
+    /// A rule for exactly the tensors named in `names`; `pattern` (which must match each of
+    /// them) expands the op's templates.
+    pub(crate) fn for_names(
+        names: HashSet<String>,
+        pattern: &str,
+        op: Op,
+        origin: Origin,
+    ) -> Result<Rule> {
+        let rule = Rule::with_origin(pattern, op, origin)?;
+        let Matcher::Regex(regex) = rule.matcher else {
+            return Ok(rule);
+        };
+        Ok(Rule {
+            matcher: Matcher::Names { names, regex },
+            ..rule
+        })
     }
 
-    /// The compiled pattern.
-    pub fn regex(&self) -> &Regex {
-        &self.pattern
+    /// The pattern as written (for a preset's rule over a list of names, the pattern that
+    /// expands its templates).
+    pub fn pattern(&self) -> &str {
+        match &self.matcher {
+            Matcher::Regex(r) | Matcher::Names { regex: r, .. } => r.as_str(),
+        }
+    }
+
+    /// Whether the rule applies to the tensor named `name`.
+    pub fn is_match(&self, name: &str) -> bool {
+        match &self.matcher {
+            Matcher::Regex(r) => r.is_match(name),
+            Matcher::Names { names, .. } => names.contains(name),
+        }
     }
 
     /// What the rule does.
@@ -244,7 +281,11 @@ impl Rule {
 
     /// Expand a template against `name`, which the pattern matched.
     pub(crate) fn expand(&self, name: &str, template: &str) -> String {
-        self.pattern.replacen(name, 1, template).into_owned()
+        match &self.matcher {
+            Matcher::Regex(r) | Matcher::Names { regex: r, .. } => {
+                r.replacen(name, 1, template).into_owned()
+            }
+        }
     }
 }
 

@@ -131,67 +131,46 @@ fn prefixes(
     used_u: &HashSet<usize>,
     used_m: &HashSet<usize>,
 ) -> Vec<Suggestion> {
-    let mut by_last: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, m) in missing
+    // Every dotted suffix of every missing name (the whole name included).
+    let mut by_suffix: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (mi, m) in missing
         .iter()
         .enumerate()
         .filter(|(i, _)| !used_m.contains(i))
     {
-        by_last
-            .entry(m.name.rsplit('.').next().unwrap_or(""))
-            .or_default()
-            .push(i);
+        for pos in suffix_starts(&m.name) {
+            by_suffix.entry(&m.name[pos..]).or_default().push(mi);
+        }
     }
-    // For each unused name, the missing names sharing the longest dotted suffix with it.
+    // For each unused name, the missing names sharing the longest dotted suffix with it
+    // (and a compatible shape): the parts before that suffix are the two prefixes.
     let mut groups: BTreeMap<Prefixes, Pairs> = BTreeMap::new();
-    let mut budget: usize = 2_000_000;
     for (ui, u) in unused
         .iter()
         .enumerate()
         .filter(|(i, _)| !used_u.contains(i))
     {
-        let us: Vec<&str> = u.name.split('.').collect();
-        let mut best: Vec<(usize, usize)> = Vec::new(); // (missing index, common segments)
-        for &mi in by_last
-            .get(us.last().copied().unwrap_or(""))
-            .into_iter()
-            .flatten()
-        {
-            if budget == 0 {
-                break;
-            }
-            budget -= 1;
-            let m = &missing[mi];
-            if !compatible(&u.shape, &m.shape) {
+        for pos in suffix_starts(&u.name) {
+            let suffix = &u.name[pos..];
+            let found: Vec<usize> = by_suffix
+                .get(suffix)
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|&mi| compatible(&u.shape, &missing[mi].shape))
+                .collect();
+            if found.is_empty() {
                 continue;
             }
-            let ms: Vec<&str> = m.name.split('.').collect();
-            let k = us
-                .iter()
-                .rev()
-                .zip(ms.iter().rev())
-                .take_while(|(a, b)| a == b)
-                .count();
-            if k == us.len() && k == ms.len() {
-                continue;
+            for mi in found {
+                let m = &missing[mi].name;
+                let key = (
+                    u.name[..pos].to_string(),
+                    m[..m.len() - suffix.len()].to_string(),
+                );
+                groups.entry(key).or_default().push((ui, mi));
             }
-            match best.first() {
-                Some(&(_, bk)) if bk > k => {}
-                Some(&(_, bk)) if bk == k => best.push((mi, k)),
-                _ => best = vec![(mi, k)],
-            }
-        }
-        for (mi, k) in best {
-            let ms: Vec<&str> = missing[mi].name.split('.').collect();
-            let a = us[..us.len() - k]
-                .iter()
-                .map(|s| format!("{s}."))
-                .collect::<String>();
-            let b = ms[..ms.len() - k]
-                .iter()
-                .map(|s| format!("{s}."))
-                .collect::<String>();
-            groups.entry((a, b)).or_default().push((ui, mi));
+            break;
         }
     }
     let mut ranked: Vec<(Prefixes, Pairs)> = groups.into_iter().collect();
@@ -231,6 +210,11 @@ fn prefixes(
     out
 }
 
+/// Where the dotted suffixes of `name` start, longest first: 0 and after every `.`.
+fn suffix_starts(name: &str) -> impl Iterator<Item = usize> + '_ {
+    std::iter::once(0).chain(name.match_indices('.').map(|(i, _)| i + 1))
+}
+
 /// Role words of the packed layouts, in PyTorch's order.
 const SCHEMES: &[(&str, &[&[&str]])] = &[
     (
@@ -264,6 +248,10 @@ fn splits(
     used_m: &mut HashSet<usize>,
 ) -> Vec<Suggestion> {
     let mut out = Vec::new();
+    let mut by_shape: HashMap<&[usize], Vec<usize>> = HashMap::new();
+    for (mi, m) in missing.iter().enumerate() {
+        by_shape.entry(&m.shape).or_default().push(mi);
+    }
     for (ui, u) in unused.iter().enumerate() {
         let Some(&rows) = u.shape.first() else {
             continue;
@@ -288,7 +276,14 @@ fn splits(
             let mut piece = u.shape.clone();
             piece[0] = rows / n;
             let mut per_role: Vec<Vec<(usize, bool)>> = vec![Vec::new(); n];
-            for (mi, m) in missing.iter().enumerate() {
+            let flipped_piece: Vec<usize> = piece.iter().rev().copied().collect();
+            let mut candidates: Vec<usize> =
+                by_shape.get(piece.as_slice()).cloned().unwrap_or_default();
+            if piece.len() == 2 && piece[0] != piece[1] {
+                candidates.extend(by_shape.get(flipped_piece.as_slice()).into_iter().flatten());
+            }
+            for mi in candidates {
+                let m = &missing[mi];
                 if used_m.contains(&mi) {
                     continue;
                 }
