@@ -234,13 +234,18 @@ fn rnn(t: &Target, i: usize, out: &[String], out_types: &[&str]) -> Option<Vec<R
     }
     let transpose = param == "weight";
     let kind = if lstm { "Lstm" } else { "Gru" };
+    // Burn's gate Linear is [in, hidden] (weight) or [hidden] (bias).
+    let h = t.shape.last().copied().unwrap_or(0);
     let recipe = |prefix: &[String], layer: usize| Recipe {
         source: join(prefix, &format!("{param}_{ih}_l{layer}{suffix}")),
         part: Some(Part { index: gate, count }),
         transpose,
         note: format!(
-            "{kind}: gate {} of {count}{}",
-            gate,
+            "{kind}: {} gate, rows {}..{} of {}{}",
+            t.segments[i].trim_end_matches("_gate"),
+            gate * h,
+            (gate + 1) * h,
+            count * h,
             if transpose { ", transposed" } else { "" }
         ),
     };
@@ -273,7 +278,7 @@ fn attention(t: &Target, i: usize, out: &[String]) -> Option<Vec<Recipe>> {
                 source: join(out, "in_proj_weight"),
                 part,
                 transpose: true,
-                note: format!("MultiHeadAttention: block {index} of 3, transposed"),
+                note: format!("MultiHeadAttention: {} rows, transposed", t.segments[i]),
             },
             Recipe {
                 source: join(out, &format!("{short}_proj_weight")),
@@ -286,7 +291,7 @@ fn attention(t: &Target, i: usize, out: &[String]) -> Option<Vec<Recipe>> {
             source: join(out, "in_proj_bias"),
             part,
             transpose: false,
-            note: format!("MultiHeadAttention: block {index} of 3"),
+            note: format!("MultiHeadAttention: {} rows", t.segments[i]),
         }]),
         _ => None,
     }

@@ -17,8 +17,7 @@ pub enum Error {
     /// Strict loading found missing, unused or mismatched tensors; nothing was loaded.
     #[error(
         "{path}: the checkpoint does not fit the module, so nothing was loaded \
-         ({summary}); allow_partial(true) loads what fits\n{report}",
-        summary = report.summary()
+         (allow_partial(true) loads what fits):\n{report}"
     )]
     Incomplete {
         /// The checkpoint.

@@ -314,11 +314,11 @@ fn suggest(report: &mut LoadReport, unused: &[(String, usize)]) {
             .missing
             .iter()
             .filter_map(|m| {
-                let d = close(name, m.tried.first()?)?;
-                Some((d, &m.target))
+                let want = m.tried.first()?;
+                Some((close(name, want)?, want))
             })
             .min()
-            .map(|(_, t)| t.clone());
+            .map(|(_, n)| n.clone());
     }
 }
 

@@ -41,7 +41,7 @@ pub struct Unused {
     pub shape: Vec<usize>,
     /// Its dtype.
     pub dtype: DType,
-    /// The missing parameter it most resembles, if any.
+    /// The name a missing parameter looks for that this tensor's name most resembles.
     pub suggestion: Option<String>,
 }
 
@@ -150,7 +150,7 @@ impl fmt::Display for LoadReport {
                 write!(f, " renamed to {r}")?;
             }
             if let Some(s) = &u.suggestion {
-                write!(f, ", perhaps for {s}")?;
+                write!(f, ", perhaps it should be {s}")?;
             }
             writeln!(f)?;
         }
