@@ -37,11 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => return Err("usage: burn_load_bench read|load FILE [LAYERS N]".into()),
     };
     let start = Instant::now();
-    let checksum: f64;
-    match mode {
+    let checksum: f64 = match mode {
         "read" => {
             let bytes = std::fs::read(file)?;
-            checksum = bytes.iter().step_by(4096).map(|&b| b as f64).sum();
+            bytes.iter().step_by(4096).map(|&b| b as f64).sum()
         }
         "load" => {
             let layers: usize = args.get(2).ok_or("LAYERS")?.parse()?;
@@ -57,10 +56,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (model, report) = torchport_burn::TorchportStore::open(file)?.load(model)?;
             assert!(report.is_complete(), "{report}");
             // The applied parameters are materialized tensors; count them.
-            checksum = model.num_params() as f64;
+            model.num_params() as f64
         }
         other => return Err(format!("unknown mode {other}").into()),
-    }
+    };
     let secs = start.elapsed().as_secs_f64();
     println!(
         "{{\"mode\": \"{mode}\", \"seconds\": {secs:.4}, \"peak_rss\": {}, \"rss_anon\": {}, \"rss_file\": {}, \"checksum\": {checksum}}}",

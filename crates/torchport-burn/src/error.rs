@@ -10,10 +10,10 @@ use crate::report::LoadReport;
 pub enum Error {
     /// The checkpoint could not be opened or read.
     #[error(transparent)]
-    Read(#[from] torchport::Error),
+    Read(Box<torchport::Error>),
     /// A rule is invalid, or failed on a tensor (the message names the rule).
     #[error("{0}")]
-    Rules(torchport::Error),
+    Rules(Box<torchport::Error>),
     /// Strict loading found missing, unused or mismatched tensors; nothing was loaded.
     #[error(
         "{path}: the checkpoint does not fit the module, so nothing was loaded \
@@ -45,6 +45,19 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+}
+
+impl From<torchport::Error> for Error {
+    fn from(e: torchport::Error) -> Self {
+        Error::Read(Box::new(e))
+    }
+}
+
+impl Error {
+    /// A rule error.
+    pub(crate) fn rules(e: torchport::Error) -> Self {
+        Error::Rules(Box::new(e))
+    }
 }
 
 /// Result alias.

@@ -117,7 +117,7 @@ pub(crate) fn plan(
         modules: ckpt.modules(),
         target: Some(&wanted),
     };
-    let (outs, rplan) = remap::plan(rules, &metas, &ctx).map_err(Error::Rules)?;
+    let (outs, rplan) = remap::plan(rules, &metas, &ctx).map_err(Error::rules)?;
     // Where each tensor after the rules came from, as the file names it.
     let origin: HashMap<&str, String> = rplan
         .targets
@@ -350,7 +350,7 @@ pub(crate) fn adapter_rules(planned: &[Planned]) -> Result<(RuleSet, Vec<String>
         }
         produced.push(name);
     }
-    let rule = |pattern: String, op: Op| Rule::new(&pattern, op).map_err(Error::Rules);
+    let rule = |pattern: String, op: Op| Rule::new(&pattern, op).map_err(Error::rules);
     for (src, names) in &splits {
         rules.push(rule(
             format!("^{}$", escape(src)),

@@ -80,7 +80,7 @@ impl TorchportStore {
     /// `pattern` matches is replaced by `to` (`$1` names a capture group) — a remap `rename`
     /// rule. Rules run in the order given, before any adapter.
     pub fn rename(self, pattern: &str, to: &str) -> Result<Self> {
-        let rule = Rule::new(pattern, Op::Rename { to: to.into() }).map_err(Error::Rules)?;
+        let rule = Rule::new(pattern, Op::Rename { to: to.into() }).map_err(Error::rules)?;
         let mut rules = RuleSet::new();
         rules.push(rule);
         Ok(self.rules(rules))
@@ -97,7 +97,7 @@ impl TorchportStore {
     /// `burn`). The `burn` preset already produces Burn's names and layouts, so it turns the
     /// target-aware adapters off.
     pub fn preset(mut self, name: &str) -> Result<Self> {
-        self.rules.preset(name).map_err(Error::Rules)?;
+        self.rules.preset(name).map_err(Error::rules)?;
         if name == "burn" {
             self.target_aware = false;
         }
@@ -161,8 +161,8 @@ impl TorchportStore {
         };
         let (adapters, produced) = plan::adapter_rules(&planned)?;
         let (outs, _) =
-            remap::apply_with(&self.rules, self.ckpt.out_tensors(), &ctx).map_err(Error::Rules)?;
-        let (outs, _) = remap::apply(&adapters, outs).map_err(Error::Rules)?;
+            remap::apply_with(&self.rules, self.ckpt.out_tensors(), &ctx).map_err(Error::rules)?;
+        let (outs, _) = remap::apply(&adapters, outs).map_err(Error::rules)?;
         let outs: HashMap<String, torchport::OutTensor<'_>> =
             outs.into_iter().map(|o| (o.name.clone(), o)).collect();
 
@@ -222,7 +222,7 @@ impl TorchportStore {
                 modules: self.ckpt.modules(),
                 target: None,
             };
-            let (outs, _) = remap::plan(&self.rules, &metas, &ctx).map_err(Error::Rules)?;
+            let (outs, _) = remap::plan(&self.rules, &metas, &ctx).map_err(Error::rules)?;
             let mut map = BTreeMap::new();
             for m in outs {
                 let (ckpt, rules, name) =

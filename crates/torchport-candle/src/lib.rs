@@ -46,10 +46,10 @@ pub use activations::Activations;
 pub enum Error {
     /// The checkpoint could not be opened.
     #[error(transparent)]
-    Read(#[from] torchport::Error),
+    Read(Box<torchport::Error>),
     /// A rule is invalid or failed (the message names the rule).
     #[error("{0}")]
-    Rules(torchport::Error),
+    Rules(Box<torchport::Error>),
     /// Writing an activations file failed.
     #[error("{path}: {message}")]
     Write {
@@ -58,6 +58,16 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+}
+
+impl From<torchport::Error> for Error {
+    fn from(e: torchport::Error) -> Self {
+        Error::Read(Box::new(e))
+    }
+}
+
+fn rules_error(e: torchport::Error) -> Error {
+    Error::Rules(Box::new(e))
 }
 
 /// One tensor a model can ask for: where it comes from.
@@ -102,7 +112,7 @@ impl TorchportBackend {
     /// `pattern` matches is replaced by `to` (`$1` names a capture group) — a remap `rename`
     /// rule. Rules apply in order.
     pub fn rename(self, pattern: &str, to: &str) -> Result<Self, Error> {
-        let rule = Rule::new(pattern, Op::Rename { to: to.into() }).map_err(Error::Rules)?;
+        let rule = Rule::new(pattern, Op::Rename { to: to.into() }).map_err(rules_error)?;
         let mut rules = RuleSet::new();
         rules.push(rule);
         self.rules(rules)
@@ -119,7 +129,7 @@ impl TorchportBackend {
     /// Append a remap preset (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
     /// `burn`).
     pub fn preset(mut self, name: &str) -> Result<Self, Error> {
-        self.rules.preset(name).map_err(Error::Rules)?;
+        self.rules.preset(name).map_err(rules_error)?;
         self.reindex()?;
         Ok(self)
     }
@@ -131,7 +141,7 @@ impl TorchportBackend {
             modules: self.ckpt.modules(),
             target: None,
         };
-        let (_, plan) = remap::plan(&self.rules, &metas, &ctx).map_err(Error::Rules)?;
+        let (_, plan) = remap::plan(&self.rules, &metas, &ctx).map_err(rules_error)?;
         let mut index = HashMap::with_capacity(plan.targets.len());
         for t in &plan.targets {
             let renamed_only = t.steps.iter().all(|s| s.op.starts_with("rename"));

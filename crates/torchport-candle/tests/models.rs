@@ -71,7 +71,9 @@ fn missing_tensor_names_the_closest() {
     let vb = TorchportBackend::open(fixture("mlp.pt"))
         .unwrap()
         .into_var_builder(DType::F32, &Device::Cpu);
-    let err = Mlp::new(vb).err().expect("fc1.weight is not in the file");
+    let Err(err) = Mlp::new(vb) else {
+        panic!("fc1.weight is not in the file")
+    };
     let msg = err.to_string();
     assert!(msg.contains("no tensor named fc1.weight"), "{msg}");
     assert!(msg.contains("closest names present: 0.weight"), "{msg}");
@@ -82,7 +84,7 @@ fn wrong_shape_says_both_shapes() {
     let vb = TorchportBackend::open(fixture("mlp.pt"))
         .unwrap()
         .into_var_builder(DType::F32, &Device::Cpu);
-    let err = candle_nn::linear(6, 17, vb.pp("0")).err().expect("shape");
+    let err = candle_nn::linear(6, 17, vb.pp("0")).expect_err("shape");
     let msg = err.to_string();
     assert!(msg.contains("0.weight"), "{msg}");
     assert!(msg.contains("[17, 6]") && msg.contains("[16, 6]"), "{msg}");
