@@ -1,7 +1,9 @@
 //! Loading speed and memory, measured by benches/burn_load_bench.py (run that, not this).
 //!
 //!     burn_load_bench read FILE            read the file once (std::fs::read)
-//!     burn_load_bench load FILE LAYERS N   load it into Vec<Linear(N, N)> of LAYERS layers
+//!     burn_load_bench load FILE LAYERS N [linear|embedding]
+//!                                          load it into LAYERS Linear(N, N) (every weight
+//!                                          transposed on the way) or Embedding(N, N) (none)
 //!
 //! Prints one JSON line: seconds, and the process's peak resident memory (VmHWM) plus its
 //! anonymous and file-backed resident memory at the end (from /proc/self/status), in bytes.
@@ -9,12 +11,17 @@
 use std::time::Instant;
 
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::Device;
 
 #[derive(Module, Debug)]
 struct Stack {
     layers: Vec<Linear>,
+}
+
+#[derive(Module, Debug)]
+struct Embeddings {
+    layers: Vec<Embedding>,
 }
 
 fn status(key: &str) -> u64 {
@@ -37,10 +44,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => return Err("usage: burn_load_bench read|load FILE [LAYERS N]".into()),
     };
     let start = Instant::now();
-    let checksum: f64 = match mode {
+    match mode {
         "read" => {
             let bytes = std::fs::read(file)?;
-            bytes.iter().step_by(4096).map(|&b| b as f64).sum()
+            assert!(!bytes.is_empty(), "{file} is empty");
+            report_memory(mode, start);
         }
         "load" => {
             let layers: usize = args.get(2).ok_or("LAYERS")?.parse()?;
@@ -48,24 +56,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let device = Device::default();
             // Making the module is part of a user's load; Burn initializes parameters
             // lazily, so only the loaded tensors are ever allocated.
-            let model = Stack {
-                layers: (0..layers)
-                    .map(|_| LinearConfig::new(n, n).init(&device))
-                    .collect(),
-            };
-            let (model, report) = torchport_burn::TorchportStore::open(file)?.load(model)?;
-            assert!(report.is_complete(), "{report}");
-            // The applied parameters are materialized tensors; count them.
-            model.num_params() as f64
+            let store = torchport_burn::TorchportStore::open(file)?;
+            if args.get(4).map(String::as_str) == Some("embedding") {
+                let model = Embeddings {
+                    layers: (0..layers)
+                        .map(|_| EmbeddingConfig::new(n, n).init(&device))
+                        .collect(),
+                };
+                let (model, report) = store.load(model)?;
+                assert!(report.is_complete(), "{report}");
+                assert_eq!(model.num_params(), layers * n * n);
+                // Measured while the model is alive.
+                report_memory(mode, start);
+            } else {
+                let model = Stack {
+                    layers: (0..layers)
+                        .map(|_| LinearConfig::new(n, n).init(&device))
+                        .collect(),
+                };
+                let (model, report) = store.load(model)?;
+                assert!(report.is_complete(), "{report}");
+                assert_eq!(model.num_params(), layers * (n * n + n));
+                report_memory(mode, start);
+            }
         }
         other => return Err(format!("unknown mode {other}").into()),
-    };
+    }
+    Ok(())
+}
+
+/// One JSON line: elapsed seconds and memory now (the model, if any, still alive).
+fn report_memory(mode: &str, start: Instant) {
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "{{\"mode\": \"{mode}\", \"seconds\": {secs:.4}, \"peak_rss\": {}, \"rss_anon\": {}, \"rss_file\": {}, \"checksum\": {checksum}}}",
+        "{{\"mode\": \"{mode}\", \"seconds\": {secs:.4}, \"peak_rss\": {}, \"rss_anon\": {}, \"rss_file\": {}}}",
         status("VmHWM:"),
         status("RssAnon:"),
         status("RssFile:")
     );
-    Ok(())
 }

@@ -22,8 +22,16 @@ pub(crate) struct Planned {
     pub target: Target,
     /// How to build it (its `source` names a tensor after the user's rules).
     pub recipe: Recipe,
-    /// The checkpoint dtype of that tensor.
+    /// The dtype of that tensor.
     pub dtype: DType,
+}
+
+impl Planned {
+    /// Whether the transpose is done while copying into Burn's buffer (float32: one pass
+    /// from the memory map) rather than by a remap rule.
+    pub(crate) fn fused_transpose(&self) -> bool {
+        self.recipe.transpose && self.dtype == DType::F32
+    }
 }
 
 /// The outcome of matching, before any data is read.
@@ -322,8 +330,10 @@ fn suggest(report: &mut LoadReport, unused: &[(String, usize)]) {
     }
 }
 
-/// The remap rules that carry out the adapters' block splits and transposes, and for each
-/// planned parameter the name its tensor has after them.
+/// The remap rules that carry out the adapters' block splits (and the transposes of
+/// non-float32 tensors; float32 ones are transposed while being copied into Burn's buffer, see
+/// [`Planned::fused_transpose`]), and for each planned parameter the name its tensor has after
+/// them.
 pub(crate) fn adapter_rules(planned: &[Planned]) -> Result<(RuleSet, Vec<String>)> {
     let mut rules = RuleSet::new();
     let mut produced = Vec::with_capacity(planned.len());
@@ -364,7 +374,7 @@ pub(crate) fn adapter_rules(planned: &[Planned]) -> Result<(RuleSet, Vec<String>
     let flips: HashSet<&str> = planned
         .iter()
         .zip(&produced)
-        .filter(|(p, _)| p.recipe.transpose)
+        .filter(|(p, _)| p.recipe.transpose && !p.fused_transpose())
         .map(|(_, n)| n.as_str())
         .collect();
     if !flips.is_empty() {

@@ -2,7 +2,8 @@
 //!
 //! Loading plans first (no data is read) and fails as a whole in strict mode. Then the
 //! checkpoint's tensors go through the user's rules and the adapters' rules (torchport's remap
-//! engine: lazy, a block along dim 0 of a memory-mapped tensor is borrowed, not copied), and
+//! engine: lazy, a block along dim 0 of a memory-mapped tensor is borrowed, not copied), are
+//! copied once into the buffers Burn keeps (a float32 transpose happens in that copy), and
 //! are handed to burn-store's [`ModuleSnapshot::apply`] a batch at a time (at most
 //! [`BATCH_BYTES`] of data in flight, so there is never a second copy of the model in memory),
 //! with burn-store's [`FloatCastAdapter`] casting floats to the module's float dtype.
@@ -181,17 +182,19 @@ impl TorchportStore {
         };
         for (p, name) in planned.iter().zip(&produced) {
             let path = p.target.path();
+            // The tensor's own dtype and shape: should they differ from the plan's,
+            // burn-store's applier reports the mismatch instead of loading it.
             let data = outs
                 .get(name)
                 .ok_or_else(|| format!("{path}: the rules produced no tensor {name}"))
-                .and_then(|o| o.data().map_err(|e| format!("{path}: {e}")))
-                .and_then(|d| {
-                    tensor_data(p.dtype, p.target.shape.clone(), d)
+                .and_then(|o| {
+                    let bytes = o.data().map_err(|e| format!("{path}: {e}"))?;
+                    tensor_data(o.dtype, o.shape.clone(), bytes, p.fused_transpose())
                         .map_err(|e| format!("{path}: {e}"))
                 })
                 .map_err(|e| fail(vec![e]))?;
             bytes += data.bytes().len();
-            batch.push(bridge::from_data(data, path, None));
+            batch.push(hand_over(data, path));
             if bytes >= BATCH_BYTES {
                 flush(&mut batch, module);
                 bytes = 0;
@@ -245,6 +248,22 @@ impl TorchportStore {
     }
 }
 
+/// A burn-store tensor that hands `data` over when the applier asks for it. burn-store's
+/// applier clones the tensors it is given before drawing their data; a resident tensor's
+/// bytes would then be shared and Burn would copy them, while a deferred one gives its
+/// buffer away (Burn's ndarray backend keeps the very `Vec` made from the memory map).
+fn hand_over(data: burn::tensor::TensorData, path: String) -> PackTensor {
+    let (dtype, shape) = (data.dtype(), data.shape().clone());
+    let cell = std::sync::Mutex::new(Some(data));
+    let name = path.clone();
+    bridge::deferred(path, dtype, shape, None, move || {
+        cell.lock()
+            .ok()
+            .and_then(|mut d| d.take())
+            .ok_or_else(|| PackError::ValidationError(format!("{name} was already applied")))
+    })
+}
+
 /// One tensor after `rules`, read on its own (the rules run over the names again; only this
 /// tensor's data is read).
 fn read_one(
@@ -264,7 +283,7 @@ fn read_one(
         .find(|o| o.name == name)
         .ok_or_else(|| format!("the rules no longer produce {name}"))?;
     let data = t.data().map_err(|e| e.to_string())?;
-    tensor_data(t.dtype, shape.to_vec(), data)
+    tensor_data(t.dtype, shape.to_vec(), data, false)
 }
 
 /// The float dtype the module's device computes in (f32 on the default ndarray device).
