@@ -4,7 +4,6 @@
 //! (tests/fixtures/remap/every_op.toml) against torch's result; every rule error names its
 //! rule. Match reports: tests/remap_report.rs.
 
-
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
