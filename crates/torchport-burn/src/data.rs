@@ -132,7 +132,9 @@ pub(crate) fn tensor_data(
         return Ok(TensorData::new(v, shape));
     }
     if transpose {
-        return Err(format!("{dtype} tensors are transposed by remap rules, not here"));
+        return Err(format!(
+            "{dtype} tensors are transposed by remap rules, not here"
+        ));
     }
     match burn_dtype(dtype) {
         Some(d) => TensorData::try_from_bytes_vec(bytes.into_owned(), shape, d)
@@ -165,7 +167,13 @@ mod tests {
         let d = tensor_data(DType::F16, vec![1], Cow::Owned(h), false).unwrap();
         assert_eq!(d.dtype(), BurnDType::F16);
         // float8 e4m3fn 0x38 = 1.0, 0xc0 = -2.0
-        let d = tensor_data(DType::F8E4M3Fn, vec![2], Cow::Owned(vec![0x38, 0xc0]), false).unwrap();
+        let d = tensor_data(
+            DType::F8E4M3Fn,
+            vec![2],
+            Cow::Owned(vec![0x38, 0xc0]),
+            false,
+        )
+        .unwrap();
         assert_eq!(d.iter::<f32>().collect::<Vec<_>>(), [1.0, -2.0]);
     }
 
@@ -178,7 +186,10 @@ mod tests {
         for (ci, ri) in [(0, 0), (1028, 1030), (517, 3), (16, 1000), (1000, 16)] {
             assert_eq!(v[ci * r + ri], (ri * c + ci) as f32, "[{ci}][{ri}]");
         }
-        assert!(v.iter().enumerate().all(|(i, &x)| x == ((i % r) * c + i / r) as f32));
+        assert!(v
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == ((i % r) * c + i / r) as f32));
     }
 
     #[test]
