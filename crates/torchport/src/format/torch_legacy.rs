@@ -30,10 +30,26 @@ pub(crate) fn looks_like(bytes: &[u8]) -> bool {
     bytes.len() >= 14 && bytes[..4] == [0x80, 0x02, 0x8a, 0x0a] && bytes[4..14] == MAGIC
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
-    let bytes = file.as_slice();
-    let mut pos = 0usize;
-    let mut next = |what: &str| -> Result<Pickle> {
+/// The pickles at the head of the stream, in order.
+const PICKLES: [&str; 5] = [
+    "magic number",
+    "protocol version",
+    "sys_info",
+    "main",
+    "storage keys",
+];
+
+/// Run the pickles named `names` back to back from byte `pos`; the pickles and the offset
+/// just past the last.
+fn run_pickles(
+    path: &Path,
+    bytes: &[u8],
+    limits: &Limits,
+    mut pos: usize,
+    names: &[&str],
+) -> Result<(Vec<Pickle>, usize)> {
+    let mut out = Vec::with_capacity(names.len());
+    for what in names {
         let rest = bytes.get(pos..).unwrap_or_default();
         let (p, used) =
             torchport_pickle::parse_prefix(rest, &limits.pickle).map_err(|mut source| {
@@ -45,28 +61,52 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
                 }
             })?;
         pos += used;
-        Ok(p)
+        out.push(p);
+    }
+    Ok((out, pos))
+}
+
+/// Every global the stream's five pickles reference, in first-seen order, and how many
+/// pickles were read (the security scan's view; nothing is interpreted).
+pub(crate) fn pickle_globals(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<(usize, Vec<(String, String)>)> {
+    let (pickles, _) = run_pickles(path, file.as_slice(), limits, 0, &PICKLES)?;
+    let mut globals = super::GlobalList::default();
+    for p in &pickles {
+        globals.extend(p.globals());
+    }
+    Ok((pickles.len(), globals.into_vec()))
+}
+
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    let bytes = file.as_slice();
+    // The magic number and version are checked before the rest of the stream is run.
+    let (head, pos) = run_pickles(path, bytes, limits, 0, &PICKLES[..2])?;
+    let (Some(magic), Some(version)) = (head.first(), head.get(1)) else {
+        return Err(Error::corrupt(path, "the legacy stream has no header"));
     };
-    let magic = next("magic number")?;
     if !matches!(magic.get(magic.root()), PValue::BigInt(b) if b[..] == MAGIC) {
         return Err(Error::corrupt(path, "the legacy magic number is wrong"));
     }
-    let version = next("protocol version")?;
     if version.as_int(version.root()) != Some(PROTOCOL_VERSION) {
         return Err(Error::corrupt(
             path,
             format!("the legacy protocol version is not {PROTOCOL_VERSION}"),
         ));
     }
-    let sys_info = next("sys_info")?;
-    let order = sys_info_order(&sys_info);
-    let main = next("main")?;
-    let keys_pickle = next("storage keys")?;
+    let (rest, mut pos) = run_pickles(path, bytes, limits, pos, &PICKLES[2..])?;
+    let [sys_info, main, keys_pickle] = &rest[..] else {
+        return Err(Error::corrupt(path, "the legacy stream has no storage key list"));
+    };
+    let order = sys_info_order(sys_info);
     let keys: Vec<String> = keys_pickle
         .as_tuple_or_list(keys_pickle.root())
         .ok_or_else(|| Error::corrupt(path, "the storage key list is not a list"))?
         .iter()
-        .map(|&k| key_string(&keys_pickle, k))
+        .map(|&k| key_string(keys_pickle, k))
         .collect::<Option<_>>()
         .ok_or_else(|| Error::corrupt(path, "a storage key is not a string"))?;
 
@@ -74,7 +114,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let mut dtypes: HashMap<String, DType> = HashMap::new();
     for i in 0..main.len() {
         if let PValue::PersistentId(payload) = main.get(NodeId(i as u32)) {
-            if let Ok(Id::Storage { dtype, root, .. }) = parse_id(&main, *payload) {
+            if let Ok(Id::Storage { dtype, root, .. }) = parse_id(main, *payload) {
                 dtypes.entry(root).or_insert(dtype);
             }
         }
@@ -132,19 +172,16 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         by_root,
         views: HashMap::new(),
     };
-    let found = interpret(path, &main, &mut resolver, order, limits)?;
-    let mut globals = main.globals().to_vec();
-    for g in sys_info.globals() {
-        if !globals.contains(g) {
-            globals.push(g.clone());
-        }
-    }
+    let found = interpret(path, main, &mut resolver, order, limits)?;
+    let mut globals = super::GlobalList::default();
+    globals.extend(main.globals());
+    globals.extend(sys_info.globals());
     Ok(Checkpoint::new(
         path,
         Format::TorchLegacy,
         order,
         found,
-        globals,
+        globals.into_vec(),
         resolver.storages,
     ))
 }

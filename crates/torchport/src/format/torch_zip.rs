@@ -19,6 +19,9 @@ use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::ByteOrder;
 
+/// Deflate's largest possible expansion (a 258-byte match per 2 bits, rounded up).
+const MAX_DEFLATE_RATIO: u64 = 1032;
+
 /// An opened zip archive over the file's bytes.
 pub(crate) struct Archive<'a> {
     path: &'a Path,
@@ -80,6 +83,7 @@ impl<'a> Archive<'a> {
                 )
             });
         }
+        let compressed = raw.compressed_size();
         drop(raw);
         if size > self.max_decompressed {
             return Err(Error::Limit {
@@ -90,9 +94,14 @@ impl<'a> Archive<'a> {
             });
         }
         let entry = self.zip.by_index(index).map_err(zip_err)?;
-        // Never trust the declared size for the allocation beyond what the limit allows,
-        // and stop one byte past it to notice an entry that inflates further.
-        let mut out = Vec::with_capacity(size.min(1 << 26) as usize);
+        // Never trust the declared size for the allocation: deflate expands at most about
+        // 1032:1, so reserve no more than the compressed bytes could produce (and at most
+        // 64 MiB up front); stop one byte past the declared size to notice an entry that
+        // inflates further.
+        let reserve = size
+            .min(compressed.saturating_mul(MAX_DEFLATE_RATIO).saturating_add(1024))
+            .min(1 << 26);
+        let mut out = Vec::with_capacity(reserve as usize);
         entry
             .take(size.saturating_add(1))
             .read_to_end(&mut out)
@@ -174,6 +183,32 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         globals,
         resolver.storages,
     ))
+}
+
+/// Every global referenced by every pickle record (`*.pkl`) of a zip archive, whatever kind
+/// of zip it is, in first-seen order; and how many pickles were read. Nothing is
+/// interpreted: this is the security scan's view of the archive.
+pub(crate) fn pickle_globals(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<(usize, Vec<(String, String)>)> {
+    let mut ar = Archive::new(path, file, limits)?;
+    let mut globals = super::GlobalList::default();
+    let mut count = 0;
+    for record in ar.names().into_iter().filter(|n| n.ends_with(".pkl")) {
+        let bytes = ar.record(&record)?;
+        let pickle = torchport_pickle::parse(bytes.bytes(), &limits.pickle).map_err(|source| {
+            Error::Pickle {
+                path: path.to_path_buf(),
+                record: record.clone(),
+                source,
+            }
+        })?;
+        globals.extend(pickle.globals());
+        count += 1;
+    }
+    Ok((count, globals.into_vec()))
 }
 
 struct ZipResolver<'a> {

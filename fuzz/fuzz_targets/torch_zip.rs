@@ -1,0 +1,3 @@
+//! The torch zip reader, reached through `open_bytes` with the format's leading bytes forced.
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| torchport_fuzz::exercise(torchport_fuzz::as_zip(data)));
