@@ -118,6 +118,28 @@ impl Error {
         }
     }
 
+    /// The message without its leading `file: `, for nesting inside another message about
+    /// the same file.
+    pub(crate) fn detail(&self) -> String {
+        let full = self.to_string();
+        let path = match self {
+            Error::Io { path, .. }
+            | Error::UnknownFormat { path, .. }
+            | Error::UnsupportedFormat { path, .. }
+            | Error::Pickle { path, .. }
+            | Error::Zip { path, .. }
+            | Error::MissingRecord { path, .. }
+            | Error::Corrupt { path, .. }
+            | Error::Tensor { path, .. }
+            | Error::Unsupported { path, .. }
+            | Error::Limit { path, .. }
+            | Error::NoSuchTensor { path, .. } => path,
+        };
+        let prefix = format!("{}: ", path.display());
+        full.strip_prefix(&prefix)
+            .map_or(full.clone(), str::to_string)
+    }
+
     pub(crate) fn tensor(path: &Path, tensor: &str, what: impl Into<String>) -> Self {
         Error::Tensor {
             path: path.to_path_buf(),

@@ -99,7 +99,10 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     }
     let (rest, mut pos) = run_pickles(path, bytes, limits, pos, &PICKLES[2..])?;
     let [sys_info, main, keys_pickle] = &rest[..] else {
-        return Err(Error::corrupt(path, "the legacy stream has no storage key list"));
+        return Err(Error::corrupt(
+            path,
+            "the legacy stream has no storage key list",
+        ));
     };
     let order = sys_info_order(sys_info);
     let keys: Vec<String> = keys_pickle

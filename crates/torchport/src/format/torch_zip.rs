@@ -99,7 +99,11 @@ impl<'a> Archive<'a> {
         // 64 MiB up front); stop one byte past the declared size to notice an entry that
         // inflates further.
         let reserve = size
-            .min(compressed.saturating_mul(MAX_DEFLATE_RATIO).saturating_add(1024))
+            .min(
+                compressed
+                    .saturating_mul(MAX_DEFLATE_RATIO)
+                    .saturating_add(1024),
+            )
             .min(1 << 26);
         let mut out = Vec::with_capacity(reserve as usize);
         entry
@@ -111,6 +115,12 @@ impl<'a> Archive<'a> {
                     format!("record {name} cannot be decompressed: {e}"),
                 )
             })?;
+        if out.len() as u64 > size {
+            return Err(Error::corrupt(
+                self.path,
+                format!("record {name} inflates past the {size} bytes the archive declares"),
+            ));
+        }
         if out.len() as u64 != size {
             return Err(Error::corrupt(
                 self.path,
@@ -257,7 +267,7 @@ impl Resolver for ZipResolver<'_> {
             Error::MissingRecord { .. } => {
                 format!("its storage record {name} is missing from the archive")
             }
-            other => other.to_string(),
+            other => other.detail(),
         })?;
         let declared = numel
             .checked_mul(dtype.size() as u64)
