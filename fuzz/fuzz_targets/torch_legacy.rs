@@ -1,3 +1,5 @@
-//! The torch legacy reader, reached through `open_bytes` with the format's leading bytes forced.
+//! The legacy torch.save stream reader, reached through `open_bytes` with the format's leading bytes forced.
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| torchport_fuzz::exercise(torchport_fuzz::as_legacy(data)));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    torchport_fuzz::run("torch_legacy", data);
+});

@@ -1,3 +1,5 @@
-//! The torch zip reader, reached through `open_bytes` with the format's leading bytes forced.
+//! The torch.save zip reader, reached through `open_bytes` with the format's leading bytes forced.
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| torchport_fuzz::exercise(torchport_fuzz::as_zip(data)));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    torchport_fuzz::run("torch_zip", data);
+});

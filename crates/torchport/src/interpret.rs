@@ -31,6 +31,11 @@ pub(crate) trait Resolver {
     fn persistent(&mut self, pickle: &Pickle, payload: NodeId) -> Result<Persistent, String>;
     /// Every storage resolved so far.
     fn storages(&self) -> &[Storage];
+    /// Size of the whole file in bytes: the copy budget (`Limits::max_copied_bytes`) is at
+    /// least 4 × this, so that legitimate names and values of any file fit.
+    fn file_len(&self) -> usize {
+        0
+    }
 }
 
 /// What the walk found.
@@ -50,6 +55,7 @@ pub(crate) fn interpret(
     order: ByteOrder,
     limits: &Limits,
 ) -> Result<Found> {
+    let file_len = resolver.file_len();
     let mut w = Walker {
         path,
         p: pickle,
@@ -62,7 +68,7 @@ pub(crate) fn interpret(
         copied: 0,
         max_copied: limits
             .max_copied_bytes
-            .max(arena_bytes(pickle).saturating_mul(4)),
+            .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
         rebuilds: 0,
         found: Found::default(),
     };
@@ -88,7 +94,12 @@ fn join(prefix: &str, key: &str) -> String {
     if prefix.is_empty() {
         key.to_string()
     } else {
-        format!("{prefix}.{key}")
+        // Exactly sized: names are charged to the copy budget by their length.
+        let mut name = String::with_capacity(prefix.len() + 1 + key.len());
+        name.push_str(prefix);
+        name.push('.');
+        name.push_str(key);
+        name
     }
 }
 
@@ -345,12 +356,14 @@ impl<'a> Walker<'a> {
     }
 
     /// The `(module, name)` a call refers to, following the legacy format's `module` ids.
-    fn callable(&mut self, id: NodeId) -> Option<(String, String)> {
+    /// Borrowed from the pickle: a long name reached many times is never copied.
+    fn callable(&mut self, id: NodeId) -> Option<(&'a str, &'a str)> {
+        let p: &'a Pickle = self.p;
         let mut id = id;
         for _ in 0..MAX_CALL_NESTING {
-            match self.p.get(id) {
-                PValue::Global { module, name } => return Some((module.clone(), name.clone())),
-                PValue::PersistentId(payload) => match self.r.persistent(self.p, *payload) {
+            match p.get(id) {
+                PValue::Global { module, name } => return Some((module, name)),
+                PValue::PersistentId(payload) => match self.r.persistent(p, *payload) {
                     Ok(Persistent::Node(n)) => id = n,
                     _ => return None,
                 },
@@ -376,16 +389,17 @@ impl<'a> Walker<'a> {
             self.push_value(name, Value::Object("<unnamed callable>".into()))?;
             return Ok(ObjectKind::Done);
         };
-        if is_rebuild_function(&module, &qual) {
-            let t = self.rebuild(&module, &qual, &obj.args, name)?;
+        if is_rebuild_function(module, qual) {
+            let t = self.rebuild(module, qual, &obj.args, name)?;
             self.push_tensor(t)?;
             return Ok(ObjectKind::Done);
         }
-        if let Some(v) = self.numpy_scalar(&module, &qual, &obj.args) {
+        if let Some(v) = self.numpy_scalar(module, qual, &obj.args) {
             self.push_value(name, v)?;
             return Ok(ObjectKind::Done);
         }
         // copyreg._reconstructor(cls, base, state) is how protocols 0 and 1 spell NEWOBJ.
+        self.charge(module.len() + qual.len() + 1)?;
         let class = if module == "copyreg" && qual == "_reconstructor" {
             obj.args
                 .first()
@@ -522,7 +536,11 @@ impl<'a> Walker<'a> {
         }
         let non_persistent: HashSet<String> =
             match self.dict_get(state, "_non_persistent_buffers_set")? {
-                Some(s) => self.strings(s, 0).into_iter().collect(),
+                Some(s) => {
+                    let names = self.strings(s, 0);
+                    self.charge(names.iter().map(String::len).sum())?;
+                    names.into_iter().collect()
+                }
                 None => HashSet::new(),
             };
         if let Some(buffers) = self.dict_get(state, "_buffers")? {
@@ -646,17 +664,16 @@ impl<'a> Walker<'a> {
                 let Some((m, f)) = self.callable(inner) else {
                     return Err(bad("the wrapped rebuild function is not a global".into()));
                 };
-                if !is_rebuild_function(&m, &f) {
+                if !is_rebuild_function(m, f) {
                     return Err(bad(format!(
                         "the wrapped function {m}.{f} is not a tensor rebuild function"
                     )));
                 }
-                let inner_args = self
-                    .p
+                let p: &'a Pickle = self.p;
+                let inner_args = p
                     .as_tuple_or_list(arg(2)?)
-                    .ok_or_else(|| bad("the wrapped arguments are not a tuple".into()))?
-                    .to_vec();
-                self.rebuild(&m, &f, &inner_args, name)
+                    .ok_or_else(|| bad("the wrapped arguments are not a tuple".into()))?;
+                self.rebuild(m, f, inner_args, name)
             }
             "_rebuild_meta_tensor_no_storage" => {
                 let dtype = self.dtype_arg(arg(0)?, name)?;
@@ -799,16 +816,16 @@ impl<'a> Walker<'a> {
 
     fn tensor_arg(&mut self, id: NodeId, name: &str) -> Result<TensorInfo> {
         let bad = |what: &str| Error::tensor(self.path, name, what.to_string());
-        match self.p.get(id) {
+        let p: &'a Pickle = self.p;
+        match p.get(id) {
             PValue::Object(o) => {
                 let (m, f) = self
                     .callable(o.callable)
                     .ok_or_else(|| bad("expected a tensor"))?;
-                if !is_rebuild_function(&m, &f) {
+                if !is_rebuild_function(m, f) {
                     return Err(bad(&format!("expected a tensor, found a {m}.{f} object")));
                 }
-                let args = o.args.clone();
-                self.rebuild(&m, &f, &args, name)
+                self.rebuild(m, f, &o.args, name)
             }
             PValue::PersistentId(payload) => {
                 match self
@@ -882,14 +899,13 @@ impl<'a> Walker<'a> {
 
     fn quant_arg(&mut self, id: NodeId, name: &str) -> Result<Quant> {
         let bad = |what: &str| Error::tensor(self.path, name, what.to_string());
-        let params = self
-            .p
+        let p: &'a Pickle = self.p;
+        let params = p
             .as_tuple_or_list(id)
-            .ok_or_else(|| bad("its quantizer parameters are not a tuple"))?
-            .to_vec();
-        let scheme = match params.first().map(|&s| self.p.get(s)) {
-            Some(PValue::Global { name, .. }) => name.clone(),
-            Some(PValue::Str(s)) => s.clone(),
+            .ok_or_else(|| bad("its quantizer parameters are not a tuple"))?;
+        let scheme: &str = match params.first().map(|&s| p.get(s)) {
+            Some(PValue::Global { name, .. }) => name,
+            Some(PValue::Str(s)) => s,
             _ => return Err(bad("its quantization scheme is missing")),
         };
         let float = |p: &Pickle, i: Option<&NodeId>| match i.map(|&i| p.get(i)) {
@@ -897,7 +913,7 @@ impl<'a> Walker<'a> {
             Some(PValue::Int(v)) => Some(*v as f64),
             _ => None,
         };
-        match (scheme.as_str(), params.len()) {
+        match (scheme, params.len()) {
             ("per_tensor_affine", 3) => Ok(Quant::PerTensor {
                 scale: float(self.p, params.get(1))
                     .ok_or_else(|| bad("its scale is not a number"))?,
@@ -924,8 +940,11 @@ impl<'a> Walker<'a> {
 
     /// Read a small tensor (or list of numbers) as f64 values: per-channel quantization
     /// parameters are stored as tensors.
+    /// Every decode is charged to the copy budget (a shared scales tensor is decoded once
+    /// per quantized tensor that uses it).
     fn f64_values(&mut self, id: NodeId, name: &str) -> Result<Vec<f64>> {
         if let Some(items) = self.p.as_tuple_or_list(id) {
+            self.charge(items.len().saturating_mul(8)).map_err(|e| *e)?;
             return Ok(items
                 .iter()
                 .filter_map(|&i| match self.p.get(i) {
@@ -939,6 +958,7 @@ impl<'a> Walker<'a> {
         let TensorData::Strided { storage } = t.data else {
             return Err(Error::tensor(self.path, name, "has no data"));
         };
+        self.charge(t.numel().saturating_mul(8)).map_err(|e| *e)?;
         let bytes = self
             .r
             .storages()
@@ -1043,8 +1063,10 @@ impl Walker<'_> {
             return None;
         }
         match self.p.get(id) {
-            PValue::Bytes(b) => Some(b.clone()),
-            PValue::Str(s) => Some(s.chars().map(|c| c as u32 as u8).collect()),
+            // A numpy scalar is at most 16 bytes: anything longer is not one (and is never
+            // copied, however often it is reached).
+            PValue::Bytes(b) if b.len() <= 16 => Some(b.clone()),
+            PValue::Str(s) if s.len() <= 64 => Some(s.chars().map(|c| c as u32 as u8).collect()),
             PValue::Object(o) if self.p.as_global(o.callable) == Some(("_codecs", "encode")) => {
                 self.bytes_value(*o.args.first()?, nest + 1)
             }

@@ -22,7 +22,9 @@ pub struct Limits {
     pub max_tensors: usize,
     /// Most dimensions of one tensor. Default 64.
     pub max_ndim: usize,
-    /// Largest record decompressed from a deflated zip entry, in bytes. Default 16 GiB.
+    /// Most bytes decompressed from the deflated zip entries of one file, in total (torch
+    /// writes stored entries, used in place; only re-zipped archives are deflated).
+    /// Default 16 GiB.
     pub max_decompressed: u64,
     /// Largest data [`Checkpoint::data`](crate::Checkpoint::data) produces for one tensor
     /// whose view is larger than its storage — possible only when elements overlap (stride

@@ -6,7 +6,7 @@
 //! `view_metadata` is `None` or `(view_key, offset, size)` in elements, and
 //! `('module', <class>, source_file, source)` for pickled module classes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use torchport_pickle::{NodeId, Pickle, Value as PValue};
@@ -124,7 +124,10 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     }
     let mut storages = Vec::with_capacity(keys.len().min(1 << 16));
     let mut by_root = HashMap::new();
-    for key in &keys {
+    // A storage the file cuts short (and every one after it) is not read; the tensors that
+    // use it fail by name when they are reached, and the file fails in any case.
+    let mut unread: Option<(HashSet<String>, String)> = None;
+    for (i, key) in keys.iter().enumerate() {
         let dtype = *dtypes.get(key).ok_or_else(|| {
             Error::corrupt(
                 path,
@@ -133,49 +136,30 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
                 ),
             )
         })?;
-        let header = bytes.get(pos..pos + 8).ok_or_else(|| {
-            Error::corrupt(
-                path,
-                format!(
-                    "the file ends at byte {} before storage {key}'s size",
-                    bytes.len()
-                ),
-            )
-        })?;
-        let raw: [u8; 8] = header.try_into().unwrap_or_default();
-        let numel = match order {
-            ByteOrder::Little => i64::from_le_bytes(raw),
-            ByteOrder::Big => i64::from_be_bytes(raw),
-        };
-        let nbytes = usize::try_from(numel)
-            .ok()
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| {
-                Error::corrupt(
-                    path,
-                    format!("storage {key} at byte {pos} declares {numel} elements"),
-                )
-            })?;
-        let start = pos + 8;
-        let storage = start
-            .checked_add(nbytes)
-            .and_then(|end| file.storage(start..end))
-            .ok_or_else(|| {
-                Error::corrupt(path, format!(
-                    "storage {key} at byte {pos} declares {nbytes} bytes but the file ends at byte {}",
-                    bytes.len()
-                ))
-            })?;
-        by_root.insert(key.clone(), storages.len());
-        storages.push(storage);
-        pos = start + nbytes;
+        match read_storage(file, pos, key, dtype, order) {
+            Ok((storage, next)) => {
+                by_root.insert(key.clone(), storages.len());
+                storages.push(storage);
+                pos = next;
+            }
+            Err(what) => {
+                let rest = keys.get(i..).unwrap_or_default().iter().cloned().collect();
+                unread = Some((rest, what));
+                break;
+            }
+        }
     }
     let mut resolver = LegacyResolver {
         storages,
         by_root,
         views: HashMap::new(),
+        unread,
+        file_len: bytes.len(),
     };
     let found = interpret(path, main, &mut resolver, order, limits)?;
+    if let Some((_, what)) = resolver.unread {
+        return Err(Error::corrupt(path, what));
+    }
     let mut globals = super::GlobalList::default();
     globals.extend(main.globals());
     globals.extend(sys_info.globals());
@@ -187,6 +171,39 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         globals.into_vec(),
         resolver.storages,
     ))
+}
+
+/// One storage record at byte `pos`: an int64 element count, then the bytes. The storage
+/// and the offset after it, or what is wrong, naming the storage and the byte offset.
+fn read_storage(
+    file: &FileBytes,
+    pos: usize,
+    key: &str,
+    dtype: DType,
+    order: ByteOrder,
+) -> Result<(Storage, usize), String> {
+    let len = file.as_slice().len();
+    let header = file
+        .as_slice()
+        .get(pos..pos.saturating_add(8))
+        .ok_or_else(|| {
+            format!("the file ends at byte {len} before storage {key}'s size (at byte {pos})")
+        })?;
+    let raw: [u8; 8] = header.try_into().unwrap_or_default();
+    let numel = match order {
+        ByteOrder::Little => i64::from_le_bytes(raw),
+        ByteOrder::Big => i64::from_be_bytes(raw),
+    };
+    let nbytes = usize::try_from(numel)
+        .ok()
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .ok_or_else(|| format!("storage {key} at byte {pos} declares {numel} elements"))?;
+    let start = pos + 8;
+    let end = start.checked_add(nbytes);
+    let storage = end.and_then(|end| file.storage(start..end)).ok_or_else(|| {
+        format!("storage {key} at byte {pos} declares {nbytes} bytes but the file ends at byte {len}")
+    })?;
+    Ok((storage, start + nbytes))
 }
 
 /// `sys_info["little_endian"]`: the byte order the file was written in.
@@ -258,6 +275,9 @@ struct LegacyResolver {
     storages: Vec<Storage>,
     by_root: HashMap<String, usize>,
     views: HashMap<String, usize>,
+    /// The storages the file cuts short, and why.
+    unread: Option<(HashSet<String>, String)>,
+    file_len: usize,
 }
 
 impl Resolver for LegacyResolver {
@@ -266,10 +286,17 @@ impl Resolver for LegacyResolver {
             Id::Module(n) => return Ok(Persistent::Node(n)),
             Id::Storage { dtype, root, view } => (dtype, root, view),
         };
-        let index = *self
-            .by_root
-            .get(&root)
-            .ok_or_else(|| format!("its storage {root} is not among the file's storages"))?;
+        let index = match (self.by_root.get(&root), &self.unread) {
+            (Some(&i), _) => i,
+            (None, Some((keys, what))) if keys.contains(&root) => {
+                return Err(format!("its storage {root} cannot be read: {what}"))
+            }
+            (None, _) => {
+                return Err(format!(
+                    "its storage {root} is not among the file's storages"
+                ))
+            }
+        };
         let Some((view_key, offset, size)) = view else {
             return Ok(Persistent::Storage { index, dtype });
         };
@@ -293,6 +320,10 @@ impl Resolver for LegacyResolver {
 
     fn storages(&self) -> &[Storage] {
         &self.storages
+    }
+
+    fn file_len(&self) -> usize {
+        self.file_len
     }
 }
 

@@ -39,6 +39,7 @@ struct Parsed {
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
     let parsed = parse(path, file, limits)?;
     let mut resolver = TarResolver {
+        file_len: file.as_slice().len(),
         storages: parsed.storages,
         by_key: parsed.by_key,
         tensors: parsed.tensors,
@@ -111,7 +112,12 @@ fn parse(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parsed> {
             .ok()
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| r.corrupt(&format!("storage {key} declares {numel} elements")))?;
-        let range = r.take(nbytes)?;
+        let range = r.take(nbytes).map_err(|_| {
+            r.corrupt(&format!(
+                "storage {key} declares {nbytes} bytes but the member ends at byte {}",
+                r.end
+            ))
+        })?;
         let s = file
             .storage(range)
             .ok_or_else(|| r.corrupt("a storage lies outside the file"))?;
@@ -331,6 +337,7 @@ impl Reader<'_> {
 }
 
 struct TarResolver {
+    file_len: usize,
     storages: Vec<Storage>,
     by_key: HashMap<String, (usize, DType)>,
     tensors: HashMap<String, TensorInfo>,
@@ -356,5 +363,9 @@ impl Resolver for TarResolver {
 
     fn storages(&self) -> &[Storage] {
         &self.storages
+    }
+
+    fn file_len(&self) -> usize {
+        self.file_len
     }
 }

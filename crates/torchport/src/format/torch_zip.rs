@@ -28,6 +28,8 @@ pub(crate) struct Archive<'a> {
     file: &'a FileBytes,
     zip: ZipArchive<Cursor<&'a [u8]>>,
     max_decompressed: u64,
+    /// Bytes decompressed so far (the limit is on the total).
+    decompressed: u64,
 }
 
 impl<'a> Archive<'a> {
@@ -41,6 +43,7 @@ impl<'a> Archive<'a> {
             file,
             zip,
             max_decompressed: limits.max_decompressed,
+            decompressed: 0,
         })
     }
 
@@ -79,20 +82,30 @@ impl<'a> Archive<'a> {
             return range.and_then(|r| self.file.storage(r)).ok_or_else(|| {
                 Error::corrupt(
                     self.path,
-                    format!("record {name} ({size} bytes) extends past the end of the file"),
+                    format!(
+                        "record {name} ({size} bytes at byte {start}) extends past the end of the file ({} bytes)",
+                        self.file.as_slice().len()
+                    ),
                 )
             });
         }
         let compressed = raw.compressed_size();
         drop(raw);
-        if size > self.max_decompressed {
+        if size > self.max_decompressed.saturating_sub(self.decompressed) {
+            let what = match self.decompressed {
+                0 => format!("record {name} decompressed ({size} bytes)"),
+                before => format!(
+                    "record {name} decompressed ({size} bytes, after {before} bytes of other records)"
+                ),
+            };
             return Err(Error::Limit {
                 path: self.path.to_path_buf(),
-                what: format!("record {name} decompressed ({size} bytes)"),
+                what,
                 limit: self.max_decompressed,
                 field: "max_decompressed",
             });
         }
+        self.decompressed += size;
         let entry = self.zip.by_index(index).map_err(zip_err)?;
         // Never trust the declared size for the allocation: deflate expands at most about
         // 1032:1, so reserve no more than the compressed bytes could produce (and at most
@@ -286,6 +299,10 @@ impl Resolver for ZipResolver<'_> {
 
     fn storages(&self) -> &[Storage] {
         &self.storages
+    }
+
+    fn file_len(&self) -> usize {
+        self.ar.file.as_slice().len()
     }
 }
 

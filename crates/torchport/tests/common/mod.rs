@@ -3,6 +3,8 @@
 //! makes an archive lie about its record sizes.
 #![allow(dead_code)]
 
+pub mod targets;
+
 use std::io::{Cursor, Write};
 
 use zip::write::SimpleFileOptions;
