@@ -90,8 +90,10 @@ pub fn scan_bytes(name: &str, bytes: Vec<u8>, limits: &Limits) -> Result<Securit
 fn scan_file(path: &Path, file: &FileBytes, limits: &Limits) -> Result<SecurityReport> {
     let mut limits = limits.clone();
     limits.pickle.refuse_dangerous = false;
-    let (format, pickles, globals) = format::pickle_globals(path, file, &limits)?;
-    let globals = globals
+    let (format, found) = format::pickle_globals(path, file, &limits)?;
+    let pickles = found.count;
+    let globals = found
+        .globals
         .into_iter()
         .map(|(module, name)| {
             let class = classify(&module, &name);

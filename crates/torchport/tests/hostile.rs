@@ -232,3 +232,31 @@ fn every_fixture_survives_mutation() {
     assert!(files.len() >= 27, "{} fixture files", files.len());
     assert!(total >= 2500, "{total} mutated inputs");
 }
+
+/// Names, record names and container messages come from the file: a newline in them is
+/// escaped, so an error stays one line and a file cannot forge a second message.
+#[test]
+fn messages_stay_one_line_whatever_the_file_holds() {
+    use common::*;
+    let forged = "w\nerror: everything is fine";
+    let pkl = one_tensor_pickle(forged, "FloatStorage", 16, 8, &[16], &[1]);
+    let z = torch_zip(&pkl, &[("0", &floats16())]);
+    let e = torchport::open_bytes("x.pt", z, &Limits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains('\n'), "{e}");
+    assert!(
+        e.contains("tensor w\\nerror: everything is fine: view"),
+        "{e}"
+    );
+    // A dangerous global spelled with a newline (STACK_GLOBAL takes any string).
+    let evil = P::new().str("os").str("system\nok").op(b"\x93").stop();
+    let z = torch_zip(&evil, &[("0", &floats16())]);
+    let e = torchport::open_bytes("x.pt", z, &Limits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        !e.contains('\n') && e.contains("refusing global os.system\\nok"),
+        "{e}"
+    );
+}

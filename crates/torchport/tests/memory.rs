@@ -140,11 +140,11 @@ fn crafted() -> Vec<(String, Vec<u8>)> {
     // Node bomb: empty lists (one byte each) gathered into a list; just past a power of two
     // nodes, where the arena has just doubled.
     let mut p = P::new().mark();
-    p.0.extend(std::iter::repeat_n(b']', 65_600));
+    p.0.extend(std::iter::repeat(b']').take(65_600));
     out.push(("65,600 one-byte nodes".into(), zip16(p.op(b"l").stop())));
     // Memo bomb of entries: 60,000 MEMOIZE.
     let mut p = P::new().op(b"N");
-    p.0.extend(std::iter::repeat_n(0x94u8, 60_000));
+    p.0.extend(std::iter::repeat(0x94u8).take(60_000));
     out.push(("60k MEMOIZE".into(), zip16(p.stop())));
     // A string declared 2^40 bytes long.
     let huge = P::new()

@@ -128,22 +128,30 @@ pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
-) -> Result<(Format, usize, Vec<(String, String)>)> {
+) -> Result<(Format, PickleGlobals)> {
     let bytes = file.as_slice();
     let format = detect(bytes).ok_or_else(|| Error::UnknownFormat {
         path: path.to_path_buf(),
         detail: describe_head(bytes),
     })?;
-    let (count, globals) = match format {
+    let found = match format {
         Format::TorchLegacy => torch_legacy::pickle_globals(path, file, limits)?,
         Format::TorchTar => torch_tar::pickle_globals(path, file, limits)?,
         // Any zip: every `*.pkl` record (data.pkl, constants.pkl, …).
         Format::TorchZip | Format::TorchScript | Format::Pt2 | Format::Npz => {
             torch_zip::pickle_globals(path, file, limits)?
         }
-        _ => (0, Vec::new()),
+        _ => PickleGlobals::default(),
     };
-    Ok((format, count, globals))
+    Ok((format, found))
+}
+
+/// What the security scan saw in a container: how many pickles it ran, and every global
+/// they reference (first-seen order, no repeats).
+#[derive(Default)]
+pub(crate) struct PickleGlobals {
+    pub(crate) count: usize,
+    pub(crate) globals: Vec<(String, String)>,
 }
 
 /// A list of globals without repeats, in first-seen order (a set beside it keeps merging

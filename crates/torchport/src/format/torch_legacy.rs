@@ -72,13 +72,16 @@ pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
-) -> Result<(usize, Vec<(String, String)>)> {
+) -> Result<super::PickleGlobals> {
     let (pickles, _) = run_pickles(path, file.as_slice(), limits, 0, &PICKLES)?;
     let mut globals = super::GlobalList::default();
     for p in &pickles {
         globals.extend(p.globals());
     }
-    Ok((pickles.len(), globals.into_vec()))
+    Ok(super::PickleGlobals {
+        count: pickles.len(),
+        globals: globals.into_vec(),
+    })
 }
 
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {

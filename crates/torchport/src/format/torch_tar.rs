@@ -61,9 +61,12 @@ pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
-) -> Result<(usize, Vec<(String, String)>)> {
+) -> Result<super::PickleGlobals> {
     let parsed = parse(path, file, limits)?;
-    Ok((parsed.pickles, parsed.globals))
+    Ok(super::PickleGlobals {
+        count: parsed.pickles,
+        globals: parsed.globals,
+    })
 }
 
 fn parse(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parsed> {

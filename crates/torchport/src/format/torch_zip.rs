@@ -215,7 +215,7 @@ pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
-) -> Result<(usize, Vec<(String, String)>)> {
+) -> Result<super::PickleGlobals> {
     let mut ar = Archive::new(path, file, limits)?;
     let mut globals = super::GlobalList::default();
     let mut count = 0;
@@ -231,7 +231,10 @@ pub(crate) fn pickle_globals(
         globals.extend(pickle.globals());
         count += 1;
     }
-    Ok((count, globals.into_vec()))
+    Ok(super::PickleGlobals {
+        count,
+        globals: globals.into_vec(),
+    })
 }
 
 struct ZipResolver<'a> {

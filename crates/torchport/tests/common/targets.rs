@@ -134,7 +134,7 @@ fn check_arena(p: &Pickle) {
                 ok(&o.callable)
                     && o.args.iter().all(ok)
                     && o.kwargs.iter().all(|(k, v)| ok(k) && ok(v))
-                    && o.state.as_ref().is_none_or(ok)
+                    && o.state.as_ref().map_or(true, ok)
                     && o.list_items.iter().all(ok)
                     && o.dict_items.iter().all(|(k, v)| ok(k) && ok(v))
             }
