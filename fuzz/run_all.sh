@@ -41,12 +41,11 @@ fi
 
 ./seed.sh "${targets[@]}" || exit 2
 echo "building ${#targets[@]} targets (sanitizer: $san)…"
-for t in "${targets[@]}"; do
-    cargo fuzz build -s "$san" "$t" >/dev/null 2>artifacts.build.log || {
-        echo "build of $t failed:"; tail -20 artifacts.build.log; exit 2; }
-done
-rm -f artifacts.build.log
 mkdir -p artifacts/logs
+for t in "${targets[@]}"; do
+    cargo fuzz build -s "$san" "$t" >/dev/null 2>artifacts/logs/build.log || {
+        echo "build of $t failed:"; tail -20 artifacts/logs/build.log; exit 2; }
+done
 bin_dir="target/$(rustc -vV | sed -n 's/^host: //p')/release"
 
 extra=()

@@ -199,6 +199,7 @@ impl<'a> Walker<'a> {
     }
 
     /// Count a visit and check the depth.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn enter(&mut self, depth: usize) -> WalkResult {
         self.visits += 1;
         if self.visits > self.max_visits {
@@ -267,6 +268,7 @@ impl<'a> Walker<'a> {
     }
 
     /// `name.key`, charged to the copy budget.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn child_name(&mut self, name: &str, prefix: &str, key: ChildKey) -> Boxed<String> {
         let key = match key {
             ChildKey::Index(i) => format!("{prefix}{i}"),
@@ -278,6 +280,7 @@ impl<'a> Walker<'a> {
         Ok(child)
     }
 
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn push_empty(&mut self, id: NodeId, name: &str) -> WalkResult {
         let kind = match self.p.get(id) {
             PValue::List(_) => "[]",
@@ -287,12 +290,14 @@ impl<'a> Walker<'a> {
         self.push_value(name, Value::Empty(kind))
     }
 
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn push_leaf(&mut self, leaf: &PValue, name: &str) -> WalkResult {
         let v = leaf_value(leaf);
         self.push_value(name, v)
     }
 
     /// Record a non-tensor value, charging its name and text to the copy budget.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn push_value(&mut self, name: &str, v: Value) -> WalkResult {
         let text = match &v {
             Value::Str(s) | Value::BigInt(s) | Value::Global(s) | Value::Object(s) => s.len(),
@@ -318,6 +323,7 @@ impl<'a> Walker<'a> {
 
     /// A persistent id reached as a value: a bare storage becomes a 1-d tensor, a tar tensor
     /// record a tensor; a legacy `module` id stands for another node, returned to walk.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn persistent_leaf(&mut self, payload: NodeId, name: &str) -> Boxed<Option<NodeId>> {
         let resolved = self
             .r
@@ -384,6 +390,7 @@ impl<'a> Walker<'a> {
 
     /// What an object is: a tensor or numpy scalar (recorded here), a pickled module, a
     /// dict-like object, or something to keep opaque.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn object_kind(&mut self, obj: &Object, name: &str) -> Boxed<ObjectKind> {
         let Some((module, qual)) = self.callable(obj.callable) else {
             self.push_value(name, Value::Object("<unnamed callable>".into()))?;
@@ -517,6 +524,7 @@ impl<'a> Walker<'a> {
 
     /// Record a module, and list what `state_dict()` would hold directly under it:
     /// parameters, persistent buffers, then child modules (`None` entries skipped).
+    #[inline(never)] // keeps its locals off the recursion path (see above)
     fn module_entries(
         &mut self,
         class: &str,

@@ -178,8 +178,8 @@ fn crafted() -> Vec<(String, Vec<u8>)> {
         )),
     ));
     // Deflated records: one that inflates past its declared size, one declaring 4 GiB.
-    let zeros = vec![0u8; 4 << 20];
-    let pkl = one_tensor_pickle("w", "FloatStorage", 1 << 20, 0, &[1 << 20], &[1]);
+    let zeros = vec![0u8; 2 << 20];
+    let pkl = one_tensor_pickle("w", "FloatStorage", 512 << 10, 0, &[512 << 10], &[1]);
     let mut lying = zip(&[
         ("archive/data.pkl", &pkl, true),
         ("archive/data/0", &zeros, true),
@@ -187,7 +187,7 @@ fn crafted() -> Vec<(String, Vec<u8>)> {
     patch_sizes(&mut lying, "archive/data/0", None, Some(1000));
     out.push(("deflated: record inflating past 1000 B".into(), lying));
     out.push((
-        "deflated: 4 MiB of zeros, sizes honest".into(),
+        "deflated: 2 MiB of zeros, sizes honest".into(),
         zip(&[
             ("archive/data.pkl", &pkl, true),
             ("archive/data/0", &zeros, true),
