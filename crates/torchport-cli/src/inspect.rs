@@ -1,11 +1,11 @@
-//! `torchport inspect FILE [--json]`.
+//! `torchport inspect FILE [--json] [--security]`.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::json;
-use torchport::security::classify;
+use torchport::security::{classify, SecurityReport};
 use torchport::{Checkpoint, Quant, TensorData, TensorInfo};
 
 /// Arguments of `inspect`.
@@ -16,9 +16,16 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Add a security section: every global the file's pickles reference, classified
+    /// known-safe / inert / dangerous. A refused file is still reported (exit 2).
+    #[arg(long)]
+    security: bool,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    if args.security {
+        return run_security(args);
+    }
     let ckpt = torchport::open(&args.file)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -28,6 +35,75 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         write_table(&mut out, &ckpt)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `inspect --security`: scan first (this never fails on a dangerous global), then open.
+/// When the file cannot be opened — refused, or corrupt past its pickles — the report is
+/// still printed, and the error goes to stderr with exit code 2.
+fn run_security(args: &Args) -> anyhow::Result<ExitCode> {
+    let report = torchport::security::scan(&args.file)?;
+    let opened = torchport::open(&args.file);
+    let mut out = std::io::stdout().lock();
+    match &opened {
+        Ok(ckpt) if args.json => {
+            let mut v = to_json(ckpt);
+            v["security"] = security_json(&report);
+            serde_json::to_writer_pretty(&mut out, &v)?;
+            writeln!(out)?;
+        }
+        Ok(ckpt) => {
+            write_table(&mut out, ckpt)?;
+            writeln!(out)?;
+            write_security(&mut out, &report)?;
+        }
+        Err(_) if args.json => {
+            let v = json!({
+                "file": args.file.display().to_string(),
+                "format": report.format.name(),
+                "security": security_json(&report),
+            });
+            serde_json::to_writer_pretty(&mut out, &v)?;
+            writeln!(out)?;
+        }
+        Err(_) => {
+            writeln!(out, "file:    {}", args.file.display())?;
+            writeln!(out, "format:  {}", report.format)?;
+            writeln!(out)?;
+            write_security(&mut out, &report)?;
+        }
+    }
+    drop(out);
+    opened?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_security(out: &mut impl Write, r: &SecurityReport) -> std::io::Result<()> {
+    let dangerous = r.dangerous().count();
+    let verdict = if r.is_refused() {
+        format!("REFUSED: {dangerous} dangerous global(s); torchport will not load this file")
+    } else {
+        "ok: no dangerous global".to_string()
+    };
+    writeln!(out, "security: {verdict}")?;
+    writeln!(
+        out,
+        "  {} pickle(s) scanned, {} global(s) referenced",
+        r.pickles,
+        r.globals.len()
+    )?;
+    for g in &r.globals {
+        writeln!(out, "  {}.{}  [{}]", g.module, g.name, g.class.name())?;
+    }
+    Ok(())
+}
+
+fn security_json(r: &SecurityReport) -> serde_json::Value {
+    let globals: Vec<_> = r
+        .globals
+        .iter()
+        .map(|g| json!({"module": g.module, "name": g.name, "class": g.class.name()}))
+        .collect();
+    json!({"globals": globals, "verdict": r.verdict(), "pickles": r.pickles})
 }
 
 fn shape_text(shape: &[usize]) -> String {

@@ -98,7 +98,7 @@ fn table_shows_names_values_and_modules() {
 fn hostile_files_exit_2_with_one_sentence() {
     for (file, word) in [
         ("tests/fixtures/hostile/os_system.pt", "posix.system"),
-        ("tests/fixtures/hostile/memo_bomb.pt", "max_visits"),
+        ("tests/fixtures/hostile/memo_bomb.pt", "shared references"),
         ("tests/fixtures/hostile/oob_view.pt", "storage holds only"),
         (
             "tests/fixtures/hostile/random.bin",

@@ -27,6 +27,24 @@ impl fmt::Display for Error {
     }
 }
 
+/// Text from the pickle as it goes into a message: control characters escaped (one line,
+/// whatever the pickle holds) and at most 200 characters.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(208));
+    for (i, c) in text.chars().enumerate() {
+        if i == 200 {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// What went wrong while running a pickle.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -51,7 +69,7 @@ pub enum ErrorKind {
     #[error("the string is not valid UTF-8")]
     InvalidUtf8,
     /// A protocol-0 text argument that does not parse; the text says what was expected.
-    #[error("{0}")]
+    #[error("{}", one_line(.0))]
     BadText(String),
     /// A stack item has the wrong type for the opcode.
     #[error("the opcode expects a {expected} on the stack but found a {found}")]
@@ -71,7 +89,9 @@ pub enum ErrorKind {
     },
     /// A global that could only mean code execution or system access.
     #[error(
-        "refusing global {module}.{name} because loading it could run code or touch the system"
+        "refusing global {}.{} because loading it could run code or touch the system",
+        one_line(module),
+        one_line(name)
     )]
     DangerousGlobal {
         /// The module of the refused global.

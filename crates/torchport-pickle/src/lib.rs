@@ -168,7 +168,7 @@ impl Pickle {
     /// The recorded call at `id`, if it is a [`Value::Object`].
     pub fn as_object(&self, id: NodeId) -> Option<&Object> {
         match self.get(id) {
-            Value::Object(object) => Some(object),
+            Value::Object(object) => Some(&**object),
             _ => None,
         }
     }

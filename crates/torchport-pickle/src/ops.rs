@@ -290,13 +290,21 @@ impl Machine<'_> {
                 let name = self.text_line(r)?;
                 let args = self.pop_mark()?;
                 let class = self.global(module, name)?;
-                self.push_new(Value::Object(Object::new(CallKind::Inst, class, args)))?;
+                self.push_new(Value::Object(Box::new(Object::new(
+                    CallKind::Inst,
+                    class,
+                    args,
+                ))))?;
             }
             OBJ => {
                 let mut items = self.pop_mark()?.into_iter();
                 let class = items.next().ok_or(ErrorKind::StackUnderflow)?;
                 let args = items.collect();
-                self.push_new(Value::Object(Object::new(CallKind::Obj, class, args)))?;
+                self.push_new(Value::Object(Box::new(Object::new(
+                    CallKind::Obj,
+                    class,
+                    args,
+                ))))?;
             }
             REDUCE | NEWOBJ => {
                 let args = self.pop()?;
@@ -307,7 +315,7 @@ impl Machine<'_> {
                 } else {
                     CallKind::NewObj
                 };
-                self.push_new(Value::Object(Object::new(kind, callable, args)))?;
+                self.push_new(Value::Object(Box::new(Object::new(kind, callable, args))))?;
             }
             NEWOBJ_EX => {
                 let kwargs = self.pop()?;
@@ -326,7 +334,7 @@ impl Machine<'_> {
                 self.charge_copies(kwargs.len().saturating_mul(2))?;
                 let mut object = Object::new(CallKind::NewObjEx, class, args);
                 object.kwargs = kwargs;
-                self.push_new(Value::Object(object))?;
+                self.push_new(Value::Object(Box::new(object)))?;
             }
             BUILD => {
                 let state = self.pop()?;

@@ -46,8 +46,9 @@ pub enum Value {
         name: String,
     },
     /// REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ: a call, recorded, never made.
-    /// Later BUILD / APPEND(S) / SETITEM(S) on it mutate this node in place.
-    Object(Object),
+    /// Later BUILD / APPEND(S) / SETITEM(S) on it mutate this node in place. Boxed, so
+    /// that every other node stays small (the arena holds one node per opcode at worst).
+    Object(Box<Object>),
     /// PERSID / BINPERSID: the persistent id payload (for torch: a tuple like
     /// ('storage', <Global FloatStorage>, '0', 'cpu', 6)).
     PersistentId(NodeId),
@@ -233,6 +234,13 @@ pub fn bigint_to_decimal(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn nodes_stay_small() {
+        // The arena holds up to one node per input byte: its size is the pickle VM's
+        // memory per byte of hostile input (docs/SECURITY.md).
+        assert!(std::mem::size_of::<super::Value>() <= 56);
+    }
+
     use super::*;
 
     #[test]

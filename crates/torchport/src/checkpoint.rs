@@ -26,6 +26,8 @@ pub struct Checkpoint {
     pub(crate) graph_ops: Vec<(String, usize)>,
     pub(crate) storages: Vec<Storage>,
     pub(crate) index: HashMap<String, usize>,
+    /// `Limits::max_expanded_bytes` of the open that made this checkpoint.
+    pub(crate) max_expanded_bytes: u64,
 }
 
 /// Open a checkpoint with the default [`Limits`]; the format is detected from the content.
@@ -43,13 +45,17 @@ pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
 
 /// Open a checkpoint with explicit resource limits.
 pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<Checkpoint> {
-    format::open(path.as_ref(), limits)
+    let mut c = format::open(path.as_ref(), limits)?;
+    c.max_expanded_bytes = limits.max_expanded_bytes;
+    Ok(c)
 }
 
 /// Read a checkpoint from bytes already in memory; `name` only labels it in messages.
 pub fn open_bytes(name: &str, bytes: Vec<u8>, limits: &Limits) -> Result<Checkpoint> {
     let file = crate::storage::FileBytes::Owned(std::sync::Arc::new(bytes));
-    format::read(Path::new(name), &file, limits)
+    let mut c = format::read(Path::new(name), &file, limits)?;
+    c.max_expanded_bytes = limits.max_expanded_bytes;
+    Ok(c)
 }
 
 impl Checkpoint {
@@ -86,6 +92,7 @@ impl Checkpoint {
             graph_ops: Vec::new(),
             storages,
             index,
+            max_expanded_bytes: Limits::default().max_expanded_bytes,
         }
     }
 
@@ -174,8 +181,22 @@ impl Checkpoint {
                 })?;
                 // Views were checked against their storage when the file was opened; check
                 // again so that a hand-built TensorInfo cannot read out of bounds.
-                crate::tensor::check_view(t.dtype, &t.shape, &t.strides, t.offset, s.len())
-                    .map_err(|what| Error::tensor(&self.path, &t.name, what))?;
+                let nbytes =
+                    crate::tensor::check_view(t.dtype, &t.shape, &t.strides, t.offset, s.len())
+                        .map_err(|what| Error::tensor(&self.path, &t.name, what))?;
+                // Only overlapping views can be larger than their storage.
+                if nbytes > s.len() && nbytes as u64 > self.max_expanded_bytes {
+                    return Err(Error::Limit {
+                        path: self.path.clone(),
+                        what: format!(
+                            "tensor {}'s data ({nbytes} bytes from a {}-byte storage: an expanded or overlapping view)",
+                            t.name,
+                            s.len()
+                        ),
+                        limit: self.max_expanded_bytes,
+                        field: "max_expanded_bytes",
+                    });
+                }
                 Ok(view_bytes(t, s.bytes(), s.byte_order()))
             }
             TensorData::Meta => Err(Error::Unsupported {
@@ -212,11 +233,15 @@ impl Checkpoint {
 
     /// Total number of elements over all tensors.
     pub fn parameter_count(&self) -> u64 {
-        self.tensors.iter().map(|t| t.numel() as u64).sum()
+        self.tensors
+            .iter()
+            .fold(0u64, |n, t| n.saturating_add(t.numel() as u64))
     }
 
     /// Total bytes over all tensors, counted per tensor (shared storage counted each time).
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.nbytes() as u64).sum()
+        self.tensors
+            .iter()
+            .fold(0u64, |n, t| n.saturating_add(t.nbytes() as u64))
     }
 }

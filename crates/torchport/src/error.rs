@@ -3,6 +3,28 @@
 
 use std::path::{Path, PathBuf};
 
+/// Text from the file (names, records, a container library's message) as it goes into an
+/// error: control characters escaped, so every message stays one line whatever the file
+/// holds (a key containing a newline cannot forge a second message), and at most 300
+/// characters of any one part.
+pub(crate) fn shown(text: impl std::fmt::Display) -> String {
+    const MAX: usize = 300;
+    let text = text.to_string();
+    let mut out = String::with_capacity(text.len().min(MAX + 8));
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Result alias for the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -11,7 +33,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// The file could not be opened or read.
-    #[error("{}: cannot read the file: {source}", path.display())]
+    #[error("{}: cannot read the file: {source}", shown(path.display()))]
     Io {
         /// The file.
         path: PathBuf,
@@ -19,7 +41,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The content matches none of the formats torchport reads.
-    #[error("{}: not a file torchport recognizes ({detail}); expected a PyTorch checkpoint (zip, legacy stream or tar), safetensors, numpy .npy/.npz or a sharded *.index.json", path.display())]
+    #[error("{}: not a file torchport recognizes ({detail}); expected a PyTorch checkpoint (zip, legacy stream or tar), safetensors, numpy .npy/.npz or a sharded *.index.json", shown(path.display()))]
     UnknownFormat {
         /// The file.
         path: PathBuf,
@@ -27,7 +49,7 @@ pub enum Error {
         detail: String,
     },
     /// The format is recognized but this kind of file is not read yet.
-    #[error("{}: {what} is not supported yet", path.display())]
+    #[error("{}: {} is not supported yet", shown(path.display()), shown(what))]
     UnsupportedFormat {
         /// The file.
         path: PathBuf,
@@ -35,7 +57,7 @@ pub enum Error {
         what: String,
     },
     /// A pickle inside the file could not be decoded, or references a dangerous global.
-    #[error("{}: in {record}: {source}", path.display())]
+    #[error("{}: in {}: {}", shown(path.display()), shown(record), shown(source))]
     Pickle {
         /// The file.
         path: PathBuf,
@@ -45,7 +67,7 @@ pub enum Error {
         source: torchport_pickle::Error,
     },
     /// The zip container is corrupt or truncated.
-    #[error("{}: the zip archive is corrupt or truncated: {source}", path.display())]
+    #[error("{}: the zip archive is corrupt or truncated: {}", shown(path.display()), shown(source))]
     Zip {
         /// The file.
         path: PathBuf,
@@ -53,7 +75,7 @@ pub enum Error {
         source: zip::result::ZipError,
     },
     /// A record the file refers to is not in it.
-    #[error("{}: record {record} is missing from the archive", path.display())]
+    #[error("{}: record {} is missing from the archive", shown(path.display()), shown(record))]
     MissingRecord {
         /// The file.
         path: PathBuf,
@@ -61,7 +83,7 @@ pub enum Error {
         record: String,
     },
     /// The file's structure is not what its format requires.
-    #[error("{}: {what}", path.display())]
+    #[error("{}: {}", shown(path.display()), shown(what))]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -69,7 +91,7 @@ pub enum Error {
         what: String,
     },
     /// One tensor's description is invalid (a view outside its storage, an overflowing size…).
-    #[error("{}: tensor {tensor}: {what}", path.display())]
+    #[error("{}: tensor {}: {}", shown(path.display()), shown(tensor), shown(what))]
     Tensor {
         /// The file.
         path: PathBuf,
@@ -79,7 +101,7 @@ pub enum Error {
         what: String,
     },
     /// The tensor is of a kind whose data torchport cannot read (sparse, nested, meta…).
-    #[error("{}: tensor {tensor} is {what}; its data cannot be read", path.display())]
+    #[error("{}: tensor {} is {}; its data cannot be read", shown(path.display()), shown(tensor), shown(what))]
     Unsupported {
         /// The file.
         path: PathBuf,
@@ -89,7 +111,7 @@ pub enum Error {
         what: String,
     },
     /// A resource limit was reached; the limit can be raised through [`crate::Limits`].
-    #[error("{}: {what} exceeds the limit of {limit} (Limits::{field})", path.display())]
+    #[error("{}: {} exceeds the limit of {limit} (Limits::{field})", shown(path.display()), shown(what))]
     Limit {
         /// The file.
         path: PathBuf,
@@ -132,7 +154,7 @@ pub enum Error {
         what: String,
     },
     /// No tensor of that name.
-    #[error("{}: no tensor named {name}", path.display())]
+    #[error("{}: no tensor named {}", shown(path.display()), shown(name))]
     NoSuchTensor {
         /// The file.
         path: PathBuf,
@@ -186,6 +208,29 @@ impl Error {
             path: path.to_path_buf(),
             source,
         }
+    }
+
+    /// The message without its leading `file: `, for nesting inside another message about
+    /// the same file.
+    pub(crate) fn detail(&self) -> String {
+        let full = self.to_string();
+        let path = match self {
+            Error::Io { path, .. }
+            | Error::UnknownFormat { path, .. }
+            | Error::UnsupportedFormat { path, .. }
+            | Error::Pickle { path, .. }
+            | Error::Zip { path, .. }
+            | Error::MissingRecord { path, .. }
+            | Error::Corrupt { path, .. }
+            | Error::Tensor { path, .. }
+            | Error::Unsupported { path, .. }
+            | Error::Limit { path, .. }
+            | Error::NoSuchTensor { path, .. } => path,
+            _ => return full,
+        };
+        let prefix = format!("{}: ", path.display());
+        full.strip_prefix(&prefix)
+            .map_or(full.clone(), str::to_string)
     }
 
     pub(crate) fn tensor(path: &Path, tensor: &str, what: impl Into<String>) -> Self {

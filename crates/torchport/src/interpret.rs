@@ -3,6 +3,7 @@
 //! every other call stays an opaque object. Names follow DESIGN.md: key paths joined with
 //! `.`, and `state_dict()` names for pickled `nn.Module`s.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use torchport_pickle::{NodeId, Object, Pickle, Value as PValue};
@@ -30,6 +31,11 @@ pub(crate) trait Resolver {
     fn persistent(&mut self, pickle: &Pickle, payload: NodeId) -> Result<Persistent, String>;
     /// Every storage resolved so far.
     fn storages(&self) -> &[Storage];
+    /// Size of the whole file in bytes: the copy budget (`Limits::max_copied_bytes`) is at
+    /// least 4 × this, so that legitimate names and values of any file fit.
+    fn file_len(&self) -> usize {
+        0
+    }
 }
 
 /// What the walk found.
@@ -49,6 +55,7 @@ pub(crate) fn interpret(
     order: ByteOrder,
     limits: &Limits,
 ) -> Result<Found> {
+    let file_len = resolver.file_len();
     let mut w = Walker {
         path,
         p: pickle,
@@ -57,11 +64,15 @@ pub(crate) fn interpret(
         limits,
         visits: 0,
         max_visits: limits.max_visits.max(pickle.len().saturating_mul(4)),
-        on_path: Vec::new(),
+        on_path: HashSet::new(),
+        copied: 0,
+        max_copied: limits
+            .max_copied_bytes
+            .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
         rebuilds: 0,
         found: Found::default(),
     };
-    w.walk(pickle.root(), "", 0)?;
+    w.walk(pickle.root(), "", 0).map_err(|e| *e)?;
     Ok(w.found)
 }
 
@@ -76,6 +87,7 @@ pub(crate) fn tensor_at(
     node: NodeId,
     name: &str,
 ) -> Result<TensorInfo> {
+    let file_len = resolver.file_len();
     let mut w = Walker {
         path,
         p: pickle,
@@ -84,7 +96,11 @@ pub(crate) fn tensor_at(
         limits,
         visits: 0,
         max_visits: limits.max_visits,
-        on_path: Vec::new(),
+        on_path: HashSet::new(),
+        copied: 0,
+        max_copied: limits
+            .max_copied_bytes
+            .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
         rebuilds: 0,
         found: Found::default(),
     };
@@ -99,13 +115,41 @@ pub(crate) fn is_tensor(pickle: &Pickle, node: NodeId) -> bool {
         .is_some_and(|(m, f)| is_rebuild_function(m, f))
 }
 
+/// A measure of a pickle's size: 16 bytes per node plus every string, bytes and integer
+/// payload. The copy budget scales with it, as the visit budget scales with the node count.
+fn arena_bytes(p: &Pickle) -> usize {
+    p.nodes().iter().fold(0usize, |n, v| {
+        let payload = match v {
+            PValue::Str(s) => s.len(),
+            PValue::Bytes(b) | PValue::ByteArray(b) | PValue::BigInt(b) => b.len(),
+            PValue::Global { module, name } => module.len() + name.len(),
+            _ => 0,
+        };
+        n.saturating_add(16).saturating_add(payload)
+    })
+}
+
 pub(crate) fn join(prefix: &str, key: &str) -> String {
     if prefix.is_empty() {
         key.to_string()
     } else {
-        format!("{prefix}.{key}")
+        // Exactly sized: names are charged to the copy budget by their length.
+        let mut name = String::with_capacity(prefix.len() + 1 + key.len());
+        name.push_str(prefix);
+        name.push('.');
+        name.push_str(key);
+        name
     }
 }
+
+/// How deep the helpers that follow one node to another (a rebuild call's tensor argument,
+/// a legacy `module` id, `_codecs.encode`'s text) may nest. Torch itself nests at most three
+/// deep (`_rebuild_parameter` of `_rebuild_from_type_v2` of `_rebuild_tensor_v2`); the
+/// bound keeps a hostile chain or cycle from recursing without end.
+pub(crate) const MAX_CALL_NESTING: usize = 16;
+
+/// Integers longer than this (about 150 digits) are shown by size, not in decimal.
+const MAX_DECIMAL_BYTES: usize = 64;
 
 /// The fixed table of calls that build tensors.
 const REBUILD_FUNCTIONS: &[(&str, &str)] = &[
@@ -131,6 +175,33 @@ pub fn is_rebuild_function(module: &str, name: &str) -> bool {
     REBUILD_FUNCTIONS.contains(&(module, name))
 }
 
+/// The result of the functions on the walk's recursion path. The error is boxed so that
+/// each `?` moves a pointer, not the whole error: this keeps every level's stack frame small.
+type WalkResult = Boxed<()>;
+type Boxed<T> = std::result::Result<T, Box<Error>>;
+
+/// How a child's name is made from its parent's.
+enum ChildKey {
+    /// A list / tuple / argument index.
+    Index(usize),
+    /// A dict key node.
+    Node(NodeId),
+    /// Fixed text.
+    Text(&'static str),
+}
+
+/// What [`Walker::object_kind`] decided an object is.
+enum ObjectKind {
+    /// Fully handled (a tensor, a numpy scalar, an unnamed call).
+    Done,
+    /// A pickled `nn.Module` with its class and BUILD state.
+    Module(String, NodeId),
+    /// A dict-like object: walk its SETITEMS entries.
+    DictLike,
+    /// Anything else, with its class name.
+    Opaque(String),
+}
+
 struct Walker<'a> {
     path: &'a Path,
     p: &'a Pickle,
@@ -139,40 +210,59 @@ struct Walker<'a> {
     limits: &'a Limits,
     visits: usize,
     max_visits: usize,
-    on_path: Vec<NodeId>,
-    /// Rebuild calls in progress (a rebuild's argument can be another rebuild call).
+    /// The nodes on the path from the root to the one being walked (cycle detection).
+    on_path: HashSet<NodeId>,
+    /// Bytes copied into names and values so far, and the budget for them.
+    copied: usize,
+    max_copied: usize,
+    /// Current nesting of `rebuild` calls (bounded by [`MAX_CALL_NESTING`]).
     rebuilds: usize,
     found: Found,
 }
 
 impl<'a> Walker<'a> {
-    fn walk(&mut self, id: NodeId, name: &str, depth: usize) -> Result<()> {
-        self.visits += 1;
-        if self.visits > self.max_visits {
-            return Err(self.limit(
-                "the object graph, counting shared references each time they are reached,",
-                self.max_visits as u64,
-                "max_visits",
-            ));
+    // The walk recurses once per level of nesting (bounded by `Limits::max_depth`). The
+    // functions on that recursion path — walk, walk_node, walk_seq, walk_items, object,
+    // opaque, walk_state, module — only dispatch and loop; everything else is done in
+    // helpers that return before the walk goes deeper, so each level's stack frames stay
+    // small (tests/limits.rs measures the deepest walk on a small thread stack).
+
+    fn walk(&mut self, id: NodeId, name: &str, depth: usize) -> WalkResult {
+        self.enter(depth)?;
+        if !self.on_path.insert(id) {
+            return self.push_value(name, Value::Recursive);
         }
-        if depth > self.limits.max_depth {
-            return Err(self.limit(
-                "nesting of containers",
-                self.limits.max_depth as u64,
-                "max_depth",
-            ));
-        }
-        if self.on_path.contains(&id) {
-            self.found.values.push((name.to_string(), Value::Recursive));
-            return Ok(());
-        }
-        self.on_path.push(id);
         let r = self.walk_node(id, name, depth);
-        self.on_path.pop();
+        self.on_path.remove(&id);
         r
     }
 
-    fn walk_node(&mut self, id: NodeId, name: &str, depth: usize) -> Result<()> {
+    /// Count a visit and check the depth.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn enter(&mut self, depth: usize) -> WalkResult {
+        self.visits += 1;
+        if self.visits > self.max_visits {
+            return Err(Box::new(self.limit(
+                "the object graph, counting shared references each time they are reached,",
+                self.max_visits as u64,
+                "max_visits",
+            )));
+        }
+        self.check_depth(depth)
+    }
+
+    fn check_depth(&self, depth: usize) -> WalkResult {
+        if depth > self.limits.max_depth {
+            return Err(Box::new(self.limit(
+                "nesting of containers",
+                self.limits.max_depth as u64,
+                "max_depth",
+            )));
+        }
+        Ok(())
+    }
+
+    fn walk_node(&mut self, id: NodeId, name: &str, depth: usize) -> WalkResult {
         let p = self.p;
         match p.get(id) {
             PValue::List(items)
@@ -180,70 +270,126 @@ impl<'a> Walker<'a> {
             | PValue::Set(items)
             | PValue::FrozenSet(items) => {
                 if items.is_empty() {
-                    let kind = match p.get(id) {
-                        PValue::List(_) => "[]",
-                        PValue::Tuple(_) => "()",
-                        _ => "set()",
-                    };
-                    self.found
-                        .values
-                        .push((name.to_string(), Value::Empty(kind)));
+                    self.push_empty(id, name)?;
                 }
-                for (i, &item) in items.iter().enumerate() {
-                    self.walk(item, &join(name, &i.to_string()), depth + 1)?;
-                }
+                self.walk_seq(items, name, "", depth)
             }
             PValue::Dict(items) => {
                 if items.is_empty() {
-                    self.found
-                        .values
-                        .push((name.to_string(), Value::Empty("{}")));
+                    self.push_value(name, Value::Empty("{}"))?;
                 }
-                self.walk_items(items, name, depth)?;
+                self.walk_items(items, name, depth)
             }
-            PValue::PersistentId(payload) => {
-                let resolved = self
-                    .r
-                    .persistent(p, *payload)
-                    .map_err(|what| Error::tensor(self.path, name, what))?;
-                match resolved {
-                    Persistent::Storage { index, dtype } => {
-                        // A bare storage: expose it as a 1-d tensor of its elements.
-                        let len = self.storage_len(index);
-                        let n = len / dtype.size();
-                        self.push_tensor(TensorInfo {
-                            name: name.to_string(),
-                            dtype,
-                            shape: vec![n],
-                            strides: vec![1],
-                            offset: 0,
-                            data: TensorData::Strided { storage: index },
-                            quant: None,
-                            requires_grad: false,
-                        })?;
-                    }
-                    Persistent::Tensor(mut t) => {
-                        t.name = name.to_string();
-                        self.push_tensor(*t)?;
-                    }
-                    Persistent::Node(n) => self.walk(n, name, depth + 1)?,
-                }
-            }
-            PValue::Object(obj) => self.object(obj, name, depth)?,
-            leaf => {
-                let v = leaf_value(leaf);
-                self.found.values.push((name.to_string(), v));
-            }
+            PValue::PersistentId(payload) => match self.persistent_leaf(*payload, name)? {
+                Some(n) => self.walk(n, name, depth + 1),
+                None => Ok(()),
+            },
+            PValue::Object(obj) => self.object(obj, name, depth),
+            leaf => self.push_leaf(leaf, name),
+        }
+    }
+
+    /// Items named by their index (with `prefix`: `arg0`, `arg1`, … for call arguments).
+    fn walk_seq(&mut self, items: &[NodeId], name: &str, prefix: &str, depth: usize) -> WalkResult {
+        for (i, &item) in items.iter().enumerate() {
+            let child = self.child_name(name, prefix, ChildKey::Index(i))?;
+            self.walk(item, &child, depth + 1)?;
         }
         Ok(())
     }
 
-    fn walk_items(&mut self, items: &[(NodeId, NodeId)], name: &str, depth: usize) -> Result<()> {
+    fn walk_items(&mut self, items: &[(NodeId, NodeId)], name: &str, depth: usize) -> WalkResult {
         for &(k, v) in items {
-            let key = self.key_string(k);
-            self.walk(v, &join(name, &key), depth + 1)?;
+            let child = self.child_name(name, "", ChildKey::Node(k))?;
+            self.walk(v, &child, depth + 1)?;
         }
         Ok(())
+    }
+
+    /// `name.key`, charged to the copy budget.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn child_name(&mut self, name: &str, prefix: &str, key: ChildKey) -> Boxed<String> {
+        let key = match key {
+            ChildKey::Index(i) => format!("{prefix}{i}"),
+            ChildKey::Node(k) => self.key_string(k),
+            ChildKey::Text(t) => t.to_string(),
+        };
+        let child = join(name, &key);
+        self.charge(child.len())?;
+        Ok(child)
+    }
+
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn push_empty(&mut self, id: NodeId, name: &str) -> WalkResult {
+        let kind = match self.p.get(id) {
+            PValue::List(_) => "[]",
+            PValue::Tuple(_) => "()",
+            _ => "set()",
+        };
+        self.push_value(name, Value::Empty(kind))
+    }
+
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn push_leaf(&mut self, leaf: &PValue, name: &str) -> WalkResult {
+        let v = leaf_value(leaf);
+        self.push_value(name, v)
+    }
+
+    /// Record a non-tensor value, charging its name and text to the copy budget.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn push_value(&mut self, name: &str, v: Value) -> WalkResult {
+        let text = match &v {
+            Value::Str(s) | Value::BigInt(s) | Value::Global(s) | Value::Object(s) => s.len(),
+            _ => 0,
+        };
+        self.charge(name.len().saturating_add(text))?;
+        self.found.values.push((name.to_string(), v));
+        Ok(())
+    }
+
+    /// Count bytes copied out of the pickle into names and values against the budget.
+    fn charge(&mut self, n: usize) -> WalkResult {
+        self.copied = self.copied.saturating_add(n);
+        if self.copied > self.max_copied {
+            return Err(Box::new(self.limit(
+                "the text copied into names and values, counting shared references each time they are reached,",
+                self.max_copied as u64,
+                "max_copied_bytes",
+            )));
+        }
+        Ok(())
+    }
+
+    /// A persistent id reached as a value: a bare storage becomes a 1-d tensor, a tar tensor
+    /// record a tensor; a legacy `module` id stands for another node, returned to walk.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn persistent_leaf(&mut self, payload: NodeId, name: &str) -> Boxed<Option<NodeId>> {
+        let resolved = self
+            .r
+            .persistent(self.p, payload)
+            .map_err(|what| Error::tensor(self.path, name, what))?;
+        match resolved {
+            Persistent::Storage { index, dtype } => {
+                let n = self.storage_len(index) / dtype.size();
+                self.push_tensor(TensorInfo {
+                    name: name.to_string(),
+                    dtype,
+                    shape: vec![n],
+                    strides: vec![1],
+                    offset: 0,
+                    data: TensorData::Strided { storage: index },
+                    quant: None,
+                    requires_grad: false,
+                })?;
+                Ok(None)
+            }
+            Persistent::Tensor(mut t) => {
+                t.name = name.to_string();
+                self.push_tensor(*t)?;
+                Ok(None)
+            }
+            Persistent::Node(n) => Ok(Some(n)),
+        }
     }
 
     fn key_string(&self, k: NodeId) -> String {
@@ -255,33 +401,51 @@ impl<'a> Walker<'a> {
     }
 
     /// The `(module, name)` a call refers to, following the legacy format's `module` ids.
-    fn callable(&mut self, id: NodeId) -> Option<(String, String)> {
-        match self.p.get(id) {
-            PValue::Global { module, name } => Some((module.clone(), name.clone())),
-            PValue::PersistentId(payload) => match self.r.persistent(self.p, *payload) {
-                Ok(Persistent::Node(n)) => self.callable(n),
-                _ => None,
-            },
-            _ => None,
+    /// Borrowed from the pickle: a long name reached many times is never copied.
+    fn callable(&mut self, id: NodeId) -> Option<(&'a str, &'a str)> {
+        let p: &'a Pickle = self.p;
+        let mut id = id;
+        for _ in 0..MAX_CALL_NESTING {
+            match p.get(id) {
+                PValue::Global { module, name } => return Some((module, name)),
+                PValue::PersistentId(payload) => match self.r.persistent(p, *payload) {
+                    Ok(Persistent::Node(n)) => id = n,
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    fn object(&mut self, obj: &'a Object, name: &str, depth: usize) -> WalkResult {
+        match self.object_kind(obj, name)? {
+            ObjectKind::Done => Ok(()),
+            ObjectKind::Module(class, state) => self.module(&class, state, name, depth),
+            ObjectKind::DictLike => self.walk_items(&obj.dict_items, name, depth),
+            ObjectKind::Opaque(class) => self.opaque(obj, class, name, depth),
         }
     }
 
-    fn object(&mut self, obj: &Object, name: &str, depth: usize) -> Result<()> {
+    /// What an object is: a tensor or numpy scalar (recorded here), a pickled module, a
+    /// dict-like object, or something to keep opaque.
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn object_kind(&mut self, obj: &Object, name: &str) -> Boxed<ObjectKind> {
         let Some((module, qual)) = self.callable(obj.callable) else {
-            self.found
-                .values
-                .push((name.to_string(), Value::Object("<unnamed callable>".into())));
-            return Ok(());
+            self.push_value(name, Value::Object("<unnamed callable>".into()))?;
+            return Ok(ObjectKind::Done);
         };
-        if is_rebuild_function(&module, &qual) {
-            let t = self.rebuild(&module, &qual, &obj.args, name)?;
-            return self.push_tensor(t);
+        if is_rebuild_function(module, qual) {
+            let t = self.rebuild(module, qual, &obj.args, name)?;
+            self.push_tensor(t)?;
+            return Ok(ObjectKind::Done);
         }
-        if let Some(v) = self.numpy_scalar(&module, &qual, &obj.args) {
-            self.found.values.push((name.to_string(), v));
-            return Ok(());
+        if let Some(v) = self.numpy_scalar(module, qual, &obj.args) {
+            self.push_value(name, v)?;
+            return Ok(ObjectKind::Done);
         }
         // copyreg._reconstructor(cls, base, state) is how protocols 0 and 1 spell NEWOBJ.
+        self.charge(module.len() + qual.len() + 1)?;
         let class = if module == "copyreg" && qual == "_reconstructor" {
             obj.args
                 .first()
@@ -292,8 +456,8 @@ impl<'a> Walker<'a> {
             format!("{module}.{qual}")
         };
         if let Some(state) = obj.state {
-            if self.is_module_state(state) {
-                return self.module(&class, state, name, depth);
+            if self.is_module_state(state)? {
+                return Ok(ObjectKind::Module(class, state));
             }
         }
         // Dict-like objects (OrderedDict, defaultdict) hold their entries as SETITEMS. The
@@ -302,18 +466,16 @@ impl<'a> Walker<'a> {
         let dict_like = !obj.dict_items.is_empty() || class == "collections.OrderedDict";
         if dict_like && obj.list_items.is_empty() {
             if obj.dict_items.is_empty() {
-                self.found
-                    .values
-                    .push((name.to_string(), Value::Empty("{}")));
+                self.push_value(name, Value::Empty("{}"))?;
             }
-            return self.walk_items(&obj.dict_items, name, depth);
+            return Ok(ObjectKind::DictLike);
         }
-        self.opaque(obj, class, name, depth)
+        Ok(ObjectKind::Opaque(class))
     }
 
     /// An object torchport does not interpret: kept as a value, unless tensors live inside
     /// it, in which case its contents are named (attribute by attribute) so none is lost.
-    fn opaque(&mut self, obj: &Object, class: String, name: &str, depth: usize) -> Result<()> {
+    fn opaque(&mut self, obj: &'a Object, class: String, name: &str, depth: usize) -> WalkResult {
         let mark = (
             self.found.tensors.len(),
             self.found.values.len(),
@@ -322,36 +484,35 @@ impl<'a> Walker<'a> {
         if let Some(state) = obj.state {
             self.walk_state(state, name, depth)?;
         }
-        for (i, &item) in obj.list_items.iter().enumerate() {
-            self.walk(item, &join(name, &i.to_string()), depth + 1)?;
-        }
+        self.walk_seq(&obj.list_items, name, "", depth)?;
         self.walk_items(&obj.dict_items, name, depth)?;
-        for (i, &arg) in obj.args.iter().enumerate() {
-            self.walk(arg, &join(name, &format!("arg{i}")), depth + 1)?;
-        }
+        self.walk_seq(&obj.args, name, "arg", depth)?;
         if self.found.tensors.len() == mark.0 {
             self.found.values.truncate(mark.1);
             self.found.modules.truncate(mark.2);
-            self.found
-                .values
-                .push((name.to_string(), Value::Object(class)));
+            self.push_value(name, Value::Object(class))?;
         }
         Ok(())
     }
 
-    /// A BUILD state: a dict of attributes, or `(dict, slots)`.
-    fn walk_state(&mut self, state: NodeId, name: &str, depth: usize) -> Result<()> {
-        match self.p.get(state) {
+    /// A BUILD state: a dict of attributes, or `(dict, slots)` (whose parts may nest).
+    fn walk_state(&mut self, state: NodeId, name: &str, depth: usize) -> WalkResult {
+        self.check_depth(depth)?;
+        let p = self.p;
+        match p.get(state) {
             PValue::Dict(items) => self.walk_items(items, name, depth),
             PValue::Tuple(parts) if parts.len() == 2 => {
                 for &part in parts {
-                    if !matches!(self.p.get(part), PValue::None) {
+                    if !matches!(p.get(part), PValue::None) {
                         self.walk_state(part, name, depth + 1)?;
                     }
                 }
                 Ok(())
             }
-            _ => self.walk(state, &join(name, "state"), depth + 1),
+            _ => {
+                let child = self.child_name(name, "", ChildKey::Text("state"))?;
+                self.walk(state, &child, depth + 1)
+            }
         }
     }
 
@@ -364,54 +525,88 @@ impl<'a> Walker<'a> {
         }
     }
 
-    fn dict_get(&self, id: NodeId, key: &str) -> Option<NodeId> {
-        self.dict_entries(id)?
+    /// The value of `key` in a dict, the entries scanned charged to the visit count (a
+    /// state dict shared by many objects is scanned once per object).
+    fn dict_get(&mut self, id: NodeId, key: &str) -> Boxed<Option<NodeId>> {
+        let Some(entries) = self.dict_entries(id) else {
+            return Ok(None);
+        };
+        let found = entries
             .iter()
-            .find(|(k, _)| self.p.as_str(*k) == Some(key))
-            .map(|&(_, v)| v)
+            .position(|(k, _)| self.p.as_str(*k) == Some(key));
+        self.visits = self
+            .visits
+            .saturating_add(found.map_or(entries.len(), |i| i + 1));
+        if self.visits > self.max_visits {
+            return Err(Box::new(self.limit(
+                "the object graph, counting shared references each time they are reached,",
+                self.max_visits as u64,
+                "max_visits",
+            )));
+        }
+        Ok(found.and_then(|i| entries.get(i)).map(|&(_, v)| v))
     }
 
-    fn is_module_state(&self, state: NodeId) -> bool {
-        self.dict_get(state, "_parameters").is_some() && self.dict_get(state, "_modules").is_some()
+    fn is_module_state(&mut self, state: NodeId) -> Boxed<bool> {
+        Ok(self.dict_get(state, "_parameters")?.is_some()
+            && self.dict_get(state, "_modules")?.is_some())
     }
 
     /// A pickled `nn.Module`: name its tensors exactly as `state_dict()` would.
-    fn module(&mut self, class: &str, state: NodeId, name: &str, depth: usize) -> Result<()> {
-        self.found
-            .modules
-            .push((name.to_string(), class.to_string()));
-        if let Some(params) = self.dict_get(state, "_parameters") {
-            for &(k, v) in self.dict_entries(params).unwrap_or_default() {
-                if !matches!(self.p.get(v), PValue::None) {
-                    let key = self.key_string(k);
-                    self.walk(v, &join(name, &key), depth + 1)?;
-                }
-            }
-        }
-        let non_persistent = self
-            .dict_get(state, "_non_persistent_buffers_set")
-            .map(|s| self.strings(s))
-            .unwrap_or_default();
-        if let Some(buffers) = self.dict_get(state, "_buffers") {
-            for &(k, v) in self.dict_entries(buffers).unwrap_or_default() {
-                let key = self.key_string(k);
-                if !matches!(self.p.get(v), PValue::None) && !non_persistent.contains(&key) {
-                    self.walk(v, &join(name, &key), depth + 1)?;
-                }
-            }
-        }
-        if let Some(children) = self.dict_get(state, "_modules") {
-            for &(k, v) in self.dict_entries(children).unwrap_or_default() {
-                if !matches!(self.p.get(v), PValue::None) {
-                    let key = self.key_string(k);
-                    self.walk(v, &join(name, &key), depth + 1)?;
-                }
-            }
+    fn module(&mut self, class: &str, state: NodeId, name: &str, depth: usize) -> WalkResult {
+        for (key, v) in self.module_entries(class, state, name)? {
+            let child = self.child_name(name, "", ChildKey::Node(key))?;
+            self.walk(v, &child, depth + 1)?;
         }
         Ok(())
     }
 
+    /// Record a module, and list what `state_dict()` would hold directly under it:
+    /// parameters, persistent buffers, then child modules (`None` entries skipped).
+    #[inline(never)] // keeps its locals off the recursion path (see above)
+    fn module_entries(
+        &mut self,
+        class: &str,
+        state: NodeId,
+        name: &str,
+    ) -> Boxed<Vec<(NodeId, NodeId)>> {
+        self.charge(name.len().saturating_add(class.len()))?;
+        self.found
+            .modules
+            .push((name.to_string(), class.to_string()));
+        let p = self.p;
+        let not_none = |v: &NodeId| !matches!(p.get(*v), PValue::None);
+        let mut out = Vec::new();
+        if let Some(params) = self.dict_get(state, "_parameters")? {
+            let entries = self.dict_entries(params).unwrap_or_default();
+            out.extend(entries.iter().filter(|(_, v)| not_none(v)));
+        }
+        let non_persistent: HashSet<String> =
+            match self.dict_get(state, "_non_persistent_buffers_set")? {
+                Some(s) => {
+                    let names = self.strings(s, 0);
+                    self.charge(names.iter().map(String::len).sum())?;
+                    names.into_iter().collect()
+                }
+                None => HashSet::new(),
+            };
+        if let Some(buffers) = self.dict_get(state, "_buffers")? {
+            let entries = self.dict_entries(buffers).unwrap_or_default();
+            for &(k, v) in entries {
+                if not_none(&v) && !non_persistent.contains(&self.key_string(k)) {
+                    out.push((k, v));
+                }
+            }
+        }
+        if let Some(children) = self.dict_get(state, "_modules")? {
+            let entries = self.dict_entries(children).unwrap_or_default();
+            out.extend(entries.iter().filter(|(_, v)| not_none(v)));
+        }
+        Ok(out)
+    }
+
     fn push_tensor(&mut self, t: TensorInfo) -> Result<()> {
+        self.charge(t.name.len()).map_err(|e| *e)?;
         if self.found.tensors.len() >= self.limits.max_tensors {
             return Err(self.limit(
                 "the number of tensors",
@@ -438,11 +633,7 @@ impl<'a> Walker<'a> {
 
     // ----- the rebuild table -----
 
-    /// Most rebuild calls nested in one another (torch nests at most three:
-    /// `_rebuild_from_type_v2` → `_rebuild_parameter` → `_rebuild_tensor_v2`); a pickle can
-    /// make a call its own argument, which would otherwise recurse forever.
-    const MAX_NESTED_REBUILDS: usize = 16;
-
+    /// Interpret one call of the rebuild table (these nest: a parameter wraps a tensor).
     fn rebuild(
         &mut self,
         module: &str,
@@ -450,14 +641,11 @@ impl<'a> Walker<'a> {
         args: &[NodeId],
         name: &str,
     ) -> Result<TensorInfo> {
-        if self.rebuilds >= Self::MAX_NESTED_REBUILDS {
+        if self.rebuilds >= MAX_CALL_NESTING {
             return Err(Error::tensor(
                 self.path,
                 name,
-                format!(
-                    "its rebuild calls nest more than {} deep (a rebuild call that contains itself)",
-                    Self::MAX_NESTED_REBUILDS
-                ),
+                format!("its rebuild calls nest more than {MAX_CALL_NESTING} deep"),
             ));
         }
         self.rebuilds += 1;
@@ -523,17 +711,16 @@ impl<'a> Walker<'a> {
                 let Some((m, f)) = self.callable(inner) else {
                     return Err(bad("the wrapped rebuild function is not a global".into()));
                 };
-                if !is_rebuild_function(&m, &f) {
+                if !is_rebuild_function(m, f) {
                     return Err(bad(format!(
                         "the wrapped function {m}.{f} is not a tensor rebuild function"
                     )));
                 }
-                let inner_args = self
-                    .p
+                let p: &'a Pickle = self.p;
+                let inner_args = p
                     .as_tuple_or_list(arg(2)?)
-                    .ok_or_else(|| bad("the wrapped arguments are not a tuple".into()))?
-                    .to_vec();
-                self.rebuild(&m, &f, &inner_args, name)
+                    .ok_or_else(|| bad("the wrapped arguments are not a tuple".into()))?;
+                self.rebuild(m, f, inner_args, name)
             }
             "_rebuild_meta_tensor_no_storage" => {
                 let dtype = self.dtype_arg(arg(0)?, name)?;
@@ -578,20 +765,29 @@ impl<'a> Walker<'a> {
                     .iter()
                     .find_map(|&s| self.usize_list(s, name, "size").ok())
                     .unwrap_or_default();
-                Ok(self.unsupported(name, dtype, shape, format!("a {layout} tensor")))
+                self.unsupported(name, dtype, shape, format!("a {layout} tensor"))
             }
-            other => Ok(self.unsupported(
+            other => self.unsupported(
                 name,
                 DType::F32,
                 Vec::new(),
                 format!("a tensor rebuilt by {module}.{other}"),
-            )),
+            ),
         }
     }
 
-    fn unsupported(&self, name: &str, dtype: DType, shape: Vec<usize>, what: String) -> TensorInfo {
+    /// A tensor whose data is not read; its shape must still describe a size that fits.
+    fn unsupported(
+        &self,
+        name: &str,
+        dtype: DType,
+        shape: Vec<usize>,
+        what: String,
+    ) -> Result<TensorInfo> {
         let strides = contiguous_strides(&shape);
-        TensorInfo {
+        check_view(dtype, &shape, &strides, 0, usize::MAX)
+            .map_err(|e| Error::tensor(self.path, name, e))?;
+        Ok(TensorInfo {
             name: name.to_string(),
             dtype,
             shape,
@@ -600,7 +796,7 @@ impl<'a> Walker<'a> {
             data: TensorData::Unsupported { what },
             quant: None,
             requires_grad: false,
-        }
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -667,16 +863,16 @@ impl<'a> Walker<'a> {
 
     fn tensor_arg(&mut self, id: NodeId, name: &str) -> Result<TensorInfo> {
         let bad = |what: &str| Error::tensor(self.path, name, what.to_string());
-        match self.p.get(id) {
+        let p: &'a Pickle = self.p;
+        match p.get(id) {
             PValue::Object(o) => {
                 let (m, f) = self
                     .callable(o.callable)
                     .ok_or_else(|| bad("expected a tensor"))?;
-                if !is_rebuild_function(&m, &f) {
+                if !is_rebuild_function(m, f) {
                     return Err(bad(&format!("expected a tensor, found a {m}.{f} object")));
                 }
-                let args = o.args.clone();
-                self.rebuild(&m, &f, &args, name)
+                self.rebuild(m, f, &o.args, name)
             }
             PValue::PersistentId(payload) => {
                 match self
@@ -750,14 +946,13 @@ impl<'a> Walker<'a> {
 
     fn quant_arg(&mut self, id: NodeId, name: &str) -> Result<Quant> {
         let bad = |what: &str| Error::tensor(self.path, name, what.to_string());
-        let params = self
-            .p
+        let p: &'a Pickle = self.p;
+        let params = p
             .as_tuple_or_list(id)
-            .ok_or_else(|| bad("its quantizer parameters are not a tuple"))?
-            .to_vec();
-        let scheme = match params.first().map(|&s| self.p.get(s)) {
-            Some(PValue::Global { name, .. }) => name.clone(),
-            Some(PValue::Str(s)) => s.clone(),
+            .ok_or_else(|| bad("its quantizer parameters are not a tuple"))?;
+        let scheme: &str = match params.first().map(|&s| p.get(s)) {
+            Some(PValue::Global { name, .. }) => name,
+            Some(PValue::Str(s)) => s,
             _ => return Err(bad("its quantization scheme is missing")),
         };
         let float = |p: &Pickle, i: Option<&NodeId>| match i.map(|&i| p.get(i)) {
@@ -765,7 +960,7 @@ impl<'a> Walker<'a> {
             Some(PValue::Int(v)) => Some(*v as f64),
             _ => None,
         };
-        match (scheme.as_str(), params.len()) {
+        match (scheme, params.len()) {
             ("per_tensor_affine", 3) => Ok(Quant::PerTensor {
                 scale: float(self.p, params.get(1))
                     .ok_or_else(|| bad("its scale is not a number"))?,
@@ -792,8 +987,11 @@ impl<'a> Walker<'a> {
 
     /// Read a small tensor (or list of numbers) as f64 values: per-channel quantization
     /// parameters are stored as tensors.
+    /// Every decode is charged to the copy budget (a shared scales tensor is decoded once
+    /// per quantized tensor that uses it).
     fn f64_values(&mut self, id: NodeId, name: &str) -> Result<Vec<f64>> {
         if let Some(items) = self.p.as_tuple_or_list(id) {
+            self.charge(items.len().saturating_mul(8)).map_err(|e| *e)?;
             return Ok(items
                 .iter()
                 .filter_map(|&i| match self.p.get(i) {
@@ -807,12 +1005,24 @@ impl<'a> Walker<'a> {
         let TensorData::Strided { storage } = t.data else {
             return Err(Error::tensor(self.path, name, "has no data"));
         };
+        self.charge(t.numel().saturating_mul(8)).map_err(|e| *e)?;
         let bytes = self
             .r
             .storages()
             .get(storage)
             .map(Storage::bytes)
             .unwrap_or_default();
+        // The view was checked against its storage; only an overlapping one can be larger.
+        if t.nbytes() > bytes.len() && t.nbytes() as u64 > self.limits.max_expanded_bytes {
+            return Err(self.limit(
+                &format!(
+                    "tensor {name}'s data ({} bytes, an expanded view)",
+                    t.nbytes()
+                ),
+                self.limits.max_expanded_bytes,
+                "max_expanded_bytes",
+            ));
+        }
         let data = view_bytes(&t, bytes, self.order);
         let out = match t.dtype {
             DType::F64 => data
@@ -859,7 +1069,7 @@ impl<'a> Walker<'a> {
             .and_then(|s| s.get(1).copied())
             .and_then(|e| self.p.as_str(e))
             == Some(">");
-        let mut raw = self.bytes_value(*args.get(1)?)?;
+        let mut raw = self.bytes_value(*args.get(1)?, 0)?;
         if big {
             raw.reverse();
         }
@@ -873,14 +1083,17 @@ impl<'a> Walker<'a> {
 
 impl Walker<'_> {
     /// The strings in a set, list or tuple, including protocol 2's `set([...])` call.
-    fn strings(&self, id: NodeId) -> Vec<String> {
+    fn strings(&self, id: NodeId, nest: usize) -> Vec<String> {
+        if nest >= MAX_CALL_NESTING {
+            return Vec::new();
+        }
         let items: &[NodeId] = match self.p.get(id) {
             PValue::Set(items)
             | PValue::FrozenSet(items)
             | PValue::List(items)
             | PValue::Tuple(items) => items,
             PValue::Object(o) => match o.args.first() {
-                Some(&a) if o.list_items.is_empty() => return self.strings(a),
+                Some(&a) if o.list_items.is_empty() => return self.strings(a, nest + 1),
                 _ => &o.list_items,
             },
             _ => &[],
@@ -892,12 +1105,17 @@ impl Walker<'_> {
     }
 
     /// A bytes object: BINBYTES, or protocol 2's `_codecs.encode(text, 'latin1')`.
-    fn bytes_value(&self, id: NodeId) -> Option<Vec<u8>> {
+    fn bytes_value(&self, id: NodeId, nest: usize) -> Option<Vec<u8>> {
+        if nest >= MAX_CALL_NESTING {
+            return None;
+        }
         match self.p.get(id) {
-            PValue::Bytes(b) => Some(b.clone()),
-            PValue::Str(s) => Some(s.chars().map(|c| c as u32 as u8).collect()),
+            // A numpy scalar is at most 16 bytes: anything longer is not one (and is never
+            // copied, however often it is reached).
+            PValue::Bytes(b) if b.len() <= 16 => Some(b.clone()),
+            PValue::Str(s) if s.len() <= 64 => Some(s.chars().map(|c| c as u32 as u8).collect()),
             PValue::Object(o) if self.p.as_global(o.callable) == Some(("_codecs", "encode")) => {
-                self.bytes_value(*o.args.first()?)
+                self.bytes_value(*o.args.first()?, nest + 1)
             }
             _ => None,
         }
@@ -974,6 +1192,10 @@ fn leaf_value(v: &PValue) -> Value {
         PValue::None => Value::None,
         PValue::Bool(b) => Value::Bool(*b),
         PValue::Int(i) => Value::Int(*i),
+        // Decimal conversion is quadratic in the length: huge integers are described.
+        PValue::BigInt(bytes) if bytes.len() > MAX_DECIMAL_BYTES => {
+            Value::BigInt(format!("<an integer of {} bytes>", bytes.len()))
+        }
         PValue::BigInt(bytes) => Value::BigInt(torchport_pickle::bigint_to_decimal(bytes)),
         PValue::Float(f) => Value::Float(*f),
         PValue::Str(s) => Value::Str(s.clone()),

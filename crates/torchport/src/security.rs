@@ -1,8 +1,115 @@
 //! Classification of the globals a file's pickles reference: known-safe (torch rebuild
 //! functions, storage classes, dtypes, containers), dangerous (refused), or unknown but
-//! inert (recorded as data, never imported).
+//! inert (recorded as data, never imported); and [`scan`], which lists them for any file —
+//! including one that [`crate::open`] refuses — without interpreting anything.
+//!
+//! ```no_run
+//! let report = torchport::security::scan("model.pt")?;
+//! for g in &report.globals {
+//!     println!("{}.{} [{}]", g.module, g.name, g.class.name());
+//! }
+//! assert_eq!(report.verdict(), if report.is_refused() { "refused" } else { "ok" });
+//! # Ok::<(), torchport::Error>(())
+//! ```
+
+use std::path::Path;
 
 use crate::dtype::DType;
+use crate::error::Result;
+use crate::format::{self, Format};
+use crate::limits::Limits;
+use crate::storage::FileBytes;
+
+/// One global a file's pickles reference, with its class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GlobalRef {
+    /// The module, e.g. `torch._utils`.
+    pub module: String,
+    /// The (possibly dotted) name in the module, e.g. `_rebuild_tensor_v2`.
+    pub name: String,
+    /// How torchport treats it.
+    pub class: GlobalClass,
+}
+
+/// What [`scan`] found in a file.
+#[derive(Clone, Debug)]
+pub struct SecurityReport {
+    /// The detected format.
+    pub format: Format,
+    /// How many pickles the file holds (all of them were run).
+    pub pickles: usize,
+    /// Every global referenced by any of the file's pickles, first-seen order, no repeats.
+    pub globals: Vec<GlobalRef>,
+}
+
+impl SecurityReport {
+    /// True when a dangerous global is referenced: [`crate::open`] refuses such a file.
+    pub fn is_refused(&self) -> bool {
+        self.dangerous().next().is_some()
+    }
+
+    /// The dangerous globals.
+    pub fn dangerous(&self) -> impl Iterator<Item = &GlobalRef> {
+        self.globals
+            .iter()
+            .filter(|g| g.class == GlobalClass::Dangerous)
+    }
+
+    /// `refused` when a dangerous global is referenced, `ok` otherwise.
+    pub fn verdict(&self) -> &'static str {
+        if self.is_refused() {
+            "refused"
+        } else {
+            "ok"
+        }
+    }
+}
+
+/// List every global the file's pickles reference, classified, with the default [`Limits`].
+///
+/// Every pickle the container holds is run (zip `*.pkl` records, the legacy stream's five
+/// pickles, every tar record) with dangerous globals *recorded* instead of refused; nothing is
+/// imported, called or interpreted, so a file [`crate::open`] refuses can still be reported.
+/// Errors when the container or a pickle is corrupt, or a limit is reached.
+pub fn scan(path: impl AsRef<Path>) -> Result<SecurityReport> {
+    scan_with(path, &Limits::default())
+}
+
+/// [`scan`] with explicit limits (`limits.pickle.refuse_dangerous` is ignored).
+pub fn scan_with(path: impl AsRef<Path>, limits: &Limits) -> Result<SecurityReport> {
+    let path = path.as_ref();
+    scan_file(path, &FileBytes::open(path)?, limits)
+}
+
+/// [`scan`] of bytes already in memory; `name` only labels them in messages.
+pub fn scan_bytes(name: &str, bytes: Vec<u8>, limits: &Limits) -> Result<SecurityReport> {
+    let file = FileBytes::Owned(std::sync::Arc::new(bytes));
+    scan_file(Path::new(name), &file, limits)
+}
+
+fn scan_file(path: &Path, file: &FileBytes, limits: &Limits) -> Result<SecurityReport> {
+    let mut limits = limits.clone();
+    limits.pickle.refuse_dangerous = false;
+    let (format, found) = format::pickle_globals(path, file, &limits)?;
+    let pickles = found.count;
+    let globals = found
+        .globals
+        .into_iter()
+        .map(|(module, name)| {
+            let class = classify(&module, &name);
+            GlobalRef {
+                module,
+                name,
+                class,
+            }
+        })
+        .collect();
+    Ok(SecurityReport {
+        format,
+        pickles,
+        globals,
+    })
+}
 
 /// How a referenced global is treated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -86,14 +86,15 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// Number of elements (the product of the shape; 1 for a 0-dim tensor).
+    /// Number of elements (the product of the shape; 1 for a 0-dim tensor). Readers only
+    /// describe tensors whose size fits `usize`; a hand-built one that does not saturates.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |n, &s| n.saturating_mul(s))
     }
 
-    /// Size of the data in bytes once made contiguous.
+    /// Size of the data in bytes once made contiguous (saturating, as [`Self::numel`]).
     pub fn nbytes(&self) -> usize {
-        self.numel() * self.dtype.size()
+        self.numel().saturating_mul(self.dtype.size())
     }
 
     /// True when the elements are laid out row-major with no gaps.

@@ -160,6 +160,63 @@ fn dispatch(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool) -> Re
     }
 }
 
+/// The security scan's view of a file: its format, how many pickles it holds, and every
+/// global those pickles reference (first-seen order). Pickles are run, never interpreted;
+/// formats that hold no pickles give none.
+pub(crate) fn pickle_globals(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<(Format, PickleGlobals)> {
+    let bytes = file.as_slice();
+    let format = detect(bytes).ok_or_else(|| Error::UnknownFormat {
+        path: path.to_path_buf(),
+        detail: describe_head(bytes),
+    })?;
+    let found = match format {
+        Format::TorchLegacy => torch_legacy::pickle_globals(path, file, limits)?,
+        Format::TorchTar => torch_tar::pickle_globals(path, file, limits)?,
+        // Any zip: every `*.pkl` record (data.pkl, constants.pkl, …).
+        Format::TorchZip | Format::TorchScript | Format::Pt2 | Format::Npz => {
+            torch_zip::pickle_globals(path, file, limits)?
+        }
+        _ => PickleGlobals::default(),
+    };
+    Ok((format, found))
+}
+
+/// What the security scan saw in a container: how many pickles it ran, and every global
+/// they reference (first-seen order, no repeats).
+#[derive(Default)]
+pub(crate) struct PickleGlobals {
+    pub(crate) count: usize,
+    pub(crate) globals: Vec<(String, String)>,
+}
+
+/// A list of globals without repeats, in first-seen order (a set beside it keeps merging
+/// linear however many pickles and globals a hostile file holds).
+#[derive(Default)]
+pub(crate) struct GlobalList {
+    list: Vec<(String, String)>,
+    seen: std::collections::HashSet<(String, String)>,
+}
+
+impl GlobalList {
+    /// Append the globals not seen yet.
+    pub(crate) fn extend(&mut self, from: &[(String, String)]) {
+        for g in from {
+            if self.seen.insert(g.clone()) {
+                self.list.push(g.clone());
+            }
+        }
+    }
+
+    /// The globals, first-seen order.
+    pub(crate) fn into_vec(self) -> Vec<(String, String)> {
+        self.list
+    }
+}
+
 /// A short description of a file's first bytes for error messages.
 fn describe_head(bytes: &[u8]) -> String {
     if bytes.is_empty() {

@@ -6,7 +6,7 @@
 //! `view_metadata` is `None` or `(view_key, offset, size)` in elements, and
 //! `('module', <class>, source_file, source)` for pickled module classes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use torchport_pickle::{NodeId, Pickle, Value as PValue};
@@ -30,10 +30,26 @@ pub(crate) fn looks_like(bytes: &[u8]) -> bool {
     bytes.len() >= 14 && bytes[..4] == [0x80, 0x02, 0x8a, 0x0a] && bytes[4..14] == MAGIC
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
-    let bytes = file.as_slice();
-    let mut pos = 0usize;
-    let mut next = |what: &str| -> Result<Pickle> {
+/// The pickles at the head of the stream, in order.
+const PICKLES: [&str; 5] = [
+    "magic number",
+    "protocol version",
+    "sys_info",
+    "main",
+    "storage keys",
+];
+
+/// Run the pickles named `names` back to back from byte `pos`; the pickles and the offset
+/// just past the last.
+fn run_pickles(
+    path: &Path,
+    bytes: &[u8],
+    limits: &Limits,
+    mut pos: usize,
+    names: &[&str],
+) -> Result<(Vec<Pickle>, usize)> {
+    let mut out = Vec::with_capacity(names.len());
+    for what in names {
         let rest = bytes.get(pos..).unwrap_or_default();
         let (p, used) =
             torchport_pickle::parse_prefix(rest, &limits.pickle).map_err(|mut source| {
@@ -45,28 +61,58 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
                 }
             })?;
         pos += used;
-        Ok(p)
+        out.push(p);
+    }
+    Ok((out, pos))
+}
+
+/// Every global the stream's five pickles reference, in first-seen order, and how many
+/// pickles were read (the security scan's view; nothing is interpreted).
+pub(crate) fn pickle_globals(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<super::PickleGlobals> {
+    let (pickles, _) = run_pickles(path, file.as_slice(), limits, 0, &PICKLES)?;
+    let mut globals = super::GlobalList::default();
+    for p in &pickles {
+        globals.extend(p.globals());
+    }
+    Ok(super::PickleGlobals {
+        count: pickles.len(),
+        globals: globals.into_vec(),
+    })
+}
+
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    let bytes = file.as_slice();
+    // The magic number and version are checked before the rest of the stream is run.
+    let (head, pos) = run_pickles(path, bytes, limits, 0, &PICKLES[..2])?;
+    let (Some(magic), Some(version)) = (head.first(), head.get(1)) else {
+        return Err(Error::corrupt(path, "the legacy stream has no header"));
     };
-    let magic = next("magic number")?;
     if !matches!(magic.get(magic.root()), PValue::BigInt(b) if b[..] == MAGIC) {
         return Err(Error::corrupt(path, "the legacy magic number is wrong"));
     }
-    let version = next("protocol version")?;
     if version.as_int(version.root()) != Some(PROTOCOL_VERSION) {
         return Err(Error::corrupt(
             path,
             format!("the legacy protocol version is not {PROTOCOL_VERSION}"),
         ));
     }
-    let sys_info = next("sys_info")?;
-    let order = sys_info_order(&sys_info);
-    let main = next("main")?;
-    let keys_pickle = next("storage keys")?;
+    let (rest, mut pos) = run_pickles(path, bytes, limits, pos, &PICKLES[2..])?;
+    let [sys_info, main, keys_pickle] = &rest[..] else {
+        return Err(Error::corrupt(
+            path,
+            "the legacy stream has no storage key list",
+        ));
+    };
+    let order = sys_info_order(sys_info);
     let keys: Vec<String> = keys_pickle
         .as_tuple_or_list(keys_pickle.root())
         .ok_or_else(|| Error::corrupt(path, "the storage key list is not a list"))?
         .iter()
-        .map(|&k| key_string(&keys_pickle, k))
+        .map(|&k| key_string(keys_pickle, k))
         .collect::<Option<_>>()
         .ok_or_else(|| Error::corrupt(path, "a storage key is not a string"))?;
 
@@ -74,14 +120,17 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let mut dtypes: HashMap<String, DType> = HashMap::new();
     for i in 0..main.len() {
         if let PValue::PersistentId(payload) = main.get(NodeId(i as u32)) {
-            if let Ok(Id::Storage { dtype, root, .. }) = parse_id(&main, *payload) {
+            if let Ok(Id::Storage { dtype, root, .. }) = parse_id(main, *payload) {
                 dtypes.entry(root).or_insert(dtype);
             }
         }
     }
     let mut storages = Vec::with_capacity(keys.len().min(1 << 16));
     let mut by_root = HashMap::new();
-    for key in &keys {
+    // A storage the file cuts short (and every one after it) is not read; the tensors that
+    // use it fail by name when they are reached, and the file fails in any case.
+    let mut unread: Option<(HashSet<String>, String)> = None;
+    for (i, key) in keys.iter().enumerate() {
         let dtype = *dtypes.get(key).ok_or_else(|| {
             Error::corrupt(
                 path,
@@ -90,63 +139,74 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
                 ),
             )
         })?;
-        let header = bytes.get(pos..pos + 8).ok_or_else(|| {
-            Error::corrupt(
-                path,
-                format!(
-                    "the file ends at byte {} before storage {key}'s size",
-                    bytes.len()
-                ),
-            )
-        })?;
-        let raw: [u8; 8] = header.try_into().unwrap_or_default();
-        let numel = match order {
-            ByteOrder::Little => i64::from_le_bytes(raw),
-            ByteOrder::Big => i64::from_be_bytes(raw),
-        };
-        let nbytes = usize::try_from(numel)
-            .ok()
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| {
-                Error::corrupt(
-                    path,
-                    format!("storage {key} at byte {pos} declares {numel} elements"),
-                )
-            })?;
-        let start = pos + 8;
-        let storage = start
-            .checked_add(nbytes)
-            .and_then(|end| file.storage(start..end))
-            .ok_or_else(|| {
-                Error::corrupt(path, format!(
-                    "storage {key} at byte {pos} declares {nbytes} bytes but the file ends at byte {}",
-                    bytes.len()
-                ))
-            })?;
-        by_root.insert(key.clone(), storages.len());
-        storages.push(storage);
-        pos = start + nbytes;
+        match read_storage(file, pos, key, dtype, order) {
+            Ok((storage, next)) => {
+                by_root.insert(key.clone(), storages.len());
+                storages.push(storage);
+                pos = next;
+            }
+            Err(what) => {
+                let rest = keys.get(i..).unwrap_or_default().iter().cloned().collect();
+                unread = Some((rest, what));
+                break;
+            }
+        }
     }
     let mut resolver = LegacyResolver {
         storages,
         by_root,
         views: HashMap::new(),
+        unread,
+        file_len: bytes.len(),
     };
-    let found = interpret(path, &main, &mut resolver, order, limits)?;
-    let mut globals = main.globals().to_vec();
-    for g in sys_info.globals() {
-        if !globals.contains(g) {
-            globals.push(g.clone());
-        }
+    let found = interpret(path, main, &mut resolver, order, limits)?;
+    if let Some((_, what)) = resolver.unread {
+        return Err(Error::corrupt(path, what));
     }
+    let mut globals = super::GlobalList::default();
+    globals.extend(main.globals());
+    globals.extend(sys_info.globals());
     Ok(Checkpoint::new(
         path,
         Format::TorchLegacy,
         order,
         found,
-        globals,
+        globals.into_vec(),
         resolver.storages,
     ))
+}
+
+/// One storage record at byte `pos`: an int64 element count, then the bytes. The storage
+/// and the offset after it, or what is wrong, naming the storage and the byte offset.
+fn read_storage(
+    file: &FileBytes,
+    pos: usize,
+    key: &str,
+    dtype: DType,
+    order: ByteOrder,
+) -> Result<(Storage, usize), String> {
+    let len = file.as_slice().len();
+    let header = file
+        .as_slice()
+        .get(pos..pos.saturating_add(8))
+        .ok_or_else(|| {
+            format!("the file ends at byte {len} before storage {key}'s size (at byte {pos})")
+        })?;
+    let raw: [u8; 8] = header.try_into().unwrap_or_default();
+    let numel = match order {
+        ByteOrder::Little => i64::from_le_bytes(raw),
+        ByteOrder::Big => i64::from_be_bytes(raw),
+    };
+    let nbytes = usize::try_from(numel)
+        .ok()
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .ok_or_else(|| format!("storage {key} at byte {pos} declares {numel} elements"))?;
+    let start = pos + 8;
+    let end = start.checked_add(nbytes);
+    let storage = end.and_then(|end| file.storage(start..end)).ok_or_else(|| {
+        format!("storage {key} at byte {pos} declares {nbytes} bytes but the file ends at byte {len}")
+    })?;
+    Ok((storage, start + nbytes))
 }
 
 /// `sys_info["little_endian"]`: the byte order the file was written in.
@@ -218,6 +278,9 @@ struct LegacyResolver {
     storages: Vec<Storage>,
     by_root: HashMap<String, usize>,
     views: HashMap<String, usize>,
+    /// The storages the file cuts short, and why.
+    unread: Option<(HashSet<String>, String)>,
+    file_len: usize,
 }
 
 impl Resolver for LegacyResolver {
@@ -226,10 +289,17 @@ impl Resolver for LegacyResolver {
             Id::Module(n) => return Ok(Persistent::Node(n)),
             Id::Storage { dtype, root, view } => (dtype, root, view),
         };
-        let index = *self
-            .by_root
-            .get(&root)
-            .ok_or_else(|| format!("its storage {root} is not among the file's storages"))?;
+        let index = match (self.by_root.get(&root), &self.unread) {
+            (Some(&i), _) => i,
+            (None, Some((keys, what))) if keys.contains(&root) => {
+                return Err(format!("its storage {root} cannot be read: {what}"))
+            }
+            (None, _) => {
+                return Err(format!(
+                    "its storage {root} is not among the file's storages"
+                ))
+            }
+        };
         let Some((view_key, offset, size)) = view else {
             return Ok(Persistent::Storage { index, dtype });
         };
@@ -253,6 +323,10 @@ impl Resolver for LegacyResolver {
 
     fn storages(&self) -> &[Storage] {
         &self.storages
+    }
+
+    fn file_len(&self) -> usize {
+        self.file_len
     }
 }
 

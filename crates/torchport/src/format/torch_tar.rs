@@ -24,7 +24,52 @@ use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
 
+/// Everything the tar's members hold, before the object pickle is interpreted.
+struct Parsed {
+    storages: Vec<Storage>,
+    by_key: HashMap<String, (usize, DType)>,
+    tensors: HashMap<String, TensorInfo>,
+    main: Pickle,
+    /// Every global of every pickle in the archive, first-seen order.
+    globals: Vec<(String, String)>,
+    /// How many pickles were run.
+    pickles: usize,
+}
+
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+    let parsed = parse(path, file, limits)?;
+    let mut resolver = TarResolver {
+        file_len: file.as_slice().len(),
+        storages: parsed.storages,
+        by_key: parsed.by_key,
+        tensors: parsed.tensors,
+    };
+    let found = interpret(path, &parsed.main, &mut resolver, ByteOrder::Little, limits)?;
+    Ok(Checkpoint::new(
+        path,
+        Format::TorchTar,
+        ByteOrder::Little,
+        found,
+        parsed.globals,
+        resolver.storages,
+    ))
+}
+
+/// Every global referenced by every pickle in the archive (storage and tensor records, the
+/// object), first-seen order, and how many pickles were run: the security scan's view.
+pub(crate) fn pickle_globals(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<super::PickleGlobals> {
+    let parsed = parse(path, file, limits)?;
+    Ok(super::PickleGlobals {
+        count: parsed.pickles,
+        globals: parsed.globals,
+    })
+}
+
+fn parse(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parsed> {
     let bytes = file.as_slice();
     let members = members(path, bytes)?;
     let member = |name: &str| {
@@ -43,6 +88,8 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         pos: 0,
         end: 0,
         member: "",
+        globals: super::GlobalList::default(),
+        pickles: 0,
     };
 
     // storages
@@ -68,7 +115,12 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
             .ok()
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| r.corrupt(&format!("storage {key} declares {numel} elements")))?;
-        let range = r.take(nbytes)?;
+        let range = r.take(nbytes).map_err(|_| {
+            r.corrupt(&format!(
+                "storage {key} declares {nbytes} bytes but the member ends at byte {}",
+                r.end
+            ))
+        })?;
         let s = file
             .storage(range)
             .ok_or_else(|| r.corrupt("a storage lies outside the file"))?;
@@ -161,20 +213,14 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     // the object
     r.enter("pickle", member("pickle")?);
     let main = r.pickle()?;
-    let mut resolver = TarResolver {
+    Ok(Parsed {
         storages,
         by_key,
         tensors,
-    };
-    let found = interpret(path, &main, &mut resolver, ByteOrder::Little, limits)?;
-    Ok(Checkpoint::new(
-        path,
-        Format::TorchTar,
-        ByteOrder::Little,
-        found,
-        main.globals().to_vec(),
-        resolver.storages,
-    ))
+        main,
+        globals: r.globals.into_vec(),
+        pickles: r.pickles,
+    })
 }
 
 /// Byte ranges of the tar's regular members, by name.
@@ -218,6 +264,10 @@ struct Reader<'a> {
     pos: usize,
     end: usize,
     member: &'static str,
+    /// Globals of every pickle run so far, first-seen order.
+    globals: super::GlobalList,
+    /// Pickles run so far.
+    pickles: usize,
 }
 
 impl Reader<'_> {
@@ -276,6 +326,8 @@ impl Reader<'_> {
                 }
             })?;
         self.pos += used;
+        self.pickles += 1;
+        self.globals.extend(p.globals());
         Ok(p)
     }
 
@@ -288,6 +340,7 @@ impl Reader<'_> {
 }
 
 struct TarResolver {
+    file_len: usize,
     storages: Vec<Storage>,
     by_key: HashMap<String, (usize, DType)>,
     tensors: HashMap<String, TensorInfo>,
@@ -313,5 +366,9 @@ impl Resolver for TarResolver {
 
     fn storages(&self) -> &[Storage] {
         &self.storages
+    }
+
+    fn file_len(&self) -> usize {
+        self.file_len
     }
 }

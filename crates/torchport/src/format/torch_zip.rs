@@ -19,6 +19,9 @@ use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::ByteOrder;
 
+/// Deflate's largest possible expansion (a 258-byte match per 2 bits, rounded up).
+const MAX_DEFLATE_RATIO: u64 = 1032;
+
 /// An opened zip archive over the file's bytes, or over a range of them (an archive nested
 /// as a stored record of another one, as `.pt2` files hold `torch.save` archives).
 pub(crate) struct Archive<'a> {
@@ -29,6 +32,8 @@ pub(crate) struct Archive<'a> {
     len: usize,
     zip: ZipArchive<Cursor<&'a [u8]>>,
     max_decompressed: u64,
+    /// Bytes decompressed so far (the limit is on the total).
+    decompressed: u64,
 }
 
 impl<'a> Archive<'a> {
@@ -66,6 +71,7 @@ impl<'a> Archive<'a> {
             len: bytes.len(),
             zip,
             max_decompressed: limits.max_decompressed,
+            decompressed: 0,
         })
     }
 
@@ -106,23 +112,43 @@ impl<'a> Archive<'a> {
             return range.and_then(|r| self.file.storage(r)).ok_or_else(|| {
                 Error::corrupt(
                     self.path,
-                    format!("record {name} ({size} bytes) extends past the end of the file"),
+                    format!(
+                        "record {name} ({size} bytes at byte {start}) extends past the end of the file ({} bytes)",
+                        self.file.as_slice().len()
+                    ),
                 )
             });
         }
+        let compressed = raw.compressed_size();
         drop(raw);
-        if size > self.max_decompressed {
+        if size > self.max_decompressed.saturating_sub(self.decompressed) {
+            let what = match self.decompressed {
+                0 => format!("record {name} decompressed ({size} bytes)"),
+                before => format!(
+                    "record {name} decompressed ({size} bytes, after {before} bytes of other records)"
+                ),
+            };
             return Err(Error::Limit {
                 path: self.path.to_path_buf(),
-                what: format!("record {name} decompressed ({size} bytes)"),
+                what,
                 limit: self.max_decompressed,
                 field: "max_decompressed",
             });
         }
+        self.decompressed += size;
         let entry = self.zip.by_index(index).map_err(zip_err)?;
-        // Never trust the declared size for the allocation beyond what the limit allows,
-        // and stop one byte past it to notice an entry that inflates further.
-        let mut out = Vec::with_capacity(size.min(1 << 26) as usize);
+        // Never trust the declared size for the allocation: deflate expands at most about
+        // 1032:1, so reserve no more than the compressed bytes could produce (and at most
+        // 64 MiB up front); stop one byte past the declared size to notice an entry that
+        // inflates further.
+        let reserve = size
+            .min(
+                compressed
+                    .saturating_mul(MAX_DEFLATE_RATIO)
+                    .saturating_add(1024),
+            )
+            .min(1 << 26);
+        let mut out = Vec::with_capacity(reserve as usize);
         entry
             .take(size.saturating_add(1))
             .read_to_end(&mut out)
@@ -132,6 +158,12 @@ impl<'a> Archive<'a> {
                     format!("record {name} cannot be decompressed: {e}"),
                 )
             })?;
+        if out.len() as u64 > size {
+            return Err(Error::corrupt(
+                self.path,
+                format!("record {name} inflates past the {size} bytes the archive declares"),
+            ));
+        }
         if out.len() as u64 != size {
             return Err(Error::corrupt(
                 self.path,
@@ -232,6 +264,35 @@ pub(crate) fn parse_record(
     })
 }
 
+/// Every global referenced by every pickle record (`*.pkl`) of a zip archive, whatever kind
+/// of zip it is, in first-seen order; and how many pickles were read. Nothing is
+/// interpreted: this is the security scan's view of the archive.
+pub(crate) fn pickle_globals(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<super::PickleGlobals> {
+    let mut ar = Archive::new(path, file, limits)?;
+    let mut globals = super::GlobalList::default();
+    let mut count = 0;
+    for record in ar.names().into_iter().filter(|n| n.ends_with(".pkl")) {
+        let bytes = ar.record(&record)?;
+        let pickle = torchport_pickle::parse(bytes.bytes(), &limits.pickle).map_err(|source| {
+            Error::Pickle {
+                path: path.to_path_buf(),
+                record: record.clone(),
+                source,
+            }
+        })?;
+        globals.extend(pickle.globals());
+        count += 1;
+    }
+    Ok(super::PickleGlobals {
+        count,
+        globals: globals.into_vec(),
+    })
+}
+
 /// Resolves `('storage', type, key, location, numel)` persistent ids to the records
 /// `<root>data/<key>`, each loaded once.
 pub(crate) struct ZipResolver<'a> {
@@ -292,7 +353,7 @@ impl Resolver for ZipResolver<'_> {
             Error::MissingRecord { .. } => {
                 format!("its storage record {name} is missing from the archive")
             }
-            other => other.to_string(),
+            other => other.detail(),
         })?;
         let declared = numel
             .checked_mul(dtype.size() as u64)
@@ -311,6 +372,10 @@ impl Resolver for ZipResolver<'_> {
 
     fn storages(&self) -> &[Storage] {
         &self.storages
+    }
+
+    fn file_len(&self) -> usize {
+        self.ar.file.as_slice().len()
     }
 }
 

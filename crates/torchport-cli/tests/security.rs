@@ -1,0 +1,192 @@
+//! `torchport inspect --security` through the real binary: every global of every pickle is
+//! listed and classified; a refused file is still reported (stdout) and exits 2 with the
+//! refusal on stderr; `--json` carries `security: {globals, verdict}`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn torchport(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_torchport"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run torchport")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8(b.to_vec()).unwrap()
+}
+
+/// `module.name class` for each global of a `security` JSON object.
+fn listed(security: &Value) -> Vec<String> {
+    security["globals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            format!(
+                "{}.{} {}",
+                g["module"].as_str().unwrap(),
+                g["name"].as_str().unwrap(),
+                g["class"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn refused_files_are_reported_then_exit_2() {
+    for (file, global) in [
+        ("tests/fixtures/hostile/os_system.pt", "posix.system"),
+        ("tests/fixtures/hostile/builtins_eval.pt", "builtins.eval"),
+        ("tests/fixtures/hostile/os_system_legacy.pt", "posix.system"),
+        ("tests/fixtures/hostile/os_system_tar.pt", "os.system"),
+    ] {
+        let out = torchport(&["inspect", file, "--security"]);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        let stdout = text(&out.stdout);
+        assert!(
+            stdout.contains(&format!("{global}  [dangerous]")),
+            "{file}: {stdout}"
+        );
+        assert!(
+            stdout.contains("security: REFUSED: 1 dangerous"),
+            "{file}: {stdout}"
+        );
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{file}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(global) && err.contains("refusing"),
+            "{file}: {err}"
+        );
+
+        let out = torchport(&["inspect", file, "--security", "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["security"]["verdict"], "refused", "{file}");
+        assert!(
+            listed(&v["security"]).contains(&format!("{global} dangerous")),
+            "{file}: {v}"
+        );
+        assert!(
+            v.get("tensors").is_none(),
+            "a refused file lists no tensors"
+        );
+        assert!(text(&out.stderr).contains("refusing"), "{file}");
+    }
+}
+
+#[test]
+fn clean_files_pass_with_every_global_classified() {
+    // (file, globals that must be listed with their class)
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "tests/fixtures/torch_save/lstm_linear.pt",
+            &[
+                "torch._utils._rebuild_tensor_v2 known-safe",
+                "collections.OrderedDict known-safe",
+                "torch.FloatStorage known-safe",
+            ],
+        ),
+        (
+            "tests/fixtures/torch_save/whole_module.pt",
+            &["tiny_models.TinyNet inert"],
+        ),
+        (
+            "tests/fixtures/torch_save/legacy.pt",
+            &["torch._utils._rebuild_tensor_v2 known-safe"],
+        ),
+        (
+            "tests/fixtures/torch_save/tar.pt",
+            &["torch.FloatStorage known-safe"],
+        ),
+    ];
+    for (file, want) in cases {
+        let out = torchport(&["inspect", file, "--security", "--json"]);
+        assert!(out.status.success(), "{file}: {}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let sec = &v["security"];
+        assert_eq!(sec["verdict"], "ok", "{file}");
+        let got = listed(sec);
+        for w in *want {
+            assert!(got.contains(&w.to_string()), "{file}: {w} not in {got:?}");
+        }
+        assert!(got.iter().all(|g| !g.ends_with(" dangerous")), "{file}");
+        // The usual inspect output is still there, and every global inspect lists is in
+        // the security section too (the scan covers every pickle, not only the main one).
+        assert!(!v["tensors"].as_array().unwrap().is_empty(), "{file}");
+        for g in v["globals"].as_array().unwrap() {
+            let g = format!(
+                "{}.{} {}",
+                g["module"].as_str().unwrap(),
+                g["name"].as_str().unwrap(),
+                g["class"].as_str().unwrap()
+            );
+            assert!(
+                got.contains(&g),
+                "{file}: {g} missing from the security section"
+            );
+        }
+    }
+
+    let out = torchport(&[
+        "inspect",
+        "tests/fixtures/torch_save/whole_module.pt",
+        "--security",
+    ]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("security: ok: no dangerous global"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  tiny_models.TinyNet  [inert]"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(root)  tiny_models.TinyNet"),
+        "the normal table too: {stdout}"
+    );
+}
+
+#[test]
+fn unreadable_files_exit_2_without_a_report() {
+    for (file, word) in [
+        (
+            "tests/fixtures/hostile/random.bin",
+            "not a file torchport recognizes",
+        ),
+        (
+            "tests/fixtures/hostile/truncated_zip.pt",
+            "zip archive is corrupt",
+        ),
+        ("no/such/file.pt", "cannot read the file"),
+    ] {
+        let out = torchport(&["inspect", file, "--security"]);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        assert!(out.stdout.is_empty(), "{file}: nothing on stdout");
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{file}: {err}");
+        assert!(err.contains(word), "{file}: {err}");
+    }
+}
+
+#[test]
+fn a_file_that_scans_but_does_not_open_is_reported_then_exit_2() {
+    // oob_view.pt: its pickle is harmless, its tensor view is out of bounds.
+    let out = torchport(&[
+        "inspect",
+        "tests/fixtures/hostile/oob_view.pt",
+        "--security",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stdout).contains("security: ok"));
+    assert!(text(&out.stderr).contains("storage holds only 64 bytes"));
+}

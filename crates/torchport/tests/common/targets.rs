@@ -1,0 +1,145 @@
+//! What each fuzz target does with its input — shared, byte for byte, by the fuzz crate
+//! (`fuzz/src/lib.rs` includes this file) and by `tests/regressions.rs`, so a committed
+//! crashing input runs through exactly the code path its target found it on.
+//!
+//! Beyond "no panic, no abort, no hang, no runaway allocation" (libFuzzer's limits), the
+//! checks are the properties a caller relies on: a tensor's data is exactly `nbytes()` long
+//! and decodes to `numel()` numbers; the security report lists each global once; every
+//! pickle arena is internally consistent (ids in range).
+#![allow(dead_code)]
+
+use torchport::pickle::{NodeId, Pickle, Value};
+use torchport::{Checkpoint, Limits};
+
+/// Run `data` the way fuzz target `target` does; true when a checkpoint (or pickle) came
+/// out. Targets without an entry here reach their format through content detection.
+pub fn run(target: &str, data: &[u8]) -> bool {
+    match target {
+        "pickle" => pickle(data),
+        "torch_zip" => exercise(as_zip(data)),
+        "torch_legacy" => exercise(as_legacy(data)),
+        "torch_tar" => exercise(as_tar(data)),
+        _ => exercise(data.to_vec()),
+    }
+}
+
+/// The legacy stream's leading bytes: PROTO 2, LONG1 10, the magic number.
+pub const LEGACY_HEAD: [u8; 14] = [
+    0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
+];
+
+/// `data` with `head` written over its bytes at `at` (grown with zeros when shorter).
+pub fn force(data: &[u8], at: usize, head: &[u8]) -> Vec<u8> {
+    let mut v = data.to_vec();
+    if v.len() < at + head.len() {
+        v.resize(at + head.len(), 0);
+    }
+    v[at..at + head.len()].copy_from_slice(head);
+    v
+}
+
+/// Input for the zip reader: starts with a local file header signature.
+pub fn as_zip(data: &[u8]) -> Vec<u8> {
+    force(data, 0, b"PK\x03\x04")
+}
+
+/// Input for the legacy reader: starts with the legacy magic number pickle.
+pub fn as_legacy(data: &[u8]) -> Vec<u8> {
+    force(data, 0, &LEGACY_HEAD)
+}
+
+/// Input for the tar reader: `ustar` at byte 257, and not taken for a zip or legacy stream.
+pub fn as_tar(data: &[u8]) -> Vec<u8> {
+    let mut v = force(data, 257, b"ustar");
+    if v.starts_with(b"PK") || v.starts_with(&[0x80, 0x02]) {
+        v[0] = b'x';
+    }
+    v
+}
+
+/// Open the bytes and read everything, then scan them; true when they opened.
+pub fn exercise(bytes: Vec<u8>) -> bool {
+    let limits = Limits::default();
+    let opened = match torchport::open_bytes("fuzz-input", bytes.clone(), &limits) {
+        Ok(c) => {
+            read_all(&c);
+            true
+        }
+        Err(e) => {
+            assert!(!e.to_string().contains('\n'), "one line: {e}");
+            false
+        }
+    };
+    if let Ok(report) = torchport::security::scan_bytes("fuzz-input", bytes, &limits) {
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            report
+                .globals
+                .iter()
+                .all(|g| seen.insert((&g.module, &g.name))),
+            "a global listed twice"
+        );
+    }
+    opened
+}
+
+/// Read every tensor's data and every value of an opened checkpoint.
+pub fn read_all(c: &Checkpoint) {
+    for t in c.tensors() {
+        if let Ok(data) = c.data(t) {
+            assert_eq!(data.len(), t.nbytes(), "tensor {} data length", t.name);
+            if let Ok(values) = torchport::cast::to_f64(t.dtype, &data) {
+                assert_eq!(values.len(), t.numel(), "tensor {} element count", t.name);
+            }
+        }
+    }
+    for (name, v) in c.values() {
+        let _ = (name.len(), v.to_string(), v.to_json());
+    }
+    let _ = (
+        c.parameter_count(),
+        c.total_bytes(),
+        c.globals(),
+        c.modules(),
+    );
+}
+
+/// Run the pickle machine on the bytes (whole, and as a prefix) and check the arena.
+pub fn pickle(data: &[u8]) -> bool {
+    let limits = torchport::pickle::Limits::default();
+    let whole = torchport::pickle::parse(data, &limits);
+    if let Ok(p) = &whole {
+        check_arena(p);
+    }
+    if let Ok((p, used)) = torchport::pickle::parse_prefix(data, &limits) {
+        assert!(used <= data.len());
+        check_arena(&p);
+    }
+    whole.is_ok()
+}
+
+/// Every id a node holds refers to a node of the arena.
+fn check_arena(p: &Pickle) {
+    let n = p.len();
+    let ok = |id: &NodeId| (id.0 as usize) < n;
+    assert!(ok(&p.root()));
+    for v in p.nodes() {
+        let fine = match v {
+            Value::List(i) | Value::Tuple(i) | Value::Set(i) | Value::FrozenSet(i) => {
+                i.iter().all(ok)
+            }
+            Value::Dict(items) => items.iter().all(|(k, v)| ok(k) && ok(v)),
+            Value::PersistentId(id) => ok(id),
+            Value::Object(o) => {
+                ok(&o.callable)
+                    && o.args.iter().all(ok)
+                    && o.kwargs.iter().all(|(k, v)| ok(k) && ok(v))
+                    && o.state.as_ref().is_none_or(ok)
+                    && o.list_items.iter().all(ok)
+                    && o.dict_items.iter().all(|(k, v)| ok(k) && ok(v))
+            }
+            _ => true,
+        };
+        assert!(fine, "a node refers outside the arena: {v:?}");
+    }
+}

@@ -1,0 +1,14 @@
+//! The fuzz targets' shared code. What each target does with its input lives in
+//! `crates/torchport/tests/common/targets.rs`, included here unchanged, so that the
+//! regression test (`crates/torchport/tests/regressions.rs`) runs a committed crashing input
+//! through exactly the code path its target found it on.
+//!
+//! A target is one file in `fuzz_targets/` calling [`run`] with its own name, plus a
+//! `[[bin]]` entry in `Cargo.toml`. A target name without an entry in `run` reaches its
+//! format through content detection (`open_bytes`); add an entry to force the format's
+//! leading bytes.
+
+#[path = "../../crates/torchport/tests/common/targets.rs"]
+mod targets;
+
+pub use targets::*;
