@@ -55,23 +55,7 @@ pub(crate) fn interpret(
     order: ByteOrder,
     limits: &Limits,
 ) -> Result<Found> {
-    let file_len = resolver.file_len();
-    let mut w = Walker {
-        path,
-        p: pickle,
-        r: resolver,
-        order,
-        limits,
-        visits: 0,
-        max_visits: limits.max_visits.max(pickle.len().saturating_mul(4)),
-        on_path: HashSet::new(),
-        copied: 0,
-        max_copied: limits
-            .max_copied_bytes
-            .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
-        rebuilds: 0,
-        found: Found::default(),
-    };
+    let mut w = Walker::new(path, pickle, resolver, order, limits);
     w.walk(pickle.root(), "", 0).map_err(|e| *e)?;
     Ok(w.found)
 }
@@ -87,23 +71,7 @@ pub(crate) fn tensor_at(
     node: NodeId,
     name: &str,
 ) -> Result<TensorInfo> {
-    let file_len = resolver.file_len();
-    let mut w = Walker {
-        path,
-        p: pickle,
-        r: resolver,
-        order,
-        limits,
-        visits: 0,
-        max_visits: limits.max_visits,
-        on_path: HashSet::new(),
-        copied: 0,
-        max_copied: limits
-            .max_copied_bytes
-            .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
-        rebuilds: 0,
-        found: Found::default(),
-    };
+    let mut w = Walker::new(path, pickle, resolver, order, limits);
     w.tensor_arg(node, name)
 }
 
@@ -221,6 +189,34 @@ struct Walker<'a> {
 }
 
 impl<'a> Walker<'a> {
+    /// A walker with budgets scaled to the pickle: visits to 4 × its nodes, copies to 4 ×
+    /// its payload or the file (each at least the configured limit).
+    fn new(
+        path: &'a Path,
+        pickle: &'a Pickle,
+        resolver: &'a mut dyn Resolver,
+        order: ByteOrder,
+        limits: &'a Limits,
+    ) -> Self {
+        let file_len = resolver.file_len();
+        Walker {
+            path,
+            p: pickle,
+            r: resolver,
+            order,
+            limits,
+            visits: 0,
+            max_visits: limits.max_visits.max(pickle.len().saturating_mul(4)),
+            on_path: HashSet::new(),
+            copied: 0,
+            max_copied: limits
+                .max_copied_bytes
+                .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
+            rebuilds: 0,
+            found: Found::default(),
+        }
+    }
+
     // The walk recurses once per level of nesting (bounded by `Limits::max_depth`). The
     // functions on that recursion path — walk, walk_node, walk_seq, walk_items, object,
     // opaque, walk_state, module — only dispatch and loop; everything else is done in
