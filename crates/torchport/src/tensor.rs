@@ -160,12 +160,13 @@ pub(crate) fn view_bytes<'a>(
     storage: &'a [u8],
     order: ByteOrder,
 ) -> Cow<'a, [u8]> {
-    let esize = info.dtype.size();
-    let start = info.offset * esize;
     let nbytes = info.nbytes();
+    // An empty view's offset is never checked against its storage (it reads nothing), so
+    // it is used only when there is something to read.
     let mut out: Cow<'a, [u8]> = if nbytes == 0 {
         Cow::Borrowed(&[])
     } else if info.is_contiguous() {
+        let start = info.offset * info.dtype.size();
         Cow::Borrowed(&storage[start..start + nbytes])
     } else {
         Cow::Owned(gather(info, storage))
