@@ -7,7 +7,8 @@
 #   FUZZ_TARGETS="pickle torch_zip"  only these targets (default: every [[bin]] in Cargo.toml)
 #   FUZZ_PARALLEL=1                  targets fuzzed at once (each is one libFuzzer job)
 #   FUZZ_SANITIZER=address           address | none (none when the ASan runtime is missing)
-#   FUZZ_MAX_LEN=65536               largest input libFuzzer generates, bytes
+#   FUZZ_MAX_LEN=65536               largest input libFuzzer generates, bytes (raised to the
+#                                    target's largest seed)
 #   FUZZ_RSS_MB=2048                 libFuzzer's memory limit (an input above it is an OOM)
 #   FUZZ_MALLOC_MB=1024              largest single allocation allowed (above it is an OOM)
 #   FUZZ_TIMEOUT=10                  seconds one input may take (above it is a timeout)
@@ -54,12 +55,16 @@ extra=()
 run_one() {
     local t="$1" log="artifacts/logs/$1.log" start end
     mkdir -p "artifacts/$t"
+    # Never shorter than the largest seed: a truncated zip seed loses its directory.
+    local len largest
+    largest=$(find "corpus/$t" -type f -printf '%s\n' | sort -n | tail -1)
+    len=$(( ${largest:-0} > max_len ? ${largest:-0} : max_len ))
     start=$(date +%s)
     touch "artifacts/$t/.run-start"
     # The binary built above, run directly (as `cargo fuzz run` would): editing the
     # library while the fuzzers run does not rebuild, or break, the targets still to come.
     ASAN_OPTIONS="detect_odr_violation=0" "$bin_dir/$t" -artifact_prefix="artifacts/$t/" \
-        -max_total_time="$secs" -max_len="$max_len" -rss_limit_mb="$rss" \
+        -max_total_time="$secs" -max_len="$len" -rss_limit_mb="$rss" \
         -malloc_limit_mb="$malloc_mb" -timeout="$timeout" -print_final_stats=1 \
         "${extra[@]}" "corpus/$t" >"$log" 2>&1
     local rc=$?

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Seed fuzz/corpus/<target>/ from the committed fixtures (idempotent; corpora are gitignored).
-#   every file target : every fixture under tests/fixtures/ (any format, hostile ones too)
+#   a format target   : the fixtures of that format under tests/fixtures/ (hostile ones too):
+#                       safetensors, npy, npz, onnx, pt2 by extension; torchscript: the
+#                       scripted/traced archives and hostile ts_* files; sharded: *.index.json
+#   rules             : every *.toml fixture and every ```toml block of docs/RULES.md
 #   pickle            : crates/torchport-pickle/tests/corpus/*, every *.pkl record of the zip
 #                       fixtures, and the legacy fixtures (a stream of pickles)
+#   any other target  : every fixture under tests/fixtures/ (any format)
 # Usage: fuzz/seed.sh [TARGET...]   (default: every target in fuzz/Cargo.toml)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -46,10 +50,26 @@ for t in "${targets[@]}"; do
                 cp "$f" "$dir/$(seed_name "$f")" && n=$((n + 1))
             fi
         done < <(fixtures)
-    else
+    elif [ "$t" = rules ]; then
         while IFS= read -r f; do
             cp "$f" "$dir/$(seed_name "$f")" && n=$((n + 1))
-        done < <(fixtures)
+        done < <(find "$root/tests/fixtures" -name '*.toml' | sort)
+        # Each ```toml block of the rules guide is a seed of its own.
+        awk -v out="$dir/docs_RULES.md_" '
+            /^```toml/ { inblock = 1; k++; next }
+            /^```/     { inblock = 0; next }
+            inblock    { print > (out k ".toml") }' "$root/docs/RULES.md"
+        n=$((n + $(grep -c '^```toml' "$root/docs/RULES.md")))
+    else
+        case "$t" in
+            safetensors | npy | npz | onnx | pt2) pick() { [[ "$1" == *".$t" ]]; } ;;
+            torchscript) pick() { [[ "$1" =~ /(scripted_|traced_|ts_)[^/]*\.pt$ ]]; } ;;
+            sharded) pick() { [[ "$1" == *.index.json ]]; } ;;
+            *) pick() { true; } ;;
+        esac
+        while IFS= read -r f; do
+            if pick "$f"; then cp "$f" "$dir/$(seed_name "$f")" && n=$((n + 1)); fi
+        done < <(fixtures; find "$root/tests/fixtures" -name '*.index.json' | sort)
     fi
     echo "seeded $dir with $n files ($(ls "$dir" | wc -l) in the corpus)"
 done

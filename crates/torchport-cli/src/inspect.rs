@@ -81,6 +81,10 @@ fn write_security(out: &mut impl Write, r: &SecurityReport) -> std::io::Result<(
     let dangerous = r.dangerous().count();
     let verdict = if r.is_refused() {
         format!("REFUSED: {dangerous} dangerous global(s); torchport will not load this file")
+    } else if r.is_incomplete() {
+        "INCOMPLETE: no dangerous global among those seen, but part of the file could not be \
+         scanned"
+            .to_string()
     } else {
         "ok: no dangerous global".to_string()
     };
@@ -94,6 +98,9 @@ fn write_security(out: &mut impl Write, r: &SecurityReport) -> std::io::Result<(
     for g in &r.globals {
         writeln!(out, "  {}.{}  [{}]", g.module, g.name, g.class.name())?;
     }
+    for p in &r.problems {
+        writeln!(out, "  not scanned past: {p}")?;
+    }
     Ok(())
 }
 
@@ -103,7 +110,12 @@ fn security_json(r: &SecurityReport) -> serde_json::Value {
         .iter()
         .map(|g| json!({"module": g.module, "name": g.name, "class": g.class.name()}))
         .collect();
-    json!({"globals": globals, "verdict": r.verdict(), "pickles": r.pickles})
+    json!({
+        "globals": globals,
+        "verdict": r.verdict(),
+        "pickles": r.pickles,
+        "problems": r.problems,
+    })
 }
 
 fn shape_text(shape: &[usize]) -> String {

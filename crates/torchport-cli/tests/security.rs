@@ -190,3 +190,78 @@ fn a_file_that_scans_but_does_not_open_is_reported_then_exit_2() {
     assert!(text(&out.stdout).contains("security: ok"));
     assert!(text(&out.stderr).contains("storage holds only 64 bytes"));
 }
+
+/// A copy of fixture `file` in a temporary folder with the byte just after `after` (the
+/// first occurrence) replaced by 0xff, which is not a pickle opcode.
+fn corrupt_after(dir: &Path, file: &str, after: &[u8]) -> PathBuf {
+    let mut bytes = std::fs::read(root().join(file)).unwrap();
+    let at = bytes
+        .windows(after.len())
+        .position(|w| w == after)
+        .unwrap_or_else(|| panic!("{file} holds no {after:?}"))
+        + after.len();
+    bytes[at] = 0xff;
+    let out = dir.join(Path::new(file).file_name().unwrap());
+    std::fs::write(&out, bytes).unwrap();
+    out
+}
+
+#[test]
+fn a_dangerous_file_that_is_also_corrupt_is_still_reported_refused() {
+    // Each file's pickle names the dangerous global, then breaks on the next byte: the scan
+    // lists the global it saw and says where it stopped; the verdict is still `refused`.
+    let dir = tempfile::tempdir().unwrap();
+    for (file, global) in [
+        ("tests/fixtures/hostile/os_system.pt", "posix.system"),
+        ("tests/fixtures/hostile/os_system_legacy.pt", "posix.system"),
+        ("tests/fixtures/hostile/os_system_tar.pt", "os.system"),
+    ] {
+        let name = global.split('.').nth(1).unwrap();
+        let path = corrupt_after(dir.path(), file, format!("{name}\n").as_bytes());
+        let path = path.to_str().unwrap();
+        let out = torchport(&["inspect", path, "--security", "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let sec = &v["security"];
+        assert_eq!(sec["verdict"], "refused", "{file}: {v}");
+        assert!(
+            listed(sec).contains(&format!("{global} dangerous")),
+            "{file}: {v}"
+        );
+        let problems = sec["problems"].as_array().unwrap();
+        assert_eq!(problems.len(), 1, "{file}: {v}");
+        assert!(
+            problems[0]
+                .as_str()
+                .unwrap()
+                .contains("0xff is not a pickle opcode"),
+            "{file}: {v}"
+        );
+
+        let out = torchport(&["inspect", path, "--security"]);
+        let stdout = text(&out.stdout);
+        assert!(
+            stdout.contains("security: REFUSED: 1 dangerous"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("  not scanned past: "), "{stdout}");
+    }
+}
+
+#[test]
+fn a_harmless_file_with_a_corrupt_pickle_is_incomplete_not_ok() {
+    // The pickle breaks right after its first global: what was seen is listed, the verdict
+    // says the scan is incomplete, and the open error still exits 2.
+    let dir = tempfile::tempdir().unwrap();
+    let file = "tests/fixtures/torch_save/lstm_linear.pt";
+    let path = corrupt_after(dir.path(), file, b"OrderedDict\n");
+    let out = torchport(&["inspect", path.to_str().unwrap(), "--security", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sec = &v["security"];
+    assert_eq!(sec["verdict"], "incomplete", "{v}");
+    assert_eq!(listed(sec), ["collections.OrderedDict known-safe"], "{v}");
+    assert_eq!(sec["problems"].as_array().unwrap().len(), 1, "{v}");
+    let err = text(&out.stderr);
+    assert!(err.contains("0xff is not a pickle opcode"), "{err}");
+}

@@ -197,6 +197,19 @@ pub fn parse(bytes: &[u8], limits: &Limits) -> Result<Pickle, Error> {
     Ok(pickle)
 }
 
+/// Run one pickle only to list the globals it references, for a security report: unlike
+/// [`parse`], a pickle that fails partway still gives every global met before the failure.
+///
+/// Returns those globals (first-seen order, no repeats) and how the pickle ended: the bytes
+/// consumed through STOP, or the error that stopped it. With `limits.refuse_dangerous` set, a
+/// dangerous global stops the pickle without being listed, so a scan leaves it unset.
+pub fn scan_globals(
+    bytes: &[u8],
+    limits: &Limits,
+) -> (Vec<(String, String)>, Result<usize, Error>) {
+    vm::globals_until_error(bytes, limits)
+}
+
 /// Run one pickle from the start of `bytes`; returns it and the number of bytes consumed
 /// (through STOP). Used for streams with several pickles back to back (torch's legacy format).
 pub fn parse_prefix(bytes: &[u8], limits: &Limits) -> Result<(Pickle, usize), Error> {

@@ -42,6 +42,23 @@ pub(crate) struct Machine<'l> {
 /// Run one pickle from the start of `bytes`: the result and the bytes consumed through STOP.
 pub(crate) fn run(bytes: &[u8], limits: &Limits) -> Result<(Pickle, usize), Error> {
     let mut machine = Machine::new(limits);
+    let (root, used) = drive(&mut machine, bytes)?;
+    Ok((machine.finish(root), used))
+}
+
+/// Run one pickle only for the globals it references: every global met before the pickle
+/// ended (at STOP, or at the error that stopped it), and how it ended.
+pub(crate) fn globals_until_error(
+    bytes: &[u8],
+    limits: &Limits,
+) -> (Vec<(String, String)>, Result<usize, Error>) {
+    let mut machine = Machine::new(limits);
+    let ended = drive(&mut machine, bytes).map(|(_, used)| used);
+    (machine.globals, ended)
+}
+
+/// Step the machine through `bytes` until STOP (the root and the bytes consumed) or an error.
+fn drive(machine: &mut Machine<'_>, bytes: &[u8]) -> Result<(NodeId, usize), Error> {
     let mut reader = Reader::new(bytes);
     loop {
         let at = reader.pos() as u64;
@@ -61,7 +78,7 @@ pub(crate) fn run(bytes: &[u8], limits: &Limits) -> Result<(Pickle, usize), Erro
         };
         match machine.step(op, &mut reader) {
             Ok(Flow::Continue) => {}
-            Ok(Flow::Stop(root)) => return Ok((machine.finish(root), reader.pos())),
+            Ok(Flow::Stop(root)) => return Ok((root, reader.pos())),
             Err(kind) => {
                 return Err(Error {
                     offset: at,

@@ -51,9 +51,33 @@ pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<Checkpoint> 
 }
 
 /// Read a checkpoint from bytes already in memory; `name` only labels it in messages.
+///
+/// Nothing outside the bytes is read: a sharded index or an ONNX model with external data,
+/// whose tensors live in other files, is refused (open those by path).
 pub fn open_bytes(name: &str, bytes: Vec<u8>, limits: &Limits) -> Result<Checkpoint> {
+    read_bytes(name, bytes, limits, None)
+}
+
+/// [`open_bytes`] as the given format, skipping content detection: for bytes whose format
+/// the caller knows (an ONNX model, which has no magic number, that [`crate::detect`] does
+/// not recognize). The reader of that format checks the bytes as it always does.
+pub fn open_bytes_as(
+    name: &str,
+    bytes: Vec<u8>,
+    format: Format,
+    limits: &Limits,
+) -> Result<Checkpoint> {
+    read_bytes(name, bytes, limits, Some(format))
+}
+
+fn read_bytes(
+    name: &str,
+    bytes: Vec<u8>,
+    limits: &Limits,
+    format: Option<Format>,
+) -> Result<Checkpoint> {
     let file = crate::storage::FileBytes::Owned(std::sync::Arc::new(bytes));
-    let mut c = format::read(Path::new(name), &file, limits)?;
+    let mut c = format::read(Path::new(name), &file, limits, format)?;
     c.max_expanded_bytes = limits.max_expanded_bytes;
     Ok(c)
 }

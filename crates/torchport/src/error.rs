@@ -8,11 +8,20 @@ use std::path::{Path, PathBuf};
 /// holds (a key containing a newline cannot forge a second message), and at most 300
 /// characters of any one part.
 pub(crate) fn shown(text: impl std::fmt::Display) -> String {
-    const MAX: usize = 300;
+    escaped(text, 300)
+}
+
+/// A message of torchport's own that quotes text from the file (a rule's op, a list of
+/// names): control characters escaped, no length cap beyond 64 KiB characters.
+pub(crate) fn one_line(text: impl std::fmt::Display) -> String {
+    escaped(text, 1 << 16)
+}
+
+fn escaped(text: impl std::fmt::Display, max: usize) -> String {
     let text = text.to_string();
-    let mut out = String::with_capacity(text.len().min(MAX + 8));
+    let mut out = String::with_capacity(text.len().min(max + 8));
     for (i, c) in text.chars().enumerate() {
-        if i == MAX {
+        if i == max {
             out.push('…');
             break;
         }
@@ -123,7 +132,7 @@ pub enum Error {
         field: &'static str,
     },
     /// A shard named by a sharded checkpoint's index could not be read.
-    #[error("{}: shard {shard}: {source}", path.display())]
+    #[error("{}: shard {}: {}", shown(path.display()), shown(shard), one_line(source))]
     Shard {
         /// The index file.
         path: PathBuf,
@@ -134,7 +143,7 @@ pub enum Error {
     },
     /// A tensor's external data (ONNX) cannot be used: its location leaves the model's
     /// folder, its file cannot be opened, or its byte range does not fit.
-    #[error("{}: tensor {tensor}: external data {location:?}: {what}", path.display())]
+    #[error("{}: tensor {}: external data {}: {}", shown(path.display()), shown(tensor), shown(format!("{location:?}")), one_line(what))]
     ExternalData {
         /// The model file.
         path: PathBuf,
@@ -146,7 +155,7 @@ pub enum Error {
         what: String,
     },
     /// A remapping rule is invalid, or cannot be applied to the tensors it matched.
-    #[error("{rule}: {what}")]
+    #[error("{}: {}", one_line(rule), one_line(what))]
     Rule {
         /// Where the rule comes from: file and line, or preset, with its index and kind.
         rule: String,
@@ -162,7 +171,7 @@ pub enum Error {
         name: String,
     },
     /// The output file could not be created, written, synced or renamed into place.
-    #[error("{}: cannot write the file: {source}", path.display())]
+    #[error("{}: cannot write the file: {source}", shown(path.display()))]
     WriteIo {
         /// The output file.
         path: PathBuf,
@@ -171,7 +180,7 @@ pub enum Error {
     },
     /// An output file cannot be written: a tensor the format cannot hold, an output that
     /// would replace an input, a name used twice…
-    #[error("{}: {what}", path.display())]
+    #[error("{}: {}", shown(path.display()), one_line(what))]
     Write {
         /// The output file.
         path: PathBuf,
@@ -179,7 +188,7 @@ pub enum Error {
         what: String,
     },
     /// A selection (`--key`, `--include`, `--exclude`, `--dtype`) cannot be applied.
-    #[error("{}: {what}", path.display())]
+    #[error("{}: {}", shown(path.display()), one_line(what))]
     Select {
         /// The input file.
         path: PathBuf,

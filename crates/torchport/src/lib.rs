@@ -38,7 +38,7 @@ pub mod write;
 
 pub mod security;
 
-pub use checkpoint::{open, open_bytes, open_with, Checkpoint};
+pub use checkpoint::{open, open_bytes, open_bytes_as, open_with, Checkpoint};
 pub use dtype::{DType, ALL_DTYPES};
 pub use error::{Error, Result};
 pub use format::{detect, Format};

@@ -40,6 +40,9 @@ pub struct SecurityReport {
     pub pickles: usize,
     /// Every global referenced by any of the file's pickles, first-seen order, no repeats.
     pub globals: Vec<GlobalRef>,
+    /// Why the scan could not see everything: a pickle that fails partway (its globals up to
+    /// the failure are listed), or a record that cannot be read. Empty for a sound file.
+    pub problems: Vec<String>,
 }
 
 impl SecurityReport {
@@ -55,10 +58,18 @@ impl SecurityReport {
             .filter(|g| g.class == GlobalClass::Dangerous)
     }
 
-    /// `refused` when a dangerous global is referenced, `ok` otherwise.
+    /// True when part of the file could not be scanned (see [`SecurityReport::problems`]).
+    pub fn is_incomplete(&self) -> bool {
+        !self.problems.is_empty()
+    }
+
+    /// `refused` when a dangerous global is referenced (even if the file is also corrupt);
+    /// otherwise `incomplete` when part of the file could not be scanned, else `ok`.
     pub fn verdict(&self) -> &'static str {
         if self.is_refused() {
             "refused"
+        } else if self.is_incomplete() {
+            "incomplete"
         } else {
             "ok"
         }
@@ -70,7 +81,9 @@ impl SecurityReport {
 /// Every pickle the container holds is run (zip `*.pkl` records, the legacy stream's five
 /// pickles, every tar record) with dangerous globals *recorded* instead of refused; nothing is
 /// imported, called or interpreted, so a file [`crate::open`] refuses can still be reported.
-/// Errors when the container or a pickle is corrupt, or a limit is reached.
+/// A pickle that is corrupt or reaches a limit partway still gives the globals it referenced
+/// before that point, and the failure is listed in [`SecurityReport::problems`]. Errors only
+/// when the container itself cannot be read (no pickle can be found in it).
 pub fn scan(path: impl AsRef<Path>) -> Result<SecurityReport> {
     scan_with(path, &Limits::default())
 }
@@ -92,6 +105,7 @@ fn scan_file(path: &Path, file: &FileBytes, limits: &Limits) -> Result<SecurityR
     limits.pickle.refuse_dangerous = false;
     let (format, found) = format::pickle_globals(path, file, &limits)?;
     let pickles = found.count;
+    let problems = found.problems;
     let globals = found
         .globals
         .into_iter()
@@ -108,6 +122,7 @@ fn scan_file(path: &Path, file: &FileBytes, limits: &Limits) -> Result<SecurityR
         format,
         pickles,
         globals,
+        problems,
     })
 }
 

@@ -129,34 +129,55 @@ fn zip_kind(bytes: &[u8]) -> Format {
 }
 
 pub(crate) fn open(path: &Path, limits: &Limits) -> Result<Checkpoint> {
-    dispatch(path, &FileBytes::open(path)?, limits, true)
+    let file = FileBytes::open(path)?;
+    let format = detect_or_fail(path, file.as_slice())?;
+    dispatch(path, &file, limits, true, format)
 }
 
-/// Read a checkpoint held in memory; `path` only names it in messages.
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
-    dispatch(path, file, limits, false)
+/// Read a checkpoint held in memory; `path` only names it in messages. `format`: read it as
+/// that format, or as the detected one when `None`.
+pub(crate) fn read(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+    format: Option<Format>,
+) -> Result<Checkpoint> {
+    let format = match format {
+        Some(f) => f,
+        None => detect_or_fail(path, file.as_slice())?,
+    };
+    dispatch(path, file, limits, false, format)
 }
 
-/// Read with the reader of the detected format. `on_disk`: the bytes are the file at `path`
-/// (formats that refer to files beside the checkpoint, like ONNX external data, may then
-/// look in its folder).
-fn dispatch(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool) -> Result<Checkpoint> {
-    let bytes = file.as_slice();
-    match detect(bytes) {
-        Some(Format::TorchZip) => torch_zip::read(path, file, limits),
-        Some(Format::TorchLegacy) => torch_legacy::read(path, file, limits),
-        Some(Format::TorchTar) => torch_tar::read(path, file, limits),
-        Some(Format::TorchScript) => torchscript::read(path, file, limits),
-        Some(Format::Pt2) => pt2::read(path, file, limits),
-        Some(Format::Safetensors) => safetensors::read(path, file, limits),
-        Some(Format::Npy) => numpy::read_npy(path, file, limits),
-        Some(Format::Npz) => numpy::read_npz(path, file, limits),
-        Some(Format::Sharded) => sharded::read(path, file, limits),
-        Some(Format::Onnx) => onnx::read(path, file, limits, on_disk),
-        None => Err(Error::UnknownFormat {
-            path: path.to_path_buf(),
-            detail: describe_head(bytes),
-        }),
+/// The detected format, or the error naming what the file starts with.
+fn detect_or_fail(path: &Path, bytes: &[u8]) -> Result<Format> {
+    detect(bytes).ok_or_else(|| Error::UnknownFormat {
+        path: path.to_path_buf(),
+        detail: describe_head(bytes),
+    })
+}
+
+/// Read with the reader of `format`. `on_disk`: the bytes are the file at `path` (formats
+/// that refer to files beside the checkpoint, like ONNX external data and the shards of a
+/// sharded index, may then look in its folder; from memory they never touch the disk).
+fn dispatch(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+    on_disk: bool,
+    format: Format,
+) -> Result<Checkpoint> {
+    match format {
+        Format::TorchZip => torch_zip::read(path, file, limits),
+        Format::TorchLegacy => torch_legacy::read(path, file, limits),
+        Format::TorchTar => torch_tar::read(path, file, limits),
+        Format::TorchScript => torchscript::read(path, file, limits),
+        Format::Pt2 => pt2::read(path, file, limits),
+        Format::Safetensors => safetensors::read(path, file, limits),
+        Format::Npy => numpy::read_npy(path, file, limits),
+        Format::Npz => numpy::read_npz(path, file, limits),
+        Format::Sharded => sharded::read(path, file, limits, on_disk),
+        Format::Onnx => onnx::read(path, file, limits, on_disk),
     }
 }
 
@@ -168,11 +189,7 @@ pub(crate) fn pickle_globals(
     file: &FileBytes,
     limits: &Limits,
 ) -> Result<(Format, PickleGlobals)> {
-    let bytes = file.as_slice();
-    let format = detect(bytes).ok_or_else(|| Error::UnknownFormat {
-        path: path.to_path_buf(),
-        detail: describe_head(bytes),
-    })?;
+    let format = detect_or_fail(path, file.as_slice())?;
     let found = match format {
         Format::TorchLegacy => torch_legacy::pickle_globals(path, file, limits)?,
         Format::TorchTar => torch_tar::pickle_globals(path, file, limits)?,
@@ -185,12 +202,14 @@ pub(crate) fn pickle_globals(
     Ok((format, found))
 }
 
-/// What the security scan saw in a container: how many pickles it ran, and every global
-/// they reference (first-seen order, no repeats).
+/// What the security scan saw in a container: how many pickles it ran, every global they
+/// reference (first-seen order, no repeats), and why any pickle stopped before its end (its
+/// globals up to there are listed; the rest of it was not seen).
 #[derive(Default)]
 pub(crate) struct PickleGlobals {
     pub(crate) count: usize,
     pub(crate) globals: Vec<(String, String)>,
+    pub(crate) problems: Vec<String>,
 }
 
 /// A list of globals without repeats, in first-seen order (a set beside it keeps merging

@@ -80,7 +80,15 @@ fn inside(shard: &str) -> bool {
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+/// Read the index at `path`; `on_disk`: the bytes are that file, so its shards are looked
+/// for in its folder. An index read from memory has no folder, and is refused rather than
+/// resolved against the working directory.
+pub(crate) fn read(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+    on_disk: bool,
+) -> Result<Checkpoint> {
     let bytes = file.as_slice();
     let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let index: Index = serde_json::from_slice(bytes).map_err(|e| {
@@ -134,6 +142,13 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         shards[i].1.push(name);
     }
 
+    if !on_disk && !shards.is_empty() {
+        return Err(Error::corrupt(
+            path,
+            "is a sharded index read from memory: its shards are files beside the index, \
+             so open the index by its path instead",
+        ));
+    }
     let dir = path.parent().unwrap_or(Path::new(""));
     let mut found = Found::default();
     if let Some(meta) = &index.metadata {
@@ -158,7 +173,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
                 "is itself a sharded index; shards must hold tensors",
             )));
         }
-        let ck = super::read(&shard_path, &shard_file, limits).map_err(shard_err)?;
+        let ck = super::read(&shard_path, &shard_file, limits, None).map_err(shard_err)?;
         all_big &= ck.order == ByteOrder::Big;
         let base = storages.len();
         for name in names {
@@ -232,6 +247,19 @@ fn json_values(name: &str, v: &Json, out: &mut Vec<(String, Value)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_index_in_memory_never_reads_the_disk() {
+        // The shard exists relative to the working directory of `cargo test` (the crate
+        // folder): it must not be opened all the same.
+        let index = br#"{"weight_map": {"a": "Cargo.toml"}}"#.to_vec();
+        let err = crate::open_bytes("index.json", index, &Limits::default()).unwrap_err();
+        assert!(err.to_string().contains("read from memory"), "{err}");
+        let empty = br#"{"metadata": {"total_size": 0}, "weight_map": {}}"#.to_vec();
+        let ck = crate::open_bytes("index.json", empty, &Limits::default()).unwrap();
+        assert!(ck.tensors().is_empty());
+        assert_eq!(ck.values().len(), 1);
+    }
 
     #[test]
     fn shard_paths() {

@@ -67,20 +67,42 @@ fn run_pickles(
 }
 
 /// Every global the stream's five pickles reference, in first-seen order, and how many
-/// pickles were read (the security scan's view; nothing is interpreted).
+/// pickles were read (the security scan's view; nothing is interpreted). A pickle that fails
+/// partway ends the scan (the next one's start is unknown), noted as a problem, with the
+/// globals it referenced up to the failure.
 pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
 ) -> Result<super::PickleGlobals> {
-    let (pickles, _) = run_pickles(path, file.as_slice(), limits, 0, &PICKLES)?;
+    let bytes = file.as_slice();
     let mut globals = super::GlobalList::default();
-    for p in &pickles {
-        globals.extend(p.globals());
+    let mut problems = Vec::new();
+    let mut count = 0;
+    let mut pos = 0;
+    for what in PICKLES {
+        let rest = bytes.get(pos..).unwrap_or_default();
+        let (found, ended) = torchport_pickle::scan_globals(rest, &limits.pickle);
+        globals.extend(&found);
+        count += 1;
+        match ended {
+            Ok(used) => pos += used,
+            Err(mut source) => {
+                source.offset += pos as u64;
+                let e = Error::Pickle {
+                    path: path.to_path_buf(),
+                    record: format!("the {what} pickle"),
+                    source,
+                };
+                problems.push(e.to_string());
+                break;
+            }
+        }
     }
     Ok(super::PickleGlobals {
-        count: pickles.len(),
+        count,
         globals: globals.into_vec(),
+        problems,
     })
 }
 

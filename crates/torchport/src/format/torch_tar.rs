@@ -62,11 +62,44 @@ pub(crate) fn pickle_globals(
     file: &FileBytes,
     limits: &Limits,
 ) -> Result<super::PickleGlobals> {
-    let parsed = parse(path, file, limits)?;
-    Ok(super::PickleGlobals {
-        count: parsed.pickles,
-        globals: parsed.globals,
-    })
+    match parse(path, file, limits) {
+        Ok(parsed) => Ok(super::PickleGlobals {
+            count: parsed.pickles,
+            globals: parsed.globals,
+            problems: Vec::new(),
+        }),
+        Err(error) => {
+            // Corrupt past the tar directory: the problem is noted, and the `pickle` member
+            // (the saved object, where any code would be referenced) is scanned on its own.
+            let bytes = file.as_slice();
+            let mut problems = vec![error.to_string()];
+            let main = members(path, bytes)?.get("pickle").cloned();
+            let Some((start, main)) = main.and_then(|r| Some((r.start, bytes.get(r)?))) else {
+                return Ok(super::PickleGlobals {
+                    problems,
+                    ..Default::default()
+                });
+            };
+            let (globals, ended) = torchport_pickle::scan_globals(main, &limits.pickle);
+            if let Err(mut source) = ended {
+                source.offset += start as u64;
+                let e = Error::Pickle {
+                    path: path.to_path_buf(),
+                    record: "tar member pickle".into(),
+                    source,
+                }
+                .to_string();
+                if !problems.contains(&e) {
+                    problems.push(e);
+                }
+            }
+            Ok(super::PickleGlobals {
+                count: 1,
+                globals,
+                problems,
+            })
+        }
+    }
 }
 
 fn parse(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parsed> {

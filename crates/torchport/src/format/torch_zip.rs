@@ -266,7 +266,9 @@ pub(crate) fn parse_record(
 
 /// Every global referenced by every pickle record (`*.pkl`) of a zip archive, whatever kind
 /// of zip it is, in first-seen order; and how many pickles were read. Nothing is
-/// interpreted: this is the security scan's view of the archive.
+/// interpreted: this is the security scan's view of the archive. A record that cannot be
+/// read, or a pickle that fails partway, is noted as a problem (with the globals seen up to
+/// the failure) and the scan goes on with the next record.
 pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
@@ -274,23 +276,46 @@ pub(crate) fn pickle_globals(
 ) -> Result<super::PickleGlobals> {
     let mut ar = Archive::new(path, file, limits)?;
     let mut globals = super::GlobalList::default();
+    let mut problems = Vec::new();
     let mut count = 0;
     for record in ar.names().into_iter().filter(|n| n.ends_with(".pkl")) {
-        let bytes = ar.record(&record)?;
-        let pickle = torchport_pickle::parse(bytes.bytes(), &limits.pickle).map_err(|source| {
-            Error::Pickle {
+        let bytes = match ar.record(&record) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        let (found, ended) = torchport_pickle::scan_globals(bytes.bytes(), &limits.pickle);
+        globals.extend(&found);
+        count += 1;
+        let ended = ended.and_then(|used| trailing_check(used, bytes.bytes().len()));
+        if let Err(source) = ended {
+            let e = Error::Pickle {
                 path: path.to_path_buf(),
                 record: record.clone(),
                 source,
-            }
-        })?;
-        globals.extend(pickle.globals());
-        count += 1;
+            };
+            problems.push(e.to_string());
+        }
     }
     Ok(super::PickleGlobals {
         count,
         globals: globals.into_vec(),
+        problems,
     })
+}
+
+/// A whole-record pickle must end at its record's end (as [`torchport_pickle::parse`] checks).
+fn trailing_check(used: usize, len: usize) -> std::result::Result<(), torchport_pickle::Error> {
+    match len.saturating_sub(used) {
+        0 => Ok(()),
+        extra => Err(torchport_pickle::Error {
+            offset: used as u64,
+            opcode: None,
+            kind: torchport_pickle::ErrorKind::TrailingBytes(extra),
+        }),
+    }
 }
 
 /// Resolves `('storage', type, key, location, numel)` persistent ids to the records

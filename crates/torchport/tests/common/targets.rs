@@ -8,8 +8,11 @@
 //! pickle arena is internally consistent (ids in range).
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
 use torchport::pickle::{NodeId, Pickle, Value};
-use torchport::{Checkpoint, Limits};
+use torchport::{Checkpoint, Format, Limits};
 
 /// Run `data` the way fuzz target `target` does; true when a checkpoint (or pickle) came
 /// out. Targets without an entry here reach their format through content detection.
@@ -19,8 +22,141 @@ pub fn run(target: &str, data: &[u8]) -> bool {
         "torch_zip" => exercise(as_zip(data)),
         "torch_legacy" => exercise(as_legacy(data)),
         "torch_tar" => exercise(as_tar(data)),
+        "torchscript" => exercise_as(data.to_vec(), Format::TorchScript),
+        "pt2" => exercise_as(data.to_vec(), Format::Pt2),
+        "safetensors" => exercise_as(as_safetensors(data), Format::Safetensors),
+        "npy" => exercise_as(force(data, 0, b"\x93NUMPY"), Format::Npy),
+        "npz" => exercise_as(data.to_vec(), Format::Npz),
+        "onnx" => exercise_as(data.to_vec(), Format::Onnx),
+        "sharded" => sharded(data),
+        "rules" => rules(data),
         _ => exercise(data.to_vec()),
     }
+}
+
+/// Input for the safetensors reader: the 8-byte header length made to fit the input (a
+/// real file maps to itself), so the fuzzer spends its time in the JSON header and the data.
+pub fn as_safetensors(data: &[u8]) -> Vec<u8> {
+    let mut v = data.to_vec();
+    if v.len() < 8 {
+        v.resize(8, 0);
+    }
+    let room = (v.len() - 8) as u64;
+    let declared = u64::from_le_bytes(v[..8].try_into().unwrap());
+    let fitted = declared % (room + 1);
+    v[..8].copy_from_slice(&fitted.to_le_bytes());
+    v
+}
+
+/// Read the bytes as `format` (no detection), read everything, then scan them.
+pub fn exercise_as(bytes: Vec<u8>, format: Format) -> bool {
+    let limits = Limits::default();
+    let opened = match torchport::open_bytes_as("fuzz-input", bytes.clone(), format, &limits) {
+        Ok(c) => {
+            read_all(&c);
+            true
+        }
+        Err(e) => {
+            assert!(!e.to_string().contains('\n'), "one line: {e}");
+            false
+        }
+    };
+    exercise(bytes);
+    opened
+}
+
+/// The committed shards of both sharded fixtures (safetensors and .bin), by file name.
+const SHARDS: [(&str, &[u8]); 4] = [
+    (
+        "model-00001-of-00002.safetensors",
+        include_bytes!(
+            "../../../../tests/fixtures/formats/sharded_st/model-00001-of-00002.safetensors"
+        ),
+    ),
+    (
+        "model-00002-of-00002.safetensors",
+        include_bytes!(
+            "../../../../tests/fixtures/formats/sharded_st/model-00002-of-00002.safetensors"
+        ),
+    ),
+    (
+        "pytorch_model-00001-of-00002.bin",
+        include_bytes!(
+            "../../../../tests/fixtures/formats/sharded_bin/pytorch_model-00001-of-00002.bin"
+        ),
+    ),
+    (
+        "pytorch_model-00002-of-00002.bin",
+        include_bytes!(
+            "../../../../tests/fixtures/formats/sharded_bin/pytorch_model-00002-of-00002.bin"
+        ),
+    ),
+];
+
+/// A temporary folder holding [`SHARDS`], made once per process; the fuzzed index is
+/// written beside them.
+fn shard_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("torchport-fuzz-shards-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in SHARDS {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        dir
+    })
+}
+
+/// The input as a sharded index (`*.index.json`) beside real shards, opened by path.
+pub fn sharded(data: &[u8]) -> bool {
+    let path = shard_dir().join("fuzz.index.json");
+    std::fs::write(&path, data).unwrap();
+    match torchport::open(&path) {
+        Ok(c) => {
+            read_all(&c);
+            true
+        }
+        Err(e) => {
+            assert!(!e.to_string().contains('\n'), "one line: {e}");
+            false
+        }
+    }
+}
+
+/// The input as a rules file (TOML): parsed, then applied to a committed LSTM+Linear
+/// checkpoint (with its module classes, so presets decide as they would for a real model)
+/// and every output tensor read.
+pub fn rules(data: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    let rules = match torchport::remap::RuleSet::from_toml_str("fuzz.toml", text) {
+        Ok(r) => r,
+        Err(e) => {
+            assert!(!e.to_string().contains('\n'), "one line: {e}");
+            return false;
+        }
+    };
+    static MODEL: OnceLock<Checkpoint> = OnceLock::new();
+    let model = MODEL.get_or_init(|| {
+        let bytes = include_bytes!("../../../../tests/fixtures/remap/lstm_linear.pt");
+        torchport::open_bytes("lstm_linear.pt", bytes.to_vec(), &Limits::default()).unwrap()
+    });
+    let ctx = torchport::remap::Context {
+        modules: model.modules(),
+        target: None,
+    };
+    let Ok((outs, plan)) = torchport::remap::apply_with(&rules, model.out_tensors(), &ctx) else {
+        return false;
+    };
+    let _ = plan.is_identity();
+    for t in &outs {
+        if let Ok(data) = t.data() {
+            assert_eq!(data.len(), t.nbytes(), "output {} data length", t.name);
+        }
+    }
+    true
 }
 
 /// The legacy stream's leading bytes: PROTO 2, LONG1 10, the magic number.
