@@ -6,15 +6,11 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The file could not be read.
-    #[error("{path}: cannot read the file: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not a `.pt2` archive holding a serialized program.
+    /// torchport could not read the file (its message names the file and the record or
+    /// tensor): unreadable, not a format it knows, or a damaged archive.
+    #[error(transparent)]
+    Read(torchport::Error),
+    /// The file is not a `.pt2` archive holding one serialized program.
     #[error("{path}: {what}")]
     Archive {
         /// The file.

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Inputs and outputs are `candle_core::Tensor`s (see [`Program::run`] for the dtype rules).
-//! Layers: [`schema`] (the serialized program as serde types: the graph IR), [`ops`] (the op
+//! Layers: [`archive`] (the `.pt2` read by torchport: program JSON, weights, constants),
+//! [`schema`] (the serialized program as serde types: the graph IR), [`ops`] (the op
 //! registry, one file per op family), [`Program`] (weights + interpreter). Before running,
 //! every node is checked and the complete list of unsupported operators is reported.
 

@@ -5,7 +5,6 @@ use std::path::Path;
 
 use candle_core::{DType, Tensor};
 
-use crate::archive::Archive;
 use crate::dtype::{self, ScalarType};
 use crate::error::{Error, Result};
 use crate::ops::{op_key, OpFn, Registry};
@@ -60,10 +59,7 @@ pub struct Program {
 impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
-        let mut ar = Archive::open(path.as_ref())?;
-        let ep = ar.program()?;
-        let mut payloads = crate::archive::read_weights(path.as_ref())?;
-        payloads.extend(ar.read_constants()?);
+        let (ep, payloads) = crate::archive::read(path.as_ref())?;
         Program::from_parts(ep, payloads)
     }
 

@@ -420,29 +420,6 @@ pub enum OutputSpec {
     },
 }
 
-/// `PayloadConfig` (`data/weights/model_weights_config.json`, `data/constants/…`): FQN → payload.
-#[derive(Debug, Clone, Deserialize)]
-pub struct PayloadConfig {
-    /// Payloads by state_dict FQN (or constant name).
-    pub config: BTreeMap<String, PayloadMeta>,
-}
-
-/// Where one weight's bytes are and what they are.
-#[derive(Debug, Clone, Deserialize)]
-pub struct PayloadMeta {
-    /// File name under `data/weights/` or `data/constants/`.
-    pub path_name: String,
-    /// Parameter (true) or buffer/constant.
-    #[serde(default)]
-    pub is_param: bool,
-    /// Pickled payload (custom objects, tensor subclasses): not read by the runtime.
-    #[serde(default)]
-    pub use_pickle: bool,
-    /// dtype, sizes, strides of the tensor.
-    #[serde(default)]
-    pub tensor_meta: Option<TensorMeta>,
-}
-
 /// Parse `models/<name>.json`, checking the schema version first so that a program from an
 /// unknown major version is refused by name rather than with a field error.
 pub fn parse_program(json: &[u8]) -> Result<ExportedProgram, String> {

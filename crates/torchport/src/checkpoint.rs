@@ -24,6 +24,12 @@ pub struct Checkpoint {
     pub(crate) globals: Vec<(String, String)>,
     pub(crate) modules: Vec<(String, String)>,
     pub(crate) graph_ops: Vec<(String, usize)>,
+    /// Tensor constants of a program (`.pt2`); they view `storages` like tensors do.
+    pub(crate) constants: Vec<TensorInfo>,
+    /// How many storages, at the end of `storages`, only constants view.
+    pub(crate) constant_storages: usize,
+    /// Serialized programs of a `.pt2`: (record name, JSON bytes).
+    pub(crate) programs: Vec<(String, Storage)>,
     pub(crate) storages: Vec<Storage>,
     pub(crate) index: HashMap<String, usize>,
     /// `Limits::max_expanded_bytes` of the open that made this checkpoint.
@@ -114,6 +120,9 @@ impl Checkpoint {
             globals,
             modules: found.modules,
             graph_ops: Vec::new(),
+            constants: Vec::new(),
+            constant_storages: 0,
+            programs: Vec::new(),
             storages,
             index,
             max_expanded_bytes: Limits::default().max_expanded_bytes,
@@ -171,9 +180,29 @@ impl Checkpoint {
         &self.graph_ops
     }
 
-    /// Number of distinct storages behind the tensors.
+    /// For a program (`.pt2`): its tensor constants — lifted tensor constants
+    /// (`lifted_tensor_0`) and non-persistent buffers — named by their FQNs, in the file's
+    /// order. They are not in the program's `state_dict`, so [`Checkpoint::tensors`] does not
+    /// list them (they are listed among [`Checkpoint::values`] too). Their data is read with
+    /// [`Checkpoint::data`], from views checked against their records like tensors'. Script
+    /// objects are not tensors and are only values. Empty for files that hold no program.
+    pub fn constants(&self) -> &[TensorInfo] {
+        &self.constants
+    }
+
+    /// For a program (`.pt2`): each serialized program as (record name, JSON bytes), e.g.
+    /// (`model/models/model.json`, …), or `serialized_exported_program.json` for the torch ≤
+    /// 2.7 layout. The bytes are the record as stored, for a runtime to parse with the full
+    /// schema (torchport itself reads only the graph's op targets). Empty for files that
+    /// hold no program.
+    pub fn programs(&self) -> impl ExactSizeIterator<Item = (&str, &[u8])> {
+        self.programs.iter().map(|(r, s)| (r.as_str(), s.bytes()))
+    }
+
+    /// Number of distinct storages behind the tensors (those behind constants only are not
+    /// counted).
     pub fn storage_count(&self) -> usize {
-        self.storages.len()
+        self.storages.len().saturating_sub(self.constant_storages)
     }
 
     /// The index of the storage a tensor views, if it has data (tensors that share an index

@@ -114,6 +114,8 @@ pub fn register(r: &mut Registry) {
         "aten.alias.default",
         "aten.contiguous.default",
         "aten.detach.default",
+        // In place, on the fresh copy of a lifted constant: no autograd here, so self.
+        "aten.detach_.default",
         "aten.lift_fresh_copy.default",
         "aten.dropout.default",
         "aten.native_dropout.default",

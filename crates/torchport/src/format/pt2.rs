@@ -11,10 +11,11 @@
 //!   `serialized_state_dict.pt` and `serialized_constants.pt` (`torch.save` archives).
 //!
 //! Tensors are the program's `state_dict` (parameters and persistent buffers) named by their
-//! FQNs in the file's order; constants (lifted tensors, non-persistent buffers, script
-//! objects) are listed among the values. The graph is summarized as op target → count over
-//! the top-level nodes. Pickled script objects (`custom_obj_*`, `opaque_obj_*`) and sample
-//! inputs are never read.
+//! FQNs in the file's order. Tensor constants (lifted tensors, non-persistent buffers) are
+//! read the same way into `Checkpoint::constants`; they and script objects are also listed
+//! among the values. The program JSON records are kept for `Checkpoint::programs`; the graph
+//! is summarized as op target → count over the top-level nodes. Pickled script objects
+//! (`custom_obj_*`, `opaque_obj_*`) and sample inputs are never read.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -57,10 +58,11 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         ar,
         limits,
         order: None,
-        found: Found::default(),
+        weights: Group::default(),
+        constants: Group::default(),
+        values: Vec::new(),
         globals: Vec::new(),
-        storages: Vec::new(),
-        by_record: HashMap::new(),
+        programs: Vec::new(),
         ops: Vec::new(),
         op_index: HashMap::new(),
     };
@@ -75,9 +77,55 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         }
     }
     let order = b.order.unwrap_or(ByteOrder::Little);
-    let mut ckpt = Checkpoint::new(path, Format::Pt2, order, b.found, b.globals, b.storages);
+    // Constants view storages placed after the tensors' ones.
+    let mut storages = b.weights.storages;
+    let base = storages.len();
+    let constant_storages = b.constants.storages.len();
+    storages.extend(b.constants.storages);
+    let mut constants = b.constants.tensors;
+    for t in &mut constants {
+        if let TensorData::Strided { storage } = &mut t.data {
+            *storage += base;
+        }
+    }
+    let found = Found {
+        tensors: b.weights.tensors,
+        values: b.values,
+        modules: Vec::new(),
+    };
+    let mut ckpt = Checkpoint::new(path, Format::Pt2, order, found, b.globals, storages);
     ckpt.graph_ops = b.ops;
+    ckpt.constants = constants;
+    ckpt.constant_storages = constant_storages;
+    ckpt.programs = b.programs;
     Ok(ckpt)
+}
+
+/// Which list a tensor of the archive goes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A `state_dict` entry (parameter or persistent buffer): `Checkpoint::tensors`.
+    Weight,
+    /// A tensor constant: `Checkpoint::constants`.
+    Constant,
+}
+
+impl Kind {
+    fn word(self) -> &'static str {
+        match self {
+            Kind::Weight => "weight",
+            Kind::Constant => "constant",
+        }
+    }
+}
+
+/// The tensors of one kind and the storages they view.
+#[derive(Default)]
+struct Group {
+    tensors: Vec<TensorInfo>,
+    storages: Vec<Storage>,
+    /// Raw payload record → storage index (aliasing tensors share one record).
+    by_record: HashMap<String, usize>,
 }
 
 struct Builder<'a> {
@@ -85,11 +133,11 @@ struct Builder<'a> {
     ar: Archive<'a>,
     limits: &'a Limits,
     order: Option<ByteOrder>,
-    found: Found,
+    weights: Group,
+    constants: Group,
+    values: Vec<(String, Value)>,
     globals: Vec<(String, String)>,
-    storages: Vec<Storage>,
-    /// Raw payload record → storage index (aliasing tensors share one record).
-    by_record: HashMap<String, usize>,
+    programs: Vec<(String, Storage)>,
     ops: Vec<(String, usize)>,
     op_index: HashMap<String, usize>,
 }
@@ -131,33 +179,36 @@ impl Builder<'_> {
             } else {
                 format!("{model}.")
             };
-            let program: Program = self.json(&format!("{root}models/{model}.json"), "program")?;
-            self.count_ops(&program);
+            self.program(&format!("{root}models/{model}.json"))?;
             let legacy = format!("{root}data/weights/{model}.pt");
             if self.ar.has(&legacy) {
-                self.nested_state_dict(&legacy, &prefix, false)?;
+                self.nested_state_dict(&legacy, &prefix, Kind::Weight)?;
             } else {
                 let record = format!("{root}data/weights/{model}_weights_config.json");
                 let config: PayloadConfig = self.json(&record, "weights config")?;
+                let dir = format!("{root}data/weights/");
                 for (fqn, meta) in &config.config.0 {
-                    let dir = format!("{root}data/weights/");
-                    self.weight(&dir, &format!("{prefix}{fqn}"), meta)?;
+                    self.payload(Kind::Weight, &dir, &format!("{prefix}{fqn}"), meta)?;
                 }
             }
             let legacy = format!("{root}data/constants/{model}.pt");
             let record = format!("{root}data/constants/{model}_constants_config.json");
             if self.ar.has(&legacy) {
-                self.nested_state_dict(&legacy, &prefix, true)?;
+                self.nested_state_dict(&legacy, &prefix, Kind::Constant)?;
             } else if self.ar.has(&record) {
                 let config: PayloadConfig = self.json(&record, "constants config")?;
-                for (fqn, meta) in config.config.0 {
+                let dir = format!("{root}data/constants/");
+                for (fqn, meta) in &config.config.0 {
+                    let fqn = format!("{prefix}{fqn}");
                     let class = match (&meta.tensor_meta, meta.path_name.as_str()) {
                         (Some(_), _) => "torch.Tensor",
                         (None, p) if p.starts_with("custom_obj_") => "torch.ScriptObject",
                         (None, _) => "pickled object",
                     };
-                    let v = Value::Object(class.into());
-                    self.found.values.push((format!("{prefix}{fqn}"), v));
+                    if meta.tensor_meta.is_some() {
+                        self.payload(Kind::Constant, &dir, &fqn, meta)?;
+                    }
+                    self.values.push((fqn, Value::Object(class.into())));
                 }
             }
         }
@@ -166,8 +217,7 @@ impl Builder<'_> {
 
     /// The torch ≤ 2.7 layout: top-level records, weights as one `torch.save` state dict.
     fn v0(&mut self) -> Result<()> {
-        let program: Program = self.json(V0_PROGRAM, "program")?;
-        self.count_ops(&program);
+        self.program(V0_PROGRAM)?;
         if !self.ar.has("serialized_state_dict.pt") && self.ar.has("serialized_state_dict.json") {
             return Err(Error::UnsupportedFormat {
                 path: self.path.to_path_buf(),
@@ -175,9 +225,9 @@ impl Builder<'_> {
                     .into(),
             });
         }
-        self.nested_state_dict("serialized_state_dict.pt", "", false)?;
+        self.nested_state_dict("serialized_state_dict.pt", "", Kind::Weight)?;
         if self.ar.has("serialized_constants.pt") {
-            self.nested_state_dict("serialized_constants.pt", "", true)?;
+            self.nested_state_dict("serialized_constants.pt", "", Kind::Constant)?;
         }
         Ok(())
     }
@@ -185,12 +235,25 @@ impl Builder<'_> {
     /// Parse a JSON record into `T`; `what` names it in errors.
     fn json<T: DeserializeOwned>(&mut self, record: &str, what: &str) -> Result<T> {
         let bytes = self.ar.record(record)?;
+        self.parse(record, &bytes, what)
+    }
+
+    fn parse<T: DeserializeOwned>(&self, record: &str, bytes: &Storage, what: &str) -> Result<T> {
         serde_json::from_slice(bytes.bytes()).map_err(|e| {
             Error::corrupt(
                 self.path,
                 format!("record {record} is not a valid {what}: {e}"),
             )
         })
+    }
+
+    /// Read a program record: count its ops and keep its bytes.
+    fn program(&mut self, record: &str) -> Result<()> {
+        let bytes = self.ar.record(record)?;
+        let program: Program = self.parse(record, &bytes, "program")?;
+        self.count_ops(&program);
+        self.programs.push((record.to_string(), bytes));
+        Ok(())
     }
 
     fn count_ops(&mut self, program: &Program) {
@@ -219,28 +282,35 @@ impl Builder<'_> {
         }
     }
 
+    fn group(&mut self, kind: Kind) -> &mut Group {
+        match kind {
+            Kind::Weight => &mut self.weights,
+            Kind::Constant => &mut self.constants,
+        }
+    }
+
     /// Read a `torch.save` archive held in `record`: its tensors become state-dict entries
-    /// under `prefix` (or, for constants, values).
-    fn nested_state_dict(&mut self, record: &str, prefix: &str, constants: bool) -> Result<()> {
+    /// or constants under `prefix` (constants are listed among the values too; other values
+    /// of a constants archive are not kept).
+    fn nested_state_dict(&mut self, record: &str, prefix: &str, kind: Kind) -> Result<()> {
         let parts = self.nested(record)?;
         self.agree(parts.order, record)?;
-        let base = self.storages.len();
+        let base = self.group(kind).storages.len();
         for mut t in parts.found.tensors {
             t.name = format!("{prefix}{}", t.name);
-            if constants {
+            if kind == Kind::Constant {
                 let v = Value::Object("torch.Tensor".into());
-                self.found.values.push((t.name, v));
-                continue;
+                self.values.push((t.name.clone(), v));
             }
             if let TensorData::Strided { storage } = &mut t.data {
                 *storage += base;
             }
-            self.push(t)?;
+            self.push(kind, t)?;
         }
-        if !constants {
-            self.storages.extend(parts.storages);
+        self.group(kind).storages.extend(parts.storages);
+        if kind == Kind::Weight {
             for (name, v) in parts.found.values {
-                self.found.values.push((format!("{prefix}{name}"), v));
+                self.values.push((format!("{prefix}{name}"), v));
             }
         }
         Ok(())
@@ -264,8 +334,9 @@ impl Builder<'_> {
         Ok(parts)
     }
 
-    fn push(&mut self, t: TensorInfo) -> Result<()> {
-        if self.found.tensors.len() >= self.limits.max_tensors {
+    /// Add a tensor or constant (both count against `max_tensors`).
+    fn push(&mut self, kind: Kind, t: TensorInfo) -> Result<()> {
+        if self.weights.tensors.len() + self.constants.tensors.len() >= self.limits.max_tensors {
             return Err(Error::Limit {
                 path: self.path.to_path_buf(),
                 what: "the number of tensors".into(),
@@ -273,14 +344,16 @@ impl Builder<'_> {
                 field: "max_tensors",
             });
         }
-        self.found.tensors.push(t);
+        self.group(kind).tensors.push(t);
         Ok(())
     }
 
-    /// One entry of a weights config: a view into a raw payload record, or a pickled tensor.
-    fn weight(&mut self, dir: &str, fqn: &str, meta: &PayloadMeta) -> Result<()> {
+    /// One tensor entry of a weights or constants config: a view into a raw payload record,
+    /// or a pickled tensor.
+    fn payload(&mut self, kind: Kind, dir: &str, fqn: &str, meta: &PayloadMeta) -> Result<()> {
         let record = format!("{dir}{}", meta.path_name);
-        let bad = |what: String| Error::tensor(self.path, fqn, what);
+        let path = self.path;
+        let bad = |what: String| Error::tensor(path, fqn, what);
         if meta.use_pickle {
             let mut parts = self.nested(&record)?;
             self.agree(parts.order, &record)?;
@@ -291,11 +364,12 @@ impl Builder<'_> {
             }
             let mut t = parts.found.tensors.remove(0);
             t.name = fqn.to_string();
+            let group = self.group(kind);
             if let TensorData::Strided { storage } = &mut t.data {
-                *storage += self.storages.len();
+                *storage += group.storages.len();
             }
-            self.storages.extend(parts.storages);
-            return self.push(t);
+            group.storages.extend(parts.storages);
+            return self.push(kind, t);
         }
         let tm = meta
             .tensor_meta
@@ -339,32 +413,34 @@ impl Builder<'_> {
             t.data = TensorData::Unsupported {
                 what: format!("a {} tensor", layout_name(tm.layout)),
             };
-            return self.push(t);
+            return self.push(kind, t);
         }
-        let index = match self.by_record.get(&record) {
+        let index = match self.group(kind).by_record.get(&record) {
             Some(&i) => i,
             None => {
                 let storage = self.ar.record(&record).map_err(|e| match e {
                     Error::MissingRecord { .. } => bad(format!(
-                        "its weight record {record} is missing from the archive"
+                        "its {} record {record} is missing from the archive",
+                        kind.word()
                     )),
                     other => other,
                 })?;
-                let i = self.storages.len();
-                self.storages.push(storage);
-                self.by_record.insert(record.clone(), i);
+                let group = self.group(kind);
+                let i = group.storages.len();
+                group.storages.push(storage);
+                group.by_record.insert(record.clone(), i);
                 i
             }
         };
-        let len = self.storages.get(index).map_or(0, Storage::len);
+        let len = self.group(kind).storages.get(index).map_or(0, Storage::len);
         if len == 0 && t.shape.iter().all(|&d| d > 0) {
             // torch writes no bytes for fake tensors (and loads zeros): no data was saved.
             check_view(dtype, &t.shape, &t.strides, offset, usize::MAX).map_err(bad)?;
-            return self.push(t);
+            return self.push(kind, t);
         }
         check_view(dtype, &t.shape, &t.strides, offset, len)
             .map_err(|what| bad(format!("{what} (record {record}, as its config declares)")))?;
         t.data = TensorData::Strided { storage: index };
-        self.push(t)
+        self.push(kind, t)
     }
 }
