@@ -220,8 +220,8 @@ impl Error {
     }
 
     /// The message without its leading `file: `, for nesting inside another message about
-    /// the same file.
-    pub(crate) fn detail(&self) -> String {
+    /// the same file (or in an error type that names the file itself).
+    pub fn detail(&self) -> String {
         let full = self.to_string();
         let path = match self {
             Error::Io { path, .. }
@@ -234,7 +234,10 @@ impl Error {
             | Error::Tensor { path, .. }
             | Error::Unsupported { path, .. }
             | Error::Limit { path, .. }
-            | Error::NoSuchTensor { path, .. } => path,
+            | Error::NoSuchTensor { path, .. }
+            | Error::WriteIo { path, .. }
+            | Error::Write { path, .. }
+            | Error::Select { path, .. } => path,
             _ => return full,
         };
         let prefix = format!("{}: ", path.display());

@@ -4,67 +4,29 @@
 //! strides, byte order, metadata values, and every tensor byte for byte; plus zero-copy
 //! checks (mapped storages, borrowed data).
 
+mod common;
+
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
+use common::fixtures::{check_tensors, check_values, expected_files, fixture_dir, Expected};
 use serde_json::Value as Json;
-use torchport::{ByteOrder, Format, Value};
+use torchport::{ByteOrder, Format};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/formats")
-}
-
-/// Every `*.expected.json` under `dir`, sorted.
-fn expected_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).expect("fixture directory") {
-        let p = e.expect("entry").path();
-        if p.is_dir() {
-            out.extend(expected_files(&p));
-        } else if p.to_string_lossy().ends_with(".expected.json") {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
-}
-
-fn value_matches(ours: &Value, want: &Json) -> bool {
-    match (ours, want) {
-        (Value::Int(a), Json::Number(n)) => n.as_i64() == Some(*a),
-        (Value::Str(a), Json::String(b)) => a == b,
-        _ => false,
-    }
+    fixture_dir("formats")
 }
 
 /// Check one fixture; returns (format, tensors checked).
 fn check_fixture(json_path: &Path) -> (Format, usize) {
-    let name = json_path.file_name().unwrap().to_string_lossy();
-    let stem = name.trim_end_matches(".expected.json");
-    let file = json_path.with_file_name(stem);
-    let bin = std::fs::read(json_path.with_file_name(format!("{stem}.expected.bin"))).unwrap();
-    let want: Json = serde_json::from_slice(&std::fs::read(json_path).unwrap()).unwrap();
-    let ckpt = torchport::open(&file).unwrap_or_else(|e| panic!("{e}"));
-    let ctx = file.display().to_string();
-
-    assert_eq!(ckpt.format().name(), want["format"], "{ctx}: format");
-    let want_tensors = want["tensors"].as_array().unwrap();
-    let names: Vec<&str> = ckpt.tensors().iter().map(|t| t.name.as_str()).collect();
-    let want_names: Vec<&str> = want_tensors
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, want_names, "{ctx}: tensor names in order");
+    let exp = Expected::from_json(json_path);
+    let ckpt = exp.open();
+    let ctx = exp.ctx();
     // Deflated npz records are decompressed; everything else stays in the memory map.
+    let name = json_path.file_name().unwrap().to_string_lossy();
     let mapped = !name.starts_with("compressed.npz");
-
-    for (t, w) in ckpt.tensors().iter().zip(want_tensors) {
-        let tctx = format!("{ctx}: {}", t.name);
-        assert_eq!(t.dtype.name(), w["dtype"], "{tctx}: dtype");
-        let shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
-        assert_eq!(t.shape, shape, "{tctx}: shape");
-        let stride: Vec<usize> = serde_json::from_value(w["stride"].clone()).unwrap();
-        assert_eq!(t.strides, stride, "{tctx}: strides");
+    let checked = check_tensors(&ckpt, &exp, &ctx, |t, w, data, tctx| {
+        assert!(w.get("stride").is_some(), "{tctx}: the peer gives strides");
         let storage = ckpt
             .storage(t)
             .unwrap_or_else(|| panic!("{tctx}: no storage"));
@@ -78,40 +40,15 @@ fn check_fixture(json_path: &Path) -> (Format, usize) {
                 assert_eq!(ours, order, "{tctx}: byte order");
             }
         }
-        let off = w["offset"].as_u64().unwrap() as usize;
-        let n = w["nbytes"].as_u64().unwrap() as usize;
-        let data = ckpt.data(t).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(data.len(), n, "{tctx}: byte count");
-        assert!(
-            data[..] == bin[off..off + n],
-            "{tctx}: bytes differ from the peer library's"
-        );
         let swapped = storage.byte_order() == ByteOrder::Big && t.dtype.size() > 1;
         if t.is_contiguous() && !swapped {
             assert!(matches!(data, Cow::Borrowed(_)), "{tctx}: expected no copy");
-        } else if n > 0 {
+        } else if !data.is_empty() {
             assert!(matches!(data, Cow::Owned(_)), "{tctx}: gathered or swapped");
         }
-    }
-    let want_values = want["values"].as_object().unwrap();
-    assert_eq!(
-        ckpt.values().len(),
-        want_values.len(),
-        "{ctx}: values {:?}",
-        ckpt.values()
-    );
-    for (k, w) in want_values {
-        let (_, v) = ckpt
-            .values()
-            .iter()
-            .find(|(n, _)| n == k)
-            .unwrap_or_else(|| panic!("{ctx}: value {k} missing; have {:?}", ckpt.values()));
-        assert!(
-            value_matches(v, w),
-            "{ctx}: value {k}: ours {v:?}, peer {w}"
-        );
-    }
-    (ckpt.format(), want_tensors.len())
+    });
+    check_values(&ckpt, &exp, &ctx, true);
+    (ckpt.format(), checked)
 }
 
 #[test]

@@ -4,45 +4,14 @@
 //! thousands of byte mutations either fail cleanly or read back exactly what the intact
 //! file holds — never a panic, never wrong numbers.
 
-use std::path::{Path, PathBuf};
-use std::time::Instant;
+mod common;
 
-use torchport::{Checkpoint, Limits};
-
-fn dir(sub: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(sub)
-}
-
-/// Open `bytes` as the file `label`. A sharded index is opened by path, written into a
-/// temporary copy of its folder (read from memory it would have no folder to find its shards
-/// in); anything else is read from memory.
-fn open_as(label: &Path, bytes: Vec<u8>) -> torchport::Result<Checkpoint> {
-    if !label.to_string_lossy().ends_with(".index.json") {
-        return torchport::open_bytes(&label.to_string_lossy(), bytes, &Limits::default());
-    }
-    fn copy_dir(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap() {
-            let p = e.unwrap().path();
-            let dest = to.join(p.file_name().unwrap());
-            if p.is_dir() {
-                copy_dir(&p, &dest);
-            } else {
-                std::fs::copy(&p, &dest).unwrap();
-            }
-        }
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    copy_dir(label.parent().unwrap(), tmp.path());
-    let path = tmp.path().join(label.file_name().unwrap());
-    std::fs::write(&path, bytes).unwrap();
-    torchport::open(&path)
-}
+use common::fixtures::fixture_dir as dir;
+use common::sweep::{check_cases, mutations, open_as, truncations, Case};
+use torchport::Limits;
 
 /// (file, words the error must contain)
-const CASES: &[(&str, &[&str])] = &[
+const CASES: &[Case] = &[
     (
         "st_header_too_long.safetensors",
         &["header length says 1088 bytes", "only 80", "truncated"],
@@ -137,36 +106,10 @@ const CASES: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// Every file of the folder (the helper shards/ folder aside) is in the manifest.
 #[test]
 fn each_hostile_file_gets_one_clear_error() {
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir("hostile_formats/manifest.json")).unwrap())
-            .unwrap();
-    let listed = manifest.as_object().unwrap();
-    assert_eq!(listed.len(), CASES.len(), "every hostile file has a case");
-    // Every file in the folder (the helper shards/ folder aside) is in the manifest.
-    for e in std::fs::read_dir(dir("hostile_formats")).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if p.is_file() && name != "manifest.json" {
-            assert!(listed.contains_key(&name), "{name} is not in the manifest");
-        }
-    }
-    for (file, words) in CASES {
-        assert!(listed.contains_key(*file), "{file} is not in the manifest");
-        let path = dir("hostile_formats").join(file);
-        let start = Instant::now();
-        let err = torchport::open(&path).expect_err(file).to_string();
-        println!("{file}: {:?}: {err}", start.elapsed());
-        assert!(
-            err.contains(file),
-            "{file}: the error names the file: {err}"
-        );
-        for w in *words {
-            assert!(err.contains(w), "{file}: expected {w:?} in: {err}");
-        }
-        assert!(!err.contains('\n'), "{file}: one line: {err}");
-    }
+    check_cases("hostile_formats", CASES, &[]);
 }
 
 #[test]
@@ -203,14 +146,6 @@ fn limits_apply() {
     }
 }
 
-/// All tensor data of a checkpoint, for comparing a damaged file with the intact one.
-fn contents(c: &Checkpoint) -> Vec<(String, Option<Vec<u8>>)> {
-    c.tensors()
-        .iter()
-        .map(|t| (t.name.clone(), c.data(t).ok().map(|d| d.into_owned())))
-        .collect()
-}
-
 const SWEPT: &[&str] = &[
     "dtypes.safetensors",
     "be_fortran_i8.npy",
@@ -222,31 +157,25 @@ const SWEPT: &[&str] = &[
     "sharded_bin/pytorch_model.bin.index.json",
 ];
 
+/// The swept files, each labelled with its real path, so a sharded index finds its shards.
+fn swept() -> Vec<(String, Vec<u8>)> {
+    SWEPT
+        .iter()
+        .map(|name| {
+            let path = dir("formats").join(name);
+            (
+                path.to_string_lossy().into_owned(),
+                std::fs::read(&path).unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// Every prefix of a real file: an error, or (only where the cut removed nothing the
 /// format needs) exactly the intact file's tensors. Never a panic, never different bytes.
-/// The name given is the fixture's real path, so a sharded index finds its shards.
 #[test]
 fn every_truncation_fails_cleanly() {
-    let mut checked = 0;
-    let mut opened = 0;
-    for name in SWEPT {
-        let path = dir("formats").join(name);
-        let full = std::fs::read(&path).unwrap();
-        let intact = contents(&open_as(&path, full.clone()).unwrap());
-        let step = (full.len() / 800).max(1);
-        for cut in (0..full.len()).step_by(step) {
-            let r = open_as(&path, full[..cut].to_vec());
-            if let Ok(c) = r {
-                assert_eq!(
-                    contents(&c),
-                    intact,
-                    "{name} cut at {cut} read different data"
-                );
-                opened += 1;
-            }
-            checked += 1;
-        }
-    }
+    let (checked, opened) = truncations(&swept(), Some(800));
     println!("checked {checked} truncations, {opened} still opened");
     assert!(checked > 3000);
 }
@@ -255,31 +184,7 @@ fn every_truncation_fails_cleanly() {
 /// mutated file that still opens does not panic either.
 #[test]
 fn mutations_never_panic() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rand = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    let mut opened = 0;
-    let mut total = 0;
-    for name in SWEPT {
-        let path = dir("formats").join(name);
-        let full = std::fs::read(&path).unwrap();
-        for _ in 0..400 {
-            let mut m = full.clone();
-            for _ in 0..(rand() % 4 + 1) {
-                let at = (rand() as usize) % m.len();
-                m[at] = rand() as u8;
-            }
-            if let Ok(c) = open_as(&path, m) {
-                opened += 1;
-                let _ = contents(&c);
-            }
-            total += 1;
-        }
-    }
+    let (total, opened) = mutations(&swept(), 400, 0x9e37_79b9_7f4a_7c15);
     println!("{total} mutated files, {opened} still opened");
     assert_eq!(total, 400 * SWEPT.len());
 }
@@ -288,6 +193,7 @@ fn mutations_never_panic() {
 #[test]
 fn sharded_index_rules() {
     let name = dir("hostile_formats/x.index.json");
+    let name = name.to_string_lossy();
     let open = |json: &str| {
         open_as(&name, json.as_bytes().to_vec())
             .map(|c| c.tensors().len())

@@ -6,21 +6,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use common::fixtures;
+use common::sweep::{check_cases, mutations, read, truncations, Case, Rng};
 use common::targets;
-use std::time::Instant;
 
-use torchport::{Checkpoint, Limits};
-
-fn dir(sub: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(sub)
-}
+use torchport::Limits;
 
 /// (file, words the error must contain)
-const CASES: &[(&str, &[&str])] = &[
+const CASES: &[Case] = &[
     ("os_system.pt", &["posix.system", "refusing", "byte"]),
     ("builtins_eval.pt", &["builtins.eval", "refusing"]),
     (
@@ -49,70 +44,21 @@ const CASES: &[(&str, &[&str])] = &[
 
 #[test]
 fn each_hostile_file_gets_one_clear_error() {
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir("hostile/manifest.json")).unwrap()).unwrap();
-    let listed = manifest.as_object().unwrap();
-    assert_eq!(
-        listed.len(),
-        CASES.len(),
-        "every hostile file has a case here"
-    );
-    for (file, words) in CASES {
-        assert!(listed.contains_key(*file), "{file} is not in the manifest");
-        let path = dir("hostile").join(file);
-        let start = Instant::now();
-        let err = torchport::open(&path).expect_err(file).to_string();
-        println!("{file}: {:?}: {err}", start.elapsed());
-        assert!(
-            err.contains(file),
-            "{file}: the error names the file: {err}"
-        );
-        for w in *words {
-            assert!(err.contains(w), "{file}: expected {w:?} in: {err}");
-        }
-        assert!(!err.contains('\n'), "{file}: one line: {err}");
-    }
-}
-
-/// All tensor data of a checkpoint, for comparing a damaged file with the intact one.
-fn contents(c: &Checkpoint) -> Vec<(String, Option<Vec<u8>>)> {
-    c.tensors()
-        .iter()
-        .map(|t| (t.name.clone(), c.data(t).ok().map(|d| d.into_owned())))
-        .collect()
-}
-
-fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(dir("torch_save").join(name)).unwrap()
+    check_cases("hostile", CASES, &[]);
 }
 
 /// Every prefix of a real file: an error, or (only where the cut removed nothing the
 /// format needs) exactly the intact file's tensors. Never a panic, never different bytes.
 #[test]
 fn every_truncation_fails_cleanly() {
-    let mut checked = 0;
-    for name in [
+    let names = [
         "proto2.pt",
         "legacy.pt",
         "tar.pt",
         "views.pt",
         "bigendian.pt",
-    ] {
-        let full = fixture(name);
-        let intact =
-            contents(&torchport::open_bytes(name, full.clone(), &Limits::default()).unwrap());
-        let step = (full.len() / 1500).max(1);
-        for cut in (0..full.len()).step_by(step) {
-            if let Ok(c) = torchport::open_bytes(name, full[..cut].to_vec(), &Limits::default()) {
-                assert_eq!(
-                    contents(&c),
-                    intact,
-                    "{name} cut at {cut} read different data"
-                );
-            }
-            checked += 1;
-        }
-    }
+    ];
+    let (checked, _) = truncations(&read("torch_save", &names), Some(1500));
     println!("checked {checked} truncations");
     assert!(checked > 3000);
 }
@@ -121,79 +67,31 @@ fn every_truncation_fails_cleanly() {
 /// may hold other numbers (the bytes changed), but reading every tensor must not panic.
 #[test]
 fn mutations_never_panic() {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut rand = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    let mut opened = 0;
-    let mut total = 0;
-    for name in [
+    let names = [
         "proto2.pt",
         "legacy.pt",
         "tar.pt",
         "whole_module.pt",
         "dtypes.pt",
-    ] {
-        let full = fixture(name);
-        for _ in 0..600 {
-            let mut m = full.clone();
-            for _ in 0..(rand() % 4 + 1) {
-                let at = (rand() as usize) % m.len();
-                m[at] = rand() as u8;
-            }
-            if let Ok(c) = torchport::open_bytes(name, m, &Limits::default()) {
-                opened += 1;
-                let _ = contents(&c);
-            }
-            total += 1;
-        }
-    }
+    ];
+    let (total, opened) = mutations(&read("torch_save", &names), 600, 0x2545_f491_4f6c_dd1d);
     println!("{total} mutated files, {opened} still opened");
     assert_eq!(total, 3000);
 }
 
-/// Every fixture file under tests/fixtures, whatever directory (formats added later are
-/// covered without touching this test): not generators, not expected outputs.
+/// Every fixture file of every folder but the ops listings (`.txt`).
 fn all_fixture_files() -> Vec<PathBuf> {
-    let root = dir("");
-    let mut out = Vec::new();
-    let mut dirs = vec![root];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            if p.is_dir() {
-                if name != "gen" {
-                    dirs.push(p);
-                }
-            } else if !name.contains(".expected.")
-                && !name.ends_with(".json")
-                && !name.ends_with(".py")
-                && !name.ends_with(".md")
-                && !name.ends_with(".txt")
-            {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    let mut files = fixtures::all_fixture_files();
+    files.retain(|p| !p.to_string_lossy().ends_with(".txt"));
+    files
 }
 
 /// The CI smoke run of the fuzz targets: every fixture of every directory, mutated (bytes
 /// replaced, inserted, removed, runs duplicated), through open, data and the security scan.
 #[test]
 fn every_fixture_survives_mutation() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rand = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rand = move || rng.draw();
     let files = all_fixture_files();
     let (mut total, mut opened) = (0, 0);
     for path in &files {

@@ -4,18 +4,14 @@
 //! thousands of byte mutations either fail cleanly or read back exactly what the intact file
 //! holds — never a panic, never different numbers.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use torchport::{Checkpoint, Limits};
-
-fn dir(sub: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(sub)
-}
+use common::fixtures::fixture_dir as dir;
+use common::sweep::{check_cases, mutations, read, truncations, Case};
+use torchport::Limits;
 
 /// (file, words the error must contain)
-const CASES: &[(&str, &[&str])] = &[
+const CASES: &[Case] = &[
     ("ts_os_system.pt", &["os.system", "refusing", "data.pkl"]),
     (
         "ts_huge_parameters.pt",
@@ -80,30 +76,7 @@ const CASES: &[(&str, &[&str])] = &[
 
 #[test]
 fn each_hostile_archive_gets_one_clear_error() {
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir("hostile_archives/manifest.json")).unwrap())
-            .unwrap();
-    let listed = manifest.as_object().unwrap();
-    assert_eq!(
-        listed.len(),
-        CASES.len(),
-        "every hostile file has a case here"
-    );
-    for (file, words) in CASES {
-        assert!(listed.contains_key(*file), "{file} is not in the manifest");
-        let err = torchport::open(dir("hostile_archives").join(file))
-            .expect_err(file)
-            .to_string();
-        println!("{file}: {err}");
-        assert!(
-            err.contains(file),
-            "{file}: the error names the file: {err}"
-        );
-        for w in *words {
-            assert!(err.contains(w), "{file}: expected {w:?} in: {err}");
-        }
-        assert!(!err.contains('\n'), "{file}: one line: {err}");
-    }
+    check_cases("hostile_archives", CASES, &[]);
 }
 
 /// A higher `max_code_line` reads past the long line; the made-up names then have no
@@ -123,13 +96,6 @@ fn huge_declaration_within_a_raised_limit() {
     );
 }
 
-fn contents(c: &Checkpoint) -> Vec<(String, Option<Vec<u8>>)> {
-    c.tensors()
-        .iter()
-        .map(|t| (t.name.clone(), c.data(t).ok().map(|d| d.into_owned())))
-        .collect()
-}
-
 const REAL: &[&str] = &[
     "traced_cnn.pt",
     "scripted_lstm.pt",
@@ -141,23 +107,7 @@ const REAL: &[&str] = &[
 /// Every prefix of a real archive: an error, or exactly the intact file's tensors.
 #[test]
 fn every_truncation_fails_cleanly() {
-    let mut checked = 0;
-    for name in REAL {
-        let full = std::fs::read(dir("archives").join(name)).unwrap();
-        let intact =
-            contents(&torchport::open_bytes(name, full.clone(), &Limits::default()).unwrap());
-        let step = (full.len() / 600).max(1);
-        for cut in (0..full.len()).step_by(step) {
-            if let Ok(c) = torchport::open_bytes(name, full[..cut].to_vec(), &Limits::default()) {
-                assert_eq!(
-                    contents(&c),
-                    intact,
-                    "{name} cut at {cut} read different data"
-                );
-            }
-            checked += 1;
-        }
-    }
+    let (checked, _) = truncations(&read("archives", REAL), Some(600));
     println!("checked {checked} truncations");
     assert!(checked >= 3000);
 }
@@ -166,29 +116,7 @@ fn every_truncation_fails_cleanly() {
 /// (or fails) cleanly.
 #[test]
 fn mutations_never_panic() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rand = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    let (mut opened, mut total) = (0, 0);
-    for name in REAL {
-        let full = std::fs::read(dir("archives").join(name)).unwrap();
-        for _ in 0..500 {
-            let mut m = full.clone();
-            for _ in 0..(rand() % 4 + 1) {
-                let at = (rand() as usize) % m.len();
-                m[at] = rand() as u8;
-            }
-            if let Ok(c) = torchport::open_bytes(name, m, &Limits::default()) {
-                opened += 1;
-                let _ = contents(&c);
-            }
-            total += 1;
-        }
-    }
+    let (total, opened) = mutations(&read("archives", REAL), 500, 0x9e37_79b9_7f4a_7c15);
     println!("{total} mutated archives, {opened} still opened");
     assert_eq!(total, 2500);
 }

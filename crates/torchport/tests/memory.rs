@@ -8,7 +8,6 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use common::*;
@@ -82,27 +81,14 @@ fn peak_of(bytes: Vec<u8>) -> usize {
 
 /// Every fixture file under tests/fixtures (any directory), not generators or expectations.
 fn fixture_files() -> Vec<(String, Vec<u8>)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
-    let mut out = Vec::new();
-    let mut dirs = vec![root.clone()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            if p.is_dir() {
-                if name != "gen" {
-                    dirs.push(p);
-                }
-            } else if !name.contains(".expected.")
-                && !name.ends_with(".json")
-                && !name.ends_with(".py")
-                && !name.ends_with(".md")
-            {
-                let rel = p.strip_prefix(&root).unwrap().display().to_string();
-                out.push((rel, std::fs::read(&p).unwrap()));
-            }
-        }
-    }
+    let root = fixtures::fixture_dir("");
+    let mut out: Vec<(String, Vec<u8>)> = fixtures::all_fixture_files()
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(&root).unwrap().display().to_string();
+            (rel, std::fs::read(&p).unwrap())
+        })
+        .collect();
     out.sort();
     out
 }

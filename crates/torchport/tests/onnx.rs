@@ -4,17 +4,13 @@
 //! byte; raw_data and external data handed out zero-copy from the memory maps; detection
 //! never claims another format's file; external data stays inside the model's folder.
 
+mod common;
+
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value as Json;
-use torchport::{Format, Limits, TensorData};
-
-fn fixtures(sub: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(sub)
-}
+use common::fixtures::{check_tensors, check_values, fixture_dir as fixtures, Expected};
+use torchport::{Format, Limits};
 
 fn onnx_files() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(fixtures("onnx"))
@@ -28,54 +24,22 @@ fn onnx_files() -> Vec<PathBuf> {
 
 /// Compare one model with onnx's answer; returns the number of tensors checked.
 fn check_fixture(model: &Path) -> usize {
-    let json = PathBuf::from(format!("{}.expected.json", model.display()));
-    let bin = std::fs::read(format!("{}.expected.bin", model.display())).unwrap();
-    let want: Json = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let ckpt = torchport::open(model).unwrap_or_else(|e| panic!("{e}"));
-    let ctx = model.display().to_string();
+    let exp = Expected::of(model);
+    let ckpt = exp.open();
+    let ctx = exp.ctx();
     // Tensors given in typed fields are converted (owned); all others are mapped.
     let typed = model.ends_with("typed_fields.onnx");
-
     assert_eq!(ckpt.format(), Format::Onnx, "{ctx}");
-    assert_eq!(ckpt.format().name(), want["format"], "{ctx}: format");
-    let want_tensors = want["tensors"].as_array().unwrap();
-    let names: Vec<&str> = ckpt.tensors().iter().map(|t| t.name.as_str()).collect();
-    let want_names: Vec<&str> = want_tensors
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, want_names, "{ctx}: initializer names in order");
-
-    for (t, w) in ckpt.tensors().iter().zip(want_tensors) {
-        let tctx = format!("{ctx}: {}", t.name);
-        assert_eq!(t.dtype.name(), w["dtype"], "{tctx}: dtype");
-        let shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
-        assert_eq!(t.shape, shape, "{tctx}: shape");
-        if w.get("sparse") == Some(&Json::Bool(true)) {
-            assert!(matches!(t.data, TensorData::Unsupported { .. }), "{tctx}");
-            let err = ckpt.data(t).unwrap_err().to_string();
-            assert!(
-                err.contains(&t.name) && err.contains("sparse"),
-                "{tctx}: {err}"
-            );
-            continue;
-        }
+    let checked = check_tensors(&ckpt, &exp, &ctx, |t, _, data, tctx| {
         assert!(t.is_contiguous(), "{tctx}: contiguous");
-        let off = w["offset"].as_u64().unwrap() as usize;
-        let n = w["nbytes"].as_u64().unwrap() as usize;
-        let data = ckpt.data(t).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(data.len(), n, "{tctx}: byte count");
-        assert!(
-            data[..] == bin[off..off + n],
-            "{tctx}: bytes differ from onnx's"
-        );
         assert!(matches!(data, Cow::Borrowed(_)), "{tctx}: borrowed");
-        if n > 0 {
+        if !data.is_empty() {
             let mapped = ckpt.storage(t).unwrap().is_mapped();
             assert_eq!(mapped, !typed, "{tctx}: zero-copy from the map");
         }
-    }
-    want_tensors.len()
+    });
+    check_values(&ckpt, &exp, &ctx, true);
+    checked
 }
 
 #[test]

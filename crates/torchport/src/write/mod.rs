@@ -6,6 +6,8 @@
 //! tensor for its bytes in turn and writes them, so memory use is about one tensor, not the
 //! file. Output is atomic (see [`atomic`]): a temporary file beside the destination, synced
 //! and renamed into place when complete, removed on any error; an input is never overwritten.
+//! [`activations`] writes a model's recorded intermediate outputs for a layer-by-layer
+//! comparison with PyTorch's.
 //!
 //! ```no_run
 //! use torchport::write::{write, OutputFormat, WriteOptions};
@@ -29,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::out::OutTensor;
 use crate::value::Value;
 
+pub mod activations;
 pub mod atomic;
 mod npz;
 mod pickle;

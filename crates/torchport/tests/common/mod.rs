@@ -1,8 +1,13 @@
-//! Crafting hostile inputs in Rust: a pickle writer (raw opcodes, exactly what a hostile
-//! file would hold), a torch-zip / legacy / tar container writer, and a zip patcher that
-//! makes an archive lie about its record sizes.
+//! Shared test code. Here: crafting hostile inputs in Rust — a pickle writer (raw opcodes,
+//! exactly what a hostile file would hold), a torch-zip / legacy / tar container writer, and
+//! a zip patcher that makes an archive lie about its record sizes. In [`fixtures`]: comparing
+//! a checkpoint with what the peer library loaded from a fixture; in [`sweep`]: the hostile
+//! sweeps (crafted-file manifest, truncations, mutations); in [`targets`]: what each fuzz
+//! target does.
 #![allow(dead_code)]
 
+pub mod fixtures;
+pub mod sweep;
 pub mod targets;
 
 use std::io::{Cursor, Write};
