@@ -4,6 +4,7 @@
 #                       safetensors, npy, npz, onnx, pt2 by extension; torchscript: the
 #                       scripted/traced archives and hostile ts_* files; sharded: *.index.json
 #   rules             : every *.toml fixture and every ```toml block of docs/RULES.md
+#   pt2_program       : the models/*.json record of every .pt2 fixture
 #   pickle            : crates/torchport-pickle/tests/corpus/*, every *.pkl record of the zip
 #                       fixtures, and the legacy fixtures (a stream of pickles)
 #   any other target  : every fixture under tests/fixtures/ (any format)
@@ -50,6 +51,14 @@ for t in "${targets[@]}"; do
                 cp "$f" "$dir/$(seed_name "$f")" && n=$((n + 1))
             fi
         done < <(fixtures)
+    elif [ "$t" = pt2_program ]; then
+        while IFS= read -r f; do
+            while IFS= read -r rec; do
+                [ -n "$rec" ] || continue
+                unzip -p "$f" "$rec" > "$dir/$(seed_name "$f")_${rec//\//_}" 2>/dev/null \
+                    && n=$((n + 1))
+            done < <(unzip -Z1 "$f" 2>/dev/null | grep -E '(^|/)models/[^/]*\.json$|^serialized_exported_program\.json$' || true)
+        done < <(find "$root/tests/fixtures" -name '*.pt2' | sort)
     elif [ "$t" = rules ]; then
         while IFS= read -r f; do
             cp "$f" "$dir/$(seed_name "$f")" && n=$((n + 1))

@@ -11,4 +11,9 @@
 #[path = "../../crates/torchport/tests/common/targets.rs"]
 mod targets;
 
+/// The runtime's target (`pt2_program`), shared with `crates/torchport-runtime/tests/regressions.rs`.
+#[path = "../../crates/torchport-runtime/tests/common/program_target.rs"]
+mod program_target;
+
+pub use program_target::pt2_program;
 pub use targets::*;
