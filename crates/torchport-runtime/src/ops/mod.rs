@@ -3,7 +3,7 @@
 //!
 //! A kernel reads its arguments by their ATen schema names through [`Args`] (defaults are
 //! omitted by the serializer, so each kernel states the schema default it falls back to) and
-//! returns one [`Value`] per schema output.
+//! returns one [`Value`](crate::value::Value) per schema output.
 
 use std::collections::HashMap;
 
