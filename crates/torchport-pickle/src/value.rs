@@ -50,7 +50,7 @@ pub enum Value {
     /// that every other node stays small (the arena holds one node per opcode at worst).
     Object(Box<Object>),
     /// PERSID / BINPERSID: the persistent id payload (for torch: a tuple like
-    /// ('storage', <Global FloatStorage>, '0', 'cpu', 6)).
+    /// `('storage', <Global FloatStorage>, '0', 'cpu', 6)`).
     PersistentId(NodeId),
 }
 
