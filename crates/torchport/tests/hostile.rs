@@ -86,17 +86,27 @@ fn all_fixture_files() -> Vec<PathBuf> {
     files
 }
 
-/// The CI smoke run of the fuzz targets: every fixture of every directory, mutated (bytes
-/// replaced, inserted, removed, runs duplicated), through open, data and the security scan.
+/// The CI smoke run of the fuzz targets: every fixture of every directory (and the sharded
+/// indexes), mutated (bytes replaced, inserted, removed, runs duplicated), through its
+/// format's fuzz target (`targets::target_for`): open, data and the security scan; rules
+/// files are parsed and applied.
 #[test]
 fn every_fixture_survives_mutation() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut rand = move || rng.draw();
-    let files = all_fixture_files();
+    let mut files = all_fixture_files();
+    files.extend(
+        [
+            "formats/sharded_st/model.safetensors.index.json",
+            "formats/sharded_bin/pytorch_model.bin.index.json",
+        ]
+        .map(fixtures::fixture_dir),
+    );
     let (mut total, mut opened) = (0, 0);
     for path in &files {
         let full = std::fs::read(path).unwrap();
-        targets::exercise(full.clone());
+        let target = targets::target_for(path);
+        targets::run(target, &full);
         // Fewer mutations of the large files, so the whole run stays around a second.
         let n = (400_000 / full.len().max(1)).clamp(4, 120);
         for _ in 0..n {
@@ -119,7 +129,7 @@ fn every_fixture_survives_mutation() {
                     _ => m.push(rand() as u8),
                 }
             }
-            opened += usize::from(targets::exercise(m));
+            opened += usize::from(targets::run(target, &m));
             total += 1;
         }
     }

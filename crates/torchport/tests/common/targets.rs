@@ -34,6 +34,27 @@ pub fn run(target: &str, data: &[u8]) -> bool {
     }
 }
 
+/// The target whose code path suits a fixture file, chosen by its name (the CI smoke run's
+/// choice): the format's own target where there is one, `open_bytes` otherwise.
+pub fn target_for(path: &Path) -> &'static str {
+    let name = path
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    const BY_SUFFIX: [(&str, &str); 7] = [
+        (".index.json", "sharded"),
+        (".toml", "rules"),
+        (".safetensors", "safetensors"),
+        (".npy", "npy"),
+        (".npz", "npz"),
+        (".onnx", "onnx"),
+        (".pt2", "pt2"),
+    ];
+    BY_SUFFIX
+        .iter()
+        .find(|(suffix, _)| name.ends_with(suffix))
+        .map_or("open_bytes", |&(_, target)| target)
+}
+
 /// Input for the safetensors reader: the 8-byte header length made to fit the input (a
 /// real file maps to itself), so the fuzzer spends its time in the JSON header and the data.
 pub fn as_safetensors(data: &[u8]) -> Vec<u8> {
