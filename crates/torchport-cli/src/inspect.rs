@@ -158,6 +158,45 @@ fn note(t: &TensorInfo) -> String {
     notes.join("; ")
 }
 
+/// One aligned row per tensor: name, dtype, shape, size, notes (with a header row).
+fn write_tensor_rows(out: &mut impl Write, tensors: &[TensorInfo]) -> std::io::Result<()> {
+    let rows: Vec<[String; 5]> = tensors
+        .iter()
+        .map(|t| {
+            [
+                t.name.clone(),
+                t.dtype.to_string(),
+                shape_text(&t.shape),
+                human_bytes(t.nbytes() as u64),
+                note(t),
+            ]
+        })
+        .collect();
+    let header = ["name", "dtype", "shape", "size", ""];
+    let mut w = header.map(str::len);
+    for r in &rows {
+        for (i, cell) in r.iter().enumerate() {
+            w[i] = w[i].max(cell.chars().count());
+        }
+    }
+    for r in std::iter::once(header.map(String::from)).chain(rows) {
+        let line = format!(
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            w0 = w[0],
+            w1 = w[1],
+            w2 = w[2],
+            w3 = w[3]
+        );
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
 fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
     writeln!(out, "file:    {}", c.path().display())?;
     writeln!(
@@ -176,42 +215,16 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
         c.storage_count()
     )?;
     if !c.tensors().is_empty() {
-        let rows: Vec<[String; 5]> = c
-            .tensors()
-            .iter()
-            .map(|t| {
-                [
-                    t.name.clone(),
-                    t.dtype.to_string(),
-                    shape_text(&t.shape),
-                    human_bytes(t.nbytes() as u64),
-                    note(t),
-                ]
-            })
-            .collect();
-        let header = ["name", "dtype", "shape", "size", ""];
-        let mut w = header.map(str::len);
-        for r in &rows {
-            for (i, cell) in r.iter().enumerate() {
-                w[i] = w[i].max(cell.chars().count());
-            }
-        }
         writeln!(out)?;
-        for r in std::iter::once(header.map(String::from)).chain(rows) {
-            let line = format!(
-                "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {}",
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2],
-                w3 = w[3]
-            );
-            writeln!(out, "{}", line.trim_end())?;
-        }
+        write_tensor_rows(out, c.tensors())?;
+    }
+    if !c.constants().is_empty() {
+        writeln!(
+            out,
+            "\nconstants ({}, not in the state_dict):",
+            c.constants().len()
+        )?;
+        write_tensor_rows(out, c.constants())?;
     }
     if !c.modules().is_empty() {
         writeln!(out, "\nmodules ({}):", c.modules().len())?;
@@ -252,8 +265,32 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
 }
 
 fn to_json(c: &Checkpoint) -> serde_json::Value {
-    let tensors: Vec<_> = c
-        .tensors()
+    let mut v = json!({
+        "file": c.path().display().to_string(),
+        "format": c.format().name(),
+        "byte_order": c.byte_order().name(),
+        "tensors": tensors_json(c.tensors()),
+        "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
+        "values": values_json(c),
+        "modules": c.modules().iter().map(|(p, cls)| json!({"path": p, "class": cls})).collect::<Vec<_>>(),
+        "graph_ops": c.graph_ops().iter().map(|(t, n)| (t.clone(), json!(n))).collect::<serde_json::Map<_, _>>(),
+        "globals": c.globals().iter().map(|(m, n)| json!({"module": m, "name": n, "class": classify(m, n).name()})).collect::<Vec<_>>(),
+    });
+    if !c.constants().is_empty() {
+        v["constants"] = tensors_json(c.constants());
+    }
+    v
+}
+
+fn values_json(c: &Checkpoint) -> serde_json::Map<String, serde_json::Value> {
+    c.values()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_json()))
+        .collect()
+}
+
+fn tensors_json(tensors: &[TensorInfo]) -> serde_json::Value {
+    let tensors: Vec<_> = tensors
         .iter()
         .map(|t| {
             let mut o = json!({
@@ -281,35 +318,5 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
             o
         })
         .collect();
-    let values: serde_json::Map<String, serde_json::Value> = c
-        .values()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.to_json()))
-        .collect();
-    let globals: Vec<_> = c
-        .globals()
-        .iter()
-        .map(|(m, n)| json!({"module": m, "name": n, "class": classify(m, n).name()}))
-        .collect();
-    let modules: Vec<_> = c
-        .modules()
-        .iter()
-        .map(|(p, cls)| json!({"path": p, "class": cls}))
-        .collect();
-    let graph_ops: serde_json::Map<String, serde_json::Value> = c
-        .graph_ops()
-        .iter()
-        .map(|(t, n)| (t.clone(), json!(n)))
-        .collect();
-    json!({
-        "file": c.path().display().to_string(),
-        "format": c.format().name(),
-        "byte_order": c.byte_order().name(),
-        "tensors": tensors,
-        "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
-        "values": values,
-        "modules": modules,
-        "graph_ops": graph_ops,
-        "globals": globals,
-    })
+    json!(tensors)
 }

@@ -65,3 +65,41 @@ fn torchscript_modules_in_json_and_table() {
     assert!(table.contains("modules (9):"), "{table}");
     assert!(!table.contains("graph ops"), "{table}");
 }
+
+#[test]
+fn pt2_constants_listed_apart_from_the_state_dict() {
+    // What torch.export.load(f).constants holds, as the generator recorded it.
+    for name in ["cnn.pt2", "cnn_legacy.pt2", "cnn_pickled.pt2", "cnn_v0.pt2"] {
+        let file = fixture(name);
+        let want: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(fixture(&format!("{name}.constants.json"))).unwrap(),
+        )
+        .unwrap();
+        let json: serde_json::Value = serde_json::from_str(&inspect(&["--json"], &file)).unwrap();
+        let got = json["constants"].as_array().unwrap();
+        let want = want["constants"].as_array().unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (g, w) in got.iter().zip(want) {
+            for key in ["name", "dtype", "shape", "nbytes"] {
+                assert_eq!(g[key], w[key], "{name}: {key}");
+            }
+        }
+        let tensors = json["tensors"].as_array().unwrap();
+        assert!(
+            tensors.iter().all(|t| t["name"] != want[0]["name"]),
+            "{name}: constants are not state_dict tensors"
+        );
+        let table = inspect(&[], &file);
+        assert!(
+            table.contains(&format!(
+                "\nconstants ({}, not in the state_dict):\n",
+                want.len()
+            )),
+            "{name}: {table}"
+        );
+    }
+    // A file without constants has no such key.
+    let json: serde_json::Value =
+        serde_json::from_str(&inspect(&["--json"], &fixture("traced_cnn.pt"))).unwrap();
+    assert!(json.get("constants").is_none());
+}
