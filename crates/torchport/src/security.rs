@@ -100,12 +100,20 @@ pub fn scan_bytes(name: &str, bytes: Vec<u8>, limits: &Limits) -> Result<Securit
     scan_file(Path::new(name), &file, limits)
 }
 
+/// The problems a report lists one by one; more are counted in one last line.
+const MAX_PROBLEMS: usize = 20;
+
 fn scan_file(path: &Path, file: &FileBytes, limits: &Limits) -> Result<SecurityReport> {
     let mut limits = limits.clone();
     limits.pickle.refuse_dangerous = false;
     let (format, found) = format::pickle_globals(path, file, &limits)?;
     let pickles = found.count;
-    let problems = found.problems;
+    let mut problems = found.problems;
+    if problems.len() > MAX_PROBLEMS {
+        let more = problems.len() - MAX_PROBLEMS;
+        problems.truncate(MAX_PROBLEMS);
+        problems.push(format!("… and {more} more records or pickles that could not be scanned"));
+    }
     let globals = found
         .globals
         .into_iter()
