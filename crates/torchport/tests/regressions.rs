@@ -21,6 +21,9 @@ fn every_regression_input_fails_cleanly() {
     dirs.sort();
     for dir in dirs {
         let target = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if target == "pt2_program" {
+            continue; // the runtime's target: crates/torchport-runtime/tests/regressions.rs
+        }
         let mut files: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().path())
