@@ -112,7 +112,9 @@ fn scan_file(path: &Path, file: &FileBytes, limits: &Limits) -> Result<SecurityR
     if problems.len() > MAX_PROBLEMS {
         let more = problems.len() - MAX_PROBLEMS;
         problems.truncate(MAX_PROBLEMS);
-        problems.push(format!("… and {more} more records or pickles that could not be scanned"));
+        problems.push(format!(
+            "… and {more} more records or pickles that could not be scanned"
+        ));
     }
     let globals = found
         .globals

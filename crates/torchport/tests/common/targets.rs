@@ -71,8 +71,15 @@ pub fn as_safetensors(data: &[u8]) -> Vec<u8> {
 
 /// Read the bytes as `format` (no detection), read everything, then scan them.
 pub fn exercise_as(bytes: Vec<u8>, format: Format) -> bool {
-    let limits = Limits::default();
-    let opened = match torchport::open_bytes_as("fuzz-input", bytes.clone(), format, &limits) {
+    let r = torchport::open_bytes_as("fuzz-input", bytes.clone(), format, &Limits::default());
+    let opened = read_or_check(r);
+    exercise(bytes);
+    opened
+}
+
+/// What opened is read whole; an error must be one line. True when it opened.
+pub fn read_or_check(opened: torchport::Result<Checkpoint>) -> bool {
+    match opened {
         Ok(c) => {
             read_all(&c);
             true
@@ -81,9 +88,7 @@ pub fn exercise_as(bytes: Vec<u8>, format: Format) -> bool {
             assert!(!e.to_string().contains('\n'), "one line: {e}");
             false
         }
-    };
-    exercise(bytes);
-    opened
+    }
 }
 
 /// The committed shards of both sharded fixtures (safetensors and .bin), by file name.
@@ -133,16 +138,7 @@ fn shard_dir() -> &'static Path {
 pub fn sharded(data: &[u8]) -> bool {
     let path = shard_dir().join("fuzz.index.json");
     std::fs::write(&path, data).unwrap();
-    match torchport::open(&path) {
-        Ok(c) => {
-            read_all(&c);
-            true
-        }
-        Err(e) => {
-            assert!(!e.to_string().contains('\n'), "one line: {e}");
-            false
-        }
-    }
+    read_or_check(torchport::open(&path))
 }
 
 /// The input as a rules file (TOML): parsed, then applied to a committed LSTM+Linear
@@ -217,16 +213,7 @@ pub fn as_tar(data: &[u8]) -> Vec<u8> {
 /// Open the bytes and read everything, then scan them; true when they opened.
 pub fn exercise(bytes: Vec<u8>) -> bool {
     let limits = Limits::default();
-    let opened = match torchport::open_bytes("fuzz-input", bytes.clone(), &limits) {
-        Ok(c) => {
-            read_all(&c);
-            true
-        }
-        Err(e) => {
-            assert!(!e.to_string().contains('\n'), "one line: {e}");
-            false
-        }
-    };
+    let opened = read_or_check(torchport::open_bytes("fuzz-input", bytes.clone(), &limits));
     if let Ok(report) = torchport::security::scan_bytes("fuzz-input", bytes, &limits) {
         let mut seen = std::collections::HashSet::new();
         assert!(
