@@ -139,6 +139,7 @@ pub(crate) fn write(
     put(w, path, &(head.len() as u64).to_le_bytes())?;
     put(w, path, &head)?;
     let mut total = 0u64;
+    let writeback = crate::write::atomic::Writeback::start(w.get_ref());
     for i in order {
         let t = &tensors[i];
         let data_len = match t.file_range().filter(|r| r.len() >= FILE_COPY_MIN) {
@@ -154,7 +155,7 @@ pub(crate) fn write(
                         ),
                     });
                 }
-                crate::write::atomic::start_writeback(w.get_ref());
+                writeback.hint();
                 n
             }
             None => {
