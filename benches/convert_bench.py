@@ -86,7 +86,8 @@ def main():
     import torch
     print(f"command: {' '.join(cases[0][1])}")
     print(f"input: {big.name}, {size / 2**20:.0f} MiB, largest tensor {largest / 2**20:.0f} MiB; "
-          f"{os.cpu_count()} cores; torchport single-threaded; torch {torch.__version__} "
+          f"{os.cpu_count()} cores; torchport copies on one thread (a second only issues writeback "
+          f"hints); torch {torch.__version__} "
           f"with {torch.get_num_threads()} threads")
     results = {}
     for label, cmd, out in cases:

@@ -265,6 +265,25 @@ impl Checkpoint {
         }
     }
 
+    /// Where `t`'s bytes lie in the input file, when [`Checkpoint::data`] would borrow them
+    /// unchanged from the memory map (a contiguous, little-endian, non-empty view of a
+    /// mapped storage): writers then copy them file to file. `None` otherwise, and whenever
+    /// `data` would fail (it then reports why).
+    pub(crate) fn file_range(&self, t: &TensorInfo) -> Option<crate::storage::FileRange> {
+        let TensorData::Strided { storage } = &t.data else {
+            return None;
+        };
+        let s = self.storages.get(*storage)?;
+        let nbytes =
+            crate::tensor::check_view(t.dtype, &t.shape, &t.strides, t.offset, s.len()).ok()?;
+        let little = s.byte_order() == ByteOrder::Little || t.dtype.swap_width() <= 1;
+        if nbytes == 0 || !t.is_contiguous() || !little {
+            return None;
+        }
+        let start = t.offset.checked_mul(t.dtype.size())?;
+        s.file_range(start..start.checked_add(nbytes)?)
+    }
+
     /// Hint that `t`'s bytes will not be read again soon: drops its storage's pages from this
     /// process's resident memory (they stay in the OS page cache and come back transparently
     /// when read). Writers call it after each tensor, so converting a file keeps about one

@@ -8,6 +8,7 @@ use std::fmt;
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::storage::FileRange;
 use crate::tensor::TensorInfo;
 
 type Producer<'a> = Box<dyn Fn() -> Result<Cow<'a, [u8]>> + 'a>;
@@ -23,6 +24,8 @@ pub struct OutTensor<'a> {
     pub shape: Vec<usize>,
     data: Producer<'a>,
     release: Option<Release<'a>>,
+    /// Where the produced bytes lie, unchanged, in an input file (see [`OutTensor::file_range`]).
+    source: Option<FileRange>,
 }
 
 impl fmt::Debug for OutTensor<'_> {
@@ -49,7 +52,22 @@ impl<'a> OutTensor<'a> {
             shape,
             data: Box::new(data),
             release: None,
+            source: None,
         }
+    }
+
+    /// Record that the bytes `data` produces are exactly `range` of an input file, so a
+    /// writer may copy them file to file instead of reading them.
+    pub(crate) fn with_file_range(mut self, range: Option<FileRange>) -> Self {
+        self.source = range;
+        self
+    }
+
+    /// The range of an input file holding exactly this tensor's bytes, if known; `None`
+    /// when its length no longer matches the dtype and shape (they were changed), so the
+    /// writer falls back to [`OutTensor::data`] and its checks.
+    pub(crate) fn file_range(&self) -> Option<&FileRange> {
+        self.source.as_ref().filter(|r| r.len() == self.nbytes())
     }
 
     /// Attach a hook that [`OutTensor::release`] calls once the data has been written (for
@@ -73,6 +91,7 @@ impl<'a> OutTensor<'a> {
             ckpt.data(t)
         })
         .with_release(move || ckpt.release(t))
+        .with_file_range(ckpt.file_range(t))
     }
 
     /// Number of elements.

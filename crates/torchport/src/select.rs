@@ -216,32 +216,14 @@ fn cast_tensor<'a>(
             })
     })
     .with_release(move || ckpt.release(t))
+    .with_file_range(if from == to { ckpt.file_range(t) } else { None })
 }
 
-/// [`cast::cast`] a chunk at a time, so the `f64` detour needs a fixed amount of memory.
+/// [`cast::cast`]: it writes each element straight into the output, so the cast needs no
+/// memory beyond its result. (It once went through a buffer of `f64` and this cast a chunk at
+/// a time to bound that buffer; the name stays for callers.)
 pub fn cast_chunked(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>, CastError> {
-    const CHUNK: usize = 1 << 16;
-    if !bytes.len().is_multiple_of(from.size()) {
-        return Err(CastError::Length {
-            len: bytes.len(),
-            dtype: from,
-        });
-    }
-    let mut out = Vec::with_capacity(bytes.len() / from.size() * to.size());
-    for (i, chunk) in bytes.chunks(CHUNK * from.size()).enumerate() {
-        match cast::cast(chunk, from, to) {
-            Ok(v) => out.extend_from_slice(&v),
-            Err(CastError::OutOfRange { index, value, to }) => {
-                return Err(CastError::OutOfRange {
-                    index: index + i * CHUNK,
-                    value,
-                    to,
-                })
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out)
+    cast::cast(bytes, from, to)
 }
 
 /// Open `input`, apply `opts`, and write the result to `output` in the format its

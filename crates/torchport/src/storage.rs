@@ -2,9 +2,10 @@
 //! (for records that had to be decompressed). Cloning is cheap (reference counted).
 
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::tensor::ByteOrder;
@@ -12,8 +13,8 @@ use crate::tensor::ByteOrder;
 /// Bytes of a whole file: memory-mapped when possible.
 #[derive(Clone, Debug)]
 pub(crate) enum FileBytes {
-    /// A read-only memory map of the file.
-    Mapped(Arc<memmap2::Mmap>),
+    /// A read-only memory map of the file, and the file it maps.
+    Mapped(Arc<Mapped>),
     /// Bytes held in memory.
     Owned(Arc<Vec<u8>>),
 }
@@ -34,13 +35,16 @@ impl FileBytes {
         // by another process while mapped can fault; the file is treated as immutable input.
         #[allow(unsafe_code)]
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Ok(FileBytes::Mapped(Arc::new(map)))
+        Ok(FileBytes::Mapped(Arc::new(Mapped {
+            map,
+            file: Mutex::new(file),
+        })))
     }
 
     /// The whole content.
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
-            FileBytes::Mapped(m) => m,
+            FileBytes::Mapped(m) => &m.map,
             FileBytes::Owned(v) => v,
         }
     }
@@ -55,6 +59,43 @@ impl FileBytes {
             range,
             order: ByteOrder::Little,
         })
+    }
+}
+
+/// A memory-mapped file: the map, and the open file it maps (kept to copy byte ranges
+/// file to file inside the kernel, see [`FileRange`]).
+#[derive(Debug)]
+pub(crate) struct Mapped {
+    map: memmap2::Mmap,
+    /// Locked while its position is moved for a copy.
+    file: Mutex<File>,
+}
+
+/// A byte range of a memory-mapped input file, to be copied to an output file without
+/// passing through this process's memory (`copy_file_range` on Linux, through
+/// [`std::io::copy`]'s file-to-file path; a plain read/write loop elsewhere).
+#[derive(Clone, Debug)]
+pub(crate) struct FileRange {
+    file: Arc<Mapped>,
+    range: Range<usize>,
+}
+
+impl FileRange {
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// Copy the range to the end of what `out` has written (its buffer is flushed first);
+    /// returns the number of bytes copied, which is less than [`FileRange::len`] only when
+    /// the input file was shortened since it was opened.
+    pub(crate) fn copy_to(&self, out: &mut std::io::BufWriter<&mut File>) -> std::io::Result<u64> {
+        out.flush()?;
+        // A poisoned lock only means another copy panicked; the position is set below anyway.
+        let guard = self.file.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut src: &File = &guard;
+        src.seek(SeekFrom::Start(self.range.start as u64))?;
+        std::io::copy(&mut src.take(self.range.len() as u64), out)
     }
 }
 
@@ -126,6 +167,21 @@ impl Storage {
         (&self.file, self.range.clone())
     }
 
+    /// `range` of this storage's bytes as a range of its memory-mapped input file (none for
+    /// bytes held in memory, or a range outside the storage).
+    pub(crate) fn file_range(&self, range: Range<usize>) -> Option<FileRange> {
+        let FileBytes::Mapped(file) = &self.file else {
+            return None;
+        };
+        if range.start > range.end || range.end > self.len() {
+            return None;
+        }
+        Some(FileRange {
+            file: file.clone(),
+            range: self.range.start + range.start..self.range.start + range.end,
+        })
+    }
+
     /// Drop this storage's pages from the process's resident memory (memory-mapped storages
     /// only; a no-op otherwise). The bytes stay in the OS page cache and are read back
     /// transparently if used again, so this is only a hint: writers call it after each
@@ -143,7 +199,7 @@ impl Storage {
             // unsound case, private copy-on-write mappings losing writes, cannot arise).
             #[allow(unsafe_code)]
             let _ = unsafe {
-                map.unchecked_advise_range(
+                map.map.unchecked_advise_range(
                     memmap2::UncheckedAdvice::DontNeed,
                     self.range.start,
                     self.range.len(),

@@ -423,3 +423,80 @@ fn same_input_same_bytes() {
         );
     }
 }
+
+/// Tensors of 64 KiB and more whose bytes lie unchanged in a memory-mapped input are copied
+/// file to file (`copy_file_range` on Linux) instead of through memory: the file must be the
+/// same bytes as one written from memory, and an input cut short after it was opened must
+/// give an error (and no output), never a short file.
+#[test]
+fn large_tensors_are_copied_file_to_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
+        .collect();
+    let mid: Vec<u8> = (0..80_000u32).map(|i| (i % 251) as u8).collect();
+    let small: Vec<u8> = [7i64, -1, 1 << 40]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let tensors = vec![
+        OutTensor::new("big", DType::F32, vec![300, 1000], || {
+            Ok(Cow::Borrowed(&big[..]))
+        }),
+        OutTensor::new("small", DType::I64, vec![3], || {
+            Ok(Cow::Borrowed(&small[..]))
+        }),
+        OutTensor::new("mid", DType::F16, vec![200, 200], || {
+            Ok(Cow::Borrowed(&mid[..]))
+        }),
+    ];
+    let from_memory = dir.path().join("mem.safetensors");
+    write(
+        &from_memory,
+        OutputFormat::Safetensors,
+        &tensors,
+        WriteOptions::default(),
+    )
+    .unwrap();
+    let want = std::fs::read(&from_memory).unwrap();
+    for format in [OutputFormat::TorchZip, OutputFormat::Safetensors] {
+        let input = dir.path().join(format!("in.{}", format.extension()));
+        write(&input, format, &tensors, WriteOptions::default()).unwrap();
+        let ckpt = torchport::open(&input).unwrap();
+        let opts = || WriteOptions {
+            inputs: vec![input.clone()],
+            ..WriteOptions::default()
+        };
+        let copied = dir.path().join("copied.safetensors");
+        write(
+            &copied,
+            OutputFormat::Safetensors,
+            &ckpt.out_tensors(),
+            opts(),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(&copied).unwrap(), want, "from {format}");
+
+        // Cut the input inside `mid`, the last tensor in both layouts (nothing reads the
+        // cut-off part of the map, which would fault).
+        let len = std::fs::metadata(&input).unwrap().len();
+        let tail = if format == OutputFormat::TorchZip {
+            40_000
+        } else {
+            30_000
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&input)
+            .unwrap()
+            .set_len(len - tail)
+            .unwrap();
+        let cut = dir.path().join("cut.safetensors");
+        let err = write(&cut, OutputFormat::Safetensors, &ckpt.out_tensors(), opts())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mid"), "{err}");
+        assert!(err.contains("ended after"), "{err}");
+        assert!(!cut.exists());
+    }
+}

@@ -4,7 +4,9 @@
 //! Every writer streams: it first works out the whole layout from names, dtypes and shapes,
 //! checks that the format can hold every tensor (before anything is created), then asks each
 //! tensor for its bytes in turn and writes them, so memory use is about one tensor, not the
-//! file. Output is atomic (see [`atomic`]): a temporary file beside the destination, synced
+//! file. (The safetensors writer copies large tensors that lie unchanged in a memory-mapped
+//! input file to file instead, `copy_file_range` on Linux, and asks the OS to start writing
+//! them to disk at once so the final sync has little left to do.) Output is atomic (see [`atomic`]): a temporary file beside the destination, synced
 //! and renamed into place when complete, removed on any error; an input is never overwritten.
 //! [`activations`] writes a model's recorded intermediate outputs for a layer-by-layer
 //! comparison with PyTorch's.

@@ -7,13 +7,18 @@
 //! (stable: file order within a size), so every tensor starts aligned to its element size and
 //! can be viewed in place from a memory map; the JSON lists them in that order.
 
-use std::io::Write;
+use std::fs::File;
+use std::io::BufWriter;
 use std::path::Path;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::out::OutTensor;
 use crate::write::{nbytes, put, tensor_bytes, Progress};
+
+/// Tensors smaller than this are written through the output buffer even when they could be
+/// copied file to file (a copy costs a flush and a few system calls).
+const FILE_COPY_MIN: usize = 64 << 10;
 
 /// The safetensors spec's largest header (the reference reader refuses larger ones).
 const MAX_HEADER: usize = 100_000_000;
@@ -120,9 +125,11 @@ pub(crate) fn header(
     Ok((bytes, order))
 }
 
-/// Stream a safetensors file into `w`; returns the bytes of tensor data written.
+/// Stream a safetensors file into `w`; returns the bytes of tensor data written. A tensor
+/// whose bytes lie unchanged in an input file is copied file to file (no pass through this
+/// process's memory); the others are written from [`OutTensor::data`].
 pub(crate) fn write(
-    w: &mut impl Write,
+    w: &mut BufWriter<&mut File>,
     path: &Path,
     tensors: &[OutTensor<'_>],
     metadata: &[(String, String)],
@@ -132,13 +139,32 @@ pub(crate) fn write(
     put(w, path, &(head.len() as u64).to_le_bytes())?;
     put(w, path, &head)?;
     let mut total = 0u64;
+    let writeback = crate::write::atomic::Writeback::start(w.get_ref());
     for i in order {
         let t = &tensors[i];
-        let data = tensor_bytes(path, t)?;
-        put(w, path, &data)?;
-        let data_len = data.len() as u64;
+        let data_len = match t.file_range().filter(|r| r.len() >= FILE_COPY_MIN) {
+            Some(range) => {
+                let n = range.copy_to(w).map_err(|e| Error::write_io(path, e))?;
+                if n != range.len() as u64 {
+                    return Err(Error::Tensor {
+                        path: path.to_path_buf(),
+                        tensor: t.name.clone(),
+                        what: format!(
+                            "could not be copied: its input file ended after {n} of its {} bytes (was it changed while being read?)",
+                            range.len()
+                        ),
+                    });
+                }
+                writeback.hint();
+                n
+            }
+            None => {
+                let data = tensor_bytes(path, t)?;
+                put(w, path, &data)?;
+                data.len() as u64
+            }
+        };
         total += data_len;
-        drop(data);
         t.release();
         progress(&t.name, data_len);
     }
