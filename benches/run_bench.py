@@ -81,8 +81,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--binary", type=Path, default=TIMING,
+                    help="run_timing executable (default: the release build of this checkout)")
     args = ap.parse_args()
-    if not TIMING.exists():
+    if not args.binary.exists():
         sys.exit(f"build first: cargo build --release -p torchport-runtime --example run_timing")
     import onnxruntime as ort
 
@@ -113,7 +115,7 @@ def main():
         feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
         onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)
         env = {"RAYON_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"}
-        res = subprocess.run([str(TIMING), str(pt2), *map(str, npys), "--runs", str(args.runs)],
+        res = subprocess.run([str(args.binary), str(pt2), *map(str, npys), "--runs", str(args.runs)],
                              capture_output=True, text=True, env=env, check=True)
         tp = json.loads(res.stdout.strip().splitlines()[-1])
         rows.append((name, tp["median_ms"], eager, onnx_ms, tp["load_ms"]))
