@@ -45,8 +45,14 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
     let w = float(&a.tensor("weight")?)?;
     let b = a.opt_tensor("bias")?;
     let one_d = w.rank() == 3;
-    let stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
-    let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
+    let mut stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
+    let mut dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
+    if one_d {
+        // A 1-d conv runs as 2-d over a height of 1: stride and dilation 1 there (`pair`
+        // gives 0, which made every 1-d conv fail).
+        stride[0] = 1;
+        dilation[0] = 1;
+    }
     let padding = match a.get("padding") {
         Some(crate::schema::Argument::AsString(s)) => {
             match s.as_str() {
@@ -415,5 +421,34 @@ mod tests {
                 "{xs:?} {ws:?} stride {stride} pad {pad} dil {dil}: {diff}"
             );
         }
+    }
+
+    /// A 1-d conv (run as 2-d over a height of 1) through `conv_nd`'s path against candle's
+    /// conv1d: stride 2, padding 1, dilation 2.
+    #[test]
+    fn conv1d_matches_candle_conv1d() {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1., (2, 3, 20), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1., (4, 3, 5), &dev).unwrap();
+        let p = Params {
+            stride: [1, 2],
+            padding: [0, 1],
+            dilation: [1, 2],
+            groups: 1,
+        };
+        let got = conv(&x, &w, None, &p).unwrap();
+        let want = x.conv1d(&w, 1, 2, 2, 1).unwrap();
+        assert_eq!(got.dims(), want.dims());
+        let diff = (got - want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-4, "{diff}");
     }
 }

@@ -451,6 +451,7 @@ mod tests {
             .unwrap()
             .to_scalar::<f32>()
             .unwrap();
-        assert!(d < 1e-6, "{d}");
+        // Outputs are at most 1; the two sum 1000 terms in different orders (f32).
+        assert!(d < 1e-5, "{d}");
     }
 }
