@@ -5,7 +5,9 @@ onnxruntime on the same machine, same thread count, in one run; prints latency r
     /work/main/.venv/bin/python benches/run_bench.py [--threads 2] [--runs 10]
 
 Models (made on demand under benches/out/, gitignored): ResNet-18 (full width) at 224x224,
-batch 1; a BERT-base-shaped encoder (d=768, 12 heads, 12 layers, FFN 3072) at sequence 128.
+batch 1; a BERT-base-shaped encoder (d=768, 12 heads, 12 layers, FFN 3072) at sequence 128;
+a ViT-S/16-shaped model (d=384, 6 heads, 12 layers, scaled_dot_product_attention) at 224x224.
+--binary picks another run_timing build (e.g. a copy of the one before a change).
 Needs onnxruntime==1.31.1 and onnx in the venv.
 """
 
@@ -23,7 +25,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/fixtures/gen"))
-from export_models import BasicBlock, Bert  # noqa: E402
+from export_models import BasicBlock, Bert, ViT  # noqa: E402
 
 OUT = ROOT / "benches/out"
 TIMING = ROOT / "target/release/examples/run_timing"
@@ -55,6 +57,8 @@ def models():
     b = Bert(vocab=30522, d=768, heads=12, layers=12, maxlen=512).eval()
     ids = torch.randint(0, 30522, (1, 128))
     yield "bert_base", b, (ids, torch.ones(1, 128, dtype=torch.int64))
+    v = ViT(d=384, heads=6, layers=12, patch=16, img=224).eval()
+    yield "vit_small", v, (torch.randn(1, 3, 224, 224),)
 
 
 def rezip(path):
@@ -81,8 +85,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--binary", type=Path, default=TIMING,
+                    help="run_timing executable (default: the release build of this checkout)")
     args = ap.parse_args()
-    if not TIMING.exists():
+    if not args.binary.exists():
         sys.exit(f"build first: cargo build --release -p torchport-runtime --example run_timing")
     import onnxruntime as ort
 
@@ -113,7 +119,7 @@ def main():
         feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
         onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)
         env = {"RAYON_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"}
-        res = subprocess.run([str(TIMING), str(pt2), *map(str, npys), "--runs", str(args.runs)],
+        res = subprocess.run([str(args.binary), str(pt2), *map(str, npys), "--runs", str(args.runs)],
                              capture_output=True, text=True, env=env, check=True)
         tp = json.loads(res.stdout.strip().splitlines()[-1])
         rows.append((name, tp["median_ms"], eager, onnx_ms, tp["load_ms"]))

@@ -21,6 +21,7 @@ pub mod dtype;
 pub mod error;
 pub mod npy;
 pub mod ops;
+pub mod prepare;
 pub mod program;
 pub mod schema;
 pub mod value;

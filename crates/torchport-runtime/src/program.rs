@@ -139,6 +139,7 @@ impl Program {
             }
             weights.insert(arg.name.clone(), t.clone());
         }
+        crate::prepare::pretranspose_linear_weights(g, &mut weights);
         let outputs = user_outputs(&ep)?;
 
         let mut kernels = Vec::with_capacity(g.nodes.len());

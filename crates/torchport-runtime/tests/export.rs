@@ -90,4 +90,4 @@ family!(
     regnet,
     convnext
 );
-family!(vit, bert, gpt2, lstm, gru, unet, half);
+family!(vit, bert, gpt2, lstm, gru, unet, half, conv1d);

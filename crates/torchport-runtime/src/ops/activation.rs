@@ -13,7 +13,13 @@ use crate::value::{one, Args, Outputs};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     for n in ["aten.relu.default", "aten.relu_.default"] {
-        r.add(n, |a| one(a.tensor("self")?.relu()?));
+        r.add(n, |a| {
+            let x = a.tensor("self")?;
+            match super::fused::relu(&x) {
+                Some(y) => one(y),
+                None => one(x.relu()?),
+            }
+        });
     }
     for n in ["aten.hardtanh.default", "aten.hardtanh_.default"] {
         r.add(n, hardtanh);
@@ -74,7 +80,10 @@ fn hardtanh(a: &Args) -> OpResult<Outputs> {
 fn gelu(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("self")?)?;
     match a.str_or("approximate", "none")? {
-        "none" => one(x.gelu_erf()?),
+        "none" => match super::fused::gelu_erf(&x) {
+            Some(y) => one(y),
+            None => one(x.gelu_erf()?),
+        },
         "tanh" => {
             // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
             let k = (2.0f64 / std::f64::consts::PI).sqrt();
@@ -95,6 +104,11 @@ fn leaky_relu(a: &Args) -> OpResult<Outputs> {
 
 /// Softmax over `d` with the max subtracted first.
 pub fn softmax_dim(x: &Tensor, d: usize) -> OpResult<Tensor> {
+    if d + 1 == x.rank() {
+        if let Some(y) = super::fused::softmax_last(x, false) {
+            return Ok(y);
+        }
+    }
     let m = x.max_keepdim(d)?;
     // Rows that are all -inf give NaN in torch too; keep the max finite to match its output.
     let e = x.broadcast_sub(&m)?.exp()?;
@@ -109,6 +123,11 @@ fn softmax(a: &Args) -> OpResult<Outputs> {
     if let Some(st) = a.opt_scalar_type("dtype")? {
         if !dtype::is_float(st) {
             op_bail!("softmax to dtype {} is not supported", dtype::name(st));
+        }
+    }
+    if d + 1 == x.rank() {
+        if let Some(y) = super::fused::softmax_last(&x, target.contains("log_softmax")) {
+            return one(y);
         }
     }
     if target.contains("log_softmax") {

@@ -1,10 +1,11 @@
 //! Convolutions: conv1d/conv2d/convolution (grouped, depthwise, asymmetric padding) and
-//! conv_transpose2d. Dense and grouped convs go through candle's im2col + gemm; depthwise
-//! convs (groups == in channels) use a direct kernel, which is far faster than one gemm per
-//! channel.
+//! conv_transpose2d. Dense convs unfold the input (im2col) and run one gemm per image;
+//! grouped convs go through candle's tiled im2col + gemm; depthwise convs (groups == in
+//! channels) use a direct kernel, which is far faster than one gemm per channel.
 
-use candle_core::{Tensor, D};
+use candle_core::{DType, Tensor, D};
 
+use super::fused::with_f32;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
@@ -44,8 +45,14 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
     let w = float(&a.tensor("weight")?)?;
     let b = a.opt_tensor("bias")?;
     let one_d = w.rank() == 3;
-    let stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
-    let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
+    let mut stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
+    let mut dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
+    if one_d {
+        // A 1-d conv runs as 2-d over a height of 1: stride and dilation 1 there (`pair`
+        // gives 0, which made every 1-d conv fail).
+        stride[0] = 1;
+        dilation[0] = 1;
+    }
     let padding = match a.get("padding") {
         Some(crate::schema::Argument::AsString(s)) => {
             match s.as_str() {
@@ -99,6 +106,8 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
     let cin = x.dims()[1];
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
         depthwise(&x, &w, p)?
+    } else if let Some(y) = conv_gemm(&x, &w, p)? {
+        y
     } else {
         let mut x = x;
         let [ph, pw] = p.padding;
@@ -123,6 +132,99 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
         None => y,
     };
     Ok(if one_d { y.squeeze(2)? } else { y })
+}
+
+/// Dense convolution (groups 1, f32) as one gemm per image: the input unfolded (im2col) into
+/// a `[c_in * kh * kw, oh * ow]` matrix whose rows follow the weight's own order, so the
+/// weight `[c_out, c_in, kh, kw]` is read as the `[c_out, c_in * kh * kw]` matrix it already
+/// is and `weight @ cols` is the NCHW output itself (no reordering of weight or output). A 1x1
+/// convolution with stride 1 and no padding uses the input as `cols` directly. Any per-dim
+/// stride, padding and dilation. `None` when the layout does not apply.
+fn conv_gemm(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Option<Tensor>> {
+    let (n, c, h, wd) = x.dims4()?;
+    let (co, ci, kh, kw) = w.dims4()?;
+    if p.groups != 1
+        || ci != c
+        || kh == 0
+        || kw == 0
+        || x.dtype() != DType::F32
+        || w.dtype() != DType::F32
+    {
+        return Ok(None);
+    }
+    let oh = out_len(h, kh, p.padding[0], p.stride[0], p.dilation[0])?;
+    let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
+    let k = c * kh * kw;
+    let pix = oh * ow;
+    let wm = w.contiguous()?.reshape((co, k))?;
+    let x = x.contiguous()?;
+    let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
+    let mut outs = Vec::with_capacity(n);
+    for b in 0..n {
+        let img = x.get(b)?;
+        let cols = if direct {
+            img.reshape((c, pix))?
+        } else {
+            let Some(v) = with_f32(&img, |xs| im2col(xs, [c, h, wd], [kh, kw], [oh, ow], p)) else {
+                return Ok(None);
+            };
+            Tensor::from_vec(v, (k, pix), x.device())?
+        };
+        outs.push(wm.matmul(&cols)?.reshape((co, oh, ow))?);
+    }
+    Ok(Some(if n == 1 {
+        outs.swap_remove(0).unsqueeze(0)?
+    } else {
+        Tensor::stack(&outs, 0)?
+    }))
+}
+
+/// Unfold one image `[c, h, w]` into `[c * kh * kw, oh * ow]` (row `(ci, i, j)` holds the
+/// input pixel each output pixel sees through kernel tap `(i, j)` of channel `ci`; zero where
+/// that falls in the padding). Rows are filled in parallel.
+fn im2col(
+    xs: &[f32],
+    [c, h, wd]: [usize; 3],
+    [kh, kw]: [usize; 2],
+    [oh, ow]: [usize; 2],
+    p: &Params,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let pix = oh * ow;
+    let mut cols = vec![0f32; c * kh * kw * pix];
+    if pix == 0 {
+        return cols;
+    }
+    let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
+    cols.par_chunks_mut(pix).enumerate().for_each(|(r, row)| {
+        let (ci, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
+        let src = &xs[ci * h * wd..][..h * wd];
+        let di = (i * p.dilation[0]) as isize - ph;
+        let dj = (j * p.dilation[1]) as isize - pw;
+        for y in 0..oh {
+            let iy = (y * p.stride[0]) as isize + di;
+            if iy < 0 || iy >= h as isize {
+                continue;
+            }
+            let srow = &src[iy as usize * wd..][..wd];
+            let drow = &mut row[y * ow..][..ow];
+            if p.stride[1] == 1 {
+                // Valid output columns: 0 <= x + dj < wd.
+                let x0 = (-dj).clamp(0, ow as isize) as usize;
+                let x1 = (wd as isize - dj).clamp(x0 as isize, ow as isize) as usize;
+                let s0 = (x0 as isize + dj) as usize;
+                drow[x0..x1].copy_from_slice(&srow[s0..s0 + (x1 - x0)]);
+            } else {
+                for (xo, d) in drow.iter_mut().enumerate() {
+                    let ix = (xo * p.stride[1]) as isize + dj;
+                    if ix >= 0 && ix < wd as isize {
+                        *d = srow[ix as usize];
+                    }
+                }
+            }
+        }
+    });
+    cols
 }
 
 /// Output length of a convolution along one dim.
@@ -271,4 +373,82 @@ fn conv_transpose2d(
         }
     }
     from_f32(out, &[n, co, oh, ow])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The im2col + gemm path against candle's own conv2d (a different algorithm) on shapes the
+    /// export fixtures do not all cover: strides, dilations and paddings per dim, 1x1, batch 2.
+    #[test]
+    fn conv_gemm_matches_candle_conv2d() {
+        let dev = Device::Cpu;
+        // (input, weight, stride, padding, dilation)
+        type Case = ([usize; 4], [usize; 4], usize, usize, usize);
+        let cases: [Case; 5] = [
+            ([2, 3, 9, 11], [4, 3, 3, 3], 1, 1, 1),
+            ([1, 5, 10, 7], [6, 5, 3, 3], 2, 0, 1),
+            ([1, 2, 12, 12], [3, 2, 3, 3], 1, 2, 2),
+            ([2, 4, 6, 5], [7, 4, 1, 1], 1, 0, 1),
+            ([1, 3, 8, 8], [2, 3, 5, 5], 3, 2, 1),
+        ];
+        for (xs, ws, stride, pad, dil) in cases {
+            let x = Tensor::randn(0f32, 1., xs.to_vec(), &dev).unwrap();
+            let w = Tensor::randn(0f32, 1., ws.to_vec(), &dev).unwrap();
+            let p = Params {
+                stride: [stride; 2],
+                padding: [pad; 2],
+                dilation: [dil; 2],
+                groups: 1,
+            };
+            let got = conv_gemm(&x, &w, &p).unwrap().expect("fast path applies");
+            let want = x.conv2d(&w, pad, stride, dil, 1).unwrap();
+            assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
+            let diff = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(
+                diff < 1e-4,
+                "{xs:?} {ws:?} stride {stride} pad {pad} dil {dil}: {diff}"
+            );
+        }
+    }
+
+    /// A 1-d conv (run as 2-d over a height of 1) through `conv_nd`'s path against candle's
+    /// conv1d: stride 2, padding 1, dilation 2.
+    #[test]
+    fn conv1d_matches_candle_conv1d() {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1., (2, 3, 20), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1., (4, 3, 5), &dev).unwrap();
+        let p = Params {
+            stride: [1, 2],
+            padding: [0, 1],
+            dilation: [1, 2],
+            groups: 1,
+        };
+        let got = conv(&x, &w, None, &p).unwrap();
+        let want = x.conv1d(&w, 1, 2, 2, 1).unwrap();
+        assert_eq!(got.dims(), want.dims());
+        let diff = (got - want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-4, "{diff}");
+    }
 }

@@ -2,6 +2,7 @@
 
 use candle_core::{DType, Shape, Tensor};
 
+use super::fused::{self, BinOp};
 use super::{as_dtype, binary_operands, float, scalar_tensor, Registry};
 use crate::dtype;
 use crate::error::{OpError, OpResult};
@@ -161,12 +162,23 @@ fn alpha_scaled(a: &Args, t: Tensor) -> OpResult<Tensor> {
 fn add(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
     let r = alpha_scaled(a, r)?;
+    if let Some(y) = fused::binary(&l, &r, BinOp::Add) {
+        return one(y);
+    }
     one(l.broadcast_add(&r)?)
 }
 
 fn sub(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
     let r = alpha_scaled(a, r)?;
+    let (x, y) = if a.node().target.contains("rsub") {
+        (&r, &l)
+    } else {
+        (&l, &r)
+    };
+    if let Some(t) = fused::binary(x, y, BinOp::Sub) {
+        return one(t);
+    }
     if a.node().target.contains("rsub") {
         one(r.broadcast_sub(&l)?)
     } else {
@@ -176,13 +188,20 @@ fn sub(a: &Args) -> OpResult<Outputs> {
 
 fn mul(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
+    if let Some(y) = fused::binary(&l, &r, BinOp::Mul) {
+        return one(y);
+    }
     one(l.broadcast_mul(&r)?)
 }
 
 fn div(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
     let mode = a.str_or("rounding_mode", "")?;
-    let q = float(&l)?.broadcast_div(&float(&r)?)?;
+    let (lf, rf) = (float(&l)?, float(&r)?);
+    let q = match fused::binary(&lf, &rf, BinOp::Div) {
+        Some(q) => q,
+        None => lf.broadcast_div(&rf)?,
+    };
     let int = l.dtype() == DType::I64 && r.dtype() == DType::I64;
     match mode {
         "" => one(q),

@@ -78,7 +78,15 @@ fn linear(a: &Args) -> OpResult<Outputs> {
     let w = float(&a.tensor("weight")?)?;
     let y = matmul(&x, &w.t()?)?;
     match a.opt_tensor("bias")? {
-        Some(b) => one(y.broadcast_add(&float(&b)?)?),
+        // `y` is the matmul's fresh result, shared with nothing: add the bias in place.
+        Some(b) => {
+            let b = float(&b)?;
+            if super::fused::add_bias_in_place(&y, &b) {
+                one(y)
+            } else {
+                one(y.broadcast_add(&b)?)
+            }
+        }
         None => one(y),
     }
 }

@@ -16,6 +16,7 @@ pub mod activation;
 pub mod attention;
 pub mod conv;
 pub mod elementwise;
+pub mod fused;
 pub mod interp;
 pub mod linalg;
 pub mod norm;

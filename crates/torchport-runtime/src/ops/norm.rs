@@ -110,6 +110,32 @@ fn layer_norm(a: &Args) -> OpResult<Outputs> {
     let shape = a.ints("normalized_shape")?;
     let eps = a.float_or("eps", 1e-5)?;
     let k = shape.len();
+    let native = a.node().target.contains("native_layer_norm");
+    // mean/rstd have the input's leading dims and size-1 normalized dims.
+    let stat_shape = || -> Vec<usize> {
+        let mut s: Vec<usize> = x.dims()[..x.rank().saturating_sub(k)].to_vec();
+        s.extend(std::iter::repeat_n(1, k));
+        s
+    };
+    if k <= x.rank() {
+        let n: usize = x.dims()[x.rank() - k..].iter().product();
+        let (w, b) = (a.opt_tensor("weight")?, a.opt_tensor("bias")?);
+        let (w, b) = (
+            w.map(|t| float(&t)).transpose()?,
+            b.map(|t| float(&t)).transpose()?,
+        );
+        if let Some((y, mean, rstd)) = super::fused::layer_norm(&x, n, w.as_ref(), b.as_ref(), eps)
+        {
+            if native {
+                return Ok(vec![
+                    Value::Tensor(y),
+                    Value::Tensor(mean.reshape(stat_shape())?),
+                    Value::Tensor(rstd.reshape(stat_shape())?),
+                ]);
+            }
+            return one(y);
+        }
+    }
     let (mut y, mean, rstd) = normalize_last(&x, k, eps)?;
     if let Some(w) = a.opt_tensor("weight")? {
         y = y.broadcast_mul(&float(&w)?)?;
@@ -117,14 +143,11 @@ fn layer_norm(a: &Args) -> OpResult<Outputs> {
     if let Some(b) = a.opt_tensor("bias")? {
         y = y.broadcast_add(&float(&b)?)?;
     }
-    if a.node().target.contains("native_layer_norm") {
-        // mean/rstd have the input's leading dims and size-1 normalized dims.
-        let mut s: Vec<usize> = x.dims()[..x.rank() - k].to_vec();
-        s.extend(std::iter::repeat_n(1, k));
+    if native {
         return Ok(vec![
             Value::Tensor(y),
-            Value::Tensor(mean.reshape(s.clone())?),
-            Value::Tensor(rstd.reshape(s)?),
+            Value::Tensor(mean.reshape(stat_shape())?),
+            Value::Tensor(rstd.reshape(stat_shape())?),
         ]);
     }
     one(y)

@@ -86,7 +86,8 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
     let np: usize = lead.iter().product();
     let mut out = vec![0f32; np * oh * ow];
     let mut idx = vec![0i64; np * oh * ow];
-    for pl in 0..np {
+    // One plane (image, channel) per task.
+    let plane = |pl: usize, out: &mut [f32], idx: &mut [i64]| {
         let src = &xs[pl * h * w..][..h * w];
         for y in 0..oh {
             for xo in 0..ow {
@@ -113,10 +114,18 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
                         }
                     }
                 }
-                out[(pl * oh + y) * ow + xo] = best;
-                idx[(pl * oh + y) * ow + xo] = bi;
+                out[y * ow + xo] = best;
+                idx[y * ow + xo] = bi;
             }
         }
+    };
+    let per = oh * ow;
+    if per > 0 {
+        use rayon::prelude::*;
+        out.par_chunks_mut(per)
+            .zip(idx.par_chunks_mut(per))
+            .enumerate()
+            .for_each(|(pl, (o, ix))| plane(pl, o, ix));
     }
     let mut shape = lead;
     shape.extend([oh, ow]);
