@@ -79,51 +79,46 @@ impl Program {
         let mut weights = HashMap::new();
         let mut inputs = Vec::new();
         for spec in specs {
-            let (arg, fqn) = match spec {
-                InputSpec::Parameter {
-                    arg,
-                    parameter_name,
-                } => (arg, parameter_name),
-                InputSpec::Buffer {
-                    arg, buffer_name, ..
-                } => (arg, buffer_name),
-                InputSpec::TensorConstant {
-                    arg,
-                    tensor_constant_name,
-                } => (arg, tensor_constant_name),
-                InputSpec::UserInput { arg } => {
-                    let Argument::AsTensor(t) = arg else {
+            let Some((arg, fqn)) = spec.weight() else {
+                match spec {
+                    InputSpec::UserInput { arg } => {
+                        let Argument::AsTensor(t) = arg else {
+                            return Err(Error::Program(format!(
+                                "user input of kind {} is not supported (only tensors)",
+                                arg.kind_name()
+                            )));
+                        };
+                        let meta = g.tensor_values.get(&t.name).ok_or_else(|| {
+                            Error::Program(format!(
+                                "user input '{}' has no tensor metadata",
+                                t.name
+                            ))
+                        })?;
+                        inputs.push(input_info(&t.name, meta));
+                        continue;
+                    }
+                    InputSpec::CustomObj {
+                        custom_obj_name, ..
+                    } => {
                         return Err(Error::Program(format!(
-                            "user input of kind {} is not supported (only tensors)",
-                            arg.kind_name()
-                        )));
-                    };
-                    let meta = g.tensor_values.get(&t.name).ok_or_else(|| {
-                        Error::Program(format!("user input '{}' has no tensor metadata", t.name))
-                    })?;
-                    inputs.push(input_info(&t.name, meta));
-                    continue;
-                }
-                InputSpec::CustomObj {
-                    custom_obj_name, ..
-                } => {
-                    return Err(Error::Program(format!(
-                        "custom object input '{custom_obj_name}' is not supported"
-                    )))
-                }
-                InputSpec::Token { .. } => {
-                    return Err(Error::Program(
-                        "effect tokens (side-effecting ops) are not supported".into(),
-                    ))
-                }
-                InputSpec::ConstantInput { name, .. } => {
-                    return Err(Error::Program(format!(
-                        "constant input '{name}' is not supported"
-                    )))
+                            "custom object input '{custom_obj_name}' is not supported"
+                        )))
+                    }
+                    InputSpec::Token { .. } => {
+                        return Err(Error::Program(
+                            "effect tokens (side-effecting ops) are not supported".into(),
+                        ))
+                    }
+                    InputSpec::ConstantInput { name, .. } => {
+                        return Err(Error::Program(format!(
+                            "constant input '{name}' is not supported"
+                        )))
+                    }
+                    _ => unreachable!("weights are handled above"),
                 }
             };
             let t = payloads.get(fqn).ok_or_else(|| Error::Weight {
-                name: fqn.clone(),
+                name: fqn.to_string(),
                 what: "the program needs it but the archive does not hold it".into(),
             })?;
             if let Some(meta) = g.tensor_values.get(&arg.name) {
@@ -131,7 +126,7 @@ impl Program {
                     let want: Vec<usize> = s.iter().map(|&v| v.max(0) as usize).collect();
                     if t.dims() != want.as_slice() {
                         return Err(Error::Weight {
-                            name: fqn.clone(),
+                            name: fqn.to_string(),
                             what: format!("shape {:?} but the graph expects {want:?}", t.dims()),
                         });
                     }

@@ -384,6 +384,27 @@ pub enum InputSpec {
     },
 }
 
+impl InputSpec {
+    /// For a parameter, buffer or tensor constant: its graph input and the state_dict or
+    /// constant name its tensor is stored under.
+    pub fn weight(&self) -> Option<(&TensorArgument, &str)> {
+        match self {
+            InputSpec::Parameter {
+                arg,
+                parameter_name,
+            } => Some((arg, parameter_name)),
+            InputSpec::Buffer {
+                arg, buffer_name, ..
+            } => Some((arg, buffer_name)),
+            InputSpec::TensorConstant {
+                arg,
+                tensor_constant_name,
+            } => Some((arg, tensor_constant_name)),
+            _ => None,
+        }
+    }
+}
+
 /// The role of one graph output.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "snake_case")]

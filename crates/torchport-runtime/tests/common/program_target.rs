@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use torchport_runtime::candle_core::{Device, Tensor};
-use torchport_runtime::schema::{self, InputSpec};
+use torchport_runtime::schema;
 use torchport_runtime::{dtype, Program};
 
 /// Largest weight the target makes (elements); a larger one is left out, which the program
@@ -26,19 +26,8 @@ pub fn pt2_program(json: &[u8]) -> bool {
     let g = &ep.graph_module.graph;
     let mut payloads = HashMap::new();
     for spec in &ep.graph_module.signature.input_specs {
-        let (arg, fqn) = match spec {
-            InputSpec::Parameter {
-                arg,
-                parameter_name,
-            } => (arg, parameter_name),
-            InputSpec::Buffer {
-                arg, buffer_name, ..
-            } => (arg, buffer_name),
-            InputSpec::TensorConstant {
-                arg,
-                tensor_constant_name,
-            } => (arg, tensor_constant_name),
-            _ => continue,
+        let Some((arg, fqn)) = spec.weight() else {
+            continue;
         };
         let Some(meta) = g.tensor_values.get(&arg.name) else {
             continue;
@@ -61,7 +50,7 @@ pub fn pt2_program(json: &[u8]) -> bool {
             continue;
         };
         let t = Tensor::zeros(shape, dt, &Device::Cpu).unwrap();
-        payloads.insert(fqn.clone(), t);
+        payloads.insert(fqn.to_string(), t);
     }
     match Program::from_parts(ep, payloads) {
         Ok(p) => {
