@@ -61,16 +61,6 @@ def models():
     yield "vit_small", v, (torch.randn(1, 3, 224, 224),)
 
 
-def rezip(path):
-    import zipfile
-    tmp = path.with_suffix(".tmp")
-    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zout:
-        for info in zin.infolist():
-            zi = zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0))
-            zout.writestr(zi, zin.read(info.filename))
-    tmp.replace(path)
-
-
 def time_it(fn, runs):
     fn()
     ts = []
@@ -101,10 +91,6 @@ def main():
         npys = [OUT / f"{name}.input_{i}.npy" for i in range(len(inputs))]
         if not pt2.exists():
             torch.export.save(torch.export.export(model, inputs), pt2)
-            # Workaround: zip 9.8 (used by torchport::open and the runtime) rejects some large
-            # archives written by torch ("Invalid Central Directory header"); a plain rewrite
-            # of the same records reads fine. See the run section of BENCHMARKS.md.
-            rezip(pt2)
         if not onnx_path.exists():
             torch.onnx.export(model, inputs, onnx_path, dynamo=False, opset_version=17)
         for p, x in zip(npys, inputs):
