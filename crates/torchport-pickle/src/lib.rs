@@ -98,6 +98,34 @@ impl Pickle {
         &self.nodes
     }
 
+    /// The first node holding an id outside the arena (or the root, if it is outside); `None`
+    /// for every pickle this crate makes. The arena's invariant, for tests and fuzzers.
+    pub fn first_dangling(&self) -> Option<&Value> {
+        let ok = |id: &NodeId| (id.0 as usize) < self.nodes.len();
+        if !ok(&self.root) {
+            return Some(&vm::MISSING);
+        }
+        self.nodes.iter().find(|v| {
+            let fine = match v {
+                Value::List(i) | Value::Tuple(i) | Value::Set(i) | Value::FrozenSet(i) => {
+                    i.iter().all(ok)
+                }
+                Value::Dict(items) => items.iter().all(|(k, v)| ok(k) && ok(v)),
+                Value::PersistentId(id) => ok(id),
+                Value::Object(o) => {
+                    ok(&o.callable)
+                        && o.args.iter().all(ok)
+                        && o.kwargs.iter().all(|(k, v)| ok(k) && ok(v))
+                        && o.state.as_ref().is_none_or(ok)
+                        && o.list_items.iter().all(ok)
+                        && o.dict_items.iter().all(|(k, v)| ok(k) && ok(v))
+                }
+                _ => true,
+            };
+            !fine
+        })
+    }
+
     /// Every distinct (module, name) global referenced, in first-seen order.
     pub fn globals(&self) -> &[(String, String)] {
         &self.globals
@@ -214,4 +242,30 @@ pub fn scan_globals(
 /// (through STOP). Used for streams with several pickles back to back (torch's legacy format).
 pub fn parse_prefix(bytes: &[u8], limits: &Limits) -> Result<(Pickle, usize), Error> {
     vm::run(bytes, limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arena(nodes: Vec<Value>, root: u32) -> Pickle {
+        Pickle {
+            nodes,
+            root: NodeId(root),
+            globals: Vec::new(),
+            protocol: None,
+        }
+    }
+
+    #[test]
+    fn first_dangling_finds_ids_outside_the_arena() {
+        let good = arena(vec![Value::Int(1), Value::List(vec![NodeId(0)])], 1);
+        assert!(good.first_dangling().is_none());
+        let bad_item = arena(vec![Value::Int(1), Value::List(vec![NodeId(2)])], 1);
+        assert!(matches!(bad_item.first_dangling(), Some(Value::List(_))));
+        let bad_root = arena(vec![Value::Int(1)], 1);
+        assert!(bad_root.first_dangling().is_some());
+        let parsed = parse(b"\x80\x02]q\x00(K\x01h\x00e.", &Limits::default()).unwrap();
+        assert!(parsed.first_dangling().is_none());
+    }
 }

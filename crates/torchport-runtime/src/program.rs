@@ -79,42 +79,45 @@ impl Program {
         let mut weights = HashMap::new();
         let mut inputs = Vec::new();
         for spec in specs {
-            let Some((arg, fqn)) = spec.weight() else {
-                match spec {
-                    InputSpec::UserInput { arg } => {
-                        let Argument::AsTensor(t) = arg else {
-                            return Err(Error::Program(format!(
-                                "user input of kind {} is not supported (only tensors)",
-                                arg.kind_name()
-                            )));
-                        };
-                        let meta = g.tensor_values.get(&t.name).ok_or_else(|| {
-                            Error::Program(format!(
-                                "user input '{}' has no tensor metadata",
-                                t.name
-                            ))
-                        })?;
-                        inputs.push(input_info(&t.name, meta));
-                        continue;
-                    }
+            let (arg, fqn) = match (spec.weight(), spec) {
+                (Some(weight), _) => weight,
+                (None, InputSpec::UserInput { arg }) => {
+                    let Argument::AsTensor(t) = arg else {
+                        return Err(Error::Program(format!(
+                            "user input of kind {} is not supported (only tensors)",
+                            arg.kind_name()
+                        )));
+                    };
+                    let meta = g.tensor_values.get(&t.name).ok_or_else(|| {
+                        Error::Program(format!("user input '{}' has no tensor metadata", t.name))
+                    })?;
+                    inputs.push(input_info(&t.name, meta));
+                    continue;
+                }
+                (
+                    None,
                     InputSpec::CustomObj {
                         custom_obj_name, ..
-                    } => {
-                        return Err(Error::Program(format!(
-                            "custom object input '{custom_obj_name}' is not supported"
-                        )))
-                    }
-                    InputSpec::Token { .. } => {
-                        return Err(Error::Program(
-                            "effect tokens (side-effecting ops) are not supported".into(),
-                        ))
-                    }
-                    InputSpec::ConstantInput { name, .. } => {
-                        return Err(Error::Program(format!(
-                            "constant input '{name}' is not supported"
-                        )))
-                    }
-                    _ => unreachable!("weights are handled above"),
+                    },
+                ) => {
+                    return Err(Error::Program(format!(
+                        "custom object input '{custom_obj_name}' is not supported"
+                    )))
+                }
+                (None, InputSpec::Token { .. }) => {
+                    return Err(Error::Program(
+                        "effect tokens (side-effecting ops) are not supported".into(),
+                    ))
+                }
+                (None, InputSpec::ConstantInput { name, .. }) => {
+                    return Err(Error::Program(format!(
+                        "constant input '{name}' is not supported"
+                    )))
+                }
+                (None, _) => {
+                    return Err(Error::Program(
+                        "an input of a kind the runtime does not know".into(),
+                    ))
                 }
             };
             let t = payloads.get(fqn).ok_or_else(|| Error::Weight {

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use regex::Regex;
 
-use crate::cast::{self, CastError};
+use crate::cast;
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -207,7 +207,7 @@ fn cast_tensor<'a>(
         if from == to {
             return Ok(bytes);
         }
-        cast_chunked(&bytes, from, to)
+        cast::cast(&bytes, from, to)
             .map(Cow::Owned)
             .map_err(|e| Error::Tensor {
                 path: ckpt.path().to_path_buf(),
@@ -217,13 +217,6 @@ fn cast_tensor<'a>(
     })
     .with_release(move || ckpt.release(t))
     .with_file_range(if from == to { ckpt.file_range(t) } else { None })
-}
-
-/// [`cast::cast`]: it writes each element straight into the output, so the cast needs no
-/// memory beyond its result. (It once went through a buffer of `f64` and this cast a chunk at
-/// a time to bound that buffer; the name stays for callers.)
-pub fn cast_chunked(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>, CastError> {
-    cast::cast(bytes, from, to)
 }
 
 /// Open `input`, apply `opts`, and write the result to `output` in the format its
@@ -283,17 +276,17 @@ mod tests {
     }
 
     #[test]
-    fn chunked_cast_reports_global_index() {
+    fn cast_reports_the_element_index() {
         let n = (1 << 16) + 5;
         let mut vals = vec![1.0f32; n];
         vals[n - 1] = 1e10;
         let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let h = cast_chunked(&bytes, DType::F32, DType::F16).unwrap();
+        let h = cast::cast(&bytes, DType::F32, DType::F16).unwrap();
         assert_eq!(h.len(), n * 2);
         // 1e10 overflows float16 to +inf, as in torch.
         assert_eq!(&h[h.len() - 2..], &half::f16::INFINITY.to_le_bytes());
-        match cast_chunked(&bytes, DType::F32, DType::I16) {
-            Err(CastError::OutOfRange { index, .. }) => assert_eq!(index, n - 1),
+        match cast::cast(&bytes, DType::F32, DType::I16) {
+            Err(cast::CastError::OutOfRange { index, .. }) => assert_eq!(index, n - 1),
             other => panic!("{other:?}"),
         }
     }
