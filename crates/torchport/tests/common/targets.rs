@@ -69,7 +69,8 @@ pub fn as_safetensors(data: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Read the bytes as `format` (no detection), read everything, then scan them.
+/// Read the bytes as `format` (no detection) and read everything; then [`exercise`] them too
+/// (detection and the security scan), so one input covers both paths.
 pub fn exercise_as(bytes: Vec<u8>, format: Format) -> bool {
     let r = torchport::open_bytes_as("fuzz-input", bytes.clone(), format, &Limits::default());
     let opened = read_or_check(r);
