@@ -102,7 +102,7 @@ pub fn detect(bytes: &[u8]) -> Option<Format> {
 
 /// Which kind of zip archive: decided from the record names in its central directory.
 fn zip_kind(bytes: &[u8]) -> Format {
-    let Ok(zip) = zip::ZipArchive::new(std::io::Cursor::new(bytes)) else {
+    let Ok(zip) = torch_zip::open_zip(bytes) else {
         // A damaged zip: the torch zip reader reports what is wrong with it.
         return Format::TorchZip;
     };

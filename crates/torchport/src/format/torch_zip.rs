@@ -49,21 +49,22 @@ impl<'a> Archive<'a> {
         limits: &Limits,
     ) -> Result<Self> {
         let bytes = file.as_slice().get(range.clone()).unwrap_or_default();
-        let zip = ZipArchive::new(Cursor::new(bytes)).map_err(|source| Error::Zip {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        if zip.offset() != 0 {
-            // The last directory found belongs to an archive that starts inside the file: a
-            // cut-off file whose own directory is gone, ending with a zip stored inside it.
-            return Err(Error::corrupt(
-                path,
-                format!(
-                    "the zip directory at the end of the file describes an archive starting at byte {}, not at the start; the file is truncated or has data in front",
-                    zip.offset()
+        let zip = open_zip(bytes).map_err(|source| {
+            // Say why when the directory found belongs to an archive that starts inside the
+            // file: a cut-off file whose own directory is gone, ending with a zip stored in it.
+            match ZipArchive::new(Cursor::new(bytes)).map(|z| z.offset()) {
+                Ok(offset) if offset != 0 => Error::corrupt(
+                    path,
+                    format!(
+                        "the zip directory at the end of the file describes an archive starting at byte {offset}, not at the start; the file is truncated or has data in front"
+                    ),
                 ),
-            ));
-        }
+                _ => Error::Zip {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            }
+        })?;
         Ok(Archive {
             path,
             file,
@@ -175,6 +176,23 @@ impl<'a> Archive<'a> {
         }
         Ok(Storage::owned(out))
     }
+}
+
+/// Open the zip archive that starts at the first byte of `bytes`, as every reader of ours does.
+///
+/// The archive offset is fixed at 0, never detected: a torch archive has nothing in front of
+/// it, and the zip crate's detection misreads valid archives. It takes the directory to end
+/// where the end-of-directory record starts, but torch (miniz) always writes a ZIP64 end
+/// record and locator (76 bytes) between them; when the first directory entry is itself 76
+/// bytes long (a 30-byte record name: `torch.save` to a 21-character stem, `torch.jit.save`
+/// to a 23-character one, `torch.export.save` to an 8-character one) a second entry sits
+/// exactly where the directory "should" start, the archive is taken to start 76 bytes in,
+/// and the directory walk runs into the ZIP64 record ("Invalid Central Directory header").
+pub(crate) fn open_zip(bytes: &[u8]) -> zip::result::ZipResult<ZipArchive<Cursor<&[u8]>>> {
+    let config = zip::read::Config {
+        archive_offset: zip::read::ArchiveOffset::Known(0),
+    };
+    ZipArchive::with_config(config, Cursor::new(bytes))
 }
 
 /// The root folder of a torch zip: the folder holding `data.pkl` (any name).
