@@ -108,8 +108,12 @@ pub enum ErrorKind {
     /// PROTO names a protocol newer than 5.
     #[error("protocol {0} is newer than 5, the highest protocol this reader knows")]
     UnsupportedProtocol(u8),
-    /// A feature this reader deliberately does not provide (out-of-band buffers, the
-    /// extension registry); the text names it.
+    /// EXT1 / EXT2 / EXT4 name an extension code; the registry they look it up in is empty
+    /// here, as in a Python process that never called `copyreg.add_extension`.
+    #[error("extension code {0} is not registered (this reader's extension registry is empty, as in a plain Python)")]
+    UnregisteredExtension(u32),
+    /// A feature this reader deliberately does not provide (out-of-band buffers); the text
+    /// names it.
     #[error("{0} are not supported")]
     Unsupported(&'static str),
     /// A structurally invalid argument (negative length, odd number of dict items, …); the

@@ -360,11 +360,11 @@ impl Machine<'_> {
                 let pid = self.pop()?;
                 self.push_new(Value::PersistentId(pid))?;
             }
-            EXT1 | EXT2 | EXT4 => {
-                return Err(ErrorKind::Unsupported(
-                    "extension registry codes (copyreg EXT1 / EXT2 / EXT4)",
-                ));
-            }
+            // The copyreg extension registry is empty: every code is unregistered, and
+            // Python's own unpickler fails the same way.
+            EXT1 => return Err(ErrorKind::UnregisteredExtension(u32::from(r.u8()?))),
+            EXT2 => return Err(ErrorKind::UnregisteredExtension(u32::from(r.u16_le()?))),
+            EXT4 => return Err(ErrorKind::UnregisteredExtension(r.u32_le()?)),
 
             _ => return Err(ErrorKind::UnknownOpcode(op)),
         }
