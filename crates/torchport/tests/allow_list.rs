@@ -209,3 +209,17 @@ fn a_file_own_class_is_read_as_data() {
         .collect();
     assert_eq!(values, ["x = <mymodel.Exploit object>"]);
 }
+
+#[test]
+fn a_nested_torch_save_storage_is_named_in_the_error() {
+    // Reading it with torchport's own reader is not done yet; until then the error says
+    // what the storage is, and the scan still lists the global.
+    let Err(err) = torchport::open(fixtures().join("gadgets/load_from_bytes.pt")) else {
+        panic!("not read yet")
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("tensor w") && err.contains("torch.storage._load_from_bytes"),
+        "{err}"
+    );
+}
