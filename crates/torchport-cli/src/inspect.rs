@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::json;
-use torchport::security::{classify, SecurityReport};
+use torchport::security::{allow_list, classify, SecurityReport};
 use torchport::{Checkpoint, Quant, TensorData, TensorInfo};
 
 /// Arguments of `inspect`.
@@ -17,7 +17,8 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Add a security section: every global the file's pickles reference, classified
-    /// known-safe / inert / dangerous. A refused file is still reported (exit 2).
+    /// known-safe (on the allow-list) / unlisted (unsafe for torch.load) / dangerous
+    /// (refused). A refused file is still reported (exit 2).
     #[arg(long)]
     security: bool,
 }
@@ -79,14 +80,20 @@ fn run_security(args: &Args) -> anyhow::Result<ExitCode> {
 
 fn write_security(out: &mut impl Write, r: &SecurityReport) -> std::io::Result<()> {
     let dangerous = r.dangerous().count();
+    let unlisted = r.unlisted().count();
     let verdict = if r.is_refused() {
         format!("REFUSED: {dangerous} dangerous global(s); torchport will not load this file")
+    } else if r.is_unsafe_for_torch_load() {
+        format!(
+            "UNSAFE FOR torch.load: {unlisted} global(s) on no allow-list, which torch.load \
+             would import and call; torchport reads the file without importing them"
+        )
     } else if r.is_incomplete() {
-        "INCOMPLETE: no dangerous global among those seen, but part of the file could not be \
-         scanned"
+        "INCOMPLETE: every global seen is on the allow-list, but part of the file could not \
+         be scanned"
             .to_string()
     } else {
-        "ok: no dangerous global".to_string()
+        "ok: every global is on the allow-list".to_string()
     };
     writeln!(out, "security: {verdict}")?;
     writeln!(
@@ -104,11 +111,21 @@ fn write_security(out: &mut impl Write, r: &SecurityReport) -> std::io::Result<(
     Ok(())
 }
 
+/// One global as JSON: `module`, `name`, `class`, and for a known-safe one the allow-list
+/// it is on (`allow_list`: `torch-weights-only` or `torchport-data`).
+fn global_json(module: &str, name: &str) -> serde_json::Value {
+    let mut g = json!({"module": module, "name": name, "class": classify(module, name).name()});
+    if let Some(list) = allow_list(module, name) {
+        g["allow_list"] = json!(list.name());
+    }
+    g
+}
+
 fn security_json(r: &SecurityReport) -> serde_json::Value {
     let globals: Vec<_> = r
         .globals
         .iter()
-        .map(|g| json!({"module": g.module, "name": g.name, "class": g.class.name()}))
+        .map(|g| global_json(&g.module, &g.name))
         .collect();
     json!({
         "globals": globals,
@@ -274,7 +291,7 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
         "values": values_json(c),
         "modules": c.modules().iter().map(|(p, cls)| json!({"path": p, "class": cls})).collect::<Vec<_>>(),
         "graph_ops": c.graph_ops().iter().map(|(t, n)| (t.clone(), json!(n))).collect::<serde_json::Map<_, _>>(),
-        "globals": c.globals().iter().map(|(m, n)| json!({"module": m, "name": n, "class": classify(m, n).name()})).collect::<Vec<_>>(),
+        "globals": c.globals().iter().map(|(m, n)| global_json(m, n)).collect::<Vec<_>>(),
     });
     if !c.constants().is_empty() {
         v["constants"] = tensors_json(c.constants());

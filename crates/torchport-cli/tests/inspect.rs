@@ -91,7 +91,7 @@ fn table_shows_names_values_and_modules() {
     let out = torchport(&["inspect", "tests/fixtures/torch_save/whole_module.pt"]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("(root)  tiny_models.TinyNet"), "{text}");
-    assert!(text.contains("tiny_models.TinyNet  [inert]"), "{text}");
+    assert!(text.contains("tiny_models.TinyNet  [unlisted]"), "{text}");
 }
 
 #[test]

@@ -95,10 +95,6 @@ fn clean_files_pass_with_every_global_classified() {
             ],
         ),
         (
-            "tests/fixtures/torch_save/whole_module.pt",
-            &["tiny_models.TinyNet inert"],
-        ),
-        (
             "tests/fixtures/torch_save/legacy.pt",
             &["torch._utils._rebuild_tensor_v2 known-safe"],
         ),
@@ -137,17 +133,56 @@ fn clean_files_pass_with_every_global_classified() {
 
     let out = torchport(&[
         "inspect",
-        "tests/fixtures/torch_save/whole_module.pt",
+        "tests/fixtures/torch_save/lstm_linear.pt",
         "--security",
     ]);
     assert!(out.status.success());
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("security: ok: no dangerous global"),
+        stdout.contains("security: ok: every global is on the allow-list"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_whole_pickled_module_is_read_but_unsafe_for_torch_load() {
+    // torch.save(model) names the model's own classes: torchport reads the tensors without
+    // importing them, but torch.load would import and run that code.
+    let file = "tests/fixtures/torch_save/whole_module.pt";
+    let out = torchport(&["inspect", file, "--security", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["security"]["verdict"], "unsafe-for-torch-load");
+    let got = listed(&v["security"]);
+    for w in [
+        "tiny_models.TinyNet unlisted",
+        "torch.nn.modules.linear.Linear unlisted",
+        "collections.OrderedDict known-safe",
+        "__builtin__.set known-safe",
+    ] {
+        assert!(got.contains(&w.to_string()), "{w} not in {got:?}");
+    }
+    let allow: Vec<_> = v["security"]["globals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.get("allow_list").and_then(Value::as_str).unwrap_or("-"))
+        .collect();
+    assert!(
+        allow.contains(&"torch-weights-only") && allow.contains(&"-"),
+        "{allow:?}"
+    );
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 12, "{v}");
+
+    let out = torchport(&["inspect", file, "--security"]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("security: UNSAFE FOR torch.load: 5 global(s) on no allow-list"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("  tiny_models.TinyNet  [inert]"),
+        stdout.contains("  tiny_models.TinyNet  [unlisted]"),
         "{stdout}"
     );
     assert!(
@@ -264,4 +299,57 @@ fn a_harmless_file_with_a_corrupt_pickle_is_incomplete_not_ok() {
     assert_eq!(sec["problems"].as_array().unwrap().len(), 1, "{v}");
     let err = text(&out.stderr);
     assert!(err.contains("0xff is not a pickle opcode"), "{err}");
+}
+
+#[test]
+fn gadget_fixtures_are_never_ok_and_dangerous_ones_are_refused_by_every_command() {
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/gadgets/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let manifest = manifest.as_object().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut dangerous, mut unlisted) = (0, 0);
+    for (name, entry) in manifest {
+        let file = format!("tests/fixtures/gadgets/{name}");
+        let global = entry["global"].as_str().unwrap();
+        let class = entry["class"].as_str().unwrap();
+        let out = torchport(&["inspect", &file, "--security", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let sec = &v["security"];
+        assert!(
+            listed(sec).contains(&format!("{global} {class}")),
+            "{file}: {v}"
+        );
+        let converted = dir.path().join(format!("{name}.safetensors"));
+        let convert = torchport(&["convert", &file, converted.to_str().unwrap()]);
+        match class {
+            "dangerous" => {
+                assert_eq!(sec["verdict"], "refused", "{file}");
+                for out in [&out, &convert] {
+                    assert_eq!(out.status.code(), Some(2), "{file}");
+                    let err = text(&out.stderr);
+                    assert!(
+                        err.contains("refusing global")
+                            && err.contains(global.rsplit('.').next().unwrap()),
+                        "{file}: {err}"
+                    );
+                }
+                assert!(!converted.exists(), "{file}");
+                dangerous += 1;
+            }
+            "unlisted" => {
+                assert_eq!(sec["verdict"], "unsafe-for-torch-load", "{file}");
+                let out = torchport(&["inspect", &file, "--security"]);
+                assert!(
+                    text(&out.stdout).contains("security: UNSAFE FOR torch.load: 1 global(s)"),
+                    "{file}: {}",
+                    text(&out.stdout)
+                );
+                unlisted += 1;
+            }
+            other => panic!("{file}: class {other}"),
+        }
+    }
+    assert_eq!((dangerous, unlisted), (12, 2));
 }

@@ -10,7 +10,8 @@
 //!    Shared references and cycles stay shared: a memo `GET` pushes the id of an existing
 //!    node. Every size is checked against [`Limits`] before anything is allocated, and
 //!    globals that could only mean code execution (`os.system`, `builtins.eval`, …) make the
-//!    pickle refused (see [`is_dangerous_global`]).
+//!    pickle refused (see [`is_dangerous_global`]). [`allow_list`] says which globals are on
+//!    the allow-list (torch's own `weights_only` list and documented data-only classes).
 //! 2. **Interpret the tree** (the caller's job). The resulting [`Pickle`] is plain data: the
 //!    caller walks it from [`Pickle::root`] and gives meaning to the recorded calls it knows
 //!    (for torch: `torch._utils._rebuild_tensor_v2`, storages as persistent ids, …), keeping
@@ -47,6 +48,7 @@
     )
 )]
 
+mod allowed;
 mod error;
 mod globals;
 mod limits;
@@ -57,6 +59,7 @@ mod text;
 mod value;
 mod vm;
 
+pub use allowed::{allow_list, AllowList, TORCHPORT_DATA, TORCH_WEIGHTS_ONLY};
 pub use error::{Error, ErrorKind};
 pub use globals::is_dangerous_global;
 pub use limits::Limits;

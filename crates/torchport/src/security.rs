@@ -1,24 +1,30 @@
-//! Classification of the globals a file's pickles reference: known-safe (torch rebuild
-//! functions, storage classes, dtypes, containers), dangerous (refused), or unknown but
-//! inert (recorded as data, never imported); and [`scan`], which lists them for any file —
-//! including one that [`crate::open`] refuses — without interpreting anything.
+//! Classification of the globals a file's pickles reference against an allow-list:
+//! known-safe (on torch's own `weights_only` allow-list or torchport's documented data-only
+//! classes), dangerous (a known code-execution gadget: refused), or unlisted (on no list:
+//! recorded as data and never imported by torchport, but unsafe for `torch.load`); and
+//! [`scan`], which lists them for any file — including one that [`crate::open`] refuses —
+//! without interpreting anything.
 //!
 //! ```no_run
 //! let report = torchport::security::scan("model.pt")?;
 //! for g in &report.globals {
 //!     println!("{}.{} [{}]", g.module, g.name, g.class.name());
 //! }
-//! assert_eq!(report.verdict(), if report.is_refused() { "refused" } else { "ok" });
+//! if report.verdict() == "ok" {
+//!     assert!(report.globals.iter().all(|g| g.class == torchport::security::GlobalClass::KnownSafe));
+//! }
 //! # Ok::<(), torchport::Error>(())
 //! ```
 
 use std::path::Path;
 
-use crate::dtype::DType;
+#[cfg(test)]
+use crate::dtype::{DType, ALL_DTYPES};
 use crate::error::Result;
 use crate::format::{self, Format};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
+pub use torchport_pickle::AllowList;
 
 /// One global a file's pickles reference, with its class.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,16 +64,34 @@ impl SecurityReport {
             .filter(|g| g.class == GlobalClass::Dangerous)
     }
 
+    /// The globals on no allow-list (not dangerous): `torch.load` would import them.
+    pub fn unlisted(&self) -> impl Iterator<Item = &GlobalRef> {
+        self.globals
+            .iter()
+            .filter(|g| g.class == GlobalClass::Unlisted)
+    }
+
+    /// True when a global on no allow-list is referenced: torchport still reads the file
+    /// (it imports nothing), but `torch.load` of it would import and call that global.
+    pub fn is_unsafe_for_torch_load(&self) -> bool {
+        self.is_refused() || self.unlisted().next().is_some()
+    }
+
     /// True when part of the file could not be scanned (see [`SecurityReport::problems`]).
     pub fn is_incomplete(&self) -> bool {
         !self.problems.is_empty()
     }
 
-    /// `refused` when a dangerous global is referenced (even if the file is also corrupt);
-    /// otherwise `incomplete` when part of the file could not be scanned, else `ok`.
+    /// The verdict, strongest finding first: `refused` when a dangerous global is referenced
+    /// (even if the file is also corrupt); else `unsafe-for-torch-load` when a global on no
+    /// allow-list is referenced (even if part of the file could not be scanned); else
+    /// `incomplete` when part of the file could not be scanned; else `ok`: every global of
+    /// every pickle is on the allow-list.
     pub fn verdict(&self) -> &'static str {
         if self.is_refused() {
             "refused"
+        } else if self.is_unsafe_for_torch_load() {
+            "unsafe-for-torch-load"
         } else if self.is_incomplete() {
             "incomplete"
         } else {
@@ -138,78 +162,103 @@ fn scan_file(path: &Path, file: &FileBytes, limits: &Limits) -> Result<SecurityR
 
 /// How a referenced global is treated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GlobalClass {
-    /// Interpreted by torchport: tensor rebuild functions, storage classes, dtypes, containers.
+    /// On the allow-list (see [`allow_list`]): torch's own `weights_only` allow-list or
+    /// torchport's documented data-only classes. Safe for `torch.load`.
     KnownSafe,
-    /// Not interpreted; recorded as data (an object's class name), never imported or called.
-    Inert,
-    /// Could only mean code execution or I/O; files referencing it are refused.
+    /// On no allow-list and not a known gadget. torchport records it as data (an object's
+    /// class name) and never imports it, but `torch.load` would import and call it: the file
+    /// is unsafe to hand to `torch.load`.
+    Unlisted,
+    /// A known code-execution gadget (system access, code evaluation, nested loads, threads,
+    /// network, …); every command refuses the file.
     Dangerous,
 }
 
 impl GlobalClass {
-    /// `known-safe`, `inert` or `dangerous`.
+    /// `known-safe`, `unlisted` or `dangerous`.
     pub fn name(self) -> &'static str {
         match self {
             GlobalClass::KnownSafe => "known-safe",
-            GlobalClass::Inert => "inert",
+            GlobalClass::Unlisted => "unlisted",
             GlobalClass::Dangerous => "dangerous",
         }
     }
 }
 
-/// Classify one global.
+/// Classify one global: dangerous when it is a known gadget, known-safe when it is on an
+/// allow-list, else unlisted.
 pub fn classify(module: &str, name: &str) -> GlobalClass {
     if torchport_pickle::is_dangerous_global(module, name) {
-        return GlobalClass::Dangerous;
-    }
-    let safe = crate::interpret::is_rebuild_function(module, name)
-        || (module == "torch"
-            && (DType::from_storage_class(name).is_some() || DType::from_name(name).is_some()))
-        || (module == "torch" && name.starts_with("per_"))
-        || (module == "torch"
-            && matches!(
-                name,
-                "device"
-                    | "Size"
-                    | "sparse_coo"
-                    | "sparse_csr"
-                    | "sparse_csc"
-                    | "sparse_bsr"
-                    | "sparse_bsc"
-            ))
-        || matches!(
-            (module, name),
-            ("collections", "OrderedDict")
-                | ("torch.nn.parameter", "Parameter")
-                | ("torch.serialization", "_get_layout")
-                | ("_codecs", "encode")
-                | ("copyreg", "_reconstructor")
-                | (
-                    "builtins",
-                    "set"
-                        | "frozenset"
-                        | "object"
-                        | "list"
-                        | "dict"
-                        | "tuple"
-                        | "int"
-                        | "float"
-                        | "str"
-                        | "bytes"
-                        | "bool"
-                        | "complex"
-                        | "slice"
-                        | "range"
-                        | "bytearray"
-                )
-                | ("__builtin__", "set" | "frozenset" | "object")
-                | ("numpy.core.multiarray" | "numpy._core.multiarray", "scalar")
-                | ("numpy", "dtype")
-        );
-    if safe {
+        GlobalClass::Dangerous
+    } else if allow_list(module, name).is_some() {
         GlobalClass::KnownSafe
     } else {
-        GlobalClass::Inert
+        GlobalClass::Unlisted
+    }
+}
+
+/// The allow-list a global is on (`None` for unlisted and dangerous globals). The lists are
+/// data in `crates/torchport-pickle/src/allowed.rs`.
+pub fn allow_list(module: &str, name: &str) -> Option<AllowList> {
+    torchport_pickle::allow_list(module, name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dtype and typed storage class the readers interpret is on the allow-list, so a
+    /// checkpoint of any dtype torchport reads can be `ok`.
+    #[test]
+    fn every_dtype_the_readers_know_is_allowed() {
+        let storages = [
+            "DoubleStorage",
+            "FloatStorage",
+            "HalfStorage",
+            "LongStorage",
+            "IntStorage",
+            "ShortStorage",
+            "CharStorage",
+            "ByteStorage",
+            "BoolStorage",
+            "BFloat16Storage",
+            "ComplexDoubleStorage",
+            "ComplexFloatStorage",
+            "QInt8Storage",
+            "QInt32Storage",
+            "QUInt8Storage",
+            "QUInt4x2Storage",
+            "QUInt2x4Storage",
+        ];
+        let mut checked = 0;
+        for name in ALL_DTYPES.iter().map(|d| d.name()).chain(storages) {
+            assert!(
+                name.ends_with("Storage") || DType::from_name(name).is_some(),
+                "{name}"
+            );
+            assert!(
+                !name.ends_with("Storage") || DType::from_storage_class(name).is_some(),
+                "{name}"
+            );
+            assert_eq!(
+                allow_list("torch", name),
+                Some(AllowList::TorchWeightsOnly),
+                "torch.{name}"
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, ALL_DTYPES.len() + 17);
+        assert_eq!(
+            classify("torch.storage", "UntypedStorage"),
+            GlobalClass::KnownSafe
+        );
+        assert_eq!(
+            classify("torch.storage", "_load_from_bytes"),
+            GlobalClass::Unlisted
+        );
+        assert_eq!(classify("tiny_models", "TinyNet"), GlobalClass::Unlisted);
+        assert_eq!(classify("pydoc", "locate"), GlobalClass::Dangerous);
     }
 }

@@ -234,6 +234,17 @@ impl<'a> Walker<'a> {
     fn storage_arg(&mut self, id: NodeId, name: &str) -> Result<(usize, DType)> {
         let payload = match self.p.get(id) {
             PValue::PersistentId(payload) => *payload,
+            PValue::Object(o)
+                if self.p.as_global(o.callable) == Some(("torch.storage", "_load_from_bytes")) =>
+            {
+                return Err(Error::tensor(
+                    self.path,
+                    name,
+                    "its storage is a whole nested torch.save file \
+                     (torch.storage._load_from_bytes, as plain pickle.dumps writes tensors), \
+                     which torchport does not read yet",
+                ))
+            }
             _ => {
                 return Err(Error::tensor(
                     self.path,
