@@ -372,6 +372,7 @@ impl<'a> Walker<'a> {
                     scales,
                     zero_points,
                     axis,
+                    float_qparams: scheme == "per_channel_affine_float_qparams",
                 })
             }
             _ => Err(bad(&format!(
