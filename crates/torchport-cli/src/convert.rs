@@ -1,5 +1,5 @@
 //! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D]
-//! [--preset P]... [--rules FILE] [--target T] [--dry-run]`: parse the arguments into
+//! [--dequantize] [--preset P]... [--rules FILE] [--target T] [--dry-run]`: parse the arguments into
 //! `torchport::select::ConvertOptions` and a `torchport::remap::RuleSet`, then write with
 //! `torchport::write` (all selection, remapping, casting and writing logic lives in the
 //! library). Order: select and cast, then presets (in the order given), then the rule file.
@@ -45,6 +45,12 @@ pub struct Args {
     /// integer, bool, complex and quantized tensors keep their dtype.
     #[arg(long, value_name = "D")]
     dtype: Option<String>,
+    /// Write quantized tensors (qint8, quint8, qint32) as float32 equal to torch's
+    /// dequantize() (then cast by --dtype, if given). Without it, .pt keeps them quantized and
+    /// .safetensors / .npz store the integers plus NAME.scale, NAME.zero_point and, per
+    /// channel, NAME.axis.
+    #[arg(long)]
+    dequantize: bool,
     /// Apply a preset after selecting (strip-prefix, lstm-gates, gru-gates, attention-qkv,
     /// burn); repeatable, applied in the order given.
     #[arg(long = "preset", value_name = "P")]
@@ -88,6 +94,7 @@ fn options(args: &Args) -> anyhow::Result<ConvertOptions> {
         include: regex("--include", &args.include)?,
         exclude: regex("--exclude", &args.exclude)?,
         dtype,
+        dequantize: args.dequantize,
     })
 }
 
@@ -206,11 +213,19 @@ fn remap(args: &Args, sel: &mut Selection<'_>, ctx: &Context<'_>) -> anyhow::Res
 
 fn dry_run(sel: &Selection<'_>, format: OutputFormat, args: &Args) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    let rows: Vec<[String; 4]> = sel
+    // What the format stores: quantized tensors split into integers and parameters for
+    // safetensors and npz.
+    let stored = write::stored_tensors(&args.output, format, &sel.tensors)?;
+    let sources: std::collections::HashMap<&str, DType> = sel
         .tensors
         .iter()
         .zip(&sel.source_dtypes)
-        .map(|(t, from)| {
+        .map(|(t, d)| (t.name.as_str(), *d))
+        .collect();
+    let rows: Vec<[String; 4]> = stored
+        .iter()
+        .map(|t| {
+            let from = sources.get(t.name.as_str()).unwrap_or(&t.dtype);
             let dtype = if *from == t.dtype {
                 t.dtype.to_string()
             } else {
@@ -230,11 +245,11 @@ fn dry_run(sel: &Selection<'_>, format: OutputFormat, args: &Args) -> anyhow::Re
         &rows,
         [false, false, false, true],
     )?;
-    let total = sel.total_bytes();
+    let total: u64 = stored.iter().map(|t| t.nbytes() as u64).sum();
     writeln!(
         out,
         "\n{} tensors, {} ({total} bytes) of data would be written to {} ({format})",
-        sel.tensors.len(),
+        stored.len(),
         human_bytes(total),
         args.output.display()
     )?;

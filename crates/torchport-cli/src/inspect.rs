@@ -324,11 +324,11 @@ fn tensors_json(tensors: &[TensorInfo]) -> serde_json::Value {
                 TensorData::Unsupported { what } => o["unsupported"] = json!(what),
             }
             match &t.quant {
-                Some(Quant::PerTensor { scale, zero_point }) => {
-                    o["quant"] = json!({"scheme": "per_tensor_affine", "scale": scale, "zero_point": zero_point})
+                Some(q @ Quant::PerTensor { scale, zero_point }) => {
+                    o["quant"] = json!({"scheme": q.scheme(), "scale": scale, "zero_point": zero_point})
                 }
-                Some(Quant::PerChannel { scales, zero_points, axis }) => {
-                    o["quant"] = json!({"scheme": "per_channel_affine", "scales": scales, "zero_points": zero_points, "axis": axis})
+                Some(q @ Quant::PerChannel { scales, zero_points, axis, .. }) => {
+                    o["quant"] = json!({"scheme": q.scheme(), "scales": scales, "zero_points": zero_points, "axis": axis})
                 }
                 None => {}
             }

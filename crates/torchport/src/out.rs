@@ -9,7 +9,7 @@ use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::storage::FileRange;
-use crate::tensor::TensorInfo;
+use crate::tensor::{Quant, TensorInfo};
 
 type Producer<'a> = Box<dyn Fn() -> Result<Cow<'a, [u8]>> + 'a>;
 type Release<'a> = Box<dyn Fn() + 'a>;
@@ -26,6 +26,8 @@ pub struct OutTensor<'a> {
     release: Option<Release<'a>>,
     /// Where the produced bytes lie, unchanged, in an input file (see [`OutTensor::file_range`]).
     source: Option<FileRange>,
+    /// Quantization parameters, for a quantized dtype whose bytes are its integer values.
+    quant: Option<Quant>,
 }
 
 impl fmt::Debug for OutTensor<'_> {
@@ -53,7 +55,22 @@ impl<'a> OutTensor<'a> {
             data: Box::new(data),
             release: None,
             source: None,
+            quant: None,
         }
+    }
+
+    /// Attach quantization parameters: the tensor's dtype is quantized (`qint8`, `quint8`,
+    /// `qint32`) and its bytes are the integer values (torch's `int_repr()`). Writers need
+    /// them to write a quantized tensor (see [`crate::quant`]).
+    pub fn with_quant(mut self, quant: Option<Quant>) -> Self {
+        self.quant = quant;
+        self
+    }
+
+    /// The quantization parameters, for a quantized tensor that still has them (a
+    /// transformation that rebuilds a tensor drops them).
+    pub fn quant(&self) -> Option<&Quant> {
+        self.quant.as_ref()
     }
 
     /// Record that the bytes `data` produces are exactly `range` of an input file, so a
@@ -85,6 +102,20 @@ impl<'a> OutTensor<'a> {
         }
     }
 
+    /// A tensor that produces exactly what `self` produces (same name, dtype, shape,
+    /// parameters, release hook and file range), borrowing it.
+    pub fn borrowed<'b>(&'b self) -> OutTensor<'b> {
+        OutTensor::new(
+            self.name.clone(),
+            self.dtype,
+            self.shape.clone(),
+            move || self.data(),
+        )
+        .with_release(move || self.release())
+        .with_file_range(self.source.clone())
+        .with_quant(self.quant.clone())
+    }
+
     /// A tensor of a checkpoint, read (zero-copy where possible) when asked for.
     pub fn from_checkpoint(ckpt: &'a Checkpoint, t: &'a TensorInfo) -> Self {
         OutTensor::new(t.name.clone(), t.dtype, t.shape.clone(), move || {
@@ -92,6 +123,7 @@ impl<'a> OutTensor<'a> {
         })
         .with_release(move || ckpt.release(t))
         .with_file_range(ckpt.file_range(t))
+        .with_quant(t.quant.clone())
     }
 
     /// Number of elements.

@@ -3,9 +3,12 @@
 //!
 //! Order of operations: `key` picks a sub-tree and strips its prefix; `include` / `exclude`
 //! then match the remaining names (a regex matching anywhere in the name; anchor it with
-//! `^…$` for whole names); `dtype` casts the floating-point tensors that remain (integer,
-//! bool, complex and quantized tensors keep their dtype). Non-tensor values go through the
-//! same `key` / `include` / `exclude` filters and become string metadata.
+//! `^…$` for whole names); `dequantize` turns quantized tensors into float32 (as torch's
+//! `dequantize()`); `dtype` casts the floating-point tensors that remain, dequantized ones
+//! included (integer, bool, complex and quantized tensors keep their dtype). Quantized
+//! tensors that are not dequantized keep their scale and zero point; see [`crate::quant`]
+//! for how safetensors and npz store them. Non-tensor values go through the same `key` /
+//! `include` / `exclude` filters and become string metadata.
 //!
 //! ```no_run
 //! use torchport::select::{convert, ConvertOptions};
@@ -48,6 +51,10 @@ pub struct ConvertOptions {
     /// [`cast`]: to nearest, ties to even; values beyond float16's range become infinities,
     /// as in torch.
     pub dtype: Option<DType>,
+    /// Write quantized tensors (`qint8`, `quint8`, `qint32`) as float32, equal to torch's
+    /// `Tensor.dequantize()` (see [`crate::quant::dequantize`]), instead of as integers plus
+    /// their quantization parameters.
+    pub dequantize: bool,
 }
 
 /// What a conversion will write.
@@ -172,6 +179,16 @@ impl ConvertOptions {
                     continue;
                 }
             }
+            if self.dequantize && t.dtype.is_quantized() {
+                sel.source_dtypes.push(t.dtype);
+                sel.tensors.push(dequantized_tensor(
+                    ckpt,
+                    t,
+                    name,
+                    self.dtype.unwrap_or(DType::F32),
+                )?);
+                continue;
+            }
             let to = match self.dtype {
                 Some(to) if t.dtype.is_float() && t.dtype != to => to,
                 _ => t.dtype,
@@ -217,6 +234,48 @@ fn cast_tensor<'a>(
     })
     .with_release(move || ckpt.release(t))
     .with_file_range(if from == to { ckpt.file_range(t) } else { None })
+    .with_quant(if from == to { t.quant.clone() } else { None })
+}
+
+/// A quantized checkpoint tensor under a new name, dequantized to float32 (and cast to `to`)
+/// when it is read.
+fn dequantized_tensor<'a>(
+    ckpt: &'a Checkpoint,
+    t: &'a TensorInfo,
+    name: String,
+    to: DType,
+) -> Result<OutTensor<'a>> {
+    let bad = |what: String| Error::Select {
+        path: ckpt.path().to_path_buf(),
+        what: format!("tensor {} cannot be dequantized: {what}", t.name),
+    };
+    let Some(quant) = &t.quant else {
+        return Err(bad("it has no scale and zero point".into()));
+    };
+    if crate::quant::int_dtype(t.dtype).is_none() {
+        return Err(bad(format!(
+            "torchport dequantizes qint8, quint8 and qint32, not {}",
+            t.dtype
+        )));
+    }
+    crate::quant::check(quant, &t.shape).map_err(bad)?;
+    Ok(OutTensor::new(name, to, t.shape.clone(), move || {
+        let fail = |what: String| Error::Tensor {
+            path: ckpt.path().to_path_buf(),
+            tensor: t.name.clone(),
+            what,
+        };
+        let bytes = ckpt.data(t)?;
+        let f = crate::quant::dequantize(&bytes, t.dtype, &t.shape, quant)
+            .map_err(|e| fail(format!("cannot be dequantized: {e}")))?;
+        if to == DType::F32 {
+            return Ok(Cow::Owned(f));
+        }
+        cast::cast(&f, DType::F32, to)
+            .map(Cow::Owned)
+            .map_err(|e| fail(format!("cannot be cast from float32 to {to}: {e}")))
+    })
+    .with_release(move || ckpt.release(t)))
 }
 
 /// Open `input`, apply `opts`, and write the result to `output` in the format its
@@ -260,6 +319,7 @@ mod tests {
             include: Some(Regex::new(r"^fc\.").unwrap()),
             exclude: Some(Regex::new(r"bias$").unwrap()),
             dtype: None,
+            dequantize: false,
         };
         assert_eq!(
             o.rename("state_dict.fc.weight").as_deref(),

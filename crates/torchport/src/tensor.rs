@@ -44,7 +44,28 @@ pub enum Quant {
         zero_points: Vec<f64>,
         /// The channel dimension.
         axis: usize,
+        /// True for `torch.per_channel_affine_float_qparams` (quantized embeddings): the
+        /// zero points are floats; false for `torch.per_channel_affine` (integer zero points).
+        float_qparams: bool,
     },
+}
+
+impl Quant {
+    /// Torch's name of the quantization scheme (`per_tensor_affine`, `per_channel_affine`,
+    /// `per_channel_affine_float_qparams`).
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            Quant::PerTensor { .. } => "per_tensor_affine",
+            Quant::PerChannel {
+                float_qparams: false,
+                ..
+            } => "per_channel_affine",
+            Quant::PerChannel {
+                float_qparams: true,
+                ..
+            } => "per_channel_affine_float_qparams",
+        }
+    }
 }
 
 /// Where a tensor's data lives.

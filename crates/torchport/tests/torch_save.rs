@@ -29,6 +29,7 @@ fn check_fixture(json_path: &Path) -> usize {
                         scales,
                         zero_points,
                         axis,
+                        float_qparams: false,
                     }),
                     "per_channel_affine",
                 ) => {

@@ -321,14 +321,14 @@ fn formats_refuse_what_they_cannot_hold() {
         (
             OutputFormat::Safetensors,
             DType::QInt8,
-            "safetensors has no qint8",
-            "--exclude",
+            "is qint8 but has no scale and zero point",
+            "leave it out",
         ),
         (
             OutputFormat::TorchZip,
             DType::QUInt8,
-            "scale and zero point",
-            "--exclude",
+            "is quint8 but has no scale and zero point",
+            "dequantize it",
         ),
     ];
     for (format, dtype, why, hint) in cases {

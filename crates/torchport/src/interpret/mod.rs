@@ -476,13 +476,17 @@ impl<'a> Walker<'a> {
         Ok(())
     }
 
-    /// A BUILD state: a dict of attributes, or `(dict, slots)` (whose parts may nest).
+    /// A BUILD state: a dict of attributes, or `(dict, slots)` (whose parts may nest; each
+    /// a dict or None, as pickle's BUILD reads a pair). Any other state (a
+    /// `torch.ScriptObject`'s `(payload, class name)`, a custom `__getstate__` value) is
+    /// named as a whole under `state`, so its items stay distinct: `OBJ.state.0.…`.
     fn walk_state(&mut self, state: NodeId, name: &str, depth: usize) -> WalkResult {
         self.check_depth(depth)?;
         let p = self.p;
+        let dict_or_none = |id: &NodeId| matches!(p.get(*id), PValue::Dict(_) | PValue::None);
         match p.get(state) {
             PValue::Dict(items) => self.walk_items(items, name, depth),
-            PValue::Tuple(parts) if parts.len() == 2 => {
+            PValue::Tuple(parts) if parts.len() == 2 && parts.iter().all(dict_or_none) => {
                 for &part in parts {
                     if !matches!(p.get(part), PValue::None) {
                         self.walk_state(part, name, depth + 1)?;

@@ -376,13 +376,18 @@ impl<'a> Walker<'a> {
                     .ok_or_else(|| bad("its zero point is not an integer"))?,
             }),
             ("per_channel_affine" | "per_channel_affine_float_qparams", 4) => {
-                let scales = self.f64_values(params[1], &format!("{name} (scales)"))?;
-                let zero_points = self.f64_values(params[2], &format!("{name} (zero points)"))?;
+                let (scales, _) = self.f64_values(params[1], &format!("{name} (scales)"))?;
+                let (zero_points, float_zero_points) =
+                    self.f64_values(params[2], &format!("{name} (zero points)"))?;
                 let axis = self.usize_arg(params[3], name, "quantization axis")?;
+                // torch saves float_qparams tensors as `per_channel_affine` with float zero
+                // points, and rebuilds them as float_qparams from that dtype.
                 Ok(Quant::PerChannel {
                     scales,
                     zero_points,
                     axis,
+                    float_qparams: scheme == "per_channel_affine_float_qparams"
+                        || float_zero_points,
                 })
             }
             _ => Err(bad(&format!(
@@ -391,21 +396,25 @@ impl<'a> Walker<'a> {
         }
     }
 
-    /// Read a small tensor (or list of numbers) as f64 values: per-channel quantization
-    /// parameters are stored as tensors.
+    /// Read a small tensor (or list of numbers) as f64 values, and whether they were stored
+    /// as floating-point: per-channel quantization parameters are stored as tensors.
     /// Every decode is charged to the copy budget (a shared scales tensor is decoded once
     /// per quantized tensor that uses it).
-    fn f64_values(&mut self, id: NodeId, name: &str) -> Result<Vec<f64>> {
+    fn f64_values(&mut self, id: NodeId, name: &str) -> Result<(Vec<f64>, bool)> {
         if let Some(items) = self.p.as_tuple_or_list(id) {
             self.charge(items.len().saturating_mul(8)).map_err(|e| *e)?;
-            return Ok(items
+            let float = items
+                .iter()
+                .any(|&i| matches!(self.p.get(i), PValue::Float(_)));
+            let values = items
                 .iter()
                 .filter_map(|&i| match self.p.get(i) {
                     PValue::Float(f) => Some(*f),
                     PValue::Int(v) => Some(*v as f64),
                     _ => None,
                 })
-                .collect());
+                .collect();
+            return Ok((values, float));
         }
         let t = self.tensor_arg(id, name)?;
         let TensorData::Strided { storage } = t.data else {
@@ -455,6 +464,6 @@ impl<'a> Walker<'a> {
                 ))
             }
         };
-        Ok(out)
+        Ok((out, t.dtype.is_float()))
     }
 }

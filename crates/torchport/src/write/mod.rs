@@ -11,6 +11,12 @@
 //! [`activations`] writes a model's recorded intermediate outputs for a layer-by-layer
 //! comparison with PyTorch's.
 //!
+//! Quantized tensors (`qint8`, `quint8`, `qint32` with their [`crate::Quant`]): the `.pt`
+//! writer keeps them quantized (`torch._utils._rebuild_qtensor`, loaded back by torch as the
+//! same quantized tensor); safetensors and npz have no quantized types and store each as its
+//! integer representation plus `NAME.scale`, `NAME.zero_point` and, per channel, `NAME.axis`
+//! (see [`crate::quant`] and [`stored_tensors`]).
+//!
 //! ```no_run
 //! use torchport::write::{write, OutputFormat, WriteOptions};
 //! let ckpt = torchport::open("model.pt")?;
@@ -152,7 +158,9 @@ pub fn write(
     mut opts: WriteOptions<'_>,
 ) -> Result<Written> {
     let path = path.as_ref();
-    validate(path, format, tensors)?;
+    let stored = stored_tensors(path, format, tensors)?;
+    let tensors = stored.as_slice();
+    check(path, format, tensors)?;
     let inputs: Vec<&Path> = opts.inputs.iter().map(PathBuf::as_path).collect();
     let mut file = AtomicFile::create(path, &inputs)?;
     let mut noop = |_: &str, _: u64| {};
@@ -185,9 +193,31 @@ pub fn write(
     })
 }
 
-/// Check, before anything is created, that every tensor can be written: unique names, a
-/// dtype the format holds, a size that does not overflow.
+/// The tensors `format` stores for `tensors`, in order: for safetensors and npz each quantized
+/// tensor becomes its integer representation followed by its parameters (see
+/// [`crate::quant::split`]; a parameter name that another tensor already has is an error);
+/// everything else, and everything for `.pt`, is passed through unchanged. Nothing is read.
+pub fn stored_tensors<'b>(
+    path: &Path,
+    format: OutputFormat,
+    tensors: &'b [OutTensor<'_>],
+) -> Result<Vec<OutTensor<'b>>> {
+    let out = match format {
+        OutputFormat::Safetensors | OutputFormat::Npz => crate::quant::split(tensors),
+        OutputFormat::TorchZip => Ok(tensors.iter().map(OutTensor::borrowed).collect()),
+    };
+    out.map_err(|e| name_output(path, e))
+}
+
+/// Check, before anything is created, that every tensor can be written (as
+/// [`stored_tensors`] stores it): unique names, a dtype the format holds, quantization
+/// parameters for quantized tensors, a size that does not overflow.
 pub fn validate(path: &Path, format: OutputFormat, tensors: &[OutTensor<'_>]) -> Result<()> {
+    check(path, format, &stored_tensors(path, format, tensors)?)
+}
+
+/// [`validate`] for tensors [`stored_tensors`] has already expanded.
+fn check(path: &Path, format: OutputFormat, tensors: &[OutTensor<'_>]) -> Result<()> {
     let mut seen = HashSet::with_capacity(tensors.len());
     for t in tensors {
         if !seen.insert(t.name.as_str()) {
@@ -196,6 +226,16 @@ pub fn validate(path: &Path, format: OutputFormat, tensors: &[OutTensor<'_>]) ->
                 format!(
                     "two tensors are named {:?}; rename one or leave one out with --exclude",
                     t.name
+                ),
+            ));
+        }
+        if crate::quant::int_dtype(t.dtype).is_some() && t.quant().is_none() {
+            return Err(Error::write(
+                path,
+                format!(
+                    "tensor {} is {} but has no scale and zero point (a transformation rebuilt \
+                     it); dequantize it before transforming it, or leave it out",
+                    t.name, t.dtype
                 ),
             ));
         }
@@ -301,7 +341,12 @@ pub(crate) fn tensor_bytes<'a>(
     path: &Path,
     t: &OutTensor<'a>,
 ) -> Result<std::borrow::Cow<'a, [u8]>> {
-    t.data().map_err(|e| match e {
+    t.data().map_err(|e| name_output(path, e))
+}
+
+/// Name the output file in a tensor error raised without one.
+fn name_output(path: &Path, e: Error) -> Error {
+    match e {
         Error::Tensor {
             path: p,
             tensor,
@@ -312,7 +357,7 @@ pub(crate) fn tensor_bytes<'a>(
             what,
         },
         other => other,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ const LONG_BINPUT: u8 = b'r';
 const BINGET: u8 = b'h';
 const LONG_BINGET: u8 = b'j';
 const BININT: u8 = b'J';
+const BINFLOAT: u8 = b'G';
 const BININT1: u8 = b'K';
 const BININT2: u8 = b'M';
 const LONG1: u8 = 0x8a;
@@ -109,6 +110,26 @@ impl Emitter {
         }
     }
 
+    /// Push a signed integer in the shortest encoding.
+    pub(crate) fn int_signed(&mut self, v: i64) {
+        if v >= 0 {
+            self.int(v as u64);
+        } else if let Ok(w) = i32::try_from(v) {
+            self.out.push(BININT);
+            self.out.extend_from_slice(&w.to_le_bytes());
+        } else {
+            // LONG1: eight bytes of two's complement are always enough for an i64.
+            self.out.extend_from_slice(&[LONG1, 8]);
+            self.out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// Push a float (BINFLOAT: big-endian IEEE double).
+    pub(crate) fn float(&mut self, v: f64) {
+        self.out.push(BINFLOAT);
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+
     /// Push a string.
     pub(crate) fn str(&mut self, s: &str) {
         self.out.push(BINUNICODE);
@@ -195,7 +216,20 @@ mod tests {
         e.tuple_from_mark();
         e.global("collections", "OrderedDict");
         e.global("collections", "OrderedDict");
+        e.int_signed(-5);
+        e.int_signed(-(1 << 40));
+        e.float(0.5);
         let p = e.finish();
+        // pickle.dumps(-5, 2) = BININT fb ff ff ff; -(2**40) = LONG1 6 00.. 00 ff;
+        // (we write LONG1 with 8 bytes, which Python reads as the same number);
+        // pickle.dumps(0.5, 2) = BINFLOAT 3f e0 00 00 00 00 00 00.
+        assert!(p.windows(5).any(|w| w == [BININT, 0xfb, 0xff, 0xff, 0xff]));
+        assert!(p
+            .windows(10)
+            .any(|w| w == [LONG1, 8, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff]));
+        assert!(p
+            .windows(9)
+            .any(|w| w == [BINFLOAT, 0x3f, 0xe0, 0, 0, 0, 0, 0, 0]));
         // The encodings CPython's pickle writes (pickle.dumps(v, protocol=2)).
         assert!(p.windows(2).any(|w| w == [BININT1, 255]));
         assert!(p.windows(3).any(|w| w == [BININT2, 0, 1]));
