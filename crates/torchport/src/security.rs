@@ -164,6 +164,7 @@ pub fn classify(module: &str, name: &str) -> GlobalClass {
         return GlobalClass::Dangerous;
     }
     let safe = crate::interpret::is_rebuild_function(module, name)
+        || crate::interpret::is_array_function(module, name)
         || (module == "torch"
             && (DType::from_storage_class(name).is_some() || DType::from_name(name).is_some()))
         || (module == "torch" && name.starts_with("per_"))
@@ -203,9 +204,9 @@ pub fn classify(module: &str, name: &str) -> GlobalClass {
                         | "range"
                         | "bytearray"
                 )
-                | ("__builtin__", "set" | "frozenset" | "object")
+                | ("__builtin__", "set" | "frozenset" | "object" | "bytes")
                 | ("numpy.core.multiarray" | "numpy._core.multiarray", "scalar")
-                | ("numpy", "dtype")
+                | ("numpy", "dtype" | "ndarray")
         );
     if safe {
         GlobalClass::KnownSafe
