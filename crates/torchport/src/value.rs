@@ -29,15 +29,9 @@ pub enum Value {
         value: Box<Value>,
     },
     /// A numpy array that is not a tensor: its elements are Python objects, records,
-    /// strings or dates, which torch has no dtype for (numeric arrays are tensors).
-    NumpyArray {
-        /// The dtype as the pickle spells it: byte order and type code (`|O8`, `<U8`, `|V12`).
-        dtype: String,
-        /// Sizes, outermost first.
-        shape: Vec<usize>,
-        /// Why it is kept as a value, e.g. `object arrays hold Python objects`.
-        note: &'static str,
-    },
+    /// strings or dates, which torch has no dtype for (numeric arrays are tensors). Boxed,
+    /// so that every value stays small (a checkpoint can hold one value per pickle node).
+    NumpyArray(Box<NumpyArray>),
     /// A reference to a class or function (`torch.float32`, `argparse.Namespace`).
     Global(String),
     /// An object of a class torchport does not interpret, recorded, never constructed.
@@ -46,6 +40,18 @@ pub enum Value {
     Empty(&'static str),
     /// A container that contains itself (a cycle in the pickle's object graph).
     Recursive,
+}
+
+/// What [`Value::NumpyArray`] says about a numpy array that is not a tensor.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct NumpyArray {
+    /// The dtype as the pickle spells it: byte order and type code (`|O8`, `<U2`, `|V12`).
+    pub dtype: String,
+    /// Sizes, outermost first.
+    pub shape: Vec<usize>,
+    /// Why it is kept as a value, e.g. `object arrays hold Python objects`.
+    pub note: &'static str,
 }
 
 impl fmt::Display for Value {
@@ -59,12 +65,11 @@ impl fmt::Display for Value {
             Value::Str(s) => write!(f, "{s:?}"),
             Value::Bytes(n) => write!(f, "<{n} bytes>"),
             Value::Numpy { dtype, value } => write!(f, "numpy.{dtype}({value})"),
-            Value::NumpyArray { dtype, shape, note } => {
-                write!(
-                    f,
-                    "numpy.ndarray(dtype {dtype}, shape {shape:?}): not a tensor, {note}"
-                )
-            }
+            Value::NumpyArray(a) => write!(
+                f,
+                "numpy.ndarray(dtype {}, shape {:?}): not a tensor, {}",
+                a.dtype, a.shape, a.note
+            ),
             Value::Global(g) => f.write_str(g),
             Value::Object(c) => write!(f, "<{c} object>"),
             Value::Empty(kind) => f.write_str(kind),
@@ -90,8 +95,8 @@ impl Value {
             Value::Str(s) => json!(s),
             Value::Bytes(n) => json!({ "bytes": n }),
             Value::Numpy { dtype, value } => json!({ "numpy": dtype, "value": value.to_json() }),
-            Value::NumpyArray { dtype, shape, note } => {
-                json!({ "numpy_array": dtype, "shape": shape, "note": note })
+            Value::NumpyArray(a) => {
+                json!({ "numpy_array": a.dtype, "shape": a.shape, "note": a.note })
             }
             Value::Global(g) => json!({ "global": g }),
             Value::Object(c) => json!({ "object": c }),

@@ -70,8 +70,8 @@ fn names_and_values_read_as_inspect_shows_them() {
     assert_eq!(ckpt.storage_of(anchors), ckpt.storage_of(again));
     let value = |k: &str| ckpt.values().iter().find(|(n, _)| n == k).map(|(_, v)| v);
     match value("objects") {
-        Some(v @ Value::NumpyArray { dtype, shape, .. }) => {
-            assert_eq!((dtype.as_str(), &shape[..]), ("|O8", &[3][..]));
+        Some(v @ Value::NumpyArray(a)) => {
+            assert_eq!((a.dtype.as_str(), &a.shape[..]), ("|O8", &[3][..]));
             let shown = v.to_string();
             assert!(
                 shown.contains("not a tensor") && shown.contains("Python objects"),
@@ -81,7 +81,7 @@ fn names_and_values_read_as_inspect_shows_them() {
         }
         other => panic!("objects: {other:?}"),
     }
-    assert!(matches!(value("records"), Some(Value::NumpyArray { .. })));
+    assert!(matches!(value("records"), Some(Value::NumpyArray(_))));
     assert_eq!(
         value("np_scalar").map(ToString::to_string).as_deref(),
         Some("numpy.float32(0.25)")

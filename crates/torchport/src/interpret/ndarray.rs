@@ -150,11 +150,11 @@ impl<'a> Walker<'a> {
                 };
                 self.push_value(
                     name,
-                    Value::NumpyArray {
+                    Value::NumpyArray(Box::new(crate::value::NumpyArray {
                         dtype: format!("{endian}{code}"),
                         shape,
                         note,
-                    },
+                    })),
                 )
                 .map_err(|e| *e)?;
                 return Ok(());

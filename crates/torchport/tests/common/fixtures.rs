@@ -203,14 +203,10 @@ pub fn value_matches(ours: &Value, want: &Json) -> bool {
         (Value::Numpy { dtype, value }, Json::Object(o)) if o.contains_key("numpy") => {
             o["numpy"] == Json::String(dtype.clone()) && value_matches(value, &o["value"])
         }
-        (Value::NumpyArray { dtype, shape, .. }, Json::Object(o))
-            if o.contains_key("numpy_array") =>
-        {
-            o["numpy_array"] == Json::String(dtype.clone())
-                && serde_json::from_value::<Vec<usize>>(o["shape"].clone())
-                    .ok()
-                    .as_ref()
-                    == Some(shape)
+        (Value::NumpyArray(a), Json::Object(o)) if o.contains_key("numpy_array") => {
+            o["numpy_array"] == Json::String(a.dtype.clone())
+                && serde_json::from_value::<Vec<usize>>(o["shape"].clone()).ok()
+                    == Some(a.shape.clone())
         }
         (Value::Object(class), Json::Object(o)) if o.contains_key("object") => {
             o["object"] == Json::String(class.clone())
