@@ -99,12 +99,12 @@ impl Checkpoint {
         storages: Vec<Storage>,
     ) -> Checkpoint {
         // Every storage records its own byte order; a reader that found one order for the
-        // whole file gives it here.
+        // whole file gives it here (numpy arrays in a pickle keep the order of their dtype).
         let storages = match order {
             ByteOrder::Little => storages,
             ByteOrder::Big => storages
                 .into_iter()
-                .map(|s| s.with_order(ByteOrder::Big))
+                .map(|s| s.in_file_order(ByteOrder::Big))
                 .collect(),
         };
         let mut index = HashMap::with_capacity(found.tensors.len());

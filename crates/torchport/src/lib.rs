@@ -47,7 +47,7 @@ pub use limits::Limits;
 pub use out::OutTensor;
 pub use storage::Storage;
 pub use tensor::{ByteOrder, Quant, TensorData, TensorInfo};
-pub use value::Value;
+pub use value::{NumpyArray, Value};
 
 pub use torchport_pickle as pickle;
 

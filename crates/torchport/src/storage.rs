@@ -58,6 +58,7 @@ impl FileBytes {
             file: self.clone(),
             range,
             order: ByteOrder::Little,
+            own_order: false,
         })
     }
 }
@@ -106,6 +107,9 @@ pub struct Storage {
     file: FileBytes,
     range: Range<usize>,
     order: ByteOrder,
+    /// The order is the storage's own (a numpy array's dtype says it), not the file's: the
+    /// order a reader finds for the whole file leaves it alone.
+    own_order: bool,
 }
 
 impl Storage {
@@ -116,6 +120,16 @@ impl Storage {
             file: FileBytes::Owned(Arc::new(bytes)),
             range: 0..len,
             order: ByteOrder::Little,
+            own_order: false,
+        }
+    }
+
+    /// Bytes held in memory whose elements are in byte order `order` whatever the file's
+    /// order is (a numpy array inside a pickle: its dtype names its order).
+    pub(crate) fn owned_in(bytes: Vec<u8>, order: ByteOrder) -> Storage {
+        Storage {
+            own_order: true,
+            ..Storage::owned(bytes).with_order(order)
         }
     }
 
@@ -123,6 +137,16 @@ impl Storage {
     pub(crate) fn with_order(mut self, order: ByteOrder) -> Storage {
         self.order = order;
         self
+    }
+
+    /// The same bytes in the byte order a reader found for the whole file, unless the
+    /// storage has its own (see [`Storage::owned_in`]).
+    pub(crate) fn in_file_order(self, order: ByteOrder) -> Storage {
+        if self.own_order {
+            self
+        } else {
+            self.with_order(order)
+        }
     }
 
     /// Byte order of the elements stored here (data is always handed out little-endian).
@@ -139,6 +163,7 @@ impl Storage {
             file: self.file.clone(),
             range: self.range.start + range.start..self.range.start + range.end,
             order: self.order,
+            own_order: self.own_order,
         })
     }
 

@@ -1,5 +1,5 @@
 //! Non-tensor values found in a checkpoint (epoch numbers, learning rates, names, numpy
-//! scalars, unknown objects), kept so `inspect` can show them and writers can keep them.
+//! scalars, numpy arrays that hold no numbers, unknown objects), kept so `inspect` can show them and writers can keep them.
 
 use std::fmt;
 
@@ -28,6 +28,10 @@ pub enum Value {
         /// The decoded value.
         value: Box<Value>,
     },
+    /// A numpy array that is not a tensor: its elements are Python objects, records,
+    /// strings or dates, which torch has no dtype for (numeric arrays are tensors). Boxed,
+    /// so that every value stays small (a checkpoint can hold one value per pickle node).
+    NumpyArray(Box<NumpyArray>),
     /// A reference to a class or function (`torch.float32`, `argparse.Namespace`).
     Global(String),
     /// An object of a class torchport does not interpret, recorded, never constructed.
@@ -36,6 +40,18 @@ pub enum Value {
     Empty(&'static str),
     /// A container that contains itself (a cycle in the pickle's object graph).
     Recursive,
+}
+
+/// What [`Value::NumpyArray`] says about a numpy array that is not a tensor.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct NumpyArray {
+    /// The dtype as the pickle spells it: byte order and type code (`|O8`, `<U2`, `|V12`).
+    pub dtype: String,
+    /// Sizes, outermost first.
+    pub shape: Vec<usize>,
+    /// Why it is kept as a value, e.g. `object arrays hold Python objects`.
+    pub note: &'static str,
 }
 
 impl fmt::Display for Value {
@@ -49,6 +65,11 @@ impl fmt::Display for Value {
             Value::Str(s) => write!(f, "{s:?}"),
             Value::Bytes(n) => write!(f, "<{n} bytes>"),
             Value::Numpy { dtype, value } => write!(f, "numpy.{dtype}({value})"),
+            Value::NumpyArray(a) => write!(
+                f,
+                "numpy.ndarray(dtype {}, shape {:?}): not a tensor, {}",
+                a.dtype, a.shape, a.note
+            ),
             Value::Global(g) => f.write_str(g),
             Value::Object(c) => write!(f, "<{c} object>"),
             Value::Empty(kind) => f.write_str(kind),
@@ -59,7 +80,8 @@ impl fmt::Display for Value {
 
 impl Value {
     /// The value as JSON: numbers, strings, bools and null as themselves; numpy scalars as
-    /// `{"numpy": dtype, "value": v}`; globals and objects as `{"global": name}` /
+    /// `{"numpy": dtype, "value": v}`; numpy arrays that are not tensors as
+    /// `{"numpy_array": dtype, "shape": [..], "note": why}`; globals and objects as `{"global": name}` /
     /// `{"object": class}`.
     pub fn to_json(&self) -> serde_json::Value {
         use serde_json::json;
@@ -73,6 +95,9 @@ impl Value {
             Value::Str(s) => json!(s),
             Value::Bytes(n) => json!({ "bytes": n }),
             Value::Numpy { dtype, value } => json!({ "numpy": dtype, "value": value.to_json() }),
+            Value::NumpyArray(a) => {
+                json!({ "numpy_array": a.dtype, "shape": a.shape, "note": a.note })
+            }
             Value::Global(g) => json!({ "global": g }),
             Value::Object(c) => json!({ "object": c }),
             Value::Empty(kind) => json!({ "empty": kind }),

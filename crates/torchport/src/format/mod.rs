@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 
-mod numpy;
+pub(crate) mod numpy;
 mod onnx;
 mod pt2;
 mod pt2_json;

@@ -275,13 +275,29 @@ fn parse_header(bytes: &[u8]) -> Result<Header, String> {
     })
 }
 
-/// A numpy dtype string (`<f4`, `>i8`, `|b1`, …) as a torch dtype and a byte order.
-fn descr(d: &str) -> Result<(DType, ByteOrder), String> {
-    let (order, kind) = match d.as_bytes().first() {
-        Some(b'<') | Some(b'|') | Some(b'=') => (ByteOrder::Little, &d[1..]),
-        Some(b'>') => (ByteOrder::Big, &d[1..]),
-        _ => (ByteOrder::Little, d),
-    };
+/// What a numpy type code (a dtype string without its byte-order character: `f4`, `b1`,
+/// `O8`, `U3`, …) holds: a torch dtype, or the reason it is no tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NpKind {
+    /// Numbers (or bools) torch has a dtype for.
+    Numeric(DType),
+    /// Python objects (`O`).
+    Objects,
+    /// Strings (`U`, `S`, `a`, `T`).
+    Strings,
+    /// Raw records (`V`: structured and void dtypes).
+    Records,
+    /// Dates or durations (`M`, `m`).
+    Dates,
+    /// Extended-precision floats (`f12`, `f16`, `c24`, `c32`, `g`, `G`).
+    Extended,
+    /// Not a numpy type code.
+    Unknown,
+}
+
+/// Classify a numpy type code (see [`NpKind`]); the one table the `.npy` reader and the
+/// pickled arrays of `torch.save` files share.
+pub(crate) fn np_kind(kind: &str) -> NpKind {
     let dtype = match kind {
         "b1" | "?" => DType::Bool,
         "i1" | "b" => DType::I8,
@@ -297,36 +313,40 @@ fn descr(d: &str) -> Result<(DType, ByteOrder), String> {
         "f8" | "d" => DType::F64,
         "c8" | "F" => DType::C64,
         "c16" | "D" => DType::C128,
-        k if k.starts_with('O') => {
-            return Err(format!(
-                "the array holds Python objects (dtype {d:?}); object arrays are pickles and \
-                 are refused"
-            ))
-        }
-        k if k.starts_with(['U', 'S', 'a', 'T']) => {
-            return Err(format!(
-                "the array holds strings (dtype {d:?}), not numbers"
-            ))
-        }
-        k if k.starts_with('V') => {
-            return Err(format!(
-                "the array holds raw records (void dtype {d:?}), not numbers"
-            ))
-        }
-        k if k.starts_with(['M', 'm']) => {
-            return Err(format!(
-                "the array holds dates or durations (dtype {d:?}), not plain numbers"
-            ))
-        }
-        "f12" | "f16" | "c24" | "c32" | "g" | "G" => {
-            return Err(format!(
-                "the array holds extended-precision floats (dtype {d:?}), which torch has no \
-                 dtype for"
-            ))
-        }
-        _ => return Err(format!("dtype {d:?} is not a numpy dtype torchport reads")),
+        k if k.starts_with('O') => return NpKind::Objects,
+        k if k.starts_with(['U', 'S', 'a', 'T']) => return NpKind::Strings,
+        k if k.starts_with('V') => return NpKind::Records,
+        k if k.starts_with(['M', 'm']) => return NpKind::Dates,
+        "f12" | "f16" | "c24" | "c32" | "g" | "G" => return NpKind::Extended,
+        _ => return NpKind::Unknown,
     };
-    Ok((dtype, order))
+    NpKind::Numeric(dtype)
+}
+
+/// A numpy dtype string (`<f4`, `>i8`, `|b1`, …) as a torch dtype and a byte order.
+fn descr(d: &str) -> Result<(DType, ByteOrder), String> {
+    let (order, kind) = match d.as_bytes().first() {
+        Some(b'<') | Some(b'|') | Some(b'=') => (ByteOrder::Little, &d[1..]),
+        Some(b'>') => (ByteOrder::Big, &d[1..]),
+        _ => (ByteOrder::Little, d),
+    };
+    let why = match np_kind(kind) {
+        NpKind::Numeric(dtype) => return Ok((dtype, order)),
+        NpKind::Objects => {
+            "holds Python objects (dtype {d}); object arrays are pickles and are refused"
+        }
+        NpKind::Strings => "holds strings (dtype {d}), not numbers",
+        NpKind::Records => "holds raw records (void dtype {d}), not numbers",
+        NpKind::Dates => "holds dates or durations (dtype {d}), not plain numbers",
+        NpKind::Extended => {
+            "holds extended-precision floats (dtype {d}), which torch has no dtype for"
+        }
+        NpKind::Unknown => return Err(format!("dtype {d:?} is not a numpy dtype torchport reads")),
+    };
+    Err(format!(
+        "the array {}",
+        why.replace("{d}", &format!("{d:?}"))
+    ))
 }
 
 /// A Python literal in an `.npy` header.

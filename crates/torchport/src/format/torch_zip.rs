@@ -417,6 +417,11 @@ impl Resolver for ZipResolver<'_> {
         &self.storages
     }
 
+    fn add_storage(&mut self, storage: Storage) -> usize {
+        self.storages.push(storage);
+        self.storages.len() - 1
+    }
+
     fn file_len(&self) -> usize {
         self.ar.file.as_slice().len()
     }

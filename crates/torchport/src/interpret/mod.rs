@@ -4,12 +4,15 @@
 //! `.`, and `state_dict()` names for pickled `nn.Module`s.
 //!
 //! The walk over containers, objects and modules is here; the rebuild table (the calls
-//! that make tensors, and their argument checks) is in `rebuild.rs`; numpy scalars and
-//! other leaves that need decoding are in `leaves.rs`.
+//! that make tensors, and their argument checks) is in `rebuild.rs`; numpy arrays (tensors
+//! too) are in `ndarray.rs`; numpy scalars and other leaves that need decoding are in
+//! `leaves.rs`.
 
 mod leaves;
+mod ndarray;
 mod rebuild;
 
+pub(crate) use ndarray::is_array_function;
 pub use rebuild::is_rebuild_function;
 
 use std::collections::HashSet;
@@ -40,6 +43,8 @@ pub(crate) trait Resolver {
     fn persistent(&mut self, pickle: &Pickle, payload: NodeId) -> Result<Persistent, String>;
     /// Every storage resolved so far.
     fn storages(&self) -> &[Storage];
+    /// Add a storage the pickle itself holds (a numpy array's bytes); returns its index.
+    fn add_storage(&mut self, storage: Storage) -> usize;
     /// Size of the whole file in bytes: the copy budget (`Limits::max_copied_bytes`) is at
     /// least 4 × this, so that legitimate names and values of any file fit.
     fn file_len(&self) -> usize {
@@ -145,7 +150,7 @@ enum ChildKey {
 
 /// What [`Walker::object_kind`] decided an object is.
 enum ObjectKind {
-    /// Fully handled (a tensor, a numpy scalar, an unnamed call).
+    /// Fully handled (a tensor, a numpy array or scalar, an unnamed call).
     Done,
     /// A pickled `nn.Module` with its class and BUILD state.
     Module(String, NodeId),
@@ -170,6 +175,8 @@ struct Walker<'a> {
     max_copied: usize,
     /// Current nesting of `rebuild` calls (bounded by [`MAX_CALL_NESTING`]).
     rebuilds: usize,
+    /// The storages made for numpy arrays, by their data node.
+    arrays: ndarray::ArrayStorages,
     found: Found,
 }
 
@@ -198,6 +205,7 @@ impl<'a> Walker<'a> {
                 .max_copied_bytes
                 .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
             rebuilds: 0,
+            arrays: ndarray::ArrayStorages::default(),
             found: Found::default(),
         }
     }
@@ -408,7 +416,7 @@ impl<'a> Walker<'a> {
         }
     }
 
-    /// What an object is: a tensor or numpy scalar (recorded here), a pickled module, a
+    /// What an object is: a tensor, numpy array or numpy scalar (recorded here), a pickled module, a
     /// dict-like object, or something to keep opaque.
     #[inline(never)] // keeps its locals off the recursion path (see above)
     fn object_kind(&mut self, obj: &Object, name: &str) -> Boxed<ObjectKind> {
@@ -423,6 +431,12 @@ impl<'a> Walker<'a> {
         }
         if let Some(v) = self.numpy_scalar(module, qual, &obj.args) {
             self.push_value(name, v)?;
+            return Ok(ObjectKind::Done);
+        }
+        if self
+            .numpy_array(module, qual, obj, name)
+            .map_err(Box::new)?
+        {
             return Ok(ObjectKind::Done);
         }
         // copyreg._reconstructor(cls, base, state) is how protocols 0 and 1 spell NEWOBJ.

@@ -195,7 +195,7 @@ impl<'a> Walker<'a> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn strided(
+    pub(super) fn strided(
         &self,
         name: &str,
         dtype: DType,
@@ -307,7 +307,7 @@ impl<'a> Walker<'a> {
             })
     }
 
-    fn usize_list(&self, id: NodeId, name: &str, what: &str) -> Result<Vec<usize>> {
+    pub(super) fn usize_list(&self, id: NodeId, name: &str, what: &str) -> Result<Vec<usize>> {
         // A `torch.Size` is recorded as a call on its tuple of sizes.
         let id = match self.p.get(id) {
             PValue::Object(o)

@@ -192,7 +192,8 @@ pub fn check_values(ckpt: &Checkpoint, exp: &Expected, ctx: &str, exact: bool) {
 }
 
 /// Whether a value we decoded is the one the generator wrote as JSON: `null`, booleans,
-/// numbers, strings, `{"numpy": dtype, "value": …}` scalars and `{"object": class}`.
+/// numbers, strings, `{"numpy": dtype, "value": …}` scalars, `{"numpy_array": dtype,
+/// "shape": […]}` arrays that are not tensors and `{"object": class}`.
 pub fn value_matches(ours: &Value, want: &Json) -> bool {
     match (ours, want) {
         (Value::None, Json::Null) => true,
@@ -202,6 +203,11 @@ pub fn value_matches(ours: &Value, want: &Json) -> bool {
         (Value::Str(a), Json::String(b)) => a == b,
         (Value::Numpy { dtype, value }, Json::Object(o)) if o.contains_key("numpy") => {
             o["numpy"] == Json::String(dtype.clone()) && value_matches(value, &o["value"])
+        }
+        (Value::NumpyArray(a), Json::Object(o)) if o.contains_key("numpy_array") => {
+            o["numpy_array"] == Json::String(a.dtype.clone())
+                && serde_json::from_value::<Vec<usize>>(o["shape"].clone()).ok()
+                    == Some(a.shape.clone())
         }
         (Value::Object(class), Json::Object(o)) if o.contains_key("object") => {
             o["object"] == Json::String(class.clone())
