@@ -35,6 +35,10 @@ const NOT_OK: &[(&str, &str)] = &[
         "TorchScript: __torch__ classes",
     ),
     ("archives/traced_cnn.pt", "TorchScript: __torch__ classes"),
+    (
+        "quantized/dynamic_lstm.pt",
+        "torch.ScriptObject (a dynamic-quantized LSTM's packed weights): torch.load(weights_only=True) refuses it too",
+    ),
 ];
 
 /// Sidecar files the generators write next to fixtures (expected values, inputs, notes).
@@ -79,6 +83,8 @@ fn every_file_torch_wrote_from_state_dicts_is_ok() {
         "cast",
         "onnx",
         "export",
+        "numpy_ckpt",
+        "quantized",
     ] {
         walk(&fixtures().join(dir), &mut files);
     }

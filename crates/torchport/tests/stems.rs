@@ -43,7 +43,7 @@ fn stem_len(p: &Path) -> usize {
 }
 
 /// Open every file of `writer`'s folder and compare it with what torch loaded.
-fn every_stem_reads(writer: &str, format: &str) {
+fn every_stem_reads(writer: &str, format: &str, verdict: &str) {
     let exp = expected_for(writer);
     assert_eq!(exp.json["format"], format);
     let mut tensors = 0;
@@ -57,23 +57,25 @@ fn every_stem_reads(writer: &str, format: &str) {
         check_tensors(&mem, &exp, &ctx, |_, _, _, _| {});
         let report = torchport::security::scan(&f).unwrap_or_else(|e| panic!("{e}"));
         assert!(report.problems.is_empty(), "{ctx}: {:?}", report.problems);
+        assert_eq!(report.verdict(), verdict, "{ctx}");
     }
     assert_eq!(tensors, 64 * 2, "{writer}: tensors checked");
 }
 
 #[test]
 fn every_torch_save_stem_reads() {
-    every_stem_reads("save", "torch-zip");
+    every_stem_reads("save", "torch-zip", "ok");
 }
 
 #[test]
 fn every_torch_export_save_stem_reads() {
-    every_stem_reads("export", "pt2");
+    every_stem_reads("export", "pt2", "ok");
 }
 
 #[test]
 fn every_torch_jit_save_stem_reads() {
-    every_stem_reads("jit", "torchscript");
+    // TorchScript archives name `__torch__` classes, which `torch.jit.load` compiles and runs.
+    every_stem_reads("jit", "torchscript", "unsafe-for-torch-load");
 }
 
 /// What our writers write reads back under any name: `.pt` (root folder named after the
