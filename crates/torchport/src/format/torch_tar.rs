@@ -401,6 +401,11 @@ impl Resolver for TarResolver {
         &self.storages
     }
 
+    fn add_storage(&mut self, storage: Storage) -> usize {
+        self.storages.push(storage);
+        self.storages.len() - 1
+    }
+
     fn file_len(&self) -> usize {
         self.file_len
     }

@@ -8,6 +8,7 @@
 //! other leaves that need decoding are in `leaves.rs`.
 
 mod leaves;
+mod nested;
 mod rebuild;
 
 pub use rebuild::is_rebuild_function;
@@ -40,6 +41,9 @@ pub(crate) trait Resolver {
     fn persistent(&mut self, pickle: &Pickle, payload: NodeId) -> Result<Persistent, String>;
     /// Every storage resolved so far.
     fn storages(&self) -> &[Storage];
+    /// Add a storage that is not one of the container's own (one read from a `torch.save`
+    /// file nested in the pickle, see `nested.rs`); its index among [`Resolver::storages`].
+    fn add_storage(&mut self, storage: Storage) -> usize;
     /// Size of the whole file in bytes: the copy budget (`Limits::max_copied_bytes`) is at
     /// least 4 × this, so that legitimate names and values of any file fit.
     fn file_len(&self) -> usize {
@@ -170,6 +174,8 @@ struct Walker<'a> {
     max_copied: usize,
     /// Current nesting of `rebuild` calls (bounded by [`MAX_CALL_NESTING`]).
     rebuilds: usize,
+    /// The `torch.save` files nested in the pickle read so far.
+    nested: nested::Nested,
     found: Found,
 }
 
@@ -198,6 +204,7 @@ impl<'a> Walker<'a> {
                 .max_copied_bytes
                 .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
             rebuilds: 0,
+            nested: nested::Nested::default(),
             found: Found::default(),
         }
     }
@@ -351,17 +358,7 @@ impl<'a> Walker<'a> {
             .map_err(|what| Error::tensor(self.path, name, what))?;
         match resolved {
             Persistent::Storage { index, dtype } => {
-                let n = self.storage_len(index) / dtype.size();
-                self.push_tensor(TensorInfo {
-                    name: name.to_string(),
-                    dtype,
-                    shape: vec![n],
-                    strides: vec![1],
-                    offset: 0,
-                    data: TensorData::Strided { storage: index },
-                    quant: None,
-                    requires_grad: false,
-                })?;
+                self.push_tensor(self.storage_tensor(index, dtype, name))?;
                 Ok(None)
             }
             Persistent::Tensor(mut t) => {
@@ -370,6 +367,20 @@ impl<'a> Walker<'a> {
                 Ok(None)
             }
             Persistent::Node(n) => Ok(Some(n)),
+        }
+    }
+
+    /// A storage reached as a value: a 1-d tensor over all of it.
+    fn storage_tensor(&self, index: usize, dtype: DType, name: &str) -> TensorInfo {
+        TensorInfo {
+            name: name.to_string(),
+            dtype,
+            shape: vec![self.storage_len(index) / dtype.size()],
+            strides: vec![1],
+            offset: 0,
+            data: TensorData::Strided { storage: index },
+            quant: None,
+            requires_grad: false,
         }
     }
 
@@ -419,6 +430,12 @@ impl<'a> Walker<'a> {
         if is_rebuild_function(module, qual) {
             let t = self.rebuild(module, qual, &obj.args, name)?;
             self.push_tensor(t)?;
+            return Ok(ObjectKind::Done);
+        }
+        if crate::format::nested::is_load_from_bytes(module, qual) {
+            // A storage pickled on its own (a nested torch.save file), like a bare storage id.
+            let (index, dtype) = self.nested_storage(obj, name)?;
+            self.push_tensor(self.storage_tensor(index, dtype, name))?;
             return Ok(ObjectKind::Done);
         }
         if let Some(v) = self.numpy_scalar(module, qual, &obj.args) {
