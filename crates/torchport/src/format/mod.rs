@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 
+pub(crate) mod nested;
 pub(crate) mod numpy;
 mod onnx;
 mod pt2;
@@ -182,8 +183,9 @@ fn dispatch(
 }
 
 /// The security scan's view of a file: its format, how many pickles it holds, and every
-/// global those pickles reference (first-seen order). Pickles are run, never interpreted;
-/// formats that hold no pickles give none.
+/// global those pickles reference (first-seen order), with those of the `torch.save` files
+/// nested in them through `torch.storage._load_from_bytes` (see `nested.rs`). Pickles are
+/// run, never interpreted; formats that hold no pickles give none.
 pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
@@ -191,11 +193,11 @@ pub(crate) fn pickle_globals(
 ) -> Result<(Format, PickleGlobals)> {
     let format = detect_or_fail(path, file.as_slice())?;
     let found = match format {
-        Format::TorchLegacy => torch_legacy::pickle_globals(path, file, limits)?,
+        Format::TorchLegacy => torch_legacy::pickle_globals(path, file, limits, 0)?,
         Format::TorchTar => torch_tar::pickle_globals(path, file, limits)?,
         // Any zip: every `*.pkl` record (data.pkl, constants.pkl, …).
         Format::TorchZip | Format::TorchScript | Format::Pt2 | Format::Npz => {
-            torch_zip::pickle_globals(path, file, limits)?
+            torch_zip::pickle_globals(path, file, limits, 0)?
         }
         _ => PickleGlobals::default(),
     };

@@ -69,11 +69,13 @@ fn run_pickles(
 /// Every global the stream's five pickles reference, in first-seen order, and how many
 /// pickles were read (the security scan's view; nothing is interpreted). A pickle that fails
 /// partway ends the scan (the next one's start is unknown), noted as a problem, with the
-/// globals it referenced up to the failure.
+/// globals it referenced up to the failure. The files nested in the pickles through
+/// `torch.storage._load_from_bytes` are scanned too; `depth` is this stream's own nesting.
 pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
+    depth: usize,
 ) -> Result<super::PickleGlobals> {
     let bytes = file.as_slice();
     let mut globals = super::GlobalList::default();
@@ -86,7 +88,15 @@ pub(crate) fn pickle_globals(
         globals.extend(&found);
         count += 1;
         match ended {
-            Ok(used) => pos += used,
+            Ok(used) => {
+                let pickle = rest.get(..used).unwrap_or_default();
+                let record = format!("the {what} pickle");
+                let nested = super::nested::scan(path, &record, pickle, &found, limits, depth);
+                count += nested.count;
+                globals.extend(&nested.globals);
+                problems.extend(nested.problems);
+                pos += used;
+            }
             Err(mut source) => {
                 source.offset += pos as u64;
                 let e = Error::Pickle {
@@ -107,95 +117,143 @@ pub(crate) fn pickle_globals(
 }
 
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
-    let bytes = file.as_slice();
-    // The magic number and version are checked before the rest of the stream is run.
-    let (head, pos) = run_pickles(path, bytes, limits, 0, &PICKLES[..2])?;
-    let (Some(magic), Some(version)) = (head.first(), head.get(1)) else {
-        return Err(Error::corrupt(path, "the legacy stream has no header"));
-    };
-    if !matches!(magic.get(magic.root()), PValue::BigInt(b) if b[..] == MAGIC) {
-        return Err(Error::corrupt(path, "the legacy magic number is wrong"));
-    }
-    if version.as_int(version.root()) != Some(PROTOCOL_VERSION) {
-        return Err(Error::corrupt(
-            path,
-            format!("the legacy protocol version is not {PROTOCOL_VERSION}"),
-        ));
-    }
-    let (rest, mut pos) = run_pickles(path, bytes, limits, pos, &PICKLES[2..])?;
-    let [sys_info, main, keys_pickle] = &rest[..] else {
-        return Err(Error::corrupt(
-            path,
-            "the legacy stream has no storage key list",
-        ));
-    };
-    let order = sys_info_order(sys_info);
-    let keys: Vec<String> = keys_pickle
-        .as_tuple_or_list(keys_pickle.root())
-        .ok_or_else(|| Error::corrupt(path, "the storage key list is not a list"))?
-        .iter()
-        .map(|&k| key_string(keys_pickle, k))
-        .collect::<Option<_>>()
-        .ok_or_else(|| Error::corrupt(path, "a storage key is not a string"))?;
-
-    // Which dtype each root storage holds comes from the persistent ids in the main pickle.
-    let mut dtypes: HashMap<String, DType> = HashMap::new();
-    for i in 0..main.len() {
-        if let PValue::PersistentId(payload) = main.get(NodeId(i as u32)) {
-            if let Ok(Id::Storage { dtype, root, .. }) = parse_id(main, *payload) {
-                dtypes.entry(root).or_insert(dtype);
-            }
-        }
-    }
-    let mut storages = Vec::with_capacity(keys.len().min(1 << 16));
-    let mut by_root = HashMap::new();
-    // A storage the file cuts short (and every one after it) is not read; the tensors that
-    // use it fail by name when they are reached, and the file fails in any case.
-    let mut unread: Option<(HashSet<String>, String)> = None;
-    for (i, key) in keys.iter().enumerate() {
-        let dtype = *dtypes.get(key).ok_or_else(|| {
-            Error::corrupt(
-                path,
-                format!(
-                    "storage {key} is listed but no tensor uses it, so its element size is unknown"
-                ),
-            )
-        })?;
-        match read_storage(file, pos, key, dtype, order) {
-            Ok((storage, next)) => {
-                by_root.insert(key.clone(), storages.len());
-                storages.push(storage);
-                pos = next;
-            }
-            Err(what) => {
-                let rest = keys.get(i..).unwrap_or_default().iter().cloned().collect();
-                unread = Some((rest, what));
-                break;
-            }
-        }
-    }
-    let mut resolver = LegacyResolver {
-        storages,
-        by_root,
-        views: HashMap::new(),
-        unread,
-        file_len: bytes.len(),
-    };
-    let found = interpret(path, main, &mut resolver, order, limits)?;
-    if let Some((_, what)) = resolver.unread {
+    let mut stream = Stream::parse(path, file, limits)?;
+    let found = interpret(
+        path,
+        &stream.main,
+        &mut stream.resolver,
+        stream.order,
+        limits,
+    )?;
+    if let Some((_, what)) = stream.resolver.unread {
         return Err(Error::corrupt(path, what));
     }
     let mut globals = super::GlobalList::default();
-    globals.extend(main.globals());
-    globals.extend(sys_info.globals());
+    globals.extend(stream.main.globals());
+    globals.extend(stream.sys_info.globals());
     Ok(Checkpoint::new(
         path,
         Format::TorchLegacy,
-        order,
+        stream.order,
         found,
         globals.into_vec(),
-        resolver.storages,
+        stream.resolver.storages,
     ))
+}
+
+/// The storage at the root of a legacy stream nested in another file's pickle (what
+/// `torch.storage._load_from_bytes` reads), its dtype, and how many pickle nodes the
+/// stream's pickles hold. Nothing in the stream is interpreted but its root persistent id:
+/// a root that is anything else (another nested stream included) is an error.
+pub(crate) fn nested_storage(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<(Storage, DType, usize)> {
+    let mut stream = Stream::parse(path, file, limits)?;
+    if let Some((_, what)) = stream.resolver.unread {
+        return Err(Error::corrupt(path, what));
+    }
+    let nodes = stream.nodes;
+    let (storage, dtype) = super::nested::root_storage(path, &stream.main, &mut stream.resolver)?;
+    Ok((storage.with_order(stream.order), dtype, nodes))
+}
+
+/// A legacy stream with its pickles run and its storages located, not yet interpreted.
+struct Stream {
+    /// How many nodes the five pickles hold together.
+    nodes: usize,
+    sys_info: Pickle,
+    main: Pickle,
+    order: ByteOrder,
+    resolver: LegacyResolver,
+}
+
+impl Stream {
+    fn parse(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Stream> {
+        let bytes = file.as_slice();
+        // The magic number and version are checked before the rest of the stream is run.
+        let (head, pos) = run_pickles(path, bytes, limits, 0, &PICKLES[..2])?;
+        let (Some(magic), Some(version)) = (head.first(), head.get(1)) else {
+            return Err(Error::corrupt(path, "the legacy stream has no header"));
+        };
+        if !matches!(magic.get(magic.root()), PValue::BigInt(b) if b[..] == MAGIC) {
+            return Err(Error::corrupt(path, "the legacy magic number is wrong"));
+        }
+        if version.as_int(version.root()) != Some(PROTOCOL_VERSION) {
+            return Err(Error::corrupt(
+                path,
+                format!("the legacy protocol version is not {PROTOCOL_VERSION}"),
+            ));
+        }
+        let (rest, mut pos) = run_pickles(path, bytes, limits, pos, &PICKLES[2..])?;
+        let nodes = head.iter().chain(&rest).map(Pickle::len).sum();
+        let Ok([sys_info, main, keys_pickle]) = <[Pickle; 3]>::try_from(rest) else {
+            return Err(Error::corrupt(
+                path,
+                "the legacy stream has no storage key list",
+            ));
+        };
+        let order = sys_info_order(&sys_info);
+        let keys: Vec<String> = keys_pickle
+            .as_tuple_or_list(keys_pickle.root())
+            .ok_or_else(|| Error::corrupt(path, "the storage key list is not a list"))?
+            .iter()
+            .map(|&k| key_string(&keys_pickle, k))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::corrupt(path, "a storage key is not a string"))?;
+
+        // Which dtype each root storage holds comes from the persistent ids in the main pickle.
+        let mut dtypes: HashMap<String, DType> = HashMap::new();
+        for i in 0..main.len() {
+            if let PValue::PersistentId(payload) = main.get(NodeId(i as u32)) {
+                if let Ok(Id::Storage { dtype, root, .. }) = parse_id(&main, *payload) {
+                    dtypes.entry(root).or_insert(dtype);
+                }
+            }
+        }
+        let mut storages = Vec::with_capacity(keys.len().min(1 << 16));
+        let mut by_root = HashMap::new();
+        // A storage the file cuts short (and every one after it) is not read; the tensors
+        // that use it fail by name when they are reached, and the file fails in any case.
+        let mut unread: Option<(HashSet<String>, String)> = None;
+        for (i, key) in keys.iter().enumerate() {
+            let dtype = *dtypes.get(key).ok_or_else(|| {
+                Error::corrupt(
+                    path,
+                    format!(
+                        "storage {key} is listed but no tensor uses it, so its element size is unknown"
+                    ),
+                )
+            })?;
+            match read_storage(file, pos, key, dtype, order) {
+                Ok((storage, next)) => {
+                    by_root.insert(key.clone(), storages.len());
+                    storages.push(storage);
+                    pos = next;
+                }
+                Err(what) => {
+                    let rest = keys.get(i..).unwrap_or_default().iter().cloned().collect();
+                    unread = Some((rest, what));
+                    break;
+                }
+            }
+        }
+        let resolver = LegacyResolver {
+            storages,
+            by_root,
+            views: HashMap::new(),
+            unread,
+            file_len: bytes.len(),
+        };
+        Ok(Stream {
+            nodes,
+            sys_info,
+            main,
+            order,
+            resolver,
+        })
+    }
 }
 
 /// One storage record at byte `pos`: an int64 element count, then the bytes. The storage

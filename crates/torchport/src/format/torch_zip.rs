@@ -248,6 +248,29 @@ pub(crate) fn read_parts(path: &Path, mut ar: Archive<'_>, limits: &Limits) -> R
     })
 }
 
+/// The storage at the root of a `torch.save` archive nested in another file's pickle (what
+/// `torch.storage._load_from_bytes` reads), its dtype, and how many nodes its pickle holds.
+/// Nothing in the archive is interpreted but its root persistent id.
+pub(crate) fn nested_storage(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+) -> Result<(Storage, DType, usize)> {
+    let mut ar = Archive::new(path, file, limits)?;
+    let Some(root) = find_root(&ar.names()) else {
+        return Err(Error::corrupt(
+            path,
+            "the nested zip archive has no data.pkl record; it is not a torch.save file",
+        ));
+    };
+    let order = read_byteorder(path, &mut ar, &root)?;
+    let record = format!("{root}data.pkl");
+    let pickle = parse_record(path, &mut ar, &record, limits)?;
+    let mut resolver = ZipResolver::new(ar, root);
+    let (storage, dtype) = super::nested::root_storage(path, &pickle, &mut resolver)?;
+    Ok((storage.with_order(order), dtype, pickle.len()))
+}
+
 /// The byte order a zip archive declares in `<root>byteorder` (little when absent).
 pub(crate) fn read_byteorder(path: &Path, ar: &mut Archive<'_>, root: &str) -> Result<ByteOrder> {
     let name = format!("{root}byteorder");
@@ -286,11 +309,14 @@ pub(crate) fn parse_record(
 /// of zip it is, in first-seen order; and how many pickles were read. Nothing is
 /// interpreted: this is the security scan's view of the archive. A record that cannot be
 /// read, or a pickle that fails partway, is noted as a problem (with the globals seen up to
-/// the failure) and the scan goes on with the next record.
+/// the failure) and the scan goes on with the next record. The files nested in the pickles
+/// through `torch.storage._load_from_bytes` are scanned too; `depth` is this archive's own
+/// nesting.
 pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
+    depth: usize,
 ) -> Result<super::PickleGlobals> {
     let mut ar = Archive::new(path, file, limits)?;
     let mut globals = super::GlobalList::default();
@@ -308,6 +334,12 @@ pub(crate) fn pickle_globals(
         globals.extend(&found);
         count += 1;
         let ended = ended.and_then(|used| trailing_check(used, bytes.bytes().len()));
+        if ended.is_ok() {
+            let nested = super::nested::scan(path, &record, bytes.bytes(), &found, limits, depth);
+            count += nested.count;
+            globals.extend(&nested.globals);
+            problems.extend(nested.problems);
+        }
         if let Err(source) = ended {
             let e = Error::Pickle {
                 path: path.to_path_buf(),

@@ -10,9 +10,9 @@
 
 mod leaves;
 mod ndarray;
+mod nested;
 mod rebuild;
 
-pub(crate) use ndarray::is_array_function;
 pub use rebuild::is_rebuild_function;
 
 use std::collections::HashSet;
@@ -43,7 +43,9 @@ pub(crate) trait Resolver {
     fn persistent(&mut self, pickle: &Pickle, payload: NodeId) -> Result<Persistent, String>;
     /// Every storage resolved so far.
     fn storages(&self) -> &[Storage];
-    /// Add a storage the pickle itself holds (a numpy array's bytes); returns its index.
+    /// Add a storage that is not one of the container's own (a numpy array's bytes, or
+    /// one read from a `torch.save` file nested in the pickle, see `nested.rs`); its index
+    /// among [`Resolver::storages`].
     fn add_storage(&mut self, storage: Storage) -> usize;
     /// Size of the whole file in bytes: the copy budget (`Limits::max_copied_bytes`) is at
     /// least 4 × this, so that legitimate names and values of any file fit.
@@ -177,6 +179,8 @@ struct Walker<'a> {
     rebuilds: usize,
     /// The storages made for numpy arrays, by their data node.
     arrays: ndarray::ArrayStorages,
+    /// The `torch.save` files nested in the pickle read so far.
+    nested: nested::Nested,
     found: Found,
 }
 
@@ -206,6 +210,7 @@ impl<'a> Walker<'a> {
                 .max(arena_bytes(pickle).max(file_len).saturating_mul(4)),
             rebuilds: 0,
             arrays: ndarray::ArrayStorages::default(),
+            nested: nested::Nested::default(),
             found: Found::default(),
         }
     }
@@ -359,17 +364,7 @@ impl<'a> Walker<'a> {
             .map_err(|what| Error::tensor(self.path, name, what))?;
         match resolved {
             Persistent::Storage { index, dtype } => {
-                let n = self.storage_len(index) / dtype.size();
-                self.push_tensor(TensorInfo {
-                    name: name.to_string(),
-                    dtype,
-                    shape: vec![n],
-                    strides: vec![1],
-                    offset: 0,
-                    data: TensorData::Strided { storage: index },
-                    quant: None,
-                    requires_grad: false,
-                })?;
+                self.push_tensor(self.storage_tensor(index, dtype, name))?;
                 Ok(None)
             }
             Persistent::Tensor(mut t) => {
@@ -378,6 +373,20 @@ impl<'a> Walker<'a> {
                 Ok(None)
             }
             Persistent::Node(n) => Ok(Some(n)),
+        }
+    }
+
+    /// A storage reached as a value: a 1-d tensor over all of it.
+    fn storage_tensor(&self, index: usize, dtype: DType, name: &str) -> TensorInfo {
+        TensorInfo {
+            name: name.to_string(),
+            dtype,
+            shape: vec![self.storage_len(index) / dtype.size()],
+            strides: vec![1],
+            offset: 0,
+            data: TensorData::Strided { storage: index },
+            quant: None,
+            requires_grad: false,
         }
     }
 
@@ -427,6 +436,12 @@ impl<'a> Walker<'a> {
         if is_rebuild_function(module, qual) {
             let t = self.rebuild(module, qual, &obj.args, name)?;
             self.push_tensor(t)?;
+            return Ok(ObjectKind::Done);
+        }
+        if crate::format::nested::is_load_from_bytes(module, qual) {
+            // A storage pickled on its own (a nested torch.save file), like a bare storage id.
+            let (index, dtype) = self.nested_storage(obj, name)?;
+            self.push_tensor(self.storage_tensor(index, dtype, name))?;
             return Ok(ObjectKind::Done);
         }
         if let Some(v) = self.numpy_scalar(module, qual, &obj.args) {

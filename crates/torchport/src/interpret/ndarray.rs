@@ -23,12 +23,6 @@ fn is_numpy_module(module: &str, sub: &str) -> bool {
         == Some(sub)
 }
 
-/// True for the calls that build numpy arrays (the known-safe table of `security`).
-pub(crate) fn is_array_function(module: &str, name: &str) -> bool {
-    (name == "_reconstruct" && is_numpy_module(module, "multiarray"))
-        || (name == "_frombuffer" && is_numpy_module(module, "numeric"))
-}
-
 /// The parts of a pickled array, before they are checked against each other.
 struct Parts {
     shape: NodeId,

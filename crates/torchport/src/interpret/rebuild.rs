@@ -234,16 +234,9 @@ impl<'a> Walker<'a> {
     fn storage_arg(&mut self, id: NodeId, name: &str) -> Result<(usize, DType)> {
         let payload = match self.p.get(id) {
             PValue::PersistentId(payload) => *payload,
-            PValue::Object(o)
-                if self.p.as_global(o.callable) == Some(("torch.storage", "_load_from_bytes")) =>
-            {
-                return Err(Error::tensor(
-                    self.path,
-                    name,
-                    "its storage is a whole nested torch.save file \
-                     (torch.storage._load_from_bytes, as plain pickle.dumps writes tensors), \
-                     which torchport does not read yet",
-                ))
+            // A whole torch.save file nested in the pickle, as plain pickle.dumps writes it.
+            PValue::Object(o) if crate::format::nested::is_call(self.p, o) => {
+                return self.nested_storage(o, name)
             }
             _ => {
                 return Err(Error::tensor(
