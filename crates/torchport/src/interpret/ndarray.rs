@@ -330,16 +330,23 @@ mod tests {
         assert!(numpy_strides(&[], true).is_empty());
     }
 
+    /// The modules whose array calls are interpreted, and every such call is on the
+    /// allow-list (so a checkpoint holding arrays can be `ok`).
     #[test]
     fn modules() {
-        assert!(is_array_function("numpy.core.multiarray", "_reconstruct"));
-        assert!(is_array_function("numpy._core.multiarray", "_reconstruct"));
-        assert!(is_array_function("numpy._core.numeric", "_frombuffer"));
-        assert!(!is_array_function("numpy._core.numeric", "_reconstruct"));
-        assert!(!is_array_function("numpy.multiarray", "_reconstruct"));
-        assert!(!is_array_function(
-            "numpyx._core.multiarray",
-            "_reconstruct"
-        ));
+        assert!(is_numpy_module("numpy.core.multiarray", "multiarray"));
+        assert!(is_numpy_module("numpy._core.numeric", "numeric"));
+        assert!(!is_numpy_module("numpy._core.numeric", "multiarray"));
+        assert!(!is_numpy_module("numpy.multiarray", "multiarray"));
+        assert!(!is_numpy_module("numpyx._core.multiarray", "multiarray"));
+        for core in ["numpy.core", "numpy._core"] {
+            for (sub, name) in [("multiarray", "_reconstruct"), ("numeric", "_frombuffer")] {
+                let module = format!("{core}.{sub}");
+                assert!(
+                    torchport_pickle::allow_list(&module, name).is_some(),
+                    "{module}.{name}"
+                );
+            }
+        }
     }
 }
