@@ -19,10 +19,11 @@ if [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets < <(awk '/^\[\[bin\]\]/{b=1} b&&/^name =/{gsub(/"/,"",$3); print $3; b=0}' Cargo.toml)
 fi
 
-# Fixture files: everything under tests/fixtures except generators and expected outputs.
+# Fixture files: everything under tests/fixtures except generators, expected outputs and the
+# stems/ sweep (192 archives that differ only in their names).
 fixtures() {
     find "$root/tests/fixtures" -type f \
-        ! -path '*/gen/*' ! -name '*.expected.*' ! -name '*.json' ! -name '*.py' ! -name '*.md' \
+        ! -path '*/gen/*' ! -path '*/stems/*' ! -name '*.expected.*' ! -name '*.json' ! -name '*.py' ! -name '*.md' \
         | sort
 }
 
@@ -58,7 +59,7 @@ for t in "${targets[@]}"; do
                 unzip -p "$f" "$rec" > "$dir/$(seed_name "$f")_${rec//\//_}" 2>/dev/null \
                     && n=$((n + 1))
             done < <(unzip -Z1 "$f" 2>/dev/null | grep -E '(^|/)models/[^/]*\.json$|^serialized_exported_program\.json$' || true)
-        done < <(find "$root/tests/fixtures" -name '*.pt2' | sort)
+        done < <(find "$root/tests/fixtures" -name '*.pt2' ! -path '*/stems/*' | sort)
     elif [ "$t" = rules ]; then
         while IFS= read -r f; do
             cp "$f" "$dir/$(seed_name "$f")" && n=$((n + 1))
