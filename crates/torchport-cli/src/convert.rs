@@ -214,7 +214,10 @@ fn leftovers(args: &Args) {
         }
         let removed = atomic::remove_stale(stale);
         if !removed.is_empty() {
-            eprintln!("note: removed {}, left by writes that were killed", names(&removed));
+            eprintln!(
+                "note: removed {}, left by writes that were killed",
+                names(&removed)
+            );
         }
         return;
     }
@@ -225,7 +228,11 @@ fn leftovers(args: &Args) {
              this write succeeds, or now with --clean",
             names(&stale),
             args.output.display(),
-            if stale.len() == 1 { "it is" } else { "they are" }
+            if stale.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
         );
     }
 }

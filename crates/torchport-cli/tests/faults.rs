@@ -218,7 +218,10 @@ fn debris_of_a_killed_named_write_is_reported_and_removed() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert!(stderr.contains("note: 1 temporary file"), "{stderr}");
-    assert!(stderr.contains("left over from an earlier write"), "{stderr}");
+    assert!(
+        stderr.contains("left over from an earlier write"),
+        "{stderr}"
+    );
     assert!(stderr.contains("removed 1 temporary file"), "{stderr}");
     assert_eq!(listing(out_dir.path()), ["out.npz"]);
 
@@ -241,6 +244,9 @@ fn debris_of_a_killed_named_write_is_reported_and_removed() {
     let o = flags(&[]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
-    assert!(stderr.contains("note: removed 1 temporary file"), "{stderr}");
+    assert!(
+        stderr.contains("note: removed 1 temporary file"),
+        "{stderr}"
+    );
     assert_eq!(listing(out_dir.path()), ["small.safetensors"]);
 }

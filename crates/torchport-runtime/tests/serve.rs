@@ -88,7 +88,8 @@ fn one_program_served_from_many_threads() {
         let differing = serve(&program, &inputs, &want, RUNS);
         let after = rss();
         assert_eq!(
-            differing, 0,
+            differing,
+            0,
             "{family}: {differing} of {} concurrent runs differ from the single-threaded run",
             THREADS * RUNS
         );
