@@ -650,12 +650,12 @@ mod tests {
         for p in [&stale, &other, &live, &unrelated] {
             std::fs::write(p, b"x").unwrap();
         }
-        assert_eq!(stale_temp_files(&dest), [stale.clone()]);
+        assert_eq!(stale_temp_files(&dest), vec![stale.clone()]);
         assert_eq!(
             stale_temp_files_in(dir.path()),
             [other.clone(), stale.clone()]
         );
-        assert_eq!(remove_stale(stale_temp_files(&dest)), [stale.clone()]);
+        assert_eq!(remove_stale(stale_temp_files(&dest)), vec![stale.clone()]);
         assert!(!stale.exists() && other.exists() && live.exists() && unrelated.exists());
     }
 
