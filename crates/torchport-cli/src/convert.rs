@@ -1,5 +1,5 @@
 //! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D]
-//! [--dequantize] [--preset P]... [--rules FILE] [--target T] [--dry-run]`: parse the arguments into
+//! [--dequantize] [--preset P]... [--rules FILE] [--target T] [--dry-run] [--clean]`: parse the arguments into
 //! `torchport::select::ConvertOptions` and a `torchport::remap::RuleSet`, then write with
 //! `torchport::write` (all selection, remapping, casting and writing logic lives in the
 //! library). Order: select and cast, then presets (in the order given), then the rule file.
@@ -15,7 +15,7 @@ use regex::Regex;
 use torchport::remap::report::{load_target, report};
 use torchport::remap::{apply_with, Context, Plan, RuleSet, TensorMeta};
 use torchport::select::{ConvertOptions, Selection, CAST_TARGETS};
-use torchport::write::{self, OutputFormat, WriteOptions};
+use torchport::write::{self, atomic, OutputFormat, WriteOptions};
 use torchport::DType;
 
 use crate::inspect::human_bytes;
@@ -67,6 +67,11 @@ pub struct Args {
     /// bytes) and write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// First remove the temporary files that killed writes left in OUT's folder
+    /// (`.NAME.tmp-<pid>-<n>` of a process that is no longer running). Without it, those of
+    /// OUT's own name are removed once the write succeeds.
+    #[arg(long)]
+    clean: bool,
 }
 
 fn regex(flag: &str, re: &Option<String>) -> anyhow::Result<Option<Regex>> {
@@ -108,6 +113,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let opts = options(args)?;
     // Refuse before opening (and memory-mapping) the input.
     write::check_not_input(&args.output, &[&args.input])?;
+    leftovers(args);
     let ckpt = torchport::open(&args.input)?;
     let mut sel = opts.select(&ckpt)?;
     for (name, why) in &sel.without_data {
@@ -174,6 +180,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         b.finish_and_clear();
     }
     let written = written?;
+    if !written.removed_stale.is_empty() {
+        eprintln!(
+            "note: removed {} left over from an earlier write to {} that was killed",
+            names(&written.removed_stale),
+            args.output.display()
+        );
+    }
     eprintln!(
         "wrote {} tensors ({}) to {} in {:.2} s",
         written.tensors,
@@ -182,6 +195,57 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         start.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Say which temporary files of killed writes lie in OUT's folder; with --clean (and not
+/// --dry-run) remove them.
+fn leftovers(args: &Args) {
+    let dir = match args.output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if args.clean {
+        let stale = atomic::stale_temp_files_in(dir);
+        if args.dry_run {
+            if !stale.is_empty() {
+                eprintln!("note: --clean would remove {}", names(&stale));
+            }
+            return;
+        }
+        let removed = atomic::remove_stale(stale);
+        if !removed.is_empty() {
+            eprintln!(
+                "note: removed {}, left by writes that were killed",
+                names(&removed)
+            );
+        }
+        return;
+    }
+    let stale = atomic::stale_temp_files(&args.output);
+    if !stale.is_empty() {
+        eprintln!(
+            "note: {} left over from an earlier write to {} that was killed; {} removed once \
+             this write succeeds, or now with --clean",
+            names(&stale),
+            args.output.display(),
+            if stale.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
+        );
+    }
+}
+
+/// `N temporary file(s) (a, b, …)` for a note.
+fn names(paths: &[PathBuf]) -> String {
+    let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let what = if paths.len() == 1 {
+        "1 temporary file".to_string()
+    } else {
+        format!("{} temporary files", paths.len())
+    };
+    format!("{what} ({})", list.join(", "))
 }
 
 /// Apply the presets and the rule file, if any, to the selected tensors; returns the plan.

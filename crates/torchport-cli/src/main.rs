@@ -1,5 +1,6 @@
 //! The `torchport` command: a thin layer over the torchport library.
-//! Exit codes: 0 success, 1 "answered no", 2 error (one sentence on stderr).
+//! Exit codes: 0 success, 1 "answered no", 2 error (one sentence on stderr), 130 interrupted
+//! (Ctrl-C; an unfinished output is removed).
 
 use std::process::ExitCode;
 
@@ -46,6 +47,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    on_interrupt_remove_unfinished_outputs();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Convert(args) => convert::run(&args),
@@ -63,6 +65,25 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// On Ctrl-C (SIGINT; and SIGTERM, SIGHUP) remove the temporary file of any output being
+/// written, then exit 130. Where outputs are written unnamed (Linux `O_TMPFILE`) there is
+/// nothing to remove: the kernel frees them with the process. The handler runs on its own
+/// thread (the `ctrlc` crate), so it may take locks and remove files.
+fn on_interrupt_remove_unfinished_outputs() {
+    let installed = ctrlc::set_handler(|| {
+        let removed = torchport::write::atomic::remove_pending();
+        if removed.is_empty() {
+            eprintln!("interrupted");
+        } else {
+            eprintln!("interrupted; removed the unfinished output");
+        }
+        std::process::exit(130);
+    });
+    // Without the handler an interrupt still ends the process; only a named temporary file
+    // (filesystems without O_TMPFILE) would then be left for the next run to clean up.
+    drop(installed);
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {

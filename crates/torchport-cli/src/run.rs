@@ -2,8 +2,12 @@
 //! program (`.pt2`) on `.npy` inputs (positional, in order) and write its outputs as
 //! `output_0`, `output_1`, … to an `.npz`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
 
 use torchport::write::{write, OutputFormat, WriteOptions};
 use torchport_runtime::npy::{out_tensor, read_npy};
@@ -22,7 +26,41 @@ pub struct Args {
     output: PathBuf,
 }
 
+/// Programs larger than this show a spinner while they load and run (when stderr is a
+/// terminal; never into a pipe or a file).
+const PROGRESS_MIN_BYTES: u64 = 32 << 20;
+
+/// A spinner on stderr with the elapsed time, or `None` when stderr is not a terminal or the
+/// model is small.
+fn spinner(args: &Args) -> Option<ProgressBar> {
+    let size = std::fs::metadata(&args.model).map_or(0, |m| m.len());
+    if !std::io::stderr().is_terminal() || size < PROGRESS_MIN_BYTES {
+        return None;
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message(format!(
+        "loading {} ({})",
+        args.model.display(),
+        crate::inspect::human_bytes(size)
+    ));
+    bar.enable_steady_tick(Duration::from_millis(100));
+    Some(bar)
+}
+
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let bar = spinner(args);
+    let result = load_and_run(args, bar.as_ref());
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    result
+}
+
+fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode> {
     let program = Program::load(&args.model)?;
     if !program.unsupported_ops().is_empty() {
         anyhow::bail!(
@@ -36,6 +74,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|p| read_npy(p).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(b) = bar {
+        b.set_message(format!("running {}", args.model.display()));
+    }
     let outputs = program
         .run(&inputs)
         .map_err(|e| anyhow::anyhow!("running {}: {e}", args.model.display()))?;

@@ -6,8 +6,10 @@
 //! tensor for its bytes in turn and writes them, so memory use is about one tensor, not the
 //! file. (The safetensors writer copies large tensors that lie unchanged in a memory-mapped
 //! input file to file instead, `copy_file_range` on Linux, and asks the OS to start writing
-//! them to disk at once so the final sync has little left to do.) Output is atomic (see [`atomic`]): a temporary file beside the destination, synced
-//! and renamed into place when complete, removed on any error; an input is never overwritten.
+//! them to disk at once so the final sync has little left to do.) Output is atomic (see [`atomic`]): an unnamed file (Linux `O_TMPFILE`) or a
+//! temporary file beside the destination, synced and put into place when complete; a failed,
+//! interrupted or killed write leaves no partial file and, where the filesystem allows
+//! unnamed files, no temporary file either. An input is never overwritten.
 //! [`activations`] writes a model's recorded intermediate outputs for a layer-by-layer
 //! comparison with PyTorch's.
 //!
@@ -140,7 +142,7 @@ impl fmt::Debug for WriteOptions<'_> {
 }
 
 /// What a write produced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Written {
     /// Number of tensors written.
     pub tensors: usize,
@@ -148,6 +150,9 @@ pub struct Written {
     pub data_bytes: u64,
     /// Size of the output file.
     pub file_bytes: u64,
+    /// Temporary files of an earlier write to the same name that was killed (see
+    /// [`atomic::stale_temp_files`]), removed once this write succeeded.
+    pub removed_stale: Vec<PathBuf>,
 }
 
 /// Write `tensors` to `path` in `format`, atomically (see the module docs).
@@ -190,6 +195,7 @@ pub fn write(
         tensors: tensors.len(),
         data_bytes,
         file_bytes,
+        removed_stale: atomic::remove_stale(atomic::stale_temp_files(path)),
     })
 }
 
