@@ -12,7 +12,7 @@ use crate::error::{OpError, OpResult};
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
 
-/// Register the kernels of this family (after `shape`, whose one-index `index` this replaces).
+/// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.index.Tensor", index);
     r.add("aten.as_strided.default", as_strided);
