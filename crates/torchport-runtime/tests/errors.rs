@@ -266,3 +266,22 @@ fn crafted_programs_fail_cleanly_instead_of_panicking() {
         "{err}"
     );
 }
+
+#[test]
+fn inplace_update_of_a_view_is_refused_and_its_decomposition_runs() {
+    let err = Program::load(fixture("bad_inplace_view.plain.pt2"))
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::Program(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("(aten.add_.Tensor) updates 'slice") && msg.contains("shares memory with"),
+        "{msg}"
+    );
+    let p = Program::load(fixture("bad_inplace_view.decomp.pt2")).unwrap();
+    let x = read_npy(&fixture("bad_inplace_view.input_0.npy")).unwrap();
+    let want = read_npy(&fixture("bad_inplace_view.output_0.npy")).unwrap();
+    let got = p.run(&[x]).unwrap();
+    let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() <= 1e-6);
+}
