@@ -269,7 +269,7 @@ fn crafted_programs_fail_cleanly_instead_of_panicking() {
 
 #[test]
 fn inplace_update_of_a_view_is_refused_and_its_decomposition_runs() {
-    let err = Program::load(fixture("bad_inplace_view.plain.pt2"))
+    let err = Program::load(fixture("bad_inplace_view.pt2"))
         .err()
         .unwrap();
     assert!(matches!(err, Error::Program(_)), "{err}");
@@ -284,4 +284,32 @@ fn inplace_update_of_a_view_is_refused_and_its_decomposition_runs() {
     let got = p.run(&[x]).unwrap();
     let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
     assert!(diff.to_scalar::<f32>().unwrap() <= 1e-6);
+}
+
+#[test]
+fn dynamic_dims_run_within_their_range_and_are_checked() {
+    let p = Program::load(fixture("dynamic_batch.plain.pt2")).unwrap();
+    let x = read_npy(&fixture("dynamic_batch.input_0.npy")).unwrap();
+    let y = read_npy(&fixture("dynamic_batch.input_1.npy")).unwrap();
+    let want = read_npy(&fixture("dynamic_batch.output_0.npy")).unwrap();
+    let got = p.run(&[x, y]).unwrap();
+    assert_eq!(got[0].dims(), [3, 3]);
+    let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() <= 1e-5);
+
+    let zeros = |b: usize, n: usize| Tensor::zeros((b, n), DType::F32, &Device::Cpu).unwrap();
+    let err = p.run(&[zeros(9, 4), zeros(9, 5)]).unwrap_err();
+    assert!(matches!(err, Error::Input { index: 0, .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("dim 0 is 9, but the program was exported for 2..=8"),
+        "{msg}"
+    );
+    let err = p.run(&[zeros(3, 4), zeros(4, 5)]).unwrap_err();
+    assert!(matches!(err, Error::Input { index: 1, .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("dim 0 is 4, but input 0 dim 0 is 3: the program needs them equal"),
+        "{err}"
+    );
 }
