@@ -54,6 +54,95 @@ pub struct Program {
     outputs: Vec<Argument>,
     /// Per node: values whose last use is this node (freed after it runs).
     frees: Vec<Vec<String>>,
+    /// Per user input, per dim: the symbol of a dynamic dim and its allowed range.
+    dim_ranges: Vec<Vec<Option<DimRange>>>,
+}
+
+/// A dynamic dim of a user input: its symbol and the values it was exported for.
+#[derive(Debug, Clone)]
+struct DimRange {
+    symbol: String,
+    min: Option<i64>,
+    max: Option<i64>,
+}
+
+/// The symbol and range of every dynamic user-input dim that is a single symbol.
+fn dim_ranges(ep: &ExportedProgram, inputs: &[InputInfo]) -> Vec<Vec<Option<DimRange>>> {
+    let tv = &ep.graph_module.graph.tensor_values;
+    inputs
+        .iter()
+        .map(|info| {
+            let Some(meta) = tv.get(&info.name) else {
+                return Vec::new();
+            };
+            meta.sizes
+                .iter()
+                .map(|s| match s {
+                    crate::schema::SymInt::AsExpr(e) => e.symbol().map(|sym| {
+                        let (min, max) = ep
+                            .range_constraints
+                            .get(sym)
+                            .map_or((None, None), |r| r.bounds());
+                        DimRange {
+                            symbol: sym.to_string(),
+                            min,
+                            max,
+                        }
+                    }),
+                    crate::schema::SymInt::AsInt(_) => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Check the dynamic dims of the inputs: each within the range it was exported for, and one
+/// value per symbol across all inputs.
+fn check_dynamic_dims(
+    inputs: &[Tensor],
+    infos: &[InputInfo],
+    ranges: &[Vec<Option<DimRange>>],
+) -> Result<()> {
+    let mut seen: HashMap<&str, (usize, usize, usize)> = HashMap::new();
+    for (i, ((t, info), dims)) in inputs.iter().zip(infos).zip(ranges).enumerate() {
+        for (d, r) in dims.iter().enumerate() {
+            let (Some(r), Some(&v)) = (r, t.dims().get(d)) else {
+                continue;
+            };
+            let vi = i64::try_from(v).unwrap_or(i64::MAX);
+            if r.min.is_some_and(|m| vi < m) || r.max.is_some_and(|m| vi > m) {
+                let bound = |b: Option<i64>| b.map_or("any".to_string(), |b| b.to_string());
+                return Err(Error::Input {
+                    index: i,
+                    what: format!(
+                        "'{}' dim {d} is {v}, but the program was exported for {}..={} \
+                         (dynamic dim {})",
+                        info.name,
+                        bound(r.min),
+                        bound(r.max),
+                        r.symbol
+                    ),
+                });
+            }
+            match seen.get(r.symbol.as_str()) {
+                Some(&(j, dj, w)) if w != v => {
+                    return Err(Error::Input {
+                        index: i,
+                        what: format!(
+                            "'{}' dim {d} is {v}, but input {j} dim {dj} is {w}: the program \
+                             needs them equal (dynamic dim {})",
+                            info.name, r.symbol
+                        ),
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(r.symbol.as_str(), (i, d, v));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Program {
@@ -140,6 +229,7 @@ impl Program {
         crate::prepare::pretranspose_linear_weights(g, &mut weights);
         let outputs = user_outputs(&ep)?;
 
+        let dim_ranges = dim_ranges(&ep, &inputs);
         let mut kernels = Vec::with_capacity(g.nodes.len());
         let mut unsupported = BTreeMap::new();
         for node in &g.nodes {
@@ -149,6 +239,8 @@ impl Program {
             }
             kernels.push(k);
         }
+        check_as_strided(g)?;
+        check_inplace_views(g, &outputs)?;
         let frees = last_uses(&ep, &outputs);
         Ok(Program {
             ep,
@@ -158,6 +250,7 @@ impl Program {
             inputs,
             outputs,
             frees,
+            dim_ranges,
         })
     }
 
@@ -245,6 +338,7 @@ impl Program {
         for (i, (info, t)) in self.inputs.iter().zip(inputs).enumerate() {
             env.insert(info.name.clone(), Value::Tensor(check_input(i, info, t)?));
         }
+        check_dynamic_dims(inputs, &self.inputs, &self.dim_ranges)?;
         let g = &self.ep.graph_module.graph;
         for (i, node) in g.nodes.iter().enumerate() {
             let name = node.name.clone().unwrap_or_else(|| format!("#{i}"));
@@ -444,23 +538,223 @@ fn bind_outputs(
             }
         }
     }
-    // In-place ops return their mutated input; later nodes may read it by its old name.
+    // In-place ops (`add_`, `relu_`, `__iand__`) run as their functional form; the result
+    // replaces the mutated input, which later nodes read by its old name. As in torch, the
+    // result keeps the input's shape and dtype.
     let op = op_key(&node.target);
-    let base = op.split('.').nth(1).unwrap_or("");
-    if base.ends_with('_') && !base.starts_with('_') {
+    if crate::ops::functional_name(op).is_some() {
         if let (Some(Argument::AsTensor(src)), Some(Argument::AsTensor(dst))) = (
             node.inputs
                 .iter()
-                .find(|a| a.name == "self")
+                .find(|a| a.name == "self" || a.name == "input")
                 .map(|a| &a.arg),
             node.outputs.first(),
         ) {
-            if let Some(v) = env.get(&dst.name).cloned() {
-                env.insert(src.name.clone(), v);
+            let (Some(Value::Tensor(old)), Some(Value::Tensor(new))) =
+                (env.get(&src.name), env.get(&dst.name))
+            else {
+                return Ok(());
+            };
+            // In-place view ops (`unsqueeze_`, `t_`) change the shape; arithmetic never does.
+            let reshapes = matches!(
+                op.split('.').nth(1),
+                Some("squeeze_" | "unsqueeze_" | "t_" | "transpose_" | "swapdims_" | "swapaxes_")
+            );
+            if !reshapes && old.dims() != new.dims() {
+                return Err(format!(
+                    "the in-place result has shape {:?} but '{}' has shape {:?}",
+                    new.dims(),
+                    src.name,
+                    old.dims()
+                ));
+            }
+            let new = if old.dtype() == new.dtype() {
+                new.clone()
+            } else if crate::ops::category(new.dtype()) > crate::ops::category(old.dtype()) {
+                return Err(format!(
+                    "the in-place result is {:?}, which cannot be stored in '{}' ({:?})",
+                    new.dtype(),
+                    src.name,
+                    old.dtype()
+                ));
+            } else {
+                new.to_dtype(old.dtype()).map_err(|e| e.to_string())?
+            };
+            env.insert(dst.name.clone(), Value::Tensor(new.clone()));
+            env.insert(src.name.clone(), Value::Tensor(new));
+        }
+    }
+    Ok(())
+}
+
+/// `as_strided` is computed on the contiguous layout of its input: refuse a program that
+/// calls it on a tensor torch does not hold contiguously from offset 0 (by the graph's own
+/// metadata), where the result would differ.
+fn check_as_strided(g: &crate::schema::Graph) -> Result<()> {
+    for node in &g.nodes {
+        if op_key(&node.target) != "aten.as_strided.default" {
+            continue;
+        }
+        let self_name = node
+            .inputs
+            .iter()
+            .find(|a| a.name == "self")
+            .and_then(|a| match &a.arg {
+                Argument::AsTensor(t) => Some(t.name.as_str()),
+                _ => None,
+            });
+        let contiguous = self_name
+            .and_then(|n| g.tensor_values.get(n))
+            .is_some_and(is_contiguous);
+        if !contiguous {
+            return Err(Error::Program(format!(
+                "node '{}' (aten.as_strided.default) reads a tensor that is not contiguous; \
+                 only as_strided on contiguous tensors is supported",
+                node.name.as_deref().unwrap_or("?")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Ops whose outputs share memory with their `self` input in torch.
+fn is_view_op(key: &str) -> bool {
+    let base = key.split('.').nth(1).unwrap_or("");
+    matches!(
+        base,
+        "view"
+            | "_unsafe_view"
+            | "_reshape_alias"
+            | "reshape"
+            | "view_as"
+            | "reshape_as"
+            | "flatten"
+            | "unflatten"
+            | "slice"
+            | "select"
+            | "narrow"
+            | "transpose"
+            | "permute"
+            | "t"
+            | "numpy_T"
+            | "unsqueeze"
+            | "squeeze"
+            | "expand"
+            | "expand_as"
+            | "as_strided"
+            | "alias"
+            | "detach"
+            | "diagonal"
+            | "split"
+            | "split_with_sizes"
+            | "chunk"
+            | "unbind"
+            | "unfold"
+    )
+}
+
+/// In-place ops run functionally: the result is bound to the mutated name only. That is exact
+/// unless the mutated tensor shares memory with another value read later (an in-place update
+/// of a view, `x[:, :2] += 1`, or of a base whose views are used after). Such programs are
+/// refused at load, naming the node, rather than computed wrong; `run_decompositions()`
+/// writes them functionally.
+fn check_inplace_views(g: &crate::schema::Graph, outputs: &[Argument]) -> Result<()> {
+    let mut root: HashMap<&str, &str> = HashMap::new();
+    let mut defined: HashMap<&str, usize> = HashMap::new();
+    let mut last_read: HashMap<String, usize> = HashMap::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let mut names = Vec::new();
+        for a in &node.inputs {
+            used_names(&a.arg, &mut names);
+        }
+        for n in names {
+            last_read.insert(n, i);
+        }
+    }
+    let mut kept = Vec::new();
+    for o in outputs {
+        used_names(o, &mut kept);
+    }
+    for n in kept {
+        last_read.insert(n, usize::MAX);
+    }
+    for (i, node) in g.nodes.iter().enumerate() {
+        let key = op_key(&node.target);
+        let self_name = node
+            .inputs
+            .iter()
+            .find(|a| a.name == "self" || a.name == "input")
+            .and_then(|a| match &a.arg {
+                Argument::AsTensor(t) => Some(t.name.as_str()),
+                _ => None,
+            });
+        if let (Some(s), true) = (self_name, crate::ops::functional_name(key).is_some()) {
+            let r = root.get(s).copied().unwrap_or(s);
+            let shared = defined.iter().find(|(&n, &d)| {
+                d < i
+                    && n != s
+                    && (n == r || root.get(n) == Some(&r))
+                    && last_read.get(n).is_some_and(|&l| l > i)
+            });
+            let base_read_later = r != s && last_read.get(r).is_some_and(|&l| l > i);
+            if let Some(other) = shared.map(|(n, _)| *n).or(base_read_later.then_some(r)) {
+                return Err(Error::Program(format!(
+                    "node '{}' ({key}) updates '{s}' in place, which shares memory with \
+                     '{other}', read later; in-place updates of views are not supported \
+                     (export with ep.run_decompositions() to write them functionally)",
+                    node.name.as_deref().unwrap_or("?")
+                )));
+            }
+        }
+        for out in &node.outputs {
+            let mut outs = Vec::new();
+            used_names(out, &mut outs);
+            for o in outs {
+                let name: &str = match out {
+                    Argument::AsTensor(t) if t.name == o => t.name.as_str(),
+                    Argument::AsTensors(ts) => match ts.iter().find(|t| t.name == o) {
+                        Some(t) => t.name.as_str(),
+                        None => continue,
+                    },
+                    _ => continue,
+                };
+                defined.insert(name, i);
+                // A view, or the result of an in-place op (the mutated tensor itself).
+                let aliases = is_view_op(key) || crate::ops::functional_name(key).is_some();
+                if let (true, Some(s)) = (aliases, self_name) {
+                    root.insert(name, root.get(s).copied().unwrap_or(s));
+                }
             }
         }
     }
     Ok(())
+}
+
+/// Whether a tensor's metadata describes a row-major layout from offset 0 (strides of
+/// size-1 dims do not matter).
+fn is_contiguous(m: &TensorMeta) -> bool {
+    use crate::schema::SymInt;
+    let int = |s: &SymInt| match s {
+        SymInt::AsInt(v) => Some(*v),
+        SymInt::AsExpr(_) => None,
+    };
+    if int(&m.storage_offset) != Some(0) || m.sizes.len() != m.strides.len() {
+        return false;
+    }
+    let mut expect: i64 = 1;
+    for (size, stride) in m.sizes.iter().zip(&m.strides).rev() {
+        let (Some(size), Some(stride)) = (int(size), int(stride)) else {
+            return false;
+        };
+        if size != 1 && stride != expect {
+            return false;
+        }
+        let Some(e) = expect.checked_mul(size) else {
+            return false;
+        };
+        expect = e;
+    }
+    true
 }
 
 /// Names of the values each node uses, for `last_uses`.

@@ -28,6 +28,45 @@ pub struct ExportedProgram {
     /// The torch version that wrote the program, when recorded.
     #[serde(default)]
     pub torch_version: Option<String>,
+    /// Allowed values of each symbolic dim (`s0` → its range), from `dynamic_shapes`.
+    #[serde(default)]
+    pub range_constraints: BTreeMap<String, RangeConstraint>,
+}
+
+/// The range a symbolic dim was exported for. A bound that is not a (64-bit) integer, such as
+/// torch's infinity, means unbounded.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RangeConstraint {
+    /// Smallest allowed value.
+    #[serde(default)]
+    pub min_val: Option<serde_json::Value>,
+    /// Largest allowed value.
+    #[serde(default)]
+    pub max_val: Option<serde_json::Value>,
+}
+
+impl RangeConstraint {
+    /// The bounds as integers (`None` for an unbounded side).
+    pub fn bounds(&self) -> (Option<i64>, Option<i64>) {
+        let int = |v: &Option<serde_json::Value>| v.as_ref().and_then(serde_json::Value::as_i64);
+        (int(&self.min_val), int(&self.max_val))
+    }
+}
+
+impl SymExpr {
+    /// The symbol's name when the expression is a single symbol (`s0`, or sympy's
+    /// `Symbol('s0', positive=True, integer=True)`); `None` for a compound expression.
+    pub fn symbol(&self) -> Option<&str> {
+        let e = self.expr_str.trim();
+        let name = match e.strip_prefix("Symbol('") {
+            Some(rest) => rest.split('\'').next()?,
+            None => e,
+        };
+        let ok = !name.is_empty()
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !name.starts_with(|c: char| c.is_ascii_digit());
+        ok.then_some(name)
+    }
 }
 
 /// `SchemaVersion { major, minor }`.

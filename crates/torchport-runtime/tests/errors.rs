@@ -201,3 +201,115 @@ fn program_json(path: &std::path::Path) -> Vec<u8> {
     assert!(record.ends_with("models/model.json"), "{record}");
     json.to_vec()
 }
+
+/// The tiny program (linear → relu) with its relu node's target and inputs replaced, built
+/// with unit weights: a crafted program for one op.
+fn tiny_with_second_node(target: &str, inputs: &str) -> torchport_runtime::Result<Program> {
+    let json = String::from_utf8(program_json(&fixture("tiny.plain.pt2"))).unwrap();
+    let relu_inputs = r#"[{"arg": {"as_tensor": {"name": "linear"}}, "kind": 1, "name": "self"}]"#;
+    assert!(
+        json.contains(relu_inputs),
+        "the tiny fixture's relu node changed"
+    );
+    let text = json
+        .replace(relu_inputs, inputs)
+        .replace("torch.ops.aten.relu.default", target);
+    let ep = parse_program(text.as_bytes()).unwrap();
+    let mut w = HashMap::new();
+    w.insert(
+        "0.weight".to_string(),
+        Tensor::ones((3, 4), DType::F32, &Device::Cpu).unwrap(),
+    );
+    w.insert(
+        "0.bias".to_string(),
+        Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+    );
+    Program::from_parts(ep, w)
+}
+
+fn run_tiny_with(target: &str, inputs: &str) -> String {
+    let p = tiny_with_second_node(target, inputs).unwrap();
+    assert!(p.unsupported_ops().is_empty(), "{:?}", p.unsupported_ops());
+    let x = Tensor::ones((2, 4), DType::F32, &Device::Cpu).unwrap();
+    let err = p.run(&[x]).unwrap_err();
+    assert!(matches!(err, Error::Op { .. }), "{err}");
+    err.to_string()
+}
+
+#[test]
+fn training_mode_dropout_is_refused() {
+    let t = |train: bool| {
+        format!(
+            r#"[{{"arg": {{"as_tensor": {{"name": "linear"}}}}, "kind": 1, "name": "input"}}, {{"arg": {{"as_float": 0.5}}, "kind": 1, "name": "p"}}, {{"arg": {{"as_bool": {train}}}, "kind": 1, "name": "train"}}]"#
+        )
+    };
+    let err = run_tiny_with("torch.ops.aten.dropout.default", &t(true));
+    assert!(err.contains("dropout with train=True (p = 0.5)"), "{err}");
+    // In eval mode it is the identity: linear of ones with unit weights is 4.
+    let p = tiny_with_second_node("torch.ops.aten.dropout.default", &t(false)).unwrap();
+    let x = Tensor::ones((2, 4), DType::F32, &Device::Cpu).unwrap();
+    let y = p.run(&[x]).unwrap()[0].to_vec2::<f32>().unwrap();
+    assert_eq!(y, vec![vec![4f32; 3]; 2]);
+}
+
+#[test]
+fn crafted_programs_fail_cleanly_instead_of_panicking() {
+    // Attention on a rank-1 value.
+    let sel = r#"[{"arg": {"as_tensor": {"name": "linear"}}, "kind": 1, "name": "query"}, {"arg": {"as_tensor": {"name": "p_0_bias"}}, "kind": 1, "name": "key"}, {"arg": {"as_tensor": {"name": "p_0_bias"}}, "kind": 1, "name": "value"}]"#;
+    let err = run_tiny_with("torch.ops.aten.scaled_dot_product_attention.default", sel);
+    assert!(err.contains("rank at least 2"), "{err}");
+    // topk with k larger than the dim.
+    let topk = r#"[{"arg": {"as_tensor": {"name": "linear"}}, "kind": 1, "name": "self"}, {"arg": {"as_int": 7}, "kind": 1, "name": "k"}]"#;
+    let err = run_tiny_with("torch.ops.aten.topk.default", topk);
+    assert!(
+        err.contains("k (7) is larger than the dim's size (3)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn inplace_update_of_a_view_is_refused_and_its_decomposition_runs() {
+    let err = Program::load(fixture("bad_inplace_view.pt2"))
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::Program(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("(aten.add_.Tensor) updates 'slice") && msg.contains("shares memory with"),
+        "{msg}"
+    );
+    let p = Program::load(fixture("bad_inplace_view.decomp.pt2")).unwrap();
+    let x = read_npy(&fixture("bad_inplace_view.input_0.npy")).unwrap();
+    let want = read_npy(&fixture("bad_inplace_view.output_0.npy")).unwrap();
+    let got = p.run(&[x]).unwrap();
+    let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() <= 1e-6);
+}
+
+#[test]
+fn dynamic_dims_run_within_their_range_and_are_checked() {
+    let p = Program::load(fixture("dynamic_batch.plain.pt2")).unwrap();
+    let x = read_npy(&fixture("dynamic_batch.input_0.npy")).unwrap();
+    let y = read_npy(&fixture("dynamic_batch.input_1.npy")).unwrap();
+    let want = read_npy(&fixture("dynamic_batch.output_0.npy")).unwrap();
+    let got = p.run(&[x, y]).unwrap();
+    assert_eq!(got[0].dims(), [3, 3]);
+    let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() <= 1e-5);
+
+    let zeros = |b: usize, n: usize| Tensor::zeros((b, n), DType::F32, &Device::Cpu).unwrap();
+    let err = p.run(&[zeros(9, 4), zeros(9, 5)]).unwrap_err();
+    assert!(matches!(err, Error::Input { index: 0, .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("dim 0 is 9, but the program was exported for 2..=8"),
+        "{msg}"
+    );
+    let err = p.run(&[zeros(3, 4), zeros(4, 5)]).unwrap_err();
+    assert!(matches!(err, Error::Input { index: 1, .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("dim 0 is 4, but input 0 dim 0 is 3: the program needs them equal"),
+        "{err}"
+    );
+}

@@ -1,6 +1,6 @@
 //! End-to-end: run each family's exported program (plain and run_decompositions()) on the
 //! input PyTorch used and compare with PyTorch's own outputs (tests/fixtures/gen/gen_export.py):
-//! max abs diff <= 1e-4 * max(1, max |ref|), in f32.
+//! max abs diff <= 1e-4 * max(1, max |ref|), in f32; integer and bool outputs exactly.
 
 use std::path::PathBuf;
 
@@ -21,8 +21,21 @@ fn numbered(family: &str, kind: &str) -> Vec<Tensor> {
 }
 
 /// Max abs difference and the tolerance for one output.
+/// Integer and bool outputs must match exactly (compared in i64: tolerance 0).
 fn compare(got: &Tensor, want: &Tensor) -> (f32, f32) {
     assert_eq!(got.dims(), want.dims(), "shape");
+    if matches!(want.dtype(), DType::I64 | DType::U8 | DType::U32) {
+        let i = |t: &Tensor| {
+            t.to_dtype(DType::I64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<i64>()
+                .unwrap()
+        };
+        let same = i(got) == i(want);
+        return (if same { 0.0 } else { f32::INFINITY }, 0.0);
+    }
     let g = got
         .to_dtype(DType::F32)
         .unwrap()
@@ -90,4 +103,4 @@ family!(
     regnet,
     convnext
 );
-family!(vit, bert, gpt2, lstm, gru, unet, half, conv1d);
+family!(vit, bert, gpt2, lstm, gru, unet, half, conv1d, intops);

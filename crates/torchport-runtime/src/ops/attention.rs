@@ -30,6 +30,14 @@ pub fn attention(
     gqa: bool,
 ) -> OpResult<Tensor> {
     let (q, mut k, mut v) = (float(q)?, float(k)?, float(v)?);
+    if q.rank() < 2 || k.rank() < 2 || v.rank() < 2 {
+        op_bail!(
+            "attention needs query, key and value of rank at least 2, got shapes {:?}, {:?}, {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
     let e = q.dims()[q.rank() - 1];
     let l = q.dims()[q.rank() - 2];
     let s = k.dims()[k.rank() - 2];

@@ -212,8 +212,12 @@ fn im2col(
                 // Valid output columns: 0 <= x + dj < wd.
                 let x0 = (-dj).clamp(0, ow as isize) as usize;
                 let x1 = (wd as isize - dj).clamp(x0 as isize, ow as isize) as usize;
-                let s0 = (x0 as isize + dj) as usize;
-                drow[x0..x1].copy_from_slice(&srow[s0..s0 + (x1 - x0)]);
+                // Empty when the tap lies wholly in the padding (dilation wider than the
+                // image, e.g. DeepLab's ASPP); then x0 + dj may be negative.
+                if x1 > x0 {
+                    let s0 = (x0 as isize + dj) as usize;
+                    drow[x0..x1].copy_from_slice(&srow[s0..s0 + (x1 - x0)]);
+                }
             } else {
                 for (xo, d) in drow.iter_mut().enumerate() {
                     let ix = (xo * p.stride[1]) as isize + dj;
@@ -333,13 +337,41 @@ fn conv_transpose2d(
     if wci != ci {
         op_bail!("conv_transpose weight has {wci} input channels, the input {ci}");
     }
-    let full_h = (h - 1) * stride[0] + dil[0] * (kh - 1) + 1 + out_pad[0];
-    let full_w = (wd - 1) * stride[1] + dil[1] * (kw - 1) + 1 + out_pad[1];
-    if full_h < 2 * padding[0] + 1 || full_w < 2 * padding[1] + 1 {
+    if h == 0 || wd == 0 || kh == 0 || kw == 0 || co == 0 || n == 0 {
+        op_bail!(
+            "conv_transpose needs non-empty inputs and kernels, got input {:?} and weight {:?}",
+            x.dims(),
+            w.dims()
+        );
+    }
+    // (h - 1) * stride + dil * (k - 1) + 1 + out_pad, checked.
+    let full = |len: usize, s: usize, d: usize, k: usize, op: usize| {
+        (len - 1)
+            .checked_mul(s)?
+            .checked_add(d.checked_mul(k - 1)?)?
+            .checked_add(op.checked_add(1)?)
+    };
+    let (Some(full_h), Some(full_w)) = (
+        full(h, stride[0], dil[0], kh, out_pad[0]),
+        full(wd, stride[1], dil[1], kw, out_pad[1]),
+    ) else {
+        op_bail!("conv_transpose output size overflows");
+    };
+    let (Some(ph), Some(pw)) = (padding[0].checked_mul(2), padding[1].checked_mul(2)) else {
+        op_bail!("conv_transpose padding overflows");
+    };
+    if full_h <= ph || full_w <= pw {
         op_bail!("conv_transpose padding is larger than the output");
     }
-    let oh = full_h - 2 * padding[0];
-    let ow = full_w - 2 * padding[1];
+    let oh = full_h - ph;
+    let ow = full_w - pw;
+    if [n, co, oh, ow]
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .is_none()
+    {
+        op_bail!("conv_transpose output size overflows");
+    }
     // cols[(co, kh, kw), (h, w)] = W^T x, then col2im.
     let xm = x.contiguous()?.reshape((n, ci, h * wd))?;
     let wm = w
@@ -387,12 +419,14 @@ mod tests {
         let dev = Device::Cpu;
         // (input, weight, stride, padding, dilation)
         type Case = ([usize; 4], [usize; 4], usize, usize, usize);
-        let cases: [Case; 5] = [
+        let cases: [Case; 6] = [
             ([2, 3, 9, 11], [4, 3, 3, 3], 1, 1, 1),
             ([1, 5, 10, 7], [6, 5, 3, 3], 2, 0, 1),
             ([1, 2, 12, 12], [3, 2, 3, 3], 1, 2, 2),
             ([2, 4, 6, 5], [7, 4, 1, 1], 1, 0, 1),
             ([1, 3, 8, 8], [2, 3, 5, 5], 3, 2, 1),
+            // Taps wholly in the padding (dilation wider than the image, as in DeepLab).
+            ([1, 2, 5, 5], [3, 2, 3, 3], 1, 6, 6),
         ];
         for (xs, ws, stride, pad, dil) in cases {
             let x = Tensor::randn(0f32, 1., xs.to_vec(), &dev).unwrap();

@@ -26,11 +26,10 @@ pub fn register(r: &mut Registry) {
     r.add("aten.mul.Scalar", mul);
     r.add("aten.div.Tensor", div);
     r.add("aten.div.Scalar", div);
-    r.add("aten.div.Tensor_mode", div);
-    r.add("aten.pow.Tensor_Scalar", pow);
-    r.add("aten.pow.Tensor_Tensor", pow_tt);
     r.add("aten.maximum.default", maximum);
     r.add("aten.minimum.default", minimum);
+    r.add("aten.max.other", maximum);
+    r.add("aten.min.other", minimum);
     for (n, f) in [
         ("aten.eq.Tensor", cmp_eq as crate::ops::OpFn),
         ("aten.eq.Scalar", cmp_eq),
@@ -48,11 +47,12 @@ pub fn register(r: &mut Registry) {
         r.add(n, f);
     }
     r.add("aten.logical_not.default", logical_not);
-    r.add("aten.bitwise_not.default", logical_not);
     r.add("aten.logical_and.default", logical_and);
-    r.add("aten.bitwise_and.Tensor", logical_and);
     r.add("aten.logical_or.default", logical_or);
-    r.add("aten.bitwise_or.Tensor", logical_or);
+    r.add("aten.logical_xor.default", |a| {
+        let (l, r) = operands(a, "self", "other")?;
+        one(to_mask(&l)?.broadcast_ne(&to_mask(&r)?)?)
+    });
     r.add("aten.neg.default", |a| one(a.tensor("self")?.neg()?));
     r.add("aten.abs.default", |a| one(a.tensor("self")?.abs()?));
     r.add("aten.exp.default", |a| {
@@ -118,16 +118,42 @@ pub fn register(r: &mut Registry) {
         // In place, on the fresh copy of a lifted constant: no autograd here, so self.
         "aten.detach_.default",
         "aten.lift_fresh_copy.default",
+    ] {
+        r.add(n, identity);
+    }
+    for n in [
         "aten.dropout.default",
         "aten.native_dropout.default",
         "aten.feature_dropout.default",
+        "aten.alpha_dropout.default",
+        "aten.feature_alpha_dropout.default",
     ] {
-        r.add(n, identity);
+        r.add(n, dropout);
     }
 }
 
 fn identity(a: &Args) -> OpResult<Outputs> {
+    one(a.tensor(if a.has("self") { "self" } else { "input" })?)
+}
+
+/// Dropout in eval mode (`train=False`, or `p = 0`) is the identity; a training-mode dropout
+/// is random, and refused.
+fn dropout(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor(if a.has("self") { "self" } else { "input" })?;
+    let p = a.float_or("p", 0.5)?;
+    // native_dropout's `train` is `bool?` (None means training); dropout's is a plain bool.
+    let train = match a.get("train") {
+        None | Some(crate::schema::Argument::AsNone(_)) => {
+            a.node().target.contains("native_dropout")
+        }
+        Some(_) => a.bool_or("train", true)?,
+    };
+    if train && p != 0.0 {
+        op_bail!(
+            "dropout with train=True (p = {p}) is random and not supported: export the model \
+             after model.eval()"
+        );
+    }
     if a.node().target.contains("native_dropout") {
         let mask = t.ones_like()?.to_dtype(DType::U8)?;
         return Ok(vec![
@@ -194,62 +220,14 @@ fn mul(a: &Args) -> OpResult<Outputs> {
     one(l.broadcast_mul(&r)?)
 }
 
+/// True division (always float; the rounding modes are in `integer`).
 fn div(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
-    let mode = a.str_or("rounding_mode", "")?;
     let (lf, rf) = (float(&l)?, float(&r)?);
-    let q = match fused::binary(&lf, &rf, BinOp::Div) {
-        Some(q) => q,
-        None => lf.broadcast_div(&rf)?,
-    };
-    let int = l.dtype() == DType::I64 && r.dtype() == DType::I64;
-    match mode {
-        "" => one(q),
-        "floor" if int => one(q.floor()?.to_dtype(DType::I64)?),
-        "floor" => one(q.floor()?),
-        "trunc" => {
-            let t = q.sign()?.broadcast_mul(&q.abs()?.floor()?)?;
-            one(if int { t.to_dtype(DType::I64)? } else { t })
-        }
-        m => op_bail!("rounding_mode '{m}' is not supported"),
+    match fused::binary(&lf, &rf, BinOp::Div) {
+        Some(q) => one(q),
+        None => one(lf.broadcast_div(&rf)?),
     }
-}
-
-fn pow(a: &Args) -> OpResult<Outputs> {
-    let t = a.tensor("self")?;
-    let e = a.scalar("exponent")?;
-    if t.dtype() == DType::I64 {
-        if let Scalar::Int(n) = e {
-            if (0..=8).contains(&n) {
-                let mut acc = t.ones_like()?;
-                for _ in 0..n {
-                    acc = acc.mul(&t)?;
-                }
-                return one(acc);
-            }
-        }
-    }
-    let t = float(&t)?;
-    let x = e.as_f64();
-    one(if x == 2.0 {
-        t.sqr()?
-    } else if x == 0.5 {
-        t.sqrt()?
-    } else if x == 1.0 {
-        t
-    } else {
-        t.powf(x)?
-    })
-}
-
-fn pow_tt(a: &Args) -> OpResult<Outputs> {
-    let (b, e) = operands(a, "self", "exponent")?;
-    let (b, e) = broadcast2(&float(&b)?, &float(&e)?)?;
-    let shape = b.dims().to_vec();
-    let (bv, ev) = (super::f32_vec(&b)?, super::f32_vec(&e)?);
-    // f32::powf follows C pow: negative bases with integral exponents are real.
-    let v: Vec<f32> = bv.iter().zip(&ev).map(|(x, y)| x.powf(*y)).collect();
-    one(super::from_f32(v, &shape)?)
 }
 
 fn maximum(a: &Args) -> OpResult<Outputs> {

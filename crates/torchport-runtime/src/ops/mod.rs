@@ -17,13 +17,17 @@ pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod fused;
+pub mod index;
+pub mod integer;
 pub mod interp;
 pub mod linalg;
 pub mod norm;
+pub mod pad;
 pub mod pool;
 pub mod reduce;
 pub mod rnn;
 pub mod shape;
+pub mod sort;
 
 /// An op kernel.
 pub type OpFn = fn(&Args) -> OpResult<Outputs>;
@@ -47,6 +51,7 @@ impl Registry {
         attention::register(&mut r);
         conv::register(&mut r);
         elementwise::register(&mut r);
+        integer::register(&mut r);
         interp::register(&mut r);
         linalg::register(&mut r);
         norm::register(&mut r);
@@ -54,6 +59,9 @@ impl Registry {
         reduce::register(&mut r);
         rnn::register(&mut r);
         shape::register(&mut r);
+        index::register(&mut r);
+        pad::register(&mut r);
+        sort::register(&mut r);
         r
     }
 
@@ -62,9 +70,16 @@ impl Registry {
         self.ops.insert(name, f);
     }
 
-    /// The kernel for a node target such as `torch.ops.aten.relu.default`.
+    /// The kernel for a node target such as `torch.ops.aten.relu.default`. An in-place
+    /// overload without a kernel of its own (`aten.add_.Tensor`) gets its functional one
+    /// (`aten.add.Tensor`): the interpreter then rebinds the mutated input to the result
+    /// (see [`functional_name`]).
     pub fn get(&self, target: &str) -> Option<OpFn> {
-        self.ops.get(op_key(target)).copied()
+        let key = op_key(target);
+        self.ops
+            .get(key)
+            .copied()
+            .or_else(|| functional_name(key).and_then(|f| self.ops.get(f.as_str()).copied()))
     }
 
     /// Every registered overload name, sorted.
@@ -73,6 +88,25 @@ impl Registry {
         v.sort_unstable();
         v
     }
+}
+
+/// The functional overload of an in-place one, by ATen's naming convention: `add_` →
+/// `add`, `_index_put_impl_` → `_index_put_impl`, `__iand__` → `__and__`; `None` for an op
+/// that is not in place.
+pub fn functional_name(key: &str) -> Option<String> {
+    let mut parts = key.splitn(3, '.');
+    let (ns, base) = (parts.next()?, parts.next()?);
+    let overload = parts.next().map(|o| format!(".{o}")).unwrap_or_default();
+    let f = if let Some(dunder) = base.strip_prefix("__").and_then(|b| b.strip_suffix("__")) {
+        format!("__{}__", dunder.strip_prefix('i')?)
+    } else {
+        let f = base.strip_suffix('_')?;
+        if f.is_empty() || f.ends_with('_') {
+            return None;
+        }
+        f.to_string()
+    };
+    Some(format!("{ns}.{f}{overload}"))
 }
 
 /// A node target without its `torch.ops.` prefix.
@@ -102,8 +136,9 @@ pub fn usize_of(v: i64, what: &str) -> OpResult<usize> {
     usize::try_from(v).map_err(|_| OpError(format!("{what} must be non-negative, got {v}")))
 }
 
-/// The rank of the type-promotion lattice the runtime uses: bool < int < float.
-fn rank_of(d: DType) -> u8 {
+/// The category of a runtime dtype in the type-promotion lattice: bool (0) < int (1) <
+/// float (2).
+pub fn category(d: DType) -> u8 {
     match d {
         DType::U8 => 0,
         DType::I64 | DType::I32 | DType::U32 | DType::I16 => 1,
@@ -113,7 +148,7 @@ fn rank_of(d: DType) -> u8 {
 
 /// The runtime dtype of the promotion of `a` and `b`.
 pub fn promote(a: DType, b: DType) -> DType {
-    match rank_of(a).max(rank_of(b)) {
+    match category(a).max(category(b)) {
         0 => DType::U8,
         1 => DType::I64,
         _ => DType::F32,

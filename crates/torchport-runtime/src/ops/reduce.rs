@@ -177,7 +177,10 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
         DType::U8 => t.to_dtype(DType::I64)?,
         _ => t,
     };
-    let r = if t.dtype() == DType::I64 {
+    let r = if t.rank() == 0 {
+        // The prefix sum of one element is itself.
+        t
+    } else if t.dtype() == DType::I64 {
         // Exact integer prefix sums (candle's cumsum goes through a float matmul).
         let moved = t.transpose(d, t.rank() - 1)?.contiguous()?;
         let len = moved.dims()[moved.rank() - 1];
@@ -185,7 +188,7 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
         if len > 0 {
             for row in v.chunks_mut(len) {
                 for i in 1..row.len() {
-                    row[i] += row[i - 1];
+                    row[i] = row[i].wrapping_add(row[i - 1]);
                 }
             }
         }

@@ -44,7 +44,6 @@ pub fn register(r: &mut Registry) {
     r.add("aten.unbind.int", unbind);
     r.add("aten.repeat.default", repeat);
     r.add("aten.flip.default", flip);
-    r.add("aten.index.Tensor", index);
     r.add("aten.index_select.default", index_select);
     r.add("aten.embedding.default", embedding);
     r.add("aten.gather.default", gather);
@@ -357,22 +356,6 @@ pub fn take(t: &Tensor, idx: &Tensor, d: usize) -> OpResult<Tensor> {
     shape.extend_from_slice(idx.dims());
     shape.extend_from_slice(&t.dims()[d + 1..]);
     Ok(picked.reshape(shape)?)
-}
-
-fn index(a: &Args) -> OpResult<Outputs> {
-    let t = a.tensor("self")?;
-    let idx = a.opt_tensors("indices")?;
-    let given: Vec<(usize, &Tensor)> = idx
-        .iter()
-        .enumerate()
-        .filter_map(|(i, x)| x.as_ref().map(|x| (i, x)))
-        .collect();
-    match given.as_slice() {
-        [(d, i)] => one(take(&t, i, *d)?),
-        _ => Err(super::unsupported(
-            "aten.index.Tensor with more than one index tensor",
-        )),
-    }
 }
 
 fn index_select(a: &Args) -> OpResult<Outputs> {

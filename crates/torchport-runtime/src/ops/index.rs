@@ -1,0 +1,291 @@
+//! Advanced indexing and strided access: `index.Tensor` with any number of index tensors
+//! (broadcast together, torch's placement rules for adjacent and separated indexed dims,
+//! bool masks), `as_strided` over a contiguous tensor, `slice_scatter`, `select_scatter`.
+//!
+//! Every gather is written as "flat offsets into the contiguous input" followed by one
+//! `index_select`, so it works for every dtype; offsets and sizes use checked arithmetic.
+
+use candle_core::{DType, Shape, Tensor};
+
+use super::{dim, usize_of, Registry};
+use crate::error::{OpError, OpResult};
+use crate::op_bail;
+use crate::value::{one, Args, Outputs};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    r.add("aten.index.Tensor", index);
+    r.add("aten.as_strided.default", as_strided);
+    r.add("aten.slice_scatter.default", slice_scatter);
+    r.add("aten.select_scatter.default", select_scatter);
+}
+
+fn overflow() -> OpError {
+    OpError("the result's size overflows".into())
+}
+
+/// Row-major strides of a shape.
+fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1].saturating_mul(dims[i + 1]);
+    }
+    s
+}
+
+/// Gather `flat[offsets]` into `shape` (offsets already checked to be in range).
+fn gather_flat(t: &Tensor, offsets: Vec<i64>, shape: Vec<usize>) -> OpResult<Tensor> {
+    let flat = t.contiguous()?.flatten_all()?;
+    let n = offsets.len();
+    let idx = Tensor::from_vec(offsets, n, &candle_core::Device::Cpu)?;
+    Ok(flat.index_select(&idx, 0)?.reshape(shape)?)
+}
+
+/// One axis of an indexing result: a dim of the input (size, stride) or the broadcast block
+/// of the index tensors (one offset per position).
+enum Axis {
+    Dim(usize, usize),
+    Block(Vec<usize>),
+}
+
+/// Offsets of every element of a result made of `axes`, in row-major order.
+fn offsets_of(axes: &[Axis], total: usize) -> OpResult<Vec<i64>> {
+    let mut out = Vec::with_capacity(total);
+    let sizes: Vec<usize> = axes
+        .iter()
+        .map(|a| match a {
+            Axis::Dim(n, _) => *n,
+            Axis::Block(v) => v.len(),
+        })
+        .collect();
+    if total == 0 {
+        return Ok(out);
+    }
+    let mut pos = vec![0usize; axes.len()];
+    loop {
+        let mut off = 0usize;
+        for (a, &p) in axes.iter().zip(&pos) {
+            off += match a {
+                Axis::Dim(_, s) => p * s,
+                Axis::Block(v) => v[p],
+            };
+        }
+        out.push(i64::try_from(off).map_err(|_| overflow())?);
+        // Odometer increment, last axis fastest.
+        let mut k = axes.len();
+        loop {
+            if k == 0 {
+                return Ok(out);
+            }
+            k -= 1;
+            pos[k] += 1;
+            if pos[k] < sizes[k] {
+                break;
+            }
+            pos[k] = 0;
+        }
+    }
+}
+
+/// `self[indices]` with `None` entries for the dims taken whole.
+fn index(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let given = a.opt_tensors("indices")?;
+    // Expand bool masks into one long index per dim they cover (their nonzero positions).
+    let mut idx: Vec<Option<Tensor>> = Vec::new();
+    for g in given {
+        match g {
+            Some(m) if m.dtype() == DType::U8 => {
+                let dims = m.dims().to_vec();
+                let v = m.flatten_all()?.to_vec1::<u8>()?;
+                let strides = contiguous_strides(&dims);
+                let mut cols: Vec<Vec<i64>> = vec![Vec::new(); dims.len().max(1)];
+                for (flat, _) in v.iter().enumerate().filter(|(_, &b)| b != 0) {
+                    for (d, s) in strides.iter().enumerate() {
+                        cols[d].push(((flat / s) % dims[d]) as i64);
+                    }
+                }
+                if dims.is_empty() {
+                    op_bail!("indexing with a 0-d bool mask is not supported");
+                }
+                for c in cols {
+                    let n = c.len();
+                    idx.push(Some(Tensor::from_vec(c, n, &candle_core::Device::Cpu)?));
+                }
+            }
+            other => idx.push(other),
+        }
+    }
+    let dims = t.dims().to_vec();
+    if idx.len() > dims.len() {
+        op_bail!("{} indices for a tensor of rank {}", idx.len(), dims.len());
+    }
+    let strides = contiguous_strides(&dims);
+    let indexed: Vec<usize> = (0..idx.len()).filter(|&i| idx[i].is_some()).collect();
+    let (Some(&first), Some(&last)) = (indexed.first(), indexed.last()) else {
+        return one(t);
+    };
+    // Broadcast the index tensors together.
+    let mut bshape = Shape::from(());
+    for &i in &indexed {
+        if let Some(x) = &idx[i] {
+            bshape = bshape.broadcast_shape_binary_op(x.shape(), "index")?;
+        }
+    }
+    let nb = bshape.elem_count();
+    let mut block = vec![0usize; nb];
+    for &i in &indexed {
+        let Some(x) = &idx[i] else { continue };
+        let len = dims[i];
+        let v = x
+            .to_dtype(DType::I64)?
+            .broadcast_as(&bshape)?
+            .flatten_all()?
+            .to_vec1::<i64>()?;
+        for (b, &j) in block.iter_mut().zip(&v) {
+            let j = if j < 0 { j + len as i64 } else { j };
+            if j < 0 || j as usize >= len {
+                op_bail!("index {j} is out of range for dim {i} of size {len}");
+            }
+            *b += j as usize * strides[i];
+        }
+    }
+    let adjacent = indexed.len() == last - first + 1;
+    let rest = |r: std::ops::Range<usize>| -> Vec<Axis> {
+        r.filter(|d| !indexed.contains(d))
+            .map(|d| Axis::Dim(dims[d], strides[d]))
+            .collect()
+    };
+    let mut axes: Vec<Axis> = Vec::new();
+    let mut shape: Vec<usize> = Vec::new();
+    if adjacent {
+        axes.extend(rest(0..first));
+        axes.push(Axis::Block(block));
+        axes.extend(rest(last + 1..dims.len()));
+        shape.extend_from_slice(&dims[..first]);
+        shape.extend_from_slice(bshape.dims());
+        shape.extend(dims.iter().skip(last + 1));
+    } else {
+        axes.push(Axis::Block(block));
+        axes.extend(rest(0..dims.len()));
+        shape.extend_from_slice(bshape.dims());
+        shape.extend(
+            (0..dims.len())
+                .filter(|d| !indexed.contains(d))
+                .map(|d| dims[d]),
+        );
+    }
+    let total = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(overflow)?;
+    let offsets = offsets_of(&axes, total)?;
+    one(gather_flat(&t, offsets, shape)?)
+}
+
+/// `as_strided(self, size, stride, storage_offset)` read from `self`'s contiguous layout
+/// (the program is checked at load to call it only on tensors torch holds contiguously).
+fn as_strided(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let size = a.ints("size")?;
+    let stride = a.ints("stride")?;
+    if size.len() != stride.len() {
+        op_bail!("{} sizes but {} strides", size.len(), stride.len());
+    }
+    let base = usize_of(a.int_or("storage_offset", 0)?, "storage_offset")?;
+    let mut axes = Vec::new();
+    let mut shape = Vec::new();
+    let mut reach = base;
+    for (&n, &s) in size.iter().zip(&stride) {
+        let n = usize_of(n, "size")?;
+        let s = usize_of(s, "stride")?;
+        if n > 0 {
+            reach = (n - 1)
+                .checked_mul(s)
+                .and_then(|x| x.checked_add(reach))
+                .ok_or_else(overflow)?;
+        }
+        axes.push(Axis::Dim(n, s));
+        shape.push(n);
+    }
+    let total = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(overflow)?;
+    if total > 0 && reach >= t.elem_count() {
+        op_bail!(
+            "as_strided reaches element {reach} of a tensor of {} elements",
+            t.elem_count()
+        );
+    }
+    let mut offsets = offsets_of(&axes, total)?;
+    for o in &mut offsets {
+        *o += base as i64;
+    }
+    one(gather_flat(&t, offsets, shape)?)
+}
+
+/// `self` with `src` written into `self[start:end:step]` along `dim`.
+fn slice_scatter(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let src = a.tensor("src")?.to_dtype(t.dtype())?;
+    let d = dim(a.int_or("dim", 0)?, t.rank())?;
+    let len = t.dims().get(d).copied().unwrap_or(1) as i64;
+    let clamp = |v: i64| if v < 0 { (v + len).max(0) } else { v.min(len) };
+    let start = clamp(a.opt_int("start")?.unwrap_or(0));
+    let end = clamp(a.opt_int("end")?.unwrap_or(len)).max(start);
+    let step = a.int_or("step", 1)?;
+    if step < 1 {
+        op_bail!("slice step must be positive, got {step}");
+    }
+    let positions: Vec<usize> = (start..end)
+        .step_by(step as usize)
+        .map(|p| p as usize)
+        .collect();
+    scatter_along(&t, &src, d, &positions)
+}
+
+/// `self` with `src` written into `self.select(dim, index)`.
+fn select_scatter(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dim")?, t.rank())?;
+    let len = t.dims().get(d).copied().unwrap_or(1) as i64;
+    let i = a.int("index")?;
+    let i = if i < 0 { i + len } else { i };
+    if i < 0 || i >= len {
+        op_bail!("index {i} is out of range for a dim of size {len}");
+    }
+    let src = a.tensor("src")?.to_dtype(t.dtype())?.unsqueeze(d)?;
+    scatter_along(&t, &src, d, &[i as usize])
+}
+
+/// Replace positions `pos` of dim `d` of `t` by the slices of `src` (same rank, `pos.len()`
+/// along `d`), by rebuilding `t` from pieces.
+fn scatter_along(t: &Tensor, src: &Tensor, d: usize, pos: &[usize]) -> OpResult<Outputs> {
+    if t.rank() == 0 {
+        op_bail!("cannot scatter into a 0-d tensor along a dim");
+    }
+    let mut want = t.dims().to_vec();
+    want[d] = pos.len();
+    if src.dims() != want.as_slice() {
+        op_bail!(
+            "the source has shape {:?} but the slice it replaces has shape {want:?}",
+            src.dims()
+        );
+    }
+    let n = t.dims()[d];
+    let mut pieces = Vec::with_capacity(n);
+    let mut k = 0;
+    for p in 0..n {
+        if pos.get(k) == Some(&p) {
+            pieces.push(src.narrow(d, k, 1)?);
+            k += 1;
+        } else {
+            pieces.push(t.narrow(d, p, 1)?);
+        }
+    }
+    if pieces.is_empty() {
+        return one(t.clone());
+    }
+    one(Tensor::cat(&pieces, d)?)
+}
