@@ -15,7 +15,7 @@ use burn::nn::transformer::{
 use burn::nn::{
     BatchNorm, BatchNormConfig, BiLstm, BiLstmConfig, Embedding, EmbeddingConfig, GroupNorm,
     GroupNormConfig, Gru, GruConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, Lstm,
-    LstmConfig, PRelu, PReluConfig, PaddingConfig1d, PaddingConfig2d,
+    LinearLayout, LstmConfig, PRelu, PReluConfig, PaddingConfig1d, PaddingConfig2d,
 };
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Int, Tensor};
@@ -251,4 +251,48 @@ fn legacy_format_and_the_burn_preset_give_the_same_model() {
     assert_eq!(renamed.count(), 16, "{report:#}");
     let diff = io["output"].max_abs_diff(&preset.forward(x));
     assert!(diff <= TOL, "burn preset: max abs diff {diff}");
+}
+
+#[derive(Module, Debug)]
+struct ColLinear {
+    square: Linear,
+    wide: Linear,
+}
+
+impl ColLinear {
+    fn new(device: &Device, layout: LinearLayout) -> Self {
+        ColLinear {
+            square: LinearConfig::new(8, 8).with_layout(layout).init(device),
+            wide: LinearConfig::new(8, 16).with_layout(layout).init(device),
+        }
+    }
+
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.wide.forward(relu(self.square.forward(x)))
+    }
+}
+
+#[test]
+fn col_layout_linears_are_not_transposed() {
+    // `LinearLayout::Col` keeps PyTorch's [out, in] and transposes on load itself: transposing
+    // it again failed for the non-square layer and, worse, silently broke the square one.
+    let device = Device::default();
+    let io = io("col_linear");
+    let x = io["input"].float::<2>(&device);
+    for layout in [LinearLayout::Col, LinearLayout::Row] {
+        let (model, report) = torchport_burn::TorchportStore::open(common::fixture("col_linear.pt"))
+            .unwrap()
+            .load(ColLinear::new(&device, layout))
+            .unwrap();
+        assert!(report.is_complete(), "{layout:?}: {report:#}");
+        let col_notes = report
+            .applied
+            .iter()
+            .filter(|a| a.note.contains("Col layout"))
+            .count();
+        let expected = if matches!(layout, LinearLayout::Col) { 2 } else { 0 };
+        assert_eq!(col_notes, expected, "{layout:?}: {report:#}");
+        let diff = io["output"].max_abs_diff(&model.forward(x.clone()));
+        assert!(diff <= TOL, "{layout:?}: max abs diff {diff}");
+    }
 }
