@@ -36,7 +36,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::{SimpleBackend, VarBuilder};
 use torchport::remap::{self, Op, Rule, RuleSet, TensorMeta};
-use torchport::Checkpoint;
+use torchport::{Checkpoint, OutTensor};
 
 pub use activations::Activations;
 
@@ -75,6 +75,8 @@ fn rules_error(e: torchport::Error) -> Error {
 struct Entry {
     /// The checkpoint tensor, when the rules at most renamed it.
     direct: Option<usize>,
+    /// The checkpoint tensors it is made from (indices into `ckpt.tensors()`).
+    sources: Vec<usize>,
 }
 
 /// A candle-nn [`SimpleBackend`] serving tensors from a torchport [`Checkpoint`].
@@ -82,6 +84,9 @@ struct Entry {
 pub struct TorchportBackend {
     ckpt: Arc<Checkpoint>,
     rules: RuleSet,
+    /// `rules` with every preset replaced by the rules it generated for this checkpoint, so a
+    /// derived tensor is made by running them over its own sources only.
+    resolved: RuleSet,
     /// Name after the rules -> where it comes from.
     index: HashMap<String, Entry>,
 }
@@ -99,11 +104,18 @@ impl TorchportBackend {
             .tensors()
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.name.clone(), Entry { direct: Some(i) }))
+            .map(|(i, t)| {
+                let entry = Entry {
+                    direct: Some(i),
+                    sources: vec![i],
+                };
+                (t.name.clone(), entry)
+            })
             .collect();
         TorchportBackend {
             ckpt,
             rules: RuleSet::new(),
+            resolved: RuleSet::new(),
             index,
         }
     }
@@ -141,17 +153,33 @@ impl TorchportBackend {
             modules: self.ckpt.modules(),
             target: None,
         };
-        let (_, plan) = remap::plan(&self.rules, &metas, &ctx).map_err(rules_error)?;
+        let (_, plan, resolved) =
+            remap::plan_resolved(&self.rules, &metas, &ctx).map_err(rules_error)?;
+        let position: HashMap<&str, usize> = self
+            .ckpt
+            .tensors()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
         let mut index = HashMap::with_capacity(plan.targets.len());
         for t in &plan.targets {
+            let sources: Vec<usize> = t
+                .sources
+                .iter()
+                .filter_map(|s| position.get(s.as_str()).copied())
+                .collect();
             let renamed_only = t.steps.iter().all(|s| s.op.starts_with("rename"));
-            let direct = match (renamed_only, t.sources.as_slice()) {
-                (true, [one]) => self.ckpt.tensors().iter().position(|x| &x.name == one),
+            let direct = match (renamed_only, sources.as_slice()) {
+                (true, [one]) => Some(*one),
                 _ => None,
             };
-            index.entry(t.name.clone()).or_insert(Entry { direct });
+            index
+                .entry(t.name.clone())
+                .or_insert(Entry { direct, sources });
         }
         self.index = index;
+        self.resolved = resolved;
         Ok(())
     }
 
@@ -220,13 +248,21 @@ impl TorchportBackend {
                     .map_err(|e| msg(format!("{path}: tensor {}: {e}", info.name)))?
             }
             None => {
-                // Made by splits, merges, transposes…: run the rules (over names; only the
-                // inputs of this tensor are read).
+                // Made by splits, merges, transposes…: run the resolved rules over this
+                // tensor's sources only (the presets already decided, over every name, when
+                // the backend was built).
                 let ctx = remap::Context {
                     modules: self.ckpt.modules(),
                     target: None,
                 };
-                let (outs, _) = remap::apply_with(&self.rules, self.ckpt.out_tensors(), &ctx)
+                let tensors = self.ckpt.tensors();
+                let inputs = entry
+                    .sources
+                    .iter()
+                    .filter_map(|&i| tensors.get(i))
+                    .map(|t| OutTensor::from_checkpoint(&self.ckpt, t))
+                    .collect();
+                let (outs, _) = remap::apply_with(&self.resolved, inputs, &ctx)
                     .map_err(|e| msg(e.to_string()))?;
                 let out = outs
                     .iter()
