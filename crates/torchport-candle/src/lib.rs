@@ -139,7 +139,7 @@ impl TorchportBackend {
     }
 
     /// Append a remap preset (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
-    /// `burn`).
+    /// `burn`, `weight-norm`).
     pub fn preset(mut self, name: &str) -> Result<Self, Error> {
         self.rules.preset(name).map_err(rules_error)?;
         self.reindex()?;

@@ -1,8 +1,8 @@
 //! Adapting a checkpoint's tensors to a target model: ordered rules (rename, keep, drop,
 //! split, merge, transpose, permute, reshape, cast) written in TOML or built in Rust,
 //! presets that generate rules from what the tensors look like (`strip-prefix`, `lstm-gates`,
-//! `gru-gates`, `attention-qkv`, `burn`), a [`Plan`] that says what will happen before any
-//! data is read, and a match report against a target ([`report`]).
+//! `gru-gates`, `attention-qkv`, `burn`, `weight-norm`), a [`Plan`] that says what will
+//! happen before any data is read, and a match report against a target ([`report`]).
 //!
 //! Rules run in order, each over every tensor the rules before it produced: a tensor whose
 //! name the rule's pattern matches is transformed, the others pass through. Outputs stay in
@@ -115,7 +115,7 @@ impl RuleSet {
     }
 
     /// Append a preset by name (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
-    /// `burn`).
+    /// `burn`, `weight-norm`).
     pub fn preset(&mut self, name: &str) -> Result<&mut Self> {
         let preset = Preset::from_name(name).map_err(|what| crate::Error::Rule {
             rule: format!("rule {}", self.stages.len() + 1),
