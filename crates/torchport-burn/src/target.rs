@@ -156,8 +156,14 @@ mod tests {
                 .init(&device),
         );
         // Row: [in, out], no mapper. Col: the saved form [out, in], behind a load mapper.
-        assert_eq!((row[0].shape.as_slice(), row[0].load_mapped), (&[8, 16][..], false));
-        assert_eq!((col[0].shape.as_slice(), col[0].load_mapped), (&[16, 8][..], true));
+        assert_eq!(
+            (row[0].shape.as_slice(), row[0].load_mapped),
+            (&[8, 16][..], false)
+        );
+        assert_eq!(
+            (col[0].shape.as_slice(), col[0].load_mapped),
+            (&[16, 8][..], true)
+        );
         assert!(!col[1].load_mapped, "the bias has no mapper");
     }
 }
