@@ -352,3 +352,31 @@ fn weight_normed_conv1d_matches_pytorch() {
         assert!(d <= 1e-5, "{form}: max abs diff {d}");
     }
 }
+
+#[derive(Module, Debug)]
+struct Tied {
+    embed: Embedding,
+    head: Linear,
+}
+
+#[test]
+fn tied_weights_fill_both_parameters() {
+    // gen_frameworks.py `tied`: `head.weight` is `embed.weight`, saved once under two names.
+    // Burn has no shared parameters: each is filled from the one storage (the Linear's
+    // transposed), and the load is strict (neither name unused).
+    let device = Device::default();
+    let io = io("tied");
+    let (model, report) = torchport_burn::TorchportStore::open(common::fixture("tied.pt"))
+        .unwrap()
+        .load(Tied {
+            embed: EmbeddingConfig::new(10, 8).init(&device),
+            head: LinearConfig::new(8, 10).with_bias(false).init(&device),
+        })
+        .unwrap();
+    assert!(report.is_complete(), "{report:#}");
+    assert_eq!(report.applied.len(), 2, "{report:#}");
+    let ids: Tensor<2, Int> = io["input"].int(&device);
+    let y = model.head.forward(model.embed.forward(ids));
+    let diff = io["output"].max_abs_diff(&y);
+    assert!(diff <= TOL, "max abs diff {diff}");
+}

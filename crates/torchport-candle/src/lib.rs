@@ -23,6 +23,8 @@
 //!   files) runs over the checkpoint's names before lookup, so a PyTorch `nn.Sequential`
 //!   (`0.weight`) can feed a candle model that names its layers (`fc1.weight`). A tensor the
 //!   rules only renamed is read straight from the file.
+//! - Tied weights (one storage saved under two names, `Checkpoint::tied`) are read once: every
+//!   name of the group gets the same candle tensor.
 //! - Errors name the tensor that is missing and the closest names present, or the shape the
 //!   model wanted and the shape the file has.
 #![deny(missing_docs)]
@@ -31,7 +33,7 @@ mod activations;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::{SimpleBackend, VarBuilder};
@@ -89,6 +91,12 @@ pub struct TorchportBackend {
     resolved: RuleSet,
     /// Name after the rules -> where it comes from.
     index: HashMap<String, Entry>,
+    /// For each checkpoint tensor, the first tensor it is tied to (the same storage and view,
+    /// see [`Checkpoint::tied`]).
+    tied: Vec<Option<usize>>,
+    /// Tensors read for a tied group, by (first tensor of the group, dtype): the other names
+    /// get the same candle tensor (one copy in memory).
+    shared: Arc<Mutex<HashMap<(usize, DType), Tensor>>>,
 }
 
 impl TorchportBackend {
@@ -112,11 +120,14 @@ impl TorchportBackend {
                 (t.name.clone(), entry)
             })
             .collect();
+        let tied = ckpt.tied();
         TorchportBackend {
             ckpt,
             rules: RuleSet::new(),
             resolved: RuleSet::new(),
             index,
+            tied,
+            shared: Arc::default(),
         }
     }
 
@@ -235,6 +246,19 @@ impl TorchportBackend {
         let entry = self.index.get(name).ok_or_else(|| self.missing(name))?;
         let msg = |what: String| candle_core::Error::Msg(what);
         let path = self.ckpt.path().display();
+        // A tied tensor is read once for all its names.
+        let group = entry
+            .direct
+            .map(|i| self.tied.get(i).copied().flatten().unwrap_or(i))
+            .filter(|&i| self.tied.iter().any(|t| *t == Some(i)));
+        if let Some(g) = group {
+            let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = shared.get(&(g, dtype)) {
+                if t.device().same_device(dev) {
+                    return Ok(t.clone());
+                }
+            }
+        }
         let t = match entry.direct.and_then(|i| self.ckpt.tensors().get(i)) {
             Some(info) => {
                 if info.quant.is_some() {
@@ -273,11 +297,16 @@ impl TorchportBackend {
                     .map_err(|e| msg(format!("{path}: tensor {name}: {e}")))?
             }
         };
-        if t.dtype() == dtype {
-            Ok(t)
+        let t = if t.dtype() == dtype {
+            t
         } else {
-            t.to_dtype(dtype)
+            t.to_dtype(dtype)?
+        };
+        if let Some(g) = group {
+            let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            shared.insert((g, dtype), t.clone());
         }
+        Ok(t)
     }
 }
 

@@ -217,3 +217,22 @@ fn weight_normed_conv1d_matches_pytorch() {
         assert!(d <= 1e-5, "{form}: max abs diff {d}");
     }
 }
+
+#[test]
+fn tied_weights_are_read_once_and_match_pytorch() {
+    // gen_frameworks.py `tied`: `head.weight` is `embed.weight` (one storage, two names).
+    let io = io("tied");
+    let backend = TorchportBackend::open(fixture("tied.pt")).unwrap();
+    let ckpt = backend.checkpoint();
+    assert_eq!(ckpt.tied(), [None, Some(0)]);
+    let vb = backend.into_var_builder(DType::F32, &Device::Cpu);
+    let emb = candle_nn::embedding(10, 8, vb.pp("embed")).unwrap();
+    let head = candle_nn::linear_no_bias(8, 10, vb.pp("head")).unwrap();
+    // The same candle tensor (one storage) behind both names.
+    let (a, b) = (emb.embeddings(), head.weight());
+    assert_eq!(a.id(), b.id(), "tied weights were read twice");
+    let ids = io["input"].to_dtype(DType::U32).unwrap();
+    let y = head.forward(&emb.forward(&ids).unwrap()).unwrap();
+    let d = max_abs_diff(&y, &io["output"]);
+    assert!(d <= 1e-5, "max abs diff {d}");
+}
