@@ -91,8 +91,8 @@ pub struct TorchportBackend {
     resolved: RuleSet,
     /// Name after the rules -> where it comes from.
     index: HashMap<String, Entry>,
-    /// For each checkpoint tensor, the first tensor it is tied to (the same storage and view,
-    /// see [`Checkpoint::tied`]).
+    /// For each checkpoint tensor in a tied group (the same storage and view under several
+    /// names, see [`Checkpoint::tied`]), the group's first tensor.
     tied: Vec<Option<usize>>,
     /// Tensors read for a tied group, by (first tensor of the group, dtype): the other names
     /// get the same candle tensor (one copy in memory).
@@ -120,7 +120,12 @@ impl TorchportBackend {
                 (t.name.clone(), entry)
             })
             .collect();
-        let tied = ckpt.tied();
+        let mut tied = ckpt.tied();
+        for i in 0..tied.len() {
+            if let Some(head) = tied[i] {
+                tied[head] = Some(head);
+            }
+        }
         TorchportBackend {
             ckpt,
             rules: RuleSet::new(),
@@ -249,8 +254,7 @@ impl TorchportBackend {
         // A tied tensor is read once for all its names.
         let group = entry
             .direct
-            .map(|i| self.tied.get(i).copied().flatten().unwrap_or(i))
-            .filter(|&i| self.tied.iter().any(|t| *t == Some(i)));
+            .and_then(|i| self.tied.get(i).copied().flatten());
         if let Some(g) = group {
             let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(t) = shared.get(&(g, dtype)) {
