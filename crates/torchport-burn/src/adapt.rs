@@ -6,7 +6,7 @@
 //!
 //! | Burn module (holder)           | PyTorch counterpart                | what happens                  |
 //! |--------------------------------|------------------------------------|-------------------------------|
-//! | `Linear.weight`                | `weight` `[out, in]`               | transposed to `[in, out]`     |
+//! | `Linear.weight`                | `weight` `[out, in]`               | transposed to `[in, out]`; taken as is for `LinearLayout::Col` (see [`Target::load_mapped`]) |
 //! | `BatchNorm`, `LayerNorm`, `GroupNorm`, `InstanceNorm`, `RmsNorm` `gamma`/`beta` | `weight`/`bias` | renamed; running stats as is |
 //! | `PRelu.alpha`                  | `weight`                           | renamed                       |
 //! | `Lstm.{input,forget,cell,output}_gate.{input,hidden}_transform` | `weight_{ih,hh}_l{k}[_reverse]`, `bias_…` | gate rows `i,f,g,o` split out, weights transposed |
@@ -178,8 +178,13 @@ fn leaf(t: &Target, ty: &str, seg: &str, out: &[String]) -> Recipe {
     }
     if ty == "Struct:Linear" && seg == "weight" && t.shape.len() == 2 {
         let mut rec = Recipe::plain(join(out, seg));
-        rec.transpose = true;
-        rec.note = "Linear: transposed [out, in] -> [in, out]".into();
+        if t.load_mapped {
+            // `LinearLayout::Col`: Burn loads PyTorch's [out, in] and transposes it itself.
+            rec.note = "Linear (Col layout): [out, in] as is".into();
+        } else {
+            rec.transpose = true;
+            rec.note = "Linear: transposed [out, in] -> [in, out]".into();
+        }
         return rec;
     }
     Recipe::plain(join(out, seg))
@@ -308,6 +313,7 @@ mod tests {
             types: types.iter().map(|s| s.to_string()).collect(),
             shape: shape.to_vec(),
             kind: Kind::Float,
+            load_mapped: false,
         }
     }
 
@@ -323,6 +329,10 @@ mod tests {
         let emb = target("emb.weight", &["Struct:M", "Struct:Embedding"], &[4, 3]);
         let r = &candidates(&emb)[0];
         assert_eq!((r.source.as_str(), r.transpose), ("emb.weight", false));
+        let mut col = target("fc.weight", &["Struct:M", "Struct:Linear"], &[4, 4]);
+        col.load_mapped = true;
+        let r = &candidates(&col)[0];
+        assert_eq!((r.source.as_str(), r.transpose), ("fc.weight", false));
     }
 
     #[test]

@@ -95,8 +95,8 @@ impl TorchportStore {
     }
 
     /// Append a remap preset (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
-    /// `burn`). The `burn` preset already produces Burn's names and layouts, so it turns the
-    /// target-aware adapters off.
+    /// `burn`, `weight-norm`). The `burn` preset already produces Burn's names and layouts, so
+    /// it turns the target-aware adapters off.
     pub fn preset(mut self, name: &str) -> Result<Self> {
         self.rules.preset(name).map_err(Error::rules)?;
         if name == "burn" {

@@ -64,6 +64,11 @@ pub struct Target {
     pub shape: Vec<usize>,
     /// The element kind.
     pub kind: Kind,
+    /// Whether the parameter has a load mapper: Burn then validates a loaded tensor against
+    /// the parameter's *saved* form and converts it on load. A `Linear` built with
+    /// `LinearLayout::Col` has one: its saved form is PyTorch's `[out, in]`, so the adapter
+    /// must not transpose it.
+    pub load_mapped: bool,
 }
 
 impl Target {
@@ -87,12 +92,13 @@ pub(crate) struct Collector {
 }
 
 impl Collector {
-    fn push(&mut self, shape: burn::tensor::Shape, kind: Kind) {
+    fn push<T: burn::module::Parameter>(&mut self, param: &Param<T>, kind: Kind) {
         self.targets.push(Target {
             segments: self.segments.clone(),
             types: self.types.clone(),
-            shape: shape.iter().copied().collect(),
+            shape: param.lazy_shape().iter().copied().collect(),
             kind,
+            load_mapped: has_load_mapper(param),
         });
     }
 }
@@ -109,16 +115,23 @@ impl ModuleVisitor for Collector {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        self.push(param.lazy_shape(), Kind::Float);
+        self.push(param, Kind::Float);
     }
 
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-        self.push(param.lazy_shape(), Kind::Int);
+        self.push(param, Kind::Int);
     }
 
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
-        self.push(param.lazy_shape(), Kind::Bool);
+        self.push(param, Kind::Bool);
     }
+}
+
+/// Whether `param` converts what it loads (`Param::load_mapper`). Burn 0.22 keeps the mapper
+/// private; its `Debug` output (`Param: <id> - ParamMapper { load: true, save: true }`) is the
+/// only public view of it, and `load_mapped_is_seen` below pins that format.
+fn has_load_mapper<T: burn::module::Parameter>(param: &Param<T>) -> bool {
+    format!("{param:?}").contains("load: true")
 }
 
 /// Every parameter the module holds, in visiting order.
@@ -126,4 +139,31 @@ pub fn targets<M: burn::module::Module>(module: &M) -> Vec<Target> {
     let mut c = Collector::default();
     module.visit(&mut c);
     c.targets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::nn::{LinearConfig, LinearLayout};
+
+    #[test]
+    fn load_mapped_is_seen() {
+        let device = Default::default();
+        let row = targets(&LinearConfig::new(8, 16).init(&device));
+        let col = targets(
+            &LinearConfig::new(8, 16)
+                .with_layout(LinearLayout::Col)
+                .init(&device),
+        );
+        // Row: [in, out], no mapper. Col: the saved form [out, in], behind a load mapper.
+        assert_eq!(
+            (row[0].shape.as_slice(), row[0].load_mapped),
+            (&[8, 16][..], false)
+        );
+        assert_eq!(
+            (col[0].shape.as_slice(), col[0].load_mapped),
+            (&[16, 8][..], true)
+        );
+        assert!(!col[1].load_mapped, "the bias has no mapper");
+    }
 }

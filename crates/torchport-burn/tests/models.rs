@@ -14,8 +14,8 @@ use burn::nn::transformer::{
 };
 use burn::nn::{
     BatchNorm, BatchNormConfig, BiLstm, BiLstmConfig, Embedding, EmbeddingConfig, GroupNorm,
-    GroupNormConfig, Gru, GruConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, Lstm,
-    LstmConfig, PRelu, PReluConfig, PaddingConfig1d, PaddingConfig2d,
+    GroupNormConfig, Gru, GruConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig,
+    LinearLayout, Lstm, LstmConfig, PRelu, PReluConfig, PaddingConfig1d, PaddingConfig2d,
 };
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Int, Tensor};
@@ -251,4 +251,132 @@ fn legacy_format_and_the_burn_preset_give_the_same_model() {
     assert_eq!(renamed.count(), 16, "{report:#}");
     let diff = io["output"].max_abs_diff(&preset.forward(x));
     assert!(diff <= TOL, "burn preset: max abs diff {diff}");
+}
+
+#[derive(Module, Debug)]
+struct ColLinear {
+    square: Linear,
+    wide: Linear,
+}
+
+impl ColLinear {
+    fn new(device: &Device, layout: LinearLayout) -> Self {
+        ColLinear {
+            square: LinearConfig::new(8, 8).with_layout(layout).init(device),
+            wide: LinearConfig::new(8, 16).with_layout(layout).init(device),
+        }
+    }
+
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.wide.forward(relu(self.square.forward(x)))
+    }
+}
+
+#[test]
+fn col_layout_linears_are_not_transposed() {
+    // `LinearLayout::Col` keeps PyTorch's [out, in] and transposes on load itself: transposing
+    // it again failed for the non-square layer and, worse, silently broke the square one.
+    let device = Device::default();
+    let io = io("col_linear");
+    let x = io["input"].float::<2>(&device);
+    for layout in [LinearLayout::Col, LinearLayout::Row] {
+        let (model, report) =
+            torchport_burn::TorchportStore::open(common::fixture("col_linear.pt"))
+                .unwrap()
+                .load(ColLinear::new(&device, layout))
+                .unwrap();
+        assert!(report.is_complete(), "{layout:?}: {report:#}");
+        let col_notes = report
+            .applied
+            .iter()
+            .filter(|a| a.note.contains("Col layout"))
+            .count();
+        let expected = if matches!(layout, LinearLayout::Col) {
+            2
+        } else {
+            0
+        };
+        assert_eq!(col_notes, expected, "{layout:?}: {report:#}");
+        let diff = io["output"].max_abs_diff(&model.forward(x.clone()));
+        assert!(diff <= TOL, "{layout:?}: max abs diff {diff}");
+    }
+}
+
+#[derive(Module, Debug)]
+struct WnConv {
+    conv: Conv1d,
+}
+
+#[test]
+fn weight_normed_conv1d_matches_pytorch() {
+    // tests/fixtures/gen/gen_weight_norm.py: Conv1d(4, 6, 3) under weight_norm(dim=0), in
+    // both of torch's forms. The preset folds g and v into `weight`; the other layers of the
+    // file are dropped by a keep rule so the load stays strict.
+    let device = Device::default();
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/weight_norm");
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str| {
+        let v = st.tensor(name).unwrap();
+        let data: Vec<f32> = v
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Tensor::<3>::from_data(
+            burn::tensor::TensorData::new(data, v.shape().to_vec()),
+            &device,
+        )
+    };
+    for form in ["hooks", "parametrizations"] {
+        let mut keep = torchport::remap::RuleSet::new();
+        keep.push(
+            torchport::remap::Rule::new(r"^conv1d_d0\.", torchport::remap::Op::Keep).unwrap(),
+        );
+        let (model, report) = torchport_burn::TorchportStore::open(dir.join(format!("{form}.pt")))
+            .unwrap()
+            .preset("weight-norm")
+            .unwrap()
+            .rules(keep)
+            .rename(r"^conv1d_d0\.", "conv.")
+            .unwrap()
+            .load(WnConv {
+                conv: Conv1dConfig::new(4, 6, 3).init(&device),
+            })
+            .unwrap();
+        assert!(report.is_complete(), "{form}: {report:#}");
+        let y = model.conv.forward(get("input"));
+        let want = get(&format!("{form}.conv1d_d0.out"));
+        let d: f32 = (y - want).abs().max().into_scalar();
+        assert!(d <= 1e-5, "{form}: max abs diff {d}");
+    }
+}
+
+#[derive(Module, Debug)]
+struct Tied {
+    embed: Embedding,
+    head: Linear,
+}
+
+#[test]
+fn tied_weights_fill_both_parameters() {
+    // gen_frameworks.py `tied`: `head.weight` is `embed.weight`, saved once under two names.
+    // Burn has no shared parameters: each is filled from the one storage (the Linear's
+    // transposed), and the load is strict (neither name unused).
+    let device = Device::default();
+    let io = io("tied");
+    let (model, report) = torchport_burn::TorchportStore::open(common::fixture("tied.pt"))
+        .unwrap()
+        .load(Tied {
+            embed: EmbeddingConfig::new(10, 8).init(&device),
+            head: LinearConfig::new(8, 10).with_bias(false).init(&device),
+        })
+        .unwrap();
+    assert!(report.is_complete(), "{report:#}");
+    assert_eq!(report.applied.len(), 2, "{report:#}");
+    let ids: Tensor<2, Int> = io["input"].int(&device);
+    let y = model.head.forward(model.embed.forward(ids));
+    let diff = io["output"].max_abs_diff(&y);
+    assert!(diff <= TOL, "max abs diff {diff}");
 }

@@ -23,6 +23,8 @@
 //!   files) runs over the checkpoint's names before lookup, so a PyTorch `nn.Sequential`
 //!   (`0.weight`) can feed a candle model that names its layers (`fc1.weight`). A tensor the
 //!   rules only renamed is read straight from the file.
+//! - Tied weights (one storage saved under two names, `Checkpoint::tied`) are read once: every
+//!   name of the group gets the same candle tensor.
 //! - Errors name the tensor that is missing and the closest names present, or the shape the
 //!   model wanted and the shape the file has.
 #![deny(missing_docs)]
@@ -31,12 +33,12 @@ mod activations;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::{SimpleBackend, VarBuilder};
 use torchport::remap::{self, Op, Rule, RuleSet, TensorMeta};
-use torchport::Checkpoint;
+use torchport::{Checkpoint, OutTensor};
 
 pub use activations::Activations;
 
@@ -75,6 +77,8 @@ fn rules_error(e: torchport::Error) -> Error {
 struct Entry {
     /// The checkpoint tensor, when the rules at most renamed it.
     direct: Option<usize>,
+    /// The checkpoint tensors it is made from (indices into `ckpt.tensors()`).
+    sources: Vec<usize>,
 }
 
 /// A candle-nn [`SimpleBackend`] serving tensors from a torchport [`Checkpoint`].
@@ -82,8 +86,17 @@ struct Entry {
 pub struct TorchportBackend {
     ckpt: Arc<Checkpoint>,
     rules: RuleSet,
+    /// `rules` with every preset replaced by the rules it generated for this checkpoint, so a
+    /// derived tensor is made by running them over its own sources only.
+    resolved: RuleSet,
     /// Name after the rules -> where it comes from.
     index: HashMap<String, Entry>,
+    /// For each checkpoint tensor in a tied group (the same storage and view under several
+    /// names, see [`Checkpoint::tied`]), the group's first tensor.
+    tied: Vec<Option<usize>>,
+    /// Tensors read for a tied group, by (first tensor of the group, dtype): the other names
+    /// get the same candle tensor (one copy in memory).
+    shared: Arc<Mutex<HashMap<(usize, DType), Tensor>>>,
 }
 
 impl TorchportBackend {
@@ -99,12 +112,27 @@ impl TorchportBackend {
             .tensors()
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.name.clone(), Entry { direct: Some(i) }))
+            .map(|(i, t)| {
+                let entry = Entry {
+                    direct: Some(i),
+                    sources: vec![i],
+                };
+                (t.name.clone(), entry)
+            })
             .collect();
+        let mut tied = ckpt.tied();
+        for i in 0..tied.len() {
+            if let Some(head) = tied[i] {
+                tied[head] = Some(head);
+            }
+        }
         TorchportBackend {
             ckpt,
             rules: RuleSet::new(),
+            resolved: RuleSet::new(),
             index,
+            tied,
+            shared: Arc::default(),
         }
     }
 
@@ -127,7 +155,7 @@ impl TorchportBackend {
     }
 
     /// Append a remap preset (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
-    /// `burn`).
+    /// `burn`, `weight-norm`).
     pub fn preset(mut self, name: &str) -> Result<Self, Error> {
         self.rules.preset(name).map_err(rules_error)?;
         self.reindex()?;
@@ -141,17 +169,33 @@ impl TorchportBackend {
             modules: self.ckpt.modules(),
             target: None,
         };
-        let (_, plan) = remap::plan(&self.rules, &metas, &ctx).map_err(rules_error)?;
+        let (_, plan, resolved) =
+            remap::plan_resolved(&self.rules, &metas, &ctx).map_err(rules_error)?;
+        let position: HashMap<&str, usize> = self
+            .ckpt
+            .tensors()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
         let mut index = HashMap::with_capacity(plan.targets.len());
         for t in &plan.targets {
+            let sources: Vec<usize> = t
+                .sources
+                .iter()
+                .filter_map(|s| position.get(s.as_str()).copied())
+                .collect();
             let renamed_only = t.steps.iter().all(|s| s.op.starts_with("rename"));
-            let direct = match (renamed_only, t.sources.as_slice()) {
-                (true, [one]) => self.ckpt.tensors().iter().position(|x| &x.name == one),
+            let direct = match (renamed_only, sources.as_slice()) {
+                (true, [one]) => Some(*one),
                 _ => None,
             };
-            index.entry(t.name.clone()).or_insert(Entry { direct });
+            index
+                .entry(t.name.clone())
+                .or_insert(Entry { direct, sources });
         }
         self.index = index;
+        self.resolved = resolved;
         Ok(())
     }
 
@@ -207,6 +251,18 @@ impl TorchportBackend {
         let entry = self.index.get(name).ok_or_else(|| self.missing(name))?;
         let msg = |what: String| candle_core::Error::Msg(what);
         let path = self.ckpt.path().display();
+        // A tied tensor is read once for all its names.
+        let group = entry
+            .direct
+            .and_then(|i| self.tied.get(i).copied().flatten());
+        if let Some(g) = group {
+            let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = shared.get(&(g, dtype)) {
+                if t.device().same_device(dev) {
+                    return Ok(t.clone());
+                }
+            }
+        }
         let t = match entry.direct.and_then(|i| self.ckpt.tensors().get(i)) {
             Some(info) => {
                 if info.quant.is_some() {
@@ -220,13 +276,21 @@ impl TorchportBackend {
                     .map_err(|e| msg(format!("{path}: tensor {}: {e}", info.name)))?
             }
             None => {
-                // Made by splits, merges, transposes…: run the rules (over names; only the
-                // inputs of this tensor are read).
+                // Made by splits, merges, transposes…: run the resolved rules over this
+                // tensor's sources only (the presets already decided, over every name, when
+                // the backend was built).
                 let ctx = remap::Context {
                     modules: self.ckpt.modules(),
                     target: None,
                 };
-                let (outs, _) = remap::apply_with(&self.rules, self.ckpt.out_tensors(), &ctx)
+                let tensors = self.ckpt.tensors();
+                let inputs = entry
+                    .sources
+                    .iter()
+                    .filter_map(|&i| tensors.get(i))
+                    .map(|t| OutTensor::from_checkpoint(&self.ckpt, t))
+                    .collect();
+                let (outs, _) = remap::apply_with(&self.resolved, inputs, &ctx)
                     .map_err(|e| msg(e.to_string()))?;
                 let out = outs
                     .iter()
@@ -237,11 +301,16 @@ impl TorchportBackend {
                     .map_err(|e| msg(format!("{path}: tensor {name}: {e}")))?
             }
         };
-        if t.dtype() == dtype {
-            Ok(t)
+        let t = if t.dtype() == dtype {
+            t
         } else {
-            t.to_dtype(dtype)
+            t.to_dtype(dtype)?
+        };
+        if let Some(g) = group {
+            let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            shared.insert((g, dtype), t.clone());
         }
+        Ok(t)
     }
 }
 

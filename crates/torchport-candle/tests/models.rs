@@ -196,3 +196,43 @@ fn rules_that_split_are_applied_on_read() {
         .unwrap();
     assert_eq!(half.dtype(), DType::F16);
 }
+
+#[test]
+fn weight_normed_conv1d_matches_pytorch() {
+    // tests/fixtures/gen/gen_weight_norm.py: Conv1d(4, 6, 3) under weight_norm(dim=0), in
+    // both of torch's forms; the preset folds g and v into the weight candle's conv1d reads.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/weight_norm");
+    let io = candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu)
+        .expect("expected file");
+    for form in ["hooks", "parametrizations"] {
+        let vb = TorchportBackend::open(dir.join(format!("{form}.pt")))
+            .unwrap()
+            .preset("weight-norm")
+            .unwrap()
+            .into_var_builder(DType::F32, &Device::Cpu);
+        let cfg = candle_nn::Conv1dConfig::default();
+        let conv = candle_nn::conv1d(4, 6, 3, cfg, vb.pp("conv1d_d0")).unwrap();
+        let y = conv.forward(&io["input"]).unwrap();
+        let d = max_abs_diff(&y, &io[&format!("{form}.conv1d_d0.out")]);
+        assert!(d <= 1e-5, "{form}: max abs diff {d}");
+    }
+}
+
+#[test]
+fn tied_weights_are_read_once_and_match_pytorch() {
+    // gen_frameworks.py `tied`: `head.weight` is `embed.weight` (one storage, two names).
+    let io = io("tied");
+    let backend = TorchportBackend::open(fixture("tied.pt")).unwrap();
+    let ckpt = backend.checkpoint();
+    assert_eq!(ckpt.tied(), [None, Some(0)]);
+    let vb = backend.into_var_builder(DType::F32, &Device::Cpu);
+    let emb = candle_nn::embedding(10, 8, vb.pp("embed")).unwrap();
+    let head = candle_nn::linear_no_bias(8, 10, vb.pp("head")).unwrap();
+    // The same candle tensor (one storage) behind both names.
+    let (a, b) = (emb.embeddings(), head.weight());
+    assert_eq!(a.id(), b.id(), "tied weights were read twice");
+    let ids = io["input"].to_dtype(DType::U32).unwrap();
+    let y = head.forward(&emb.forward(&ids).unwrap()).unwrap();
+    let d = max_abs_diff(&y, &io["output"]);
+    assert!(d <= 1e-5, "max abs diff {d}");
+}

@@ -176,16 +176,31 @@ fn note(t: &TensorInfo) -> String {
 }
 
 /// One aligned row per tensor: name, dtype, shape, size, notes (with a header row).
-fn write_tensor_rows(out: &mut impl Write, tensors: &[TensorInfo]) -> std::io::Result<()> {
+/// `tied[i]`: the tensor whose storage and view tensor `i` repeats (see `Checkpoint::tied`).
+fn write_tensor_rows(
+    out: &mut impl Write,
+    tensors: &[TensorInfo],
+    tied: &[Option<usize>],
+) -> std::io::Result<()> {
     let rows: Vec<[String; 5]> = tensors
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
+            let mut notes = note(t);
+            if let Some(to) = tied.get(i).copied().flatten().and_then(|j| tensors.get(j)) {
+                let tie = format!("tied to {}", to.name);
+                notes = if notes.is_empty() {
+                    tie
+                } else {
+                    format!("{tie}; {notes}")
+                };
+            }
             [
                 t.name.clone(),
                 t.dtype.to_string(),
                 shape_text(&t.shape),
                 human_bytes(t.nbytes() as u64),
-                note(t),
+                notes,
             ]
         })
         .collect();
@@ -233,7 +248,7 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
     )?;
     if !c.tensors().is_empty() {
         writeln!(out)?;
-        write_tensor_rows(out, c.tensors())?;
+        write_tensor_rows(out, c.tensors(), &c.tied())?;
     }
     if !c.constants().is_empty() {
         writeln!(
@@ -241,7 +256,7 @@ fn write_table(out: &mut impl Write, c: &Checkpoint) -> std::io::Result<()> {
             "\nconstants ({}, not in the state_dict):",
             c.constants().len()
         )?;
-        write_tensor_rows(out, c.constants())?;
+        write_tensor_rows(out, c.constants(), &[])?;
     }
     if !c.modules().is_empty() {
         writeln!(out, "\nmodules ({}):", c.modules().len())?;
@@ -286,7 +301,7 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
         "file": c.path().display().to_string(),
         "format": c.format().name(),
         "byte_order": c.byte_order().name(),
-        "tensors": tensors_json(c.tensors()),
+        "tensors": tensors_json(c.tensors(), &c.tied()),
         "totals": {"tensors": c.tensors().len(), "parameters": c.parameter_count(), "bytes": c.total_bytes(), "storages": c.storage_count()},
         "values": values_json(c),
         "modules": c.modules().iter().map(|(p, cls)| json!({"path": p, "class": cls})).collect::<Vec<_>>(),
@@ -294,7 +309,7 @@ fn to_json(c: &Checkpoint) -> serde_json::Value {
         "globals": c.globals().iter().map(|(m, n)| global_json(m, n)).collect::<Vec<_>>(),
     });
     if !c.constants().is_empty() {
-        v["constants"] = tensors_json(c.constants());
+        v["constants"] = tensors_json(c.constants(), &[]);
     }
     v
 }
@@ -306,10 +321,11 @@ fn values_json(c: &Checkpoint) -> serde_json::Map<String, serde_json::Value> {
         .collect()
 }
 
-fn tensors_json(tensors: &[TensorInfo]) -> serde_json::Value {
-    let tensors: Vec<_> = tensors
+fn tensors_json(tensors: &[TensorInfo], tied: &[Option<usize>]) -> serde_json::Value {
+    let json: Vec<_> = tensors
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             let mut o = json!({
                 "name": t.name,
                 "dtype": t.dtype.name(),
@@ -332,8 +348,11 @@ fn tensors_json(tensors: &[TensorInfo]) -> serde_json::Value {
                 }
                 None => {}
             }
+            if let Some(to) = tied.get(i).copied().flatten().and_then(|j| tensors.get(j)) {
+                o["tied_to"] = json!(to.name);
+            }
             o
         })
         .collect();
-    json!(tensors)
+    json!(json)
 }

@@ -22,8 +22,8 @@ pub struct Args {
     /// A rule file (TOML), applied after the presets.
     #[arg(long)]
     rules: Option<PathBuf>,
-    /// A preset (strip-prefix, lstm-gates, gru-gates, attention-qkv, burn); repeatable,
-    /// applied in the order given.
+    /// A preset (strip-prefix, lstm-gates, gru-gates, attention-qkv, burn, weight-norm);
+    /// repeatable, applied in the order given.
     #[arg(long = "preset")]
     presets: Vec<String>,
     /// Print JSON instead of text.

@@ -117,3 +117,28 @@ fn hostile_files_exit_2_with_one_sentence() {
         );
     }
 }
+
+#[test]
+fn tied_weights_are_reported() {
+    // gen_frameworks.py `tied`: torch saved `head.weight` and `embed.weight` as one storage.
+    let out = torchport(&["inspect", "tests/fixtures/frameworks/tied.pt", "--json"]);
+    assert!(out.status.success());
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = got["tensors"].as_array().unwrap();
+    assert_eq!(t[0]["name"], "embed.weight");
+    assert!(t[0].get("tied_to").is_none(), "{}", t[0]);
+    assert_eq!(t[1]["name"], "head.weight");
+    assert_eq!(t[1]["tied_to"], "embed.weight");
+    let out = torchport(&["inspect", "tests/fixtures/frameworks/tied.pt"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text.lines().find(|l| l.starts_with("head.weight")).unwrap();
+    assert!(row.ends_with("tied to embed.weight"), "{row}");
+    // Distinct tensors are not tied, even when they share a storage size and shape.
+    let out = torchport(&["inspect", "tests/fixtures/frameworks/mlp.pt", "--json"]);
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(got["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.get("tied_to").is_none()));
+}

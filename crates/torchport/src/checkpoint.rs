@@ -214,6 +214,30 @@ impl Checkpoint {
         }
     }
 
+    /// Tied tensors: for each of [`Checkpoint::tensors`], the index of the first earlier tensor
+    /// that is the very same view of the same storage (dtype, shape, strides and offset), as
+    /// `torch.save` writes a weight shared by two modules (`self.head.weight =
+    /// self.embed.weight`): one storage under two names. `None` for the first (or only) name.
+    pub fn tied(&self) -> Vec<Option<usize>> {
+        type Key<'k> = (usize, crate::DType, &'k [usize], &'k [usize], usize);
+        let mut first: HashMap<Key<'_>, usize> = HashMap::new();
+        self.tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let storage = self.storage_of(t)?;
+                let key = (storage, t.dtype, &t.shape[..], &t.strides[..], t.offset);
+                match first.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(i);
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// The storage a tensor views, if it has data.
     pub fn storage(&self, t: &TensorInfo) -> Option<&Storage> {
         self.storage_of(t).and_then(|i| self.storages.get(i))

@@ -442,7 +442,7 @@ fn rule_errors_point_at_the_rule() {
         "preset = 'pytorch'",
         w(),
         "rules.toml:2: rule 1: ",
-        "unknown preset `pytorch` (known: strip-prefix, lstm-gates, gru-gates, attention-qkv, burn)",
+        "unknown preset `pytorch` (known: strip-prefix, lstm-gates, gru-gates, attention-qkv, burn, weight-norm)",
     );
     // A value that does not fit the target dtype fails when the data is produced.
     assert_error(

@@ -35,6 +35,17 @@ pub(super) fn run<'a>(
     tensors: Vec<OutTensor<'a>>,
     ctx: &Context<'_>,
 ) -> Result<(Vec<OutTensor<'a>>, Plan)> {
+    run_resolving(rules, tensors, ctx, None)
+}
+
+/// [`run`], also collecting into `resolved` every rule that ran: the rule set's own rules and,
+/// in place of each preset, the rules the preset generated at its turn.
+pub(super) fn run_resolving<'a>(
+    rules: &RuleSet,
+    tensors: Vec<OutTensor<'a>>,
+    ctx: &Context<'_>,
+    mut resolved: Option<&mut Vec<Rule>>,
+) -> Result<(Vec<OutTensor<'a>>, Plan)> {
     let sources: Vec<TensorMeta> = tensors.iter().map(TensorMeta::of).collect();
     let mut seen = HashMap::new();
     for s in &sources {
@@ -58,6 +69,9 @@ pub(super) fn run<'a>(
     for stage in &rules.stages {
         match stage {
             Stage::Rule(rule) => {
+                if let Some(r) = resolved.as_deref_mut() {
+                    r.push(rule.clone());
+                }
                 let (next, matched) = apply_rule(rule, live, &mut plan)?;
                 live = next;
                 if matched == 0 {
@@ -78,6 +92,9 @@ pub(super) fn run<'a>(
                     ));
                 }
                 plan.undecided.extend(expansion.undecided);
+                if let Some(r) = resolved.as_deref_mut() {
+                    r.extend(expansion.rules.iter().cloned());
+                }
                 for rule in &expansion.rules {
                     live = apply_rule(rule, live, &mut plan)?.0;
                 }

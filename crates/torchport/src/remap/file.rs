@@ -207,9 +207,10 @@ fn build_op(op: &str, mut r: RawRule) -> std::result::Result<Op, String> {
             mode: match r.mode.as_deref() {
                 None | Some("concat") => MergeMode::Concat,
                 Some("stack") => MergeMode::Stack,
+                Some("weight-norm") => MergeMode::WeightNorm,
                 Some(other) => {
                     return Err(format!(
-                        "unknown merge mode `{other}` (expected concat or stack)"
+                        "unknown merge mode `{other}` (expected concat, stack or weight-norm)"
                     ))
                 }
             },

@@ -9,6 +9,7 @@ use super::engine::{check_unique, Live};
 use super::ops;
 use super::plan::Step;
 use super::rules::{resolve_dim, MergeMode, Rule};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::out::OutTensor;
 
@@ -97,12 +98,15 @@ pub(super) fn merge<'a>(
 /// The dim of a merge, resolved against the inputs' rank (one more when stacking).
 fn merge_dim(d: i64, rank: usize, mode: MergeMode) -> Option<usize> {
     match mode {
-        MergeMode::Concat => resolve_dim(d, rank),
+        MergeMode::Concat | MergeMode::WeightNorm => resolve_dim(d, rank),
         MergeMode::Stack => resolve_dim(d, rank + 1),
     }
 }
 
 fn check_merge(rule: &Rule, live: &[Live<'_>], g: &Group, d: i64, mode: MergeMode) -> Result<()> {
+    if mode == MergeMode::WeightNorm {
+        return check_weight_norm(rule, live, g);
+    }
     let first = &live[g.inputs[0]].t;
     let dd = merge_dim(d, first.shape.len(), mode).ok_or_else(|| {
         rule.error(format!(
@@ -148,6 +152,144 @@ fn check_merge(rule: &Rule, live: &[Live<'_>], g: &Group, d: i64, mode: MergeMod
     Ok(())
 }
 
+/// The dim along which weight norm's `g` (shape `gs`) varies for a `v` of shape `vs`:
+/// `Ok(None)` for the whole-tensor norm (one element), `Err` when `g` does not fit `v`.
+pub(crate) fn weight_norm_dim(
+    gs: &[usize],
+    vs: &[usize],
+) -> std::result::Result<Option<usize>, ()> {
+    if gs.iter().product::<usize>() == 1 && (gs.is_empty() || gs.len() == vs.len()) {
+        return Ok(None);
+    }
+    if gs.len() != vs.len() {
+        return Err(());
+    }
+    let mut found = None;
+    for (k, (&a, &b)) in gs.iter().zip(vs).enumerate() {
+        if a == 1 {
+            continue;
+        }
+        if a != b || found.is_some() {
+            return Err(());
+        }
+        found = Some(k);
+    }
+    Ok(found)
+}
+
+fn check_weight_norm(rule: &Rule, live: &[Live<'_>], grp: &Group) -> Result<()> {
+    let [gi, vi] = grp.inputs[..] else {
+        return Err(rule.error(format!(
+            "weight-norm takes two inputs (g, then v); `{}` has {}",
+            grp.name,
+            grp.inputs.len()
+        )));
+    };
+    let (g, v) = (&live[gi].t, &live[vi].t);
+    if g.dtype != v.dtype || !matches!(v.dtype, DType::F32 | DType::F64) {
+        return Err(rule.error(format!(
+            "weight-norm of `{}` ({}) and `{}` ({}): both must be float32 or float64 (cast them first)",
+            g.name, g.dtype, v.name, v.dtype
+        )));
+    }
+    if weight_norm_dim(&g.shape, &v.shape).is_err() {
+        return Err(rule.error(format!(
+            "`{}` of shape {:?} is not the weight-norm magnitude of `{}` of shape {:?}: it must have one element, or the shape of `{}` with every dim but one of length 1",
+            g.name, g.shape, v.name, v.shape, v.name
+        )));
+    }
+    Ok(())
+}
+
+/// `v * (g / norm(v))`, computed in float64 and rounded once to the dtype: within 1 ulp of
+/// torch, whose fused kernels round the norm, the scale and the product to float32 each, the
+/// norm summed in a vectorized order that depends on the CPU.
+fn weight_norm_bytes(g: &[u8], v: &[u8], gs: &[usize], vs: &[usize], dtype: DType) -> Vec<u8> {
+    let to_f64 = |b: &[u8]| -> Vec<f64> {
+        match dtype {
+            DType::F64 => b
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect(),
+            _ => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as f64)
+                .collect(),
+        }
+    };
+    let (gv, vv) = (to_f64(g), to_f64(v));
+    let d = weight_norm_dim(gs, vs).ok().flatten();
+    let (outer, len, inner) = match d {
+        Some(d) => (
+            vs[..d].iter().product::<usize>(),
+            vs[d],
+            vs[d + 1..].iter().product::<usize>(),
+        ),
+        None => (1, 1, vv.len()),
+    };
+    let mut sums = vec![0f64; len];
+    for o in 0..outer {
+        for (i, sum) in sums.iter_mut().enumerate() {
+            let start = (o * len + i) * inner;
+            *sum += vv[start..start + inner].iter().map(|x| x * x).sum::<f64>();
+        }
+    }
+    let mut out = Vec::with_capacity(v.len());
+    for o in 0..outer {
+        for (i, sum) in sums.iter().enumerate() {
+            let start = (o * len + i) * inner;
+            let gi = if d.is_some() { gv[i] } else { gv[0] };
+            for &x in &vv[start..start + inner] {
+                let w = x * (gi / sum.sqrt());
+                match dtype {
+                    DType::F64 => out.extend_from_slice(&w.to_le_bytes()),
+                    _ => out.extend_from_slice(&(w as f32).to_le_bytes()),
+                }
+            }
+        }
+    }
+    out
+}
+
+fn build_weight_norm<'a>(rule: &Rule, parts: Vec<Live<'a>>, name: &str) -> Live<'a> {
+    let mut sources = Vec::new();
+    let mut steps = Vec::new();
+    let mut tensors = Vec::with_capacity(2);
+    for p in parts {
+        for s in p.sources {
+            if !sources.contains(&s) {
+                sources.push(s);
+            }
+        }
+        for s in p.steps {
+            if !steps.contains(&s) {
+                steps.push(s);
+            }
+        }
+        tensors.push(p.t);
+    }
+    let (gs, vs) = (tensors[0].shape.clone(), tensors[1].shape.clone());
+    let over = match weight_norm_dim(&gs, &vs).ok().flatten() {
+        Some(d) => format!("over every dim but {d}"),
+        None => "over the whole tensor".to_string(),
+    };
+    let op = format!(
+        "weight norm v * (g / norm(v)) of g `{}`, v `{}`, {over}",
+        tensors[0].name, tensors[1].name
+    );
+    let dtype = tensors[1].dtype;
+    let t = OutTensor::new(name.to_string(), dtype, vs.clone(), move || {
+        let g = tensors[0].data()?;
+        let v = tensors[1].data()?;
+        Ok(Cow::Owned(weight_norm_bytes(&g, &v, &gs, &vs, dtype)))
+    });
+    steps.push(Step {
+        rule: rule.label(),
+        op,
+    });
+    Live { t, sources, steps }
+}
+
 fn build_merge<'a>(
     rule: &Rule,
     parts: Vec<Live<'a>>,
@@ -155,6 +297,9 @@ fn build_merge<'a>(
     d: i64,
     mode: MergeMode,
 ) -> Live<'a> {
+    if mode == MergeMode::WeightNorm {
+        return build_weight_norm(rule, parts, name);
+    }
     let rank = parts[0].t.shape.len();
     let dtype = parts[0].t.dtype;
     // Checked by check_merge.

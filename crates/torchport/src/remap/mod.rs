@@ -1,8 +1,8 @@
 //! Adapting a checkpoint's tensors to a target model: ordered rules (rename, keep, drop,
 //! split, merge, transpose, permute, reshape, cast) written in TOML or built in Rust,
 //! presets that generate rules from what the tensors look like (`strip-prefix`, `lstm-gates`,
-//! `gru-gates`, `attention-qkv`, `burn`), a [`Plan`] that says what will happen before any
-//! data is read, and a match report against a target ([`report`]).
+//! `gru-gates`, `attention-qkv`, `burn`, `weight-norm`), a [`Plan`] that says what will
+//! happen before any data is read, and a match report against a target ([`report`]).
 //!
 //! Rules run in order, each over every tensor the rules before it produced: a tensor whose
 //! name the rule's pattern matches is transformed, the others pass through. Outputs stay in
@@ -115,7 +115,7 @@ impl RuleSet {
     }
 
     /// Append a preset by name (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`,
-    /// `burn`).
+    /// `burn`, `weight-norm`).
     pub fn preset(&mut self, name: &str) -> Result<&mut Self> {
         let preset = Preset::from_name(name).map_err(|what| crate::Error::Rule {
             rule: format!("rule {}", self.stages.len() + 1),
@@ -209,6 +209,20 @@ pub fn plan(
     tensors: &[TensorMeta],
     ctx: &Context<'_>,
 ) -> Result<(Vec<TensorMeta>, Plan)> {
+    let (out, plan, _) = plan_resolved(rules, tensors, ctx)?;
+    Ok((out, plan))
+}
+
+/// [`plan`], and the rules resolved for these tensors: every preset replaced by the rules it
+/// generated at its turn (which name the tensors they touch). Presets decide from all the
+/// tensors present; the resolved rules do not, so running them over only the
+/// [`PlanTarget::sources`] of one output makes that output exactly as the
+/// full run does — without going over every other tensor.
+pub fn plan_resolved(
+    rules: &RuleSet,
+    tensors: &[TensorMeta],
+    ctx: &Context<'_>,
+) -> Result<(Vec<TensorMeta>, Plan, RuleSet)> {
     let outs = tensors
         .iter()
         .map(|m| {
@@ -221,6 +235,10 @@ pub fn plan(
             })
         })
         .collect();
-    let (out, plan) = apply_with(rules, outs, ctx)?;
-    Ok((out.iter().map(TensorMeta::of).collect(), plan))
+    let mut resolved = Vec::new();
+    let (out, plan) = engine::run_resolving(rules, outs, ctx, Some(&mut resolved))?;
+    let resolved = RuleSet {
+        stages: resolved.into_iter().map(Stage::Rule).collect(),
+    };
+    Ok((out.iter().map(TensorMeta::of).collect(), plan, resolved))
 }

@@ -1,7 +1,8 @@
 //! Presets: rules generated from what the tensors look like when the preset's turn comes
 //! (names, shapes, module classes, the target), so a preset only touches what it recognizes
-//! and lists what it cannot decide. `strip-prefix`, `lstm-gates`, `gru-gates` and
-//! `attention-qkv` live here; `burn` in burn.rs. docs/RULES.md lists every name mapping.
+//! and lists what it cannot decide. `strip-prefix`, `lstm-gates`, `gru-gates`,
+//! `attention-qkv` and `weight-norm` live here; `burn` in burn.rs. docs/RULES.md lists every
+//! name mapping.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
@@ -28,6 +29,11 @@ pub enum Preset {
     AttentionQkv,
     /// Names and layouts of Burn 0.22's `nn` modules.
     Burn,
+    /// Fold weight normalization into the weight: `P.weight_g` + `P.weight_v`
+    /// (`torch.nn.utils.weight_norm`) and `P.parametrizations.weight.original0` +
+    /// `original1` (`torch.nn.utils.parametrizations.weight_norm`) become `P.weight`, as torch
+    /// computes it (any `dim`, inferred from `g`'s shape; `dim=None` included).
+    WeightNorm,
 }
 
 impl Preset {
@@ -38,9 +44,11 @@ impl Preset {
         Preset::GruGates,
         Preset::AttentionQkv,
         Preset::Burn,
+        Preset::WeightNorm,
     ];
 
-    /// The preset's name (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`, `burn`).
+    /// The preset's name (`strip-prefix`, `lstm-gates`, `gru-gates`, `attention-qkv`, `burn`,
+    /// `weight-norm`).
     pub fn name(self) -> &'static str {
         match self {
             Preset::StripPrefix => "strip-prefix",
@@ -48,6 +56,7 @@ impl Preset {
             Preset::GruGates => "gru-gates",
             Preset::AttentionQkv => "attention-qkv",
             Preset::Burn => "burn",
+            Preset::WeightNorm => "weight-norm",
         }
     }
 
@@ -156,11 +165,61 @@ pub(crate) fn expand(preset: Preset, metas: &[TensorMeta], ctx: &Context<'_>) ->
         Preset::GruGates => gates(&mut g, metas, ctx, RnnKind::Gru)?,
         Preset::AttentionQkv => qkv(&mut g, metas)?,
         Preset::Burn => burn::expand(&mut g, metas, ctx)?,
+        Preset::WeightNorm => weight_norm(&mut g, metas)?,
     }
     Ok(Expansion {
         rules: g.rules,
         undecided: g.undecided,
     })
+}
+
+/// `P.X_g` + `P.X_v` and `P.parametrizations.X.original0` + `original1` -> `P.X`, for the
+/// pairs whose shapes are a weight norm's (anything else is listed as undecided).
+fn weight_norm(g: &mut Gen, metas: &[TensorMeta]) -> Result<()> {
+    let by_name: HashMap<&str, &TensorMeta> = metas.iter().map(|m| (m.name.as_str(), m)).collect();
+    let old = Regex::new(r"^(.*)_g$").expect("valid regex");
+    let new = Regex::new(r"^(.*\.)?parametrizations\.([^.]+)\.original0$").expect("valid regex");
+    for m in metas {
+        let (v, out) = if let Some(c) = new.captures(&m.name) {
+            let prefix = c.get(1).map_or("", |p| p.as_str());
+            let param = &c[2];
+            (
+                format!("{prefix}parametrizations.{param}.original1"),
+                format!("{prefix}{param}"),
+            )
+        } else if let Some(c) = old.captures(&m.name) {
+            (format!("{}_v", &c[1]), c[1].to_string())
+        } else {
+            continue;
+        };
+        let Some(vm) = by_name.get(v.as_str()) else {
+            continue;
+        };
+        if super::merge::weight_norm_dim(&m.shape, &vm.shape).is_err() {
+            g.undecided(
+                &m.name,
+                format!(
+                    "shape {:?} is not the weight-norm magnitude of `{v}` {:?}",
+                    m.shape, vm.shape
+                ),
+            );
+            continue;
+        }
+        if by_name.contains_key(out.as_str()) {
+            g.undecided(&m.name, format!("`{out}` is already present"));
+            continue;
+        }
+        g.exact(
+            &m.name,
+            Op::Merge {
+                inputs: vec![lit(&m.name), lit(&v)],
+                to: lit(&out),
+                dim: 0,
+                mode: super::rules::MergeMode::WeightNorm,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 const WRAPPERS: &str = r"^(?:module\.|_orig_mod\.)+";

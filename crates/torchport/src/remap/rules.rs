@@ -64,6 +64,11 @@ pub enum MergeMode {
     Concat,
     /// Stack along a new dim (`torch.stack`).
     Stack,
+    /// Weight normalization (`torch._weight_norm`): two inputs, the magnitude `g` then the
+    /// direction `v`; the output is `v * (g / norm(v))`, the norm taken over every dim but the
+    /// one along which `g` is longer than 1 (over the whole tensor when `g` has one element:
+    /// `weight_norm(dim=None)`). `dim` is not used: `g`'s shape says it.
+    WeightNorm,
 }
 
 /// What a rule does to each tensor its pattern matches. Templates (`to`, `inputs`) replace
