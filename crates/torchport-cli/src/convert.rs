@@ -52,7 +52,7 @@ pub struct Args {
     #[arg(long)]
     dequantize: bool,
     /// Apply a preset after selecting (strip-prefix, lstm-gates, gru-gates, attention-qkv,
-    /// burn); repeatable, applied in the order given.
+    /// weight-norm, burn); repeatable, applied in the order given.
     #[arg(long = "preset", value_name = "P")]
     presets: Vec<String>,
     /// Apply the rules of this TOML file after the presets (see docs/RULES.md).

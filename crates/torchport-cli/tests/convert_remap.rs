@@ -89,3 +89,49 @@ fn target_mismatch_writes_nothing() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("nothing was written"));
 }
+
+/// `--preset weight-norm` folds both of torch's weight-norm forms into `weight`: every folded
+/// weight is within 1 ulp of the `module.weight` torch computed
+/// (tests/fixtures/weight_norm/, written by tests/fixtures/gen/gen_weight_norm.py), and no
+/// `weight_g`/`weight_v`/`original0`/`original1` is left.
+#[test]
+fn preset_weight_norm_writes_what_torch_computed() {
+    let expected =
+        torchport::open(root().join("tests/fixtures/weight_norm/expected.safetensors")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for form in ["hooks", "parametrizations"] {
+        let out = dir.path().join(format!("{form}.safetensors"));
+        let o = torchport(&[
+            "convert",
+            &format!("tests/fixtures/weight_norm/{form}.pt"),
+            out.to_str().unwrap(),
+            "--preset",
+            "weight-norm",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let got = torchport::open(&out).unwrap();
+        for t in got.tensors() {
+            assert!(
+                t.name.ends_with(".weight") || t.name.ends_with(".bias"),
+                "{form}: {} left unfolded",
+                t.name
+            );
+            if !t.name.ends_with(".weight") {
+                continue;
+            }
+            let want = expected
+                .tensor(&format!("{form}.{}", t.name))
+                .unwrap_or_else(|| panic!("{form}.{} in expected", t.name));
+            assert_eq!(t.shape, want.shape, "{form} {}", t.name);
+            let (g, w) = (got.data(t).unwrap(), expected.data(want).unwrap());
+            for (a, b) in g.chunks_exact(4).zip(w.chunks_exact(4)) {
+                let a = u32::from_le_bytes(a.try_into().unwrap());
+                let b = u32::from_le_bytes(b.try_into().unwrap());
+                assert!(a.abs_diff(b) <= 1, "{form} {}: more than 1 ulp", t.name);
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 20, "folded weights checked");
+}
