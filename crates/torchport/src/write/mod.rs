@@ -279,18 +279,6 @@ pub(crate) fn nbytes(path: &Path, t: &OutTensor<'_>) -> Result<u64> {
         })
 }
 
-/// Contiguous row-major strides (in elements) for `shape`, as torch computes them (a
-/// dimension of size 0 counts as 1).
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1usize; shape.len()];
-    let mut acc = 1usize;
-    for (s, &d) in strides.iter_mut().zip(shape).rev() {
-        *s = acc;
-        acc = acc.saturating_mul(d.max(1));
-    }
-    strides
-}
-
 /// The non-tensor values a format's string metadata can keep: ints, floats, strings, bools
 /// and numpy scalars of those, as strings under their names (`True`/`False` for bools,
 /// Python's spelling; floats as Python's `repr`). `None`, objects, globals and empty
@@ -378,14 +366,6 @@ mod tests {
         assert_eq!(f("m.pt"), Some(OutputFormat::TorchZip));
         assert_eq!(f("m.bin"), None);
         assert_eq!(f("m"), None);
-    }
-
-    #[test]
-    fn strides() {
-        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
-        assert_eq!(contiguous_strides(&[]), Vec::<usize>::new());
-        // torch: torch.empty(2, 0, 3).stride() == (3, 3, 1)
-        assert_eq!(contiguous_strides(&[2, 0, 3]), [3, 3, 1]);
     }
 
     #[test]
