@@ -37,7 +37,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Remedy, Result};
 use crate::out::OutTensor;
 use crate::value::Value;
 
@@ -227,12 +227,14 @@ fn check(path: &Path, format: OutputFormat, tensors: &[OutTensor<'_>]) -> Result
     let mut seen = HashSet::with_capacity(tensors.len());
     for t in tensors {
         if !seen.insert(t.name.as_str()) {
-            return Err(Error::write(
+            return Err(Error::unwritable(
                 path,
+                &t.name,
                 format!(
-                    "two tensors are named {:?}; rename one or leave one out with --exclude",
+                    "two tensors are named {:?}; rename one or leave one out",
                     t.name
                 ),
+                Remedy::LeaveOut,
             ));
         }
         if crate::quant::int_dtype(t.dtype).is_some() && t.quant().is_none() {
@@ -246,19 +248,24 @@ fn check(path: &Path, format: OutputFormat, tensors: &[OutTensor<'_>]) -> Result
             ));
         }
         if let Err(why) = format.check_dtype(t.dtype) {
-            let hint = if t.dtype.is_float() {
-                "cast it with --dtype (e.g. --dtype float32) or leave it out with --exclude"
+            let (hint, remedy) = if t.dtype.is_float() {
+                (
+                    "cast it to a floating-point type the format holds (e.g. float32) or leave it out",
+                    Remedy::CastOrLeaveOut,
+                )
             } else {
-                "leave it out with --exclude"
+                ("leave it out", Remedy::LeaveOut)
             };
-            return Err(Error::write(
+            return Err(Error::unwritable(
                 path,
+                &t.name,
                 format!(
                     "tensor {} is {}, which a .{} file cannot hold ({why}); {hint}",
                     t.name,
                     t.dtype,
                     format.extension()
                 ),
+                remedy,
             ));
         }
         nbytes(path, t)?;
