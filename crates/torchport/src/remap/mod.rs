@@ -50,6 +50,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::out::OutTensor;
 
+pub use dym::edit_distance;
 pub use plan::{Dropped, Plan, PlanTarget, Step, Undecided};
 pub use presets::Preset;
 pub use report::TargetTensor;
