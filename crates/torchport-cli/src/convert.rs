@@ -18,8 +18,7 @@ use torchport::select::{ConvertOptions, Selection, CAST_TARGETS};
 use torchport::write::{self, atomic, OutputFormat, WriteOptions};
 use torchport::{DType, Remedy};
 
-use crate::inspect::human_bytes;
-use crate::table::{shape_text, write_table};
+use crate::table::{human_bytes, shape_text, write_table};
 
 /// Inputs larger than this get a progress bar (when stderr is a terminal).
 const PROGRESS_MIN_BYTES: u64 = 64 << 20;
@@ -267,13 +266,7 @@ fn remap(args: &Args, sel: &mut Selection<'_>, ctx: &Context<'_>) -> anyhow::Res
     if args.presets.is_empty() && args.rules.is_none() {
         return Ok(None);
     }
-    let mut rules = RuleSet::new();
-    for p in &args.presets {
-        rules.preset(p)?;
-    }
-    if let Some(path) = &args.rules {
-        rules.extend(RuleSet::from_toml_file(path)?);
-    }
+    let rules = RuleSet::from_presets_and_file(&args.presets, args.rules.as_deref())?;
     let (tensors, plan) = apply_with(&rules, std::mem::take(&mut sel.tensors), ctx)?;
     sel.source_dtypes = tensors.iter().map(|t| t.dtype).collect();
     sel.tensors = tensors;
