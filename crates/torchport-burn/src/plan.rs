@@ -7,12 +7,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use torchport::remap::{self, Op, Rule, RuleSet, TargetTensor, TensorMeta};
+use torchport::remap::{self, edit_distance, Op, Rule, RuleSet, TargetTensor, TensorMeta};
 use torchport::{Checkpoint, DType, TensorData};
 
 use crate::adapt::{self, Recipe};
 use crate::error::{Error, Result};
-use crate::report::{distance, Applied, LoadReport, Mismatched, Missing, Unused};
+use crate::report::{Applied, LoadReport, Mismatched, Missing, Unused};
 use crate::target::Target;
 
 /// One parameter to fill, and how.
@@ -282,7 +282,7 @@ pub(crate) fn plan(
 /// `unused` holds each unused tensor's name (after rules) and element count.
 fn suggest(report: &mut LoadReport, unused: &[(String, usize)]) {
     let close = |a: &str, b: &str| {
-        let d = distance(a, b);
+        let d = edit_distance(a, b);
         (d <= a.len().max(b.len()) / 2).then_some(d)
     };
     for m in &mut report.missing {
@@ -293,7 +293,7 @@ fn suggest(report: &mut LoadReport, unused: &[(String, usize)]) {
             .iter()
             .filter_map(|(n, e)| {
                 let same_leaf = parent(n).1 == leaf;
-                let d = close(&want, n).or(same_leaf.then(|| distance(&want, n)))?;
+                let d = close(&want, n).or(same_leaf.then(|| edit_distance(&want, n)))?;
                 // Same element count (or a whole multiple, for packed tensors) first.
                 let fits = *e == numel || (numel > 0 && *e % numel == 0);
                 Some((!(fits && same_leaf), d, n))

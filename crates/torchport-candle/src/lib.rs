@@ -221,7 +221,7 @@ impl TorchportBackend {
         let mut scored: Vec<(usize, &str)> = self
             .index
             .keys()
-            .map(|k| (distance(name, k), k.as_str()))
+            .map(|k| (remap::edit_distance(name, k), k.as_str()))
             .filter(|(d, k)| *d <= name.len().max(k.len()) / 2)
             .collect();
         scored.sort_unstable();
@@ -381,20 +381,4 @@ impl SimpleBackend for TorchportBackend {
     fn contains_tensor(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
-}
-
-/// Levenshtein distance over bytes.
-fn distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, &ca) in a.iter().enumerate() {
-        cur[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
 }

@@ -16,10 +16,9 @@ use torchport::remap::report::{load_target, report};
 use torchport::remap::{apply_with, Context, Plan, RuleSet, TensorMeta};
 use torchport::select::{ConvertOptions, Selection, CAST_TARGETS};
 use torchport::write::{self, atomic, OutputFormat, WriteOptions};
-use torchport::DType;
+use torchport::{DType, Remedy};
 
-use crate::inspect::human_bytes;
-use crate::table::{shape_text, write_table};
+use crate::table::{human_bytes, shape_text, write_table};
 
 /// Inputs larger than this get a progress bar (when stderr is a terminal).
 const PROGRESS_MIN_BYTES: u64 = 64 << 20;
@@ -140,7 +139,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     if args.dry_run {
-        write::validate(&args.output, format, &sel.tensors)?;
+        write::validate(&args.output, format, &sel.tensors).map_err(with_flags)?;
         if let Some(plan) = &plan {
             print!("{plan}");
             println!();
@@ -179,7 +178,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    let written = written?;
+    let written = written.map_err(with_flags)?;
     if !written.removed_stale.is_empty() {
         eprintln!(
             "note: removed {} left over from an earlier write to {} that was killed",
@@ -195,6 +194,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         start.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The library's error; for a tensor that cannot be written, followed by the flags of
+/// `convert` that carry out the remedy the library names.
+fn with_flags(e: torchport::Error) -> anyhow::Error {
+    let flags = match &e {
+        torchport::Error::Unwritable { remedy, .. } => match remedy {
+            Remedy::CastOrLeaveOut => "--dtype float32 casts it, --exclude RE leaves it out",
+            Remedy::LeaveOut => "--exclude RE leaves it out",
+            _ => return e.into(),
+        },
+        _ => return e.into(),
+    };
+    anyhow!("{e} ({flags})")
 }
 
 /// Say which temporary files of killed writes lie in OUT's folder; with --clean (and not
@@ -253,13 +266,7 @@ fn remap(args: &Args, sel: &mut Selection<'_>, ctx: &Context<'_>) -> anyhow::Res
     if args.presets.is_empty() && args.rules.is_none() {
         return Ok(None);
     }
-    let mut rules = RuleSet::new();
-    for p in &args.presets {
-        rules.preset(p)?;
-    }
-    if let Some(path) = &args.rules {
-        rules.extend(RuleSet::from_toml_file(path)?);
-    }
+    let rules = RuleSet::from_presets_and_file(&args.presets, args.rules.as_deref())?;
     let (tensors, plan) = apply_with(&rules, std::mem::take(&mut sel.tensors), ctx)?;
     sel.source_dtypes = tensors.iter().map(|t| t.dtype).collect();
     sel.tensors = tensors;

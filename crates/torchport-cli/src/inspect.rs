@@ -8,6 +8,8 @@ use serde_json::json;
 use torchport::security::{allow_list, classify, SecurityReport};
 use torchport::{Checkpoint, Quant, TensorData, TensorInfo};
 
+use crate::table::{human_bytes, shape_text};
+
 /// Arguments of `inspect`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -133,27 +135,6 @@ fn security_json(r: &SecurityReport) -> serde_json::Value {
         "pickles": r.pickles,
         "problems": r.problems,
     })
-}
-
-fn shape_text(shape: &[usize]) -> String {
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    format!("[{}]", dims.join(", "))
-}
-
-/// Bytes in a short human form (1024-based).
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
 }
 
 /// A note for tensors that are not plain strided data.

@@ -34,13 +34,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let ckpt = torchport::open(&args.ckpt)?;
     let target = load_target(&args.target)?;
-    let mut rules = RuleSet::new();
-    for p in &args.presets {
-        rules.preset(p)?;
-    }
-    if let Some(path) = &args.rules {
-        rules.extend(RuleSet::from_toml_file(path)?);
-    }
+    let rules = RuleSet::from_presets_and_file(&args.presets, args.rules.as_deref())?;
     let ctx = Context {
         modules: ckpt.modules(),
         target: Some(&target),

@@ -45,7 +45,7 @@ fn spinner(args: &Args) -> Option<ProgressBar> {
     bar.set_message(format!(
         "loading {} ({})",
         args.model.display(),
-        crate::inspect::human_bytes(size)
+        crate::table::human_bytes(size)
     ));
     bar.enable_steady_tick(Duration::from_millis(100));
     Some(bar)

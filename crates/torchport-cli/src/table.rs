@@ -1,4 +1,5 @@
-//! Plain-text tables for the commands' readable output.
+//! Plain-text tables and the cell formats (shapes, byte sizes) of the commands' readable
+//! output.
 
 use std::io::Write;
 
@@ -41,4 +42,20 @@ pub fn write_table<const N: usize>(
 pub fn shape_text(shape: &[usize]) -> String {
     let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
     format!("[{}]", dims.join(", "))
+}
+
+/// Bytes in a short human form (1024-based).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }

@@ -37,6 +37,17 @@ fn escaped(text: impl std::fmt::Display, max: usize) -> String {
 /// Result alias for the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What would let an [`Error::Unwritable`] tensor be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Remedy {
+    /// Leave the tensor out (or rename it).
+    LeaveOut,
+    /// Cast it to a floating-point type the format holds (float32 always is), or leave it
+    /// out.
+    CastOrLeaveOut,
+}
+
 /// Everything that can go wrong reading a file. Display is one sentence a person can act on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -187,6 +198,20 @@ pub enum Error {
         /// What is wrong, and what to do about it.
         what: String,
     },
+    /// A tensor cannot be written as it is: the format cannot hold its dtype, or its name is
+    /// taken or reserved. The message says what to do; `remedy` says it as data, so a front
+    /// end can name its own options for it.
+    #[error("{}: {}", shown(path.display()), one_line(what))]
+    Unwritable {
+        /// The output file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong, and what to do about it.
+        what: String,
+        /// What would let the write go through.
+        remedy: Remedy,
+    },
     /// A selection (`--key`, `--include`, `--exclude`, `--dtype`) cannot be applied.
     #[error("{}: {}", shown(path.display()), one_line(what))]
     Select {
@@ -209,6 +234,20 @@ impl Error {
         Error::Write {
             path: path.to_path_buf(),
             what: what.into(),
+        }
+    }
+
+    pub(crate) fn unwritable(
+        path: &Path,
+        tensor: &str,
+        what: impl Into<String>,
+        remedy: Remedy,
+    ) -> Self {
+        Error::Unwritable {
+            path: path.to_path_buf(),
+            tensor: tensor.to_string(),
+            what: what.into(),
+            remedy,
         }
     }
 
@@ -237,6 +276,7 @@ impl Error {
             | Error::NoSuchTensor { path, .. }
             | Error::WriteIo { path, .. }
             | Error::Write { path, .. }
+            | Error::Unwritable { path, .. }
             | Error::Select { path, .. } => path,
             _ => return full,
         };

@@ -41,7 +41,7 @@ pub mod security;
 
 pub use checkpoint::{open, open_bytes, open_bytes_as, open_with, Checkpoint};
 pub use dtype::{DType, ALL_DTYPES};
-pub use error::{Error, Result};
+pub use error::{Error, Remedy, Result};
 pub use format::{detect, Format};
 pub use limits::Limits;
 pub use out::OutTensor;

@@ -34,7 +34,7 @@ use crate::out::OutTensor;
 use crate::tensor::{TensorData, TensorInfo};
 use crate::write::{self, metadata_from_values, OutputFormat, WriteOptions, Written};
 
-/// The dtypes `--dtype` accepts: the floating-point types [`cast::cast`] writes.
+/// The dtypes a selection can cast to: the floating-point types [`cast::cast`] writes.
 pub const CAST_TARGETS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 
 /// What to take from a checkpoint, and how to cast it.
@@ -132,7 +132,7 @@ impl ConvertOptions {
                 return Err(Error::Select {
                     path: ckpt.path().to_path_buf(),
                     what: format!(
-                        "cannot cast to {to}; --dtype takes a floating-point type: float16, bfloat16, float32 or float64"
+                        "cannot cast to {to}; casts go to a floating-point type: float16, bfloat16, float32 or float64"
                     ),
                 });
             }

@@ -131,6 +131,19 @@ impl TensorInfo {
     }
 }
 
+/// Contiguous row-major strides (in elements) for `shape`, as torch computes them: a
+/// dimension of size 0 counts as 1, so `torch.empty(2, 0, 3).stride()` is `(3, 3, 1)`.
+/// Saturates rather than overflowing; readers check the element count first.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    let mut acc = 1usize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(d.max(1));
+    }
+    strides
+}
+
 /// Check that a view lies inside a storage of `storage_bytes` bytes; returns the number of
 /// bytes of data the view covers. Every product and sum is checked.
 pub(crate) fn check_view(
@@ -256,6 +269,21 @@ mod tests {
             quant: None,
             requires_grad: false,
         }
+    }
+
+    #[test]
+    fn strides_match_torch() {
+        // Each expected value is `torch.empty(shape).stride()` (torch 2.15).
+        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
+        assert_eq!(contiguous_strides(&[]), Vec::<usize>::new());
+        assert_eq!(contiguous_strides(&[3]), [1]);
+        assert_eq!(contiguous_strides(&[0]), [1]);
+        assert_eq!(contiguous_strides(&[2, 0, 3]), [3, 3, 1]);
+        assert_eq!(contiguous_strides(&[0, 3]), [3, 1]);
+        assert_eq!(contiguous_strides(&[3, 0]), [1, 1]);
+        assert_eq!(contiguous_strides(&[2, 3, 0]), [3, 1, 1]);
+        assert_eq!(contiguous_strides(&[0, 0]), [1, 1]);
+        assert_eq!(contiguous_strides(&[4, 0, 0, 2]), [2, 2, 2, 1]);
     }
 
     #[test]

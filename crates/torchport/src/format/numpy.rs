@@ -21,10 +21,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::torch_zip::Archive;
 use crate::format::Format;
-use crate::interpret::{contiguous_strides, Found};
+use crate::interpret::Found;
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
-use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
+use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
 
 /// The first bytes of every `.npy` file.
 pub(crate) const MAGIC: &[u8] = b"\x93NUMPY";

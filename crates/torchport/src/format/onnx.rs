@@ -33,7 +33,7 @@ use crate::format::Format;
 use crate::interpret::Found;
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
-use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
+use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
 
 pub(crate) use self::proto::looks_like;
 
@@ -284,17 +284,6 @@ impl Reader<'_> {
     }
 }
 
-/// Row-major strides; the caller has checked that the element count does not overflow.
-fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1usize; shape.len()];
-    let mut acc = 1usize;
-    for (s, &d) in strides.iter_mut().zip(shape).rev() {
-        *s = acc;
-        acc = acc.saturating_mul(d.max(1));
-    }
-    strides
-}
-
 /// The torch dtype of an ONNX `TensorProto.DataType`, or why it is refused.
 fn dtype_of(data_type: i32) -> Result<DType, String> {
     Ok(match data_type {
@@ -393,13 +382,6 @@ fn typed_bytes(t: &TensorProto, dtype: DType, numel: usize) -> Result<Vec<u8>, S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strides() {
-        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
-        assert_eq!(contiguous_strides(&[]), Vec::<usize>::new());
-        assert_eq!(contiguous_strides(&[0, 3]), [3, 1]);
-    }
 
     #[test]
     fn dtypes() {

@@ -27,10 +27,10 @@ use crate::error::{Error, Result};
 use crate::format::pt2_json::{layout_name, scalar_type, PayloadConfig, PayloadMeta, Program};
 use crate::format::torch_zip::{read_byteorder, read_parts, Archive};
 use crate::format::Format;
-use crate::interpret::{contiguous_strides, Found};
+use crate::interpret::Found;
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
-use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
+use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
 use crate::value::Value;
 
 /// The root folder of a packaged archive: the folder holding `archive_format`.

@@ -16,10 +16,10 @@ use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::interpret::{contiguous_strides, Found};
+use crate::interpret::Found;
 use crate::limits::Limits;
 use crate::storage::FileBytes;
-use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
+use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
 use crate::value::Value;
 
 /// The largest header the safetensors crate accepts (100 MB).

@@ -24,7 +24,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::Storage;
-use crate::tensor::{check_view, view_bytes, ByteOrder, Quant, TensorData, TensorInfo};
+use crate::tensor::{
+    check_view, contiguous_strides, view_bytes, ByteOrder, Quant, TensorData, TensorInfo,
+};
 use crate::value::Value;
 
 /// What a persistent id stands for, as the container format resolves it.
@@ -646,15 +648,6 @@ impl<'a> Walker<'a> {
     }
 }
 
-/// Row-major strides for `shape`.
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1usize; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
-    }
-    strides
-}
-
 /// A pickle leaf as a value.
 fn leaf_value(v: &PValue) -> Value {
     match v {
@@ -671,16 +664,5 @@ fn leaf_value(v: &PValue) -> Value {
         PValue::Bytes(b) | PValue::ByteArray(b) => Value::Bytes(b.len()),
         PValue::Global { module, name } => Value::Global(format!("{module}.{name}")),
         _ => Value::Object("<unknown>".into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strides() {
-        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
-        assert!(contiguous_strides(&[]).is_empty());
     }
 }

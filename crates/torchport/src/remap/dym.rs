@@ -45,6 +45,20 @@ pub(crate) fn distance(
     Some(prev[m]).filter(|&d| d <= max)
 }
 
+/// Edit (Levenshtein) distance of two names, over bytes: the fewest one-byte insertions,
+/// deletions and substitutions that turn `a` into `b`. The one measure behind every "did
+/// you mean" in torchport and its burn and candle front ends.
+///
+/// ```
+/// assert_eq!(torchport::remap::edit_distance("kitten", "sitting"), 3);
+/// ```
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    // The distance never exceeds the longer length, so this band is the whole table.
+    let max = a.len().max(b.len());
+    distance(a, b, max, &mut (Vec::new(), Vec::new())).unwrap_or(max)
+}
+
 /// At most this many name pairs are compared for "did you mean" (large models with
 /// thousands of unmatched names would otherwise take long); missing names come first.
 const PAIR_BUDGET: usize = 100_000;
@@ -97,7 +111,7 @@ pub(super) fn did_you_mean(r: &mut MatchReport) {
 
 #[cfg(test)]
 mod tests {
-    use super::distance;
+    use super::{distance, edit_distance};
 
     fn plain(a: &[u8], b: &[u8]) -> usize {
         let mut prev: Vec<usize> = (0..=b.len()).collect();
@@ -136,6 +150,7 @@ mod tests {
         for a in words {
             for b in words {
                 let d = plain(a.as_bytes(), b.as_bytes());
+                assert_eq!(edit_distance(a, b), d, "{a:?} {b:?}");
                 for max in 0..8 {
                     let got = distance(a.as_bytes(), b.as_bytes(), max, &mut rows);
                     assert_eq!(got, (d <= max).then_some(d), "{a:?} {b:?} max {max}");

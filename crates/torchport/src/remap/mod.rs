@@ -43,6 +43,7 @@ mod rules;
 mod suggest;
 
 use std::fmt;
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -50,6 +51,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::out::OutTensor;
 
+pub use dym::edit_distance;
 pub use plan::{Dropped, Plan, PlanTarget, Step, Undecided};
 pub use presets::Preset;
 pub use report::TargetTensor;
@@ -126,6 +128,23 @@ impl RuleSet {
         };
         self.stages.push(Stage::Preset { preset, origin });
         Ok(self)
+    }
+
+    /// The presets named in `presets`, in the order given, then the rules of the TOML file
+    /// `rules_file` (see docs/RULES.md), if any — what `torchport convert` and `torchport
+    /// match` apply.
+    pub fn from_presets_and_file<S: AsRef<str>>(
+        presets: &[S],
+        rules_file: Option<&Path>,
+    ) -> Result<RuleSet> {
+        let mut rules = RuleSet::new();
+        for p in presets {
+            rules.preset(p.as_ref())?;
+        }
+        if let Some(path) = rules_file {
+            rules.extend(RuleSet::from_toml_file(path)?);
+        }
+        Ok(rules)
     }
 
     /// Append every stage of `other` after this set's stages.
@@ -241,4 +260,30 @@ pub fn plan_resolved(
         stages: resolved.into_iter().map(Stage::Rule).collect(),
     };
     Ok((out.iter().map(TensorMeta::of).collect(), plan, resolved))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_then_rule_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rules.toml");
+        std::fs::write(
+            &file,
+            "[[rule]]\nop = \"rename\"\nmatch = '^a$'\nto = 'b'\n",
+        )
+        .unwrap();
+        let rules = RuleSet::from_presets_and_file(&["strip-prefix", "burn"], Some(&file)).unwrap();
+        assert_eq!(rules.stages.len(), 3);
+        assert!(matches!(rules.stages[0], Stage::Preset { .. }));
+        assert!(matches!(rules.stages[2], Stage::Rule(_)));
+        assert!(RuleSet::from_presets_and_file::<&str>(&[], None)
+            .unwrap()
+            .stages
+            .is_empty());
+        let err = RuleSet::from_presets_and_file(&["no-such-preset"], None).unwrap_err();
+        assert!(err.to_string().contains("no-such-preset"), "{err}");
+    }
 }

@@ -37,7 +37,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Remedy, Result};
 use crate::out::OutTensor;
 use crate::value::Value;
 
@@ -227,12 +227,14 @@ fn check(path: &Path, format: OutputFormat, tensors: &[OutTensor<'_>]) -> Result
     let mut seen = HashSet::with_capacity(tensors.len());
     for t in tensors {
         if !seen.insert(t.name.as_str()) {
-            return Err(Error::write(
+            return Err(Error::unwritable(
                 path,
+                &t.name,
                 format!(
-                    "two tensors are named {:?}; rename one or leave one out with --exclude",
+                    "two tensors are named {:?}; rename one or leave one out",
                     t.name
                 ),
+                Remedy::LeaveOut,
             ));
         }
         if crate::quant::int_dtype(t.dtype).is_some() && t.quant().is_none() {
@@ -246,19 +248,24 @@ fn check(path: &Path, format: OutputFormat, tensors: &[OutTensor<'_>]) -> Result
             ));
         }
         if let Err(why) = format.check_dtype(t.dtype) {
-            let hint = if t.dtype.is_float() {
-                "cast it with --dtype (e.g. --dtype float32) or leave it out with --exclude"
+            let (hint, remedy) = if t.dtype.is_float() {
+                (
+                    "cast it to a floating-point type the format holds (e.g. float32) or leave it out",
+                    Remedy::CastOrLeaveOut,
+                )
             } else {
-                "leave it out with --exclude"
+                ("leave it out", Remedy::LeaveOut)
             };
-            return Err(Error::write(
+            return Err(Error::unwritable(
                 path,
+                &t.name,
                 format!(
                     "tensor {} is {}, which a .{} file cannot hold ({why}); {hint}",
                     t.name,
                     t.dtype,
                     format.extension()
                 ),
+                remedy,
             ));
         }
         nbytes(path, t)?;
@@ -277,18 +284,6 @@ pub(crate) fn nbytes(path: &Path, t: &OutTensor<'_>) -> Result<u64> {
                 format!("tensor {} has a size {:?} that overflows", t.name, t.shape),
             )
         })
-}
-
-/// Contiguous row-major strides (in elements) for `shape`, as torch computes them (a
-/// dimension of size 0 counts as 1).
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1usize; shape.len()];
-    let mut acc = 1usize;
-    for (s, &d) in strides.iter_mut().zip(shape).rev() {
-        *s = acc;
-        acc = acc.saturating_mul(d.max(1));
-    }
-    strides
 }
 
 /// The non-tensor values a format's string metadata can keep: ints, floats, strings, bools
@@ -378,14 +373,6 @@ mod tests {
         assert_eq!(f("m.pt"), Some(OutputFormat::TorchZip));
         assert_eq!(f("m.bin"), None);
         assert_eq!(f("m"), None);
-    }
-
-    #[test]
-    fn strides() {
-        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
-        assert_eq!(contiguous_strides(&[]), Vec::<usize>::new());
-        // torch: torch.empty(2, 0, 3).stride() == (3, 3, 1)
-        assert_eq!(contiguous_strides(&[2, 0, 3]), [3, 3, 1]);
     }
 
     #[test]

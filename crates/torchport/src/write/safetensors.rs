@@ -12,7 +12,7 @@ use std::io::BufWriter;
 use std::path::Path;
 
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Remedy, Result};
 use crate::out::OutTensor;
 use crate::write::{nbytes, put, tensor_bytes, Progress};
 
@@ -69,9 +69,11 @@ pub(crate) fn header(
     };
     if !metadata.is_empty() {
         if tensors.iter().any(|t| t.name == "__metadata__") {
-            return Err(Error::write(
+            return Err(Error::unwritable(
                 path,
-                "a tensor is named __metadata__, which safetensors reserves; rename it or leave it out with --exclude",
+                "__metadata__",
+                "a tensor is named __metadata__, which safetensors reserves; rename it or leave it out",
+                Remedy::LeaveOut,
             ));
         }
         sep(&mut h);

@@ -39,9 +39,10 @@ use zip::{CompressionMethod, DateTime, ZipWriter};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::out::OutTensor;
+use crate::tensor::contiguous_strides;
 use crate::tensor::Quant;
 use crate::write::pickle::{Emitter, BATCH};
-use crate::write::{contiguous_strides, nbytes, put, tensor_bytes, Progress};
+use crate::write::{nbytes, put, tensor_bytes, Progress};
 
 /// The legacy typed storage class torch pickles for `dtype`, or `None` for dtypes torch
 /// writes as an untyped storage plus a dtype (`_rebuild_tensor_v3`).
