@@ -107,6 +107,13 @@ impl Checkpoint {
                 .map(|s| s.in_file_order(ByteOrder::Big))
                 .collect(),
         };
+        // `Big` only when all the data is: a big-endian file can hold little-endian arrays.
+        let order = match order {
+            ByteOrder::Big if storages.iter().any(|s| s.byte_order() == ByteOrder::Little) => {
+                ByteOrder::Little
+            }
+            other => other,
+        };
         let mut index = HashMap::with_capacity(found.tensors.len());
         for (i, t) in found.tensors.iter().enumerate() {
             index.entry(t.name.clone()).or_insert(i);

@@ -48,6 +48,22 @@ fn arrays_are_tensors_with_numpys_bytes() {
     assert_eq!(arrays, 3 * 23 + 2);
 }
 
+/// A big-endian torch file holding a little-endian numpy array does not say its data is
+/// big-endian (`Checkpoint::byte_order` is `Big` only when all of it is); the torch tensor's
+/// storage is big-endian and the array's keeps its own order.
+#[test]
+fn a_big_endian_file_with_a_little_endian_array_is_mixed() {
+    let ckpt = torchport::open(fixture_dir("numpy_ckpt").join("numpy_bigfile.pt")).unwrap();
+    let order = |name: &str| {
+        ckpt.storage(ckpt.tensor(name).unwrap())
+            .unwrap()
+            .byte_order()
+    };
+    assert_eq!(order("w"), ByteOrder::Big);
+    assert_eq!(order("little"), ByteOrder::Little);
+    assert_eq!(ckpt.byte_order(), ByteOrder::Little);
+}
+
 #[test]
 fn names_and_values_read_as_inspect_shows_them() {
     let ckpt = torchport::open(fixture_dir("numpy_ckpt").join("numpy_zip.pt")).unwrap();
