@@ -19,13 +19,18 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let program = Program::load(&args.model)?;
-    let ops = program.ops();
+    // Only the program JSON is read: weights are never decoded to count operators.
+    let ops = Program::ops_of(&args.model)?;
+    let unsupported: Vec<&str> = ops
+        .iter()
+        .filter(|o| !o.supported)
+        .map(|o| o.op.as_str())
+        .collect();
     let mut out = std::io::stdout().lock();
     if args.json {
         let v = json!({
             "ops": ops.iter().map(|o| json!({"op": o.op, "count": o.count, "supported": o.supported})).collect::<Vec<_>>(),
-            "unsupported": program.unsupported_ops(),
+            "unsupported": unsupported,
         });
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
@@ -36,7 +41,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             let s = if o.supported { "yes" } else { "no" };
             writeln!(out, "{:<width$}  {:>5}  {s}", o.op, o.count)?;
         }
-        let n = program.unsupported_ops().len();
+        let n = unsupported.len();
         let nodes: usize = ops.iter().map(|o| o.count).sum();
         writeln!(
             out,
@@ -49,7 +54,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             }
         )?;
     }
-    Ok(if program.unsupported_ops().is_empty() {
+    Ok(if unsupported.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

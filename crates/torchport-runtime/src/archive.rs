@@ -15,6 +15,22 @@ use crate::schema::{self, ExportedProgram};
 /// The program of the `.pt2` archive at `path`, and its weights and constants by state_dict
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
+    let ckpt = open_pt2(path)?;
+    let ep = program(path, &ckpt)?;
+    let mut payloads = HashMap::new();
+    for t in ckpt.tensors().iter().chain(ckpt.constants()) {
+        payloads.insert(t.name.clone(), tensor(&ckpt, t)?);
+    }
+    Ok((ep, payloads))
+}
+
+/// The program of the `.pt2` archive at `path`, without decoding its weights or constants.
+pub fn read_program(path: &Path) -> Result<ExportedProgram> {
+    program(path, &open_pt2(path)?)
+}
+
+/// Open `path` with torchport's reader, refusing anything but a `.pt2` archive.
+fn open_pt2(path: &Path) -> Result<Checkpoint> {
     let ckpt = torchport::open(path).map_err(Error::Read)?;
     if ckpt.format() != Format::Pt2 {
         return Err(Error::Archive {
@@ -25,6 +41,11 @@ pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
             ),
         });
     }
+    Ok(ckpt)
+}
+
+/// The one program of an opened archive, parsed into the core's IR.
+fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram> {
     let programs: Vec<(&str, &[u8])> = ckpt.programs().collect();
     let [(record, json)] = programs[..] else {
         let records: Vec<&str> = programs.iter().map(|p| p.0).collect();
@@ -37,16 +58,11 @@ pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
             ),
         });
     };
-    let ep = schema::parse_program(json).map_err(|what| Error::Schema {
+    schema::parse_program(json).map_err(|e| Error::Schema {
         path: path.to_path_buf(),
         record: record.to_string(),
-        what,
-    })?;
-    let mut payloads = HashMap::new();
-    for t in ckpt.tensors().iter().chain(ckpt.constants()) {
-        payloads.insert(t.name.clone(), tensor(&ckpt, t)?);
-    }
-    Ok((ep, payloads))
+        what: e.to_string(),
+    })
 }
 
 /// One tensor of the checkpoint as a runtime tensor.

@@ -1,61 +1,15 @@
-//! Torch `ScalarType` enum ints (schema.py) ↔ names, and the runtime's dtype policy:
-//! floats compute in f32, integers in i64, bools as u8 0/1.
+//! The runtime's dtype policy over torch `ScalarType` numbers (whose table is the core's,
+//! [`torchport::pt2::scalar_type`], re-exported here): floats compute in f32, integers in
+//! i64, bools as u8 0/1, each mapped to its candle dtype.
 
 use candle_core::{DType, Tensor};
 
 use crate::error::{OpError, OpResult};
 
-/// Torch's `ScalarType` as serialized in programs (schema.py `ScalarType`).
-pub type ScalarType = i64;
-
-/// `torch.uint8`.
-pub const BYTE: ScalarType = 1;
-/// `torch.int8`.
-pub const CHAR: ScalarType = 2;
-/// `torch.int16`.
-pub const SHORT: ScalarType = 3;
-/// `torch.int32`.
-pub const INT: ScalarType = 4;
-/// `torch.int64`.
-pub const LONG: ScalarType = 5;
-/// `torch.float16`.
-pub const HALF: ScalarType = 6;
-/// `torch.float32`.
-pub const FLOAT: ScalarType = 7;
-/// `torch.float64`.
-pub const DOUBLE: ScalarType = 8;
-/// `torch.bool`.
-pub const BOOL: ScalarType = 12;
-/// `torch.bfloat16`.
-pub const BFLOAT16: ScalarType = 13;
-
-/// The torch name (without `torch.`) of a serialized dtype, e.g. `float32`.
-pub fn name(st: ScalarType) -> &'static str {
-    match st {
-        1 => "uint8",
-        2 => "int8",
-        3 => "int16",
-        4 => "int32",
-        5 => "int64",
-        6 => "float16",
-        7 => "float32",
-        8 => "float64",
-        9 => "complex32",
-        10 => "complex64",
-        11 => "complex128",
-        12 => "bool",
-        13 => "bfloat16",
-        28 => "uint16",
-        29 => "float8_e4m3fn",
-        30 => "float8_e5m2",
-        31 => "float8_e4m3fnuz",
-        32 => "float8_e5m2fnuz",
-        33 => "float8_e8m0fnu",
-        34 => "uint32",
-        35 => "uint64",
-        _ => "unknown",
-    }
-}
+pub use torchport::pt2::scalar_type::{
+    name, ScalarType, BFLOAT16, BOOL, BYTE, CHAR, DOUBLE, FLOAT, HALF, INT, LONG, SHORT, UINT16,
+    UINT32, UINT64,
+};
 
 /// Whether the dtype is a floating type the runtime computes (f16, bf16, f32, f64).
 pub fn is_float(st: ScalarType) -> bool {
@@ -64,7 +18,10 @@ pub fn is_float(st: ScalarType) -> bool {
 
 /// Whether the dtype is an integer type the runtime holds as i64.
 pub fn is_int(st: ScalarType) -> bool {
-    matches!(st, BYTE | CHAR | SHORT | INT | LONG | 28 | 34 | 35)
+    matches!(
+        st,
+        BYTE | CHAR | SHORT | INT | LONG | UINT16 | UINT32 | UINT64
+    )
 }
 
 /// The candle dtype values of torch dtype `st` are held in while the graph runs.

@@ -12,7 +12,7 @@
 //!
 //! Inputs and outputs are `candle_core::Tensor`s (see [`Program::run`] for the dtype rules).
 //! Layers: [`archive`] (the `.pt2` read by torchport: program JSON, weights, constants),
-//! [`schema`] (the serialized program as serde types: the graph IR), [`ops`] (the op
+//! [`schema`] (the graph IR: the core's [`torchport::pt2`] types, re-exported), [`ops`] (the op
 //! registry, one file per op family), [`Program`] (weights + interpreter). Before running,
 //! every node is checked and the complete list of unsupported operators is reported.
 

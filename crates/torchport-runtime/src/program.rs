@@ -145,6 +145,30 @@ fn check_dynamic_dims(
     Ok(())
 }
 
+/// Every operator `ep` uses, with its count and whether `registry` has a kernel for it,
+/// sorted by operator.
+pub fn op_uses(ep: &ExportedProgram, registry: &Registry) -> Vec<OpUse> {
+    let nodes = ep.graph_module.graph.nodes.iter();
+    tally(nodes.map(|n| (n.target.as_str(), registry.get(&n.target).is_some())))
+}
+
+/// Count `(target, supported)` uses by operator key, sorted by operator.
+fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUse> {
+    let mut m: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+    for (target, supported) in uses {
+        m.entry(op_key(target).to_string())
+            .or_insert((0, supported))
+            .0 += 1;
+    }
+    m.into_iter()
+        .map(|(op, (count, supported))| OpUse {
+            op,
+            count,
+            supported,
+        })
+        .collect()
+}
+
 impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
@@ -278,20 +302,19 @@ impl Program {
 
     /// Every operator the program uses, with its count and whether it is supported.
     pub fn ops(&self) -> Vec<OpUse> {
-        let mut m: BTreeMap<String, (usize, bool)> = BTreeMap::new();
-        for (node, k) in self.ep.graph_module.graph.nodes.iter().zip(&self.kernels) {
-            let e = m
-                .entry(op_key(&node.target).to_string())
-                .or_insert((0, k.is_some()));
-            e.0 += 1;
-        }
-        m.into_iter()
-            .map(|(op, (count, supported))| OpUse {
-                op,
-                count,
-                supported,
-            })
-            .collect()
+        let nodes = self.ep.graph_module.graph.nodes.iter();
+        tally(
+            nodes
+                .zip(&self.kernels)
+                .map(|(n, k)| (n.target.as_str(), k.is_some())),
+        )
+    }
+
+    /// Every operator of the `.pt2` archive at `path`, as [`Program::ops`] lists them, read
+    /// from its program alone: no weight is decoded and the program is not built.
+    pub fn ops_of(path: impl AsRef<Path>) -> Result<Vec<OpUse>> {
+        let ep = crate::archive::read_program(path.as_ref())?;
+        Ok(op_uses(&ep, &Registry::with_all_ops()))
     }
 
     /// Operators the runtime lacks (empty when the program can run).

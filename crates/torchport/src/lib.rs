@@ -29,6 +29,7 @@ mod format;
 mod interpret;
 mod limits;
 mod out;
+pub mod pt2;
 pub mod quant;
 pub mod remap;
 pub mod select;

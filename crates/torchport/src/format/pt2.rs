@@ -24,7 +24,7 @@ use serde::de::DeserializeOwned;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::format::pt2_json::{layout_name, scalar_type, PayloadConfig, PayloadMeta, Program};
+use crate::format::pt2_json::{layout_name, PayloadConfig, PayloadMeta, Program};
 use crate::format::torch_zip::{read_byteorder, read_parts, Archive};
 use crate::format::Format;
 use crate::interpret::Found;
@@ -375,7 +375,7 @@ impl Builder<'_> {
             .tensor_meta
             .as_ref()
             .ok_or_else(|| bad("its config entry has no tensor_meta".into()))?;
-        let dtype = scalar_type(tm.dtype).ok_or_else(|| {
+        let dtype = crate::pt2::scalar_type::dtype(tm.dtype).ok_or_else(|| {
             bad(format!(
                 "its dtype number {} is not a known ScalarType",
                 tm.dtype

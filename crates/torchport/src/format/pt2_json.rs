@@ -9,8 +9,6 @@ use std::marker::PhantomData;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::dtype::DType;
-
 /// `data/weights/<model>_weights_config.json` and `data/constants/<model>_constants_config.json`.
 #[derive(Deserialize)]
 pub(crate) struct PayloadConfig {
@@ -51,7 +49,10 @@ pub(crate) struct SymInt {
 }
 
 /// `models/<name>.json` (and the older `serialized_exported_program.json`), reduced to the
-/// targets of the top-level graph's nodes.
+/// targets of the top-level graph's nodes. This is a lenient view of the typed IR
+/// ([`crate::pt2::ExportedProgram`]): it reads no version and no arguments, so that `inspect`
+/// still counts the operators of programs the IR refuses (another schema major version, a
+/// union member added by a newer torch).
 #[derive(Deserialize)]
 pub(crate) struct Program {
     pub graph_module: GraphModule,
@@ -107,34 +108,6 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Ordered<T> {
     }
 }
 
-/// The dtype of a `ScalarType` number (`torch/_export/serde/schema.py`).
-pub(crate) fn scalar_type(n: i64) -> Option<DType> {
-    Some(match n {
-        1 => DType::U8,
-        2 => DType::I8,
-        3 => DType::I16,
-        4 => DType::I32,
-        5 => DType::I64,
-        6 => DType::F16,
-        7 => DType::F32,
-        8 => DType::F64,
-        9 => DType::C32,
-        10 => DType::C64,
-        11 => DType::C128,
-        12 => DType::Bool,
-        13 => DType::BF16,
-        28 => DType::U16,
-        29 => DType::F8E4M3Fn,
-        30 => DType::F8E5M2,
-        31 => DType::F8E4M3Fnuz,
-        32 => DType::F8E5M2Fnuz,
-        33 => DType::F8E8M0Fnu,
-        34 => DType::U32,
-        35 => DType::U64,
-        _ => return None,
-    })
-}
-
 /// The name of a `Layout` number other than strided (7).
 pub(crate) fn layout_name(n: i64) -> &'static str {
     match n {
@@ -168,13 +141,5 @@ mod tests {
             .collect();
         assert_eq!(names, [("z", "weight_2"), ("a", "weight_0")]);
         assert!(c.config.0[1].1.use_pickle);
-    }
-
-    #[test]
-    fn dtypes() {
-        assert_eq!(scalar_type(7), Some(DType::F32));
-        assert_eq!(scalar_type(5), Some(DType::I64));
-        assert_eq!(scalar_type(13), Some(DType::BF16));
-        assert_eq!(scalar_type(0), None);
     }
 }
