@@ -1,7 +1,9 @@
-//! Reading a `.pt2` archive through torchport's reader (`torchport::open`): the serialized
-//! program (`Checkpoint::programs`), the parameters and persistent buffers
-//! (`Checkpoint::tensors`) and the tensor constants (`Checkpoint::constants`: lifted
-//! tensors, non-persistent buffers), converted to the runtime's tensors.
+//! Opening a `.pt2` archive for the runtime, through torchport's reader (`torchport::open`,
+//! refusing any other format): its one serialized program (`Checkpoint::programs`, parsed into
+//! the core's IR), the parameters and persistent buffers (`Checkpoint::tensors`) and the tensor
+//! constants (`Checkpoint::constants`: lifted tensors, non-persistent buffers), converted to the
+//! runtime's tensors for `Program::from_parts`. The conversion of contiguous little-endian
+//! bytes to a runtime tensor ([`tensor_from_bytes`]) is also what `npy.rs` reads arrays with.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -18,6 +18,7 @@
 
 pub mod archive;
 pub mod dtype;
+mod dynamic_dims;
 pub mod error;
 pub mod npy;
 pub mod ops;
