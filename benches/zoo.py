@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gen"))
+from gen_zoo import randomize_norm_stats  # noqa: E402  (the committed subset's generator)
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benches/data/zoo"
 BINARY = ROOT / "target/release/torchport"
@@ -148,21 +151,6 @@ def leaves(out):
     from torch.utils._pytree import tree_leaves
 
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-
-
-def randomize_norm_stats(model):
-    """Non-trivial BatchNorm statistics, so that they matter; Linear layers get torch's
-    default init (vision libraries start classifier heads at zero or near it, which would
-    leave outputs too small for the comparison to mean anything)."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            m.reset_parameters()
-    g = torch.Generator().manual_seed(1)
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
-            n = m.num_features
-            m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
 
 
 def build(name, make, d):
