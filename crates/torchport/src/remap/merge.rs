@@ -251,10 +251,11 @@ fn weight_norm_bytes(g: &[u8], v: &[u8], gs: &[usize], vs: &[usize], dtype: DTyp
     out
 }
 
-fn build_weight_norm<'a>(rule: &Rule, parts: Vec<Live<'a>>, name: &str) -> Live<'a> {
+/// The merged parts' tensors, and the union of their sources and steps (first-seen order).
+fn gather(parts: Vec<Live<'_>>) -> (Vec<OutTensor<'_>>, Vec<usize>, Vec<Step>) {
     let mut sources = Vec::new();
     let mut steps = Vec::new();
-    let mut tensors = Vec::with_capacity(2);
+    let mut tensors = Vec::with_capacity(parts.len());
     for p in parts {
         for s in p.sources {
             if !sources.contains(&s) {
@@ -268,6 +269,11 @@ fn build_weight_norm<'a>(rule: &Rule, parts: Vec<Live<'a>>, name: &str) -> Live<
         }
         tensors.push(p.t);
     }
+    (tensors, sources, steps)
+}
+
+fn build_weight_norm<'a>(rule: &Rule, parts: Vec<Live<'a>>, name: &str) -> Live<'a> {
+    let (tensors, sources, mut steps) = gather(parts);
     let (gs, vs) = (tensors[0].shape.clone(), tensors[1].shape.clone());
     let over = match weight_norm_dim(&gs, &vs).ok().flatten() {
         Some(d) => format!("over every dim but {d}"),
@@ -318,22 +324,7 @@ fn build_merge<'a>(
     let mut out_shape = shapes[0].clone();
     out_shape[dd] = shapes.iter().map(|s| s[dd]).sum();
     let input_names: Vec<String> = parts.iter().map(|p| format!("`{}`", p.t.name)).collect();
-    let mut sources = Vec::new();
-    let mut steps = Vec::new();
-    let mut tensors = Vec::with_capacity(parts.len());
-    for p in parts {
-        for s in p.sources {
-            if !sources.contains(&s) {
-                sources.push(s);
-            }
-        }
-        for s in p.steps {
-            if !steps.contains(&s) {
-                steps.push(s);
-            }
-        }
-        tensors.push(p.t);
-    }
+    let (tensors, sources, mut steps) = gather(parts);
     let esize = dtype.size();
     let t = OutTensor::new(name.to_string(), dtype, out_shape, move || {
         let data = tensors
