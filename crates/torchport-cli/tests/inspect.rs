@@ -142,3 +142,27 @@ fn tied_weights_are_reported() {
         .iter()
         .all(|t| t.get("tied_to").is_none()));
 }
+
+/// A real tied model: transformers' GPT2LMHeadModel (tiny config) saved as a
+/// `pytorch_model.bin` is, where `lm_head.weight` is `transformer.wte.weight`
+/// (tests/fixtures/gen/gen_tied_hf.py). `inspect` reports exactly the ties torch holds
+/// (gpt2_tiny.bin.tied.json, from the loaded tensors' storages), and no others.
+#[test]
+fn a_transformers_tied_lm_head_is_reported() {
+    let fixture = "tests/fixtures/frameworks/gpt2_tiny.bin";
+    let want: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(
+        &std::fs::read(root().join(format!("{fixture}.tied.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(want["lm_head.weight"], "transformer.wte.weight");
+    let out = torchport(&["inspect", fixture, "--json"]);
+    assert!(out.status.success());
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tensors = got["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 17);
+    let ours: serde_json::Map<String, serde_json::Value> = tensors
+        .iter()
+        .filter_map(|t| Some((t["name"].as_str()?.to_string(), t.get("tied_to")?.clone())))
+        .collect();
+    assert_eq!(ours, want);
+}
