@@ -1,21 +1,22 @@
 //! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D]
-//! [--dequantize] [--preset P]... [--rules FILE] [--target T] [--dry-run] [--clean]`: parse the arguments into
-//! `torchport::select::ConvertOptions` and a `torchport::remap::RuleSet`, then write with
-//! `torchport::write` (all selection, remapping, casting and writing logic lives in the
-//! library). Order: select and cast, then presets (in the order given), then the rule file.
+//! [--dequantize] [--preset P]... [--rules FILE] [--target T] [--dry-run] [--clean]`: parse the
+//! arguments into a `torchport::convert::Conversion`, prepare it, then print (warnings, plan,
+//! report, dry run) or write with a progress bar. The pipeline (select and cast, then presets in
+//! the order given, then the rule file, then the target check, then the write) is the library's.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail};
+use anyhow::anyhow;
 use indicatif::{ProgressBar, ProgressStyle};
 use regex::Regex;
-use torchport::remap::report::{load_target, report};
-use torchport::remap::{apply_with, Context, Plan, RuleSet, TensorMeta};
-use torchport::select::{ConvertOptions, Selection, CAST_TARGETS};
-use torchport::write::{self, atomic, OutputFormat, WriteOptions};
+use torchport::convert::{output_format, Conversion, Prepared};
+use torchport::remap::report::load_target;
+use torchport::remap::RuleSet;
+use torchport::select::{ConvertOptions, CAST_TARGETS};
+use torchport::write::{self, atomic, OutputFormat};
 use torchport::{DType, Remedy};
 
 use crate::table::{human_bytes, shape_text, write_table};
@@ -102,52 +103,52 @@ fn options(args: &Args) -> anyhow::Result<ConvertOptions> {
     })
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let Some(format) = OutputFormat::from_path(&args.output) else {
-        bail!(
-            "{}: cannot tell the output format from the extension; use .safetensors, .npz or .pt",
-            args.output.display()
-        );
+/// The conversion the arguments ask for.
+fn conversion(args: &Args) -> anyhow::Result<Conversion> {
+    let rules = if args.presets.is_empty() && args.rules.is_none() {
+        None
+    } else {
+        Some(RuleSet::from_presets_and_file(
+            &args.presets,
+            args.rules.as_deref(),
+        )?)
     };
-    let opts = options(args)?;
+    Ok(Conversion {
+        options: options(args)?,
+        rules,
+        target: args.target.as_ref().map(load_target).transpose()?,
+    })
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let format = output_format(&args.output)?;
+    let conv = conversion(args)?;
     // Refuse before opening (and memory-mapping) the input.
     write::check_not_input(&args.output, &[&args.input])?;
     leftovers(args);
     let ckpt = torchport::open(&args.input)?;
-    let mut sel = opts.select(&ckpt)?;
-    for (name, why) in &sel.without_data {
-        eprintln!("warning: leaving out {name}: it is {why}");
-    }
-    let target = args.target.as_ref().map(load_target).transpose()?;
-    let ctx = Context {
-        modules: ckpt.modules(),
-        target: target.as_deref(),
-    };
-    let plan = remap(args, &mut sel, &ctx)?;
-    if let Some(target) = &target {
-        let metas: Vec<TensorMeta> = sel.tensors.iter().map(TensorMeta::of).collect();
-        let r = report(&metas, target, &ctx);
-        if !r.all_matched() {
-            print!("{r}");
-            eprintln!(
-                "error: the result does not match {}; nothing was written",
-                args.target
-                    .as_ref()
-                    .map_or_else(String::new, |t| t.display().to_string())
-            );
-            return Ok(ExitCode::from(1));
-        }
+    let prepared = conv.prepare(&ckpt)?;
+    warn(&prepared);
+    if let Some(r) = prepared.report.as_ref().filter(|r| !r.all_matched()) {
+        print!("{r}");
+        eprintln!(
+            "error: the result does not match {}; nothing was written",
+            args.target
+                .as_ref()
+                .map_or_else(String::new, |t| t.display().to_string())
+        );
+        return Ok(ExitCode::from(1));
     }
     if args.dry_run {
-        write::validate(&args.output, format, &sel.tensors).map_err(with_flags)?;
-        if let Some(plan) = &plan {
+        write::validate(&args.output, format, &prepared.selection.tensors).map_err(with_flags)?;
+        if let Some(plan) = &prepared.plan {
             print!("{plan}");
             println!();
         }
-        dry_run(&sel, format, args)?;
+        dry_run(&prepared, format, args)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let total = sel.total_bytes();
+    let total = prepared.selection.total_bytes();
     let bar = (std::io::stderr().is_terminal() && total > PROGRESS_MIN_BYTES).then(|| {
         let bar = ProgressBar::new(total);
         bar.set_style(
@@ -165,16 +166,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     };
     let start = Instant::now();
-    let written = write::write(
-        &args.output,
-        format,
-        &sel.tensors,
-        WriteOptions {
-            metadata: sel.metadata.clone(),
-            inputs: vec![args.input.clone()],
-            progress: Some(&mut tick),
-        },
-    );
+    let written = prepared.write(&args.output, format, &[&args.input], Some(&mut tick));
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -194,6 +186,24 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         start.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The warnings of a prepared conversion: tensors without data, tensors presets left alone.
+fn warn(prepared: &Prepared<'_>) {
+    for (name, why) in &prepared.selection.without_data {
+        eprintln!("warning: leaving out {name}: it is {why}");
+    }
+    if let Some(plan) = &prepared.plan {
+        for u in &plan.undecided {
+            eprintln!(
+                "warning: {} left unchanged by preset {}: {}",
+                u.name, u.preset, u.why
+            );
+        }
+        for w in &plan.warnings {
+            eprintln!("warning: {w}");
+        }
+    }
 }
 
 /// The library's error; for a tensor that cannot be written, followed by the flags of
@@ -261,28 +271,8 @@ fn names(paths: &[PathBuf]) -> String {
     format!("{what} ({})", list.join(", "))
 }
 
-/// Apply the presets and the rule file, if any, to the selected tensors; returns the plan.
-fn remap(args: &Args, sel: &mut Selection<'_>, ctx: &Context<'_>) -> anyhow::Result<Option<Plan>> {
-    if args.presets.is_empty() && args.rules.is_none() {
-        return Ok(None);
-    }
-    let rules = RuleSet::from_presets_and_file(&args.presets, args.rules.as_deref())?;
-    let (tensors, plan) = apply_with(&rules, std::mem::take(&mut sel.tensors), ctx)?;
-    sel.source_dtypes = tensors.iter().map(|t| t.dtype).collect();
-    sel.tensors = tensors;
-    for u in &plan.undecided {
-        eprintln!(
-            "warning: {} left unchanged by preset {}: {}",
-            u.name, u.preset, u.why
-        );
-    }
-    for w in &plan.warnings {
-        eprintln!("warning: {w}");
-    }
-    Ok(Some(plan))
-}
-
-fn dry_run(sel: &Selection<'_>, format: OutputFormat, args: &Args) -> anyhow::Result<()> {
+fn dry_run(prepared: &Prepared<'_>, format: OutputFormat, args: &Args) -> anyhow::Result<()> {
+    let sel = &prepared.selection;
     let mut out = std::io::stdout().lock();
     // What the format stores: quantized tensors split into integers and parameters for
     // safetensors and npz.

@@ -22,6 +22,7 @@
 
 pub mod cast;
 mod checkpoint;
+pub mod convert;
 pub mod diff;
 mod dtype;
 mod error;

@@ -10,19 +10,21 @@
 //! for how safetensors and npz store them. Non-tensor values go through the same `key` /
 //! `include` / `exclude` filters and become string metadata.
 //!
+//! [`crate::convert`] runs a selection, then rules, a target check and the write:
+//!
 //! ```no_run
-//! use torchport::select::{convert, ConvertOptions};
+//! use torchport::convert::convert;
+//! use torchport::select::ConvertOptions;
 //! let opts = ConvertOptions {
 //!     key: Some("state_dict".into()),
 //!     dtype: Some(torchport::DType::F16),
 //!     ..ConvertOptions::default()
 //! };
-//! convert("ckpt.pt", "model.safetensors", &opts)?;
+//! convert("ckpt.pt", "model.safetensors", &opts.into())?;
 //! # Ok::<(), torchport::Error>(())
 //! ```
 
 use std::borrow::Cow;
-use std::path::Path;
 
 use regex::Regex;
 
@@ -32,7 +34,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::out::OutTensor;
 use crate::tensor::{TensorData, TensorInfo};
-use crate::write::{self, metadata_from_values, OutputFormat, WriteOptions, Written};
+use crate::write::metadata_from_values;
 
 /// The dtypes a selection can cast to: the floating-point types [`cast::cast`] writes.
 pub const CAST_TARGETS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
@@ -276,36 +278,6 @@ fn dequantized_tensor<'a>(
             .map_err(|e| fail(format!("cannot be cast from float32 to {to}: {e}")))
     })
     .with_release(move || ckpt.release(t)))
-}
-
-/// Open `input`, apply `opts`, and write the result to `output` in the format its
-/// extension names (`.safetensors`, `.npz`, `.pt`). The input is never overwritten.
-pub fn convert(
-    input: impl AsRef<Path>,
-    output: impl AsRef<Path>,
-    opts: &ConvertOptions,
-) -> Result<Written> {
-    let (input, output) = (input.as_ref(), output.as_ref());
-    let format = OutputFormat::from_path(output).ok_or_else(|| {
-        Error::write(
-            output,
-            "has an extension torchport cannot write; use .safetensors, .npz or .pt",
-        )
-    })?;
-    // Refuse before even opening (and mapping) the input.
-    write::check_not_input(output, &[input])?;
-    let ckpt = crate::open(input)?;
-    let sel = opts.select(&ckpt)?;
-    write::write(
-        output,
-        format,
-        &sel.tensors,
-        WriteOptions {
-            metadata: sel.metadata,
-            inputs: vec![input.to_path_buf()],
-            progress: None,
-        },
-    )
 }
 
 #[cfg(test)]

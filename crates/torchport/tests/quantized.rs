@@ -1,4 +1,4 @@
-//! Quantized models through `select::convert`: every fixture of tests/fixtures/quantized/
+//! Quantized models through `convert::convert`: every fixture of tests/fixtures/quantized/
 //! (state dicts of dynamic- and static-quantized models, written by
 //! tests/fixtures/gen/gen_quantized.py) converted to safetensors and npz must equal, name for
 //! name and byte for byte, the npz files torch and numpy wrote: `FILE.expected.npz` (int_repr
@@ -10,7 +10,8 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use torchport::select::{convert, ConvertOptions};
+use torchport::convert::convert;
+use torchport::select::ConvertOptions;
 use torchport::write::{write, OutputFormat, WriteOptions};
 use torchport::{DType, OutTensor, Quant};
 
@@ -59,7 +60,7 @@ fn safetensors_and_npz_equal_torchs_numbers() {
                     dequantize,
                     ..ConvertOptions::default()
                 };
-                convert(&fx, &out, &opts).unwrap_or_else(|e| panic!("{e}"));
+                convert(&fx, &out, &opts.clone().into()).unwrap_or_else(|e| panic!("{e}"));
                 let got = contents(&out);
                 let names = |v: &[(String, DType, Vec<usize>, Vec<u8>)]| {
                     v.iter().map(|t| t.0.clone()).collect::<Vec<_>>()
@@ -87,7 +88,7 @@ fn torch_zip_keeps_them_quantized() {
     let mut quantized = 0;
     for fx in fixtures() {
         let out = dir.path().join("out.pt");
-        convert(&fx, &out, &ConvertOptions::default()).unwrap();
+        convert(&fx, &out, &ConvertOptions::default().into()).unwrap();
         let (src, back) = (
             torchport::open(&fx).unwrap(),
             torchport::open(&out).unwrap(),
