@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::format::{self, Format};
+use crate::format;
+use crate::format::kind::Format;
+use crate::format::parts::Parts;
 use crate::limits::Limits;
 use crate::storage::Storage;
 use crate::tensor::{view_bytes, ByteOrder, TensorData, TensorInfo};
@@ -51,7 +53,8 @@ pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
 
 /// Open a checkpoint with explicit resource limits.
 pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<Checkpoint> {
-    let mut c = format::open(path.as_ref(), limits)?;
+    let path = path.as_ref();
+    let mut c = Checkpoint::from_parts(path, format::open(path, limits)?);
     c.max_expanded_bytes = limits.max_expanded_bytes;
     Ok(c)
 }
@@ -83,37 +86,26 @@ fn read_bytes(
     format: Option<Format>,
 ) -> Result<Checkpoint> {
     let file = crate::storage::FileBytes::Owned(std::sync::Arc::new(bytes));
-    let mut c = format::read(Path::new(name), &file, limits, format)?;
+    let path = Path::new(name);
+    let mut c = Checkpoint::from_parts(path, format::read(path, &file, limits, format)?);
     c.max_expanded_bytes = limits.max_expanded_bytes;
     Ok(c)
 }
 
 impl Checkpoint {
-    /// Assemble a checkpoint from what a format reader found.
-    pub(crate) fn new(
-        path: &Path,
-        format: Format,
-        order: ByteOrder,
-        found: crate::interpret::Found,
-        globals: Vec<(String, String)>,
-        storages: Vec<Storage>,
-    ) -> Checkpoint {
-        // Every storage records its own byte order; a reader that found one order for the
-        // whole file gives it here (numpy arrays in a pickle keep the order of their dtype).
-        let storages = match order {
-            ByteOrder::Little => storages,
-            ByteOrder::Big => storages
-                .into_iter()
-                .map(|s| s.in_file_order(ByteOrder::Big))
-                .collect(),
-        };
-        // `Big` only when all the data is: a big-endian file can hold little-endian arrays.
-        let order = match order {
-            ByteOrder::Big if storages.iter().any(|s| s.byte_order() == ByteOrder::Little) => {
-                ByteOrder::Little
-            }
-            other => other,
-        };
+    /// Assemble a checkpoint from what a format reader found in the file at `path`.
+    pub(crate) fn from_parts(path: &Path, parts: Parts) -> Checkpoint {
+        let Parts {
+            format,
+            order,
+            found,
+            globals,
+            storages,
+            graph_ops,
+            constants,
+            constant_storages,
+            programs,
+        } = parts;
         let mut index = HashMap::with_capacity(found.tensors.len());
         for (i, t) in found.tensors.iter().enumerate() {
             index.entry(t.name.clone()).or_insert(i);
@@ -126,10 +118,10 @@ impl Checkpoint {
             values: found.values,
             globals,
             modules: found.modules,
-            graph_ops: Vec::new(),
-            constants: Vec::new(),
-            constant_storages: 0,
-            programs: Vec::new(),
+            graph_ops,
+            constants,
+            constant_storages,
+            programs,
             storages,
             index,
             max_expanded_bytes: Limits::default().max_expanded_bytes,

@@ -1,16 +1,18 @@
 //! One module per file format, and detection by content (never by extension).
 
-use std::fmt;
 use std::path::Path;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
+pub use kind::Format;
+use parts::Parts;
 
+pub(crate) mod kind;
 pub(crate) mod nested;
 pub(crate) mod numpy;
 mod onnx;
+pub(crate) mod parts;
 mod pt2;
 mod pt2_json;
 mod safetensors;
@@ -19,57 +21,6 @@ mod torch_legacy;
 mod torch_tar;
 mod torch_zip;
 mod torchscript;
-
-/// The format of a file, named as in DESIGN.md (`inspect --json`'s `format`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Format {
-    /// `torch.save` zip archive (PyTorch ≥ 1.6).
-    TorchZip,
-    /// `torch.save` legacy stream (pre-1.6, or `_use_new_zipfile_serialization=False`).
-    TorchLegacy,
-    /// `torch.save` tar archive (PyTorch ≤ 0.1.x).
-    TorchTar,
-    /// `torch.jit.save` TorchScript archive.
-    TorchScript,
-    /// `torch.export.save` archive.
-    Pt2,
-    /// safetensors.
-    Safetensors,
-    /// numpy `.npz` archive.
-    Npz,
-    /// numpy `.npy` array.
-    Npy,
-    /// ONNX model (initializers).
-    Onnx,
-    /// Sharded checkpoint index (`*.index.json`).
-    Sharded,
-}
-
-impl Format {
-    /// The contract name: `torch-zip`, `torch-legacy`, `torch-tar`, `torchscript`, `pt2`,
-    /// `safetensors`, `npz`, `npy`, `onnx`, `sharded`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::TorchZip => "torch-zip",
-            Format::TorchLegacy => "torch-legacy",
-            Format::TorchTar => "torch-tar",
-            Format::TorchScript => "torchscript",
-            Format::Pt2 => "pt2",
-            Format::Safetensors => "safetensors",
-            Format::Npz => "npz",
-            Format::Npy => "npy",
-            Format::Onnx => "onnx",
-            Format::Sharded => "sharded",
-        }
-    }
-}
-
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// Detect the format of a file from its bytes (zip archives are told apart by the records
 /// they hold). `None` when no format matches.
@@ -129,7 +80,7 @@ fn zip_kind(bytes: &[u8]) -> Format {
     }
 }
 
-pub(crate) fn open(path: &Path, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn open(path: &Path, limits: &Limits) -> Result<Parts> {
     let file = FileBytes::open(path)?;
     let format = detect_or_fail(path, file.as_slice())?;
     dispatch(path, &file, limits, true, format)
@@ -142,7 +93,7 @@ pub(crate) fn read(
     file: &FileBytes,
     limits: &Limits,
     format: Option<Format>,
-) -> Result<Checkpoint> {
+) -> Result<Parts> {
     let format = match format {
         Some(f) => f,
         None => detect_or_fail(path, file.as_slice())?,
@@ -167,7 +118,7 @@ fn dispatch(
     limits: &Limits,
     on_disk: bool,
     format: Format,
-) -> Result<Checkpoint> {
+) -> Result<Parts> {
     match format {
         Format::TorchZip => torch_zip::read(path, file, limits),
         Format::TorchLegacy => torch_legacy::read(path, file, limits),

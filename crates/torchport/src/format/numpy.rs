@@ -16,12 +16,12 @@
 
 use std::path::Path;
 
-use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::format::kind::Format;
+use crate::format::parts::Found;
+use crate::format::parts::Parts;
 use crate::format::torch_zip::Archive;
-use crate::format::Format;
-use crate::interpret::Found;
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
@@ -33,7 +33,7 @@ pub(crate) const MAGIC: &[u8] = b"\x93NUMPY";
 const MAX_LITERAL_DEPTH: usize = 32;
 
 /// Read a `.npy` file: one tensor named after the file.
-pub(crate) fn read_npy(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read_npy(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let whole = file
         .storage(0..file.as_slice().len())
         .ok_or_else(|| Error::corrupt(path, "the file cannot be mapped"))?;
@@ -44,8 +44,7 @@ pub(crate) fn read_npy(path: &Path, file: &FileBytes, limits: &Limits) -> Result
         tensors: vec![tensor],
         ..Found::default()
     };
-    Ok(Checkpoint::new(
-        path,
+    Ok(Parts::new(
         Format::Npy,
         order,
         found,
@@ -56,7 +55,7 @@ pub(crate) fn read_npy(path: &Path, file: &FileBytes, limits: &Limits) -> Result
 
 /// Read an `.npz` archive: one tensor per `.npy` record; stored records stay in the map,
 /// deflated ones are decompressed under `Limits::max_decompressed`.
-pub(crate) fn read_npz(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read_npz(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let mut ar = Archive::new(path, file, limits)?;
     let names = ar.names();
     if names.len() > limits.max_tensors {
@@ -89,14 +88,7 @@ pub(crate) fn read_npz(path: &Path, file: &FileBytes, limits: &Limits) -> Result
     } else {
         ByteOrder::Little
     };
-    Ok(Checkpoint::new(
-        path,
-        Format::Npz,
-        order,
-        found,
-        Vec::new(),
-        storages,
-    ))
+    Ok(Parts::new(Format::Npz, order, found, Vec::new(), storages))
 }
 
 /// The tensor name of a `.npy` file (see the module docs).

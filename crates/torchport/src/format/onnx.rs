@@ -26,11 +26,11 @@ use prost::Message;
 
 use self::external::External;
 use self::proto::{ModelProto, SparseTensorProto, TensorProto};
-use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::format::Format;
-use crate::interpret::Found;
+use crate::format::kind::Format;
+use crate::format::parts::Found;
+use crate::format::parts::Parts;
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
@@ -52,12 +52,7 @@ impl AsRef<[u8]> for Whole {
 
 /// Read an ONNX model's initializers. `on_disk`: the model was opened from `path` (external
 /// data is then looked up in its folder); otherwise external data is refused.
-pub(crate) fn read(
-    path: &Path,
-    file: &FileBytes,
-    limits: &Limits,
-    on_disk: bool,
-) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool) -> Result<Parts> {
     let whole = Bytes::from_owner(Whole(file.clone()));
     let base = whole.as_ptr() as usize;
     // Where a slice of `whole` lies in the file.
@@ -126,8 +121,7 @@ pub(crate) fn read(
         tensors: r.tensors,
         ..Found::default()
     };
-    Ok(Checkpoint::new(
-        path,
+    Ok(Parts::new(
         Format::Onnx,
         ByteOrder::Little,
         found,

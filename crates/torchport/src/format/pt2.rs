@@ -22,12 +22,12 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::format::kind::Format;
+use crate::format::parts::Found;
+use crate::format::parts::Parts;
 use crate::format::pt2_json::{layout_name, PayloadConfig, PayloadMeta, Program};
 use crate::format::torch_zip::{read_byteorder, read_parts, Archive};
-use crate::format::Format;
-use crate::interpret::Found;
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
@@ -50,7 +50,7 @@ pub(crate) fn looks_like(names: &[String]) -> bool {
 
 const V0_PROGRAM: &str = "serialized_exported_program.json";
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let ar = Archive::new(path, file, limits)?;
     let names = ar.names();
     let mut b = Builder {
@@ -93,12 +93,12 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         values: b.values,
         modules: Vec::new(),
     };
-    let mut ckpt = Checkpoint::new(path, Format::Pt2, order, found, b.globals, storages);
-    ckpt.graph_ops = b.ops;
-    ckpt.constants = constants;
-    ckpt.constant_storages = constant_storages;
-    ckpt.programs = b.programs;
-    Ok(ckpt)
+    let mut parts = Parts::new(Format::Pt2, order, found, b.globals, storages);
+    parts.graph_ops = b.ops;
+    parts.constants = constants;
+    parts.constant_storages = constant_storages;
+    parts.programs = b.programs;
+    Ok(parts)
 }
 
 /// Which list a tensor of the archive goes to.
@@ -317,7 +317,7 @@ impl Builder<'_> {
     }
 
     /// The parts of the `torch.save` archive stored in `record`; messages name the record.
-    fn nested(&mut self, record: &str) -> Result<crate::format::torch_zip::Parts> {
+    fn nested(&mut self, record: &str) -> Result<crate::format::torch_zip::SaveParts> {
         let storage = self.ar.record(record)?;
         let label = PathBuf::from(format!("{}/{record}", self.path.display()));
         let (file, range) = storage.parts();

@@ -12,11 +12,11 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::Value as Json;
 
-use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::format::Format;
-use crate::interpret::Found;
+use crate::format::kind::Format;
+use crate::format::parts::Found;
+use crate::format::parts::Parts;
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
@@ -65,7 +65,7 @@ fn dtype(d: Dtype) -> Option<DType> {
     })
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let bytes = file.as_slice();
     let n = header_len(bytes).ok_or_else(|| {
         Error::corrupt(
@@ -157,8 +157,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
             .map(|(k, v)| (format!("__metadata__.{k}"), Value::Str(v.clone())))
             .collect();
     }
-    Ok(Checkpoint::new(
-        path,
+    Ok(Parts::new(
         Format::Safetensors,
         ByteOrder::Little,
         found,

@@ -20,10 +20,10 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::format::Format;
-use crate::interpret::Found;
+use crate::format::kind::Format;
+use crate::format::parts::Found;
+use crate::format::parts::Parts;
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 use crate::tensor::{ByteOrder, TensorData};
@@ -83,12 +83,7 @@ fn inside(shard: &str) -> bool {
 /// Read the index at `path`; `on_disk`: the bytes are that file, so its shards are looked
 /// for in its folder. An index read from memory has no folder, and is refused rather than
 /// resolved against the working directory.
-pub(crate) fn read(
-    path: &Path,
-    file: &FileBytes,
-    limits: &Limits,
-    on_disk: bool,
-) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool) -> Result<Parts> {
     let bytes = file.as_slice();
     let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let index: Index = serde_json::from_slice(bytes).map_err(|e| {
@@ -176,16 +171,24 @@ pub(crate) fn read(
         let ck = super::read(&shard_path, &shard_file, limits, None).map_err(shard_err)?;
         all_big &= ck.order == ByteOrder::Big;
         let base = storages.len();
+        // The first tensor of each name, as `Checkpoint::tensor` finds it.
+        let mut by_name = std::collections::HashMap::with_capacity(ck.found.tensors.len());
+        for t in &ck.found.tensors {
+            by_name.entry(t.name.as_str()).or_insert(t);
+        }
         for name in names {
-            let mut t = ck.tensor(&name).cloned().ok_or_else(|| {
-                Error::corrupt(
-                    path,
-                    format!(
-                        "tensor {name} is listed in shard {shard}, but that shard holds no \
+            let mut t = by_name
+                .get(name.as_str())
+                .map(|t| (*t).clone())
+                .ok_or_else(|| {
+                    Error::corrupt(
+                        path,
+                        format!(
+                            "tensor {name} is listed in shard {shard}, but that shard holds no \
                          tensor of that name"
-                    ),
-                )
-            })?;
+                        ),
+                    )
+                })?;
             if let TensorData::Strided { storage } = &mut t.data {
                 *storage += base;
             }
@@ -203,14 +206,7 @@ pub(crate) fn read(
     } else {
         ByteOrder::Little
     };
-    Ok(Checkpoint::new(
-        path,
-        Format::Sharded,
-        order,
-        found,
-        globals,
-        storages,
-    ))
+    Ok(Parts::new(Format::Sharded, order, found, globals, storages))
 }
 
 /// Flatten a JSON value into named values (key paths joined with `.`, list items by index).

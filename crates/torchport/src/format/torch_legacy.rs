@@ -11,10 +11,10 @@ use std::path::Path;
 
 use torchport_pickle::{NodeId, Pickle, Value as PValue};
 
-use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::format::Format;
+use crate::format::kind::Format;
+use crate::format::parts::Parts;
 use crate::interpret::{interpret, Persistent, Resolver};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
@@ -116,7 +116,7 @@ pub(crate) fn pickle_globals(
     })
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let mut stream = Stream::parse(path, file, limits)?;
     let found = interpret(
         path,
@@ -131,8 +131,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let mut globals = super::GlobalList::default();
     globals.extend(stream.main.globals());
     globals.extend(stream.sys_info.globals());
-    Ok(Checkpoint::new(
-        path,
+    Ok(Parts::new(
         Format::TorchLegacy,
         stream.order,
         found,

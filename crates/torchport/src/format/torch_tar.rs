@@ -15,10 +15,10 @@ use std::path::Path;
 
 use torchport_pickle::{NodeId, Pickle, Value as PValue};
 
-use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::format::Format;
+use crate::format::kind::Format;
+use crate::format::parts::Parts;
 use crate::interpret::{interpret, Persistent, Resolver};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
@@ -36,7 +36,7 @@ struct Parsed {
     pickles: usize,
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let parsed = parse(path, file, limits)?;
     let mut resolver = TarResolver {
         file_len: file.as_slice().len(),
@@ -45,8 +45,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
         tensors: parsed.tensors,
     };
     let found = interpret(path, &parsed.main, &mut resolver, ByteOrder::Little, limits)?;
-    Ok(Checkpoint::new(
-        path,
+    Ok(Parts::new(
         Format::TorchTar,
         ByteOrder::Little,
         found,

@@ -10,11 +10,12 @@ use std::path::Path;
 use torchport_pickle::{NodeId, Pickle, Value as PValue};
 use zip::{CompressionMethod, ZipArchive};
 
-use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::format::Format;
-use crate::interpret::{interpret, Found, Persistent, Resolver};
+use crate::format::kind::Format;
+use crate::format::parts::Found;
+use crate::format::parts::Parts;
+use crate::interpret::{interpret, Persistent, Resolver};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::ByteOrder;
@@ -205,10 +206,9 @@ pub(crate) fn find_root(names: &[String]) -> Option<String> {
         .map(str::to_string)
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let parts = read_parts(path, Archive::new(path, file, limits)?, limits)?;
-    Ok(Checkpoint::new(
-        path,
+    Ok(Parts::new(
         Format::TorchZip,
         parts.order,
         parts.found,
@@ -217,9 +217,9 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     ))
 }
 
-/// What one `torch.save` archive holds, before it becomes a [`Checkpoint`] (the `.pt2`
-/// reader merges the parts of archives nested in its own).
-pub(crate) struct Parts {
+/// What one `torch.save` archive holds, before it becomes [`Parts`] (the `.pt2` reader
+/// merges those of archives nested in its own).
+pub(crate) struct SaveParts {
     pub order: ByteOrder,
     pub found: Found,
     pub globals: Vec<(String, String)>,
@@ -227,7 +227,7 @@ pub(crate) struct Parts {
 }
 
 /// Read the `torch.save` archive `ar`: its `data.pkl` and the storages it names.
-pub(crate) fn read_parts(path: &Path, mut ar: Archive<'_>, limits: &Limits) -> Result<Parts> {
+pub(crate) fn read_parts(path: &Path, mut ar: Archive<'_>, limits: &Limits) -> Result<SaveParts> {
     let names = ar.names();
     let Some(root) = find_root(&names) else {
         return Err(Error::corrupt(
@@ -240,7 +240,7 @@ pub(crate) fn read_parts(path: &Path, mut ar: Archive<'_>, limits: &Limits) -> R
     let pickle = parse_record(path, &mut ar, &record, limits)?;
     let mut resolver = ZipResolver::new(ar, root);
     let found = interpret(path, &pickle, &mut resolver, order, limits)?;
-    Ok(Parts {
+    Ok(SaveParts {
         order,
         found,
         globals: pickle.globals().to_vec(),

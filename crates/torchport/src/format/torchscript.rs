@@ -20,11 +20,12 @@ use std::path::Path;
 
 use torchport_pickle::{NodeId, Pickle, Value as PValue};
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::format::kind::Format;
+use crate::format::parts::Found;
+use crate::format::parts::Parts;
 use crate::format::torch_zip::{find_root, parse_record, read_byteorder, Archive, ZipResolver};
-use crate::format::Format;
-use crate::interpret::{is_tensor, join, tensor_at, Found};
+use crate::interpret::{is_tensor, join, tensor_at};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 use crate::tensor::ByteOrder;
@@ -39,7 +40,7 @@ struct Decl {
     buffers: Vec<String>,
 }
 
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Checkpoint> {
+pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
     let mut ar = Archive::new(path, file, limits)?;
     let names = ar.names();
     let Some(root) = find_root(&names) else {
@@ -94,8 +95,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Che
     let Tree {
         found, resolver, ..
     } = tree;
-    Ok(Checkpoint::new(
-        path,
+    Ok(Parts::new(
         Format::TorchScript,
         order,
         found,

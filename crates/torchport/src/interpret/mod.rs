@@ -22,6 +22,7 @@ use torchport_pickle::{NodeId, Object, Pickle, Value as PValue};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::format::parts::Found;
 use crate::limits::Limits;
 use crate::storage::Storage;
 use crate::tensor::{
@@ -54,15 +55,6 @@ pub(crate) trait Resolver {
     fn file_len(&self) -> usize {
         0
     }
-}
-
-/// What the walk found.
-#[derive(Default)]
-pub(crate) struct Found {
-    pub tensors: Vec<TensorInfo>,
-    pub values: Vec<(String, Value)>,
-    /// `(path, qualified class)` of each pickled `nn.Module`.
-    pub modules: Vec<(String, String)>,
 }
 
 /// Walk `pickle` from its root and name every tensor and value in it.

@@ -1,0 +1,74 @@
+//! What a format reader hands back: the parts [`crate::Checkpoint`] is assembled from. Readers
+//! depend on this file, never on the checkpoint itself.
+
+use crate::format::kind::Format;
+use crate::storage::Storage;
+use crate::tensor::{ByteOrder, TensorInfo};
+use crate::value::Value;
+
+/// The named leaves a reader found: tensors, non-tensor values, and modules.
+#[derive(Default)]
+pub(crate) struct Found {
+    pub tensors: Vec<TensorInfo>,
+    pub values: Vec<(String, Value)>,
+    /// `(path, qualified class)` of each pickled `nn.Module`.
+    pub modules: Vec<(String, String)>,
+}
+
+/// Everything a reader found in one file.
+pub(crate) struct Parts {
+    pub format: Format,
+    /// `Big` only when all of the data is big-endian.
+    pub order: ByteOrder,
+    pub found: Found,
+    /// Every global the file's pickles reference, first-seen order.
+    pub globals: Vec<(String, String)>,
+    pub storages: Vec<Storage>,
+    /// A program's op targets and how many nodes call each (`.pt2`).
+    pub graph_ops: Vec<(String, usize)>,
+    /// A program's tensor constants (`.pt2`); they view `storages` like tensors do.
+    pub constants: Vec<TensorInfo>,
+    /// How many storages, at the end of `storages`, only constants view.
+    pub constant_storages: usize,
+    /// Serialized programs (`.pt2`): (record name, JSON bytes).
+    pub programs: Vec<(String, Storage)>,
+}
+
+impl Parts {
+    /// The parts of a file read in byte order `order` (a reader that found one order for the
+    /// whole file gives it here; numpy arrays in a pickle keep the order of their dtype).
+    pub fn new(
+        format: Format,
+        order: ByteOrder,
+        found: Found,
+        globals: Vec<(String, String)>,
+        storages: Vec<Storage>,
+    ) -> Parts {
+        // Every storage records its own byte order.
+        let storages = match order {
+            ByteOrder::Little => storages,
+            ByteOrder::Big => storages
+                .into_iter()
+                .map(|s| s.in_file_order(ByteOrder::Big))
+                .collect(),
+        };
+        // `Big` only when all the data is: a big-endian file can hold little-endian arrays.
+        let order = match order {
+            ByteOrder::Big if storages.iter().any(|s| s.byte_order() == ByteOrder::Little) => {
+                ByteOrder::Little
+            }
+            other => other,
+        };
+        Parts {
+            format,
+            order,
+            found,
+            globals,
+            storages,
+            graph_ops: Vec::new(),
+            constants: Vec::new(),
+            constant_storages: 0,
+            programs: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The core's files import each other without a circle: from every `.rs` file under `src/`,
+//! each `crate::…` and `super::…` path (outside comments and `#[cfg(test)]` modules) is
+//! resolved to the file that defines it, and the graph of those edges must have no cycle.
+//! Items that `lib.rs` re-exports (`crate::open`) resolve to the file they come from, so the
+//! crate root is never a hub. A circle is reported with the files on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Module path (`["format", "torch", "zip"]`) of each file.
+fn modules() -> BTreeMap<Vec<String>, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![src()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(src()).unwrap().with_extension("");
+                let mut m: Vec<String> = rel
+                    .iter()
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .collect();
+                if m.last().is_some_and(|l| l == "mod" || l == "lib") {
+                    m.pop();
+                }
+                out.insert(m, p);
+            }
+        }
+    }
+    out
+}
+
+/// The code of a file without comments and without its `#[cfg(test)]` part.
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let text = text.split("#[cfg(test)]").next().unwrap_or("");
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every path starting at `crate::` or `super::`, as its segments, with `{a, b}` groups of
+/// `use` lines expanded one level.
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest: String = bytes[i..bytes.len().min(i + 7)].iter().collect();
+        let start_ok = i == 0 || !(bytes[i - 1].is_alphanumeric() || bytes[i - 1] == '_');
+        if start_ok && (rest.starts_with("crate::") || rest.starts_with("super::")) {
+            let mut j = i;
+            let mut s = String::new();
+            while j < bytes.len() && (bytes[j].is_alphanumeric() || "_:".contains(bytes[j])) {
+                s.push(bytes[j]);
+                j += 1;
+            }
+            let base: Vec<String> = s
+                .split("::")
+                .filter(|x| !x.is_empty())
+                .map(String::from)
+                .collect();
+            if j < bytes.len() && bytes[j] == '{' {
+                let end = bytes[j..].iter().position(|&c| c == '}').map(|k| j + k);
+                let group: String = bytes[j + 1..end.unwrap_or(j + 1)].iter().collect();
+                for item in group.split(',') {
+                    let mut p = base.clone();
+                    p.extend(
+                        item.split("::")
+                            .map(|x| x.trim().split_whitespace().next().unwrap_or(""))
+                            .filter(|x| !x.is_empty() && *x != "self")
+                            .map(String::from),
+                    );
+                    out.push(p);
+                }
+            } else {
+                out.push(base);
+            }
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// `lib.rs`'s re-exports: item name -> the module path it comes from.
+fn reexports(mods: &BTreeMap<Vec<String>, PathBuf>) -> BTreeMap<String, Vec<String>> {
+    let lib = std::fs::read_to_string(&mods[&Vec::<String>::new()]).unwrap();
+    let mut out = BTreeMap::new();
+    for p in paths(&lib.replace("pub use ", "pub use crate::")) {
+        if p.len() >= 3 {
+            out.insert(p[p.len() - 1].clone(), p[1..p.len() - 1].to_vec());
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_circle_among_the_core_files() {
+    let mods = modules();
+    let again = reexports(&mods);
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (m, file) in &mods {
+        if m.is_empty() {
+            continue; // lib.rs declares and re-exports; it is not a participant
+        }
+        for p in paths(&code(file)) {
+            let mut segs = if p[0] == "crate" {
+                p[1..].to_vec()
+            } else {
+                // super:: from a file is its parent module (for mod.rs, the parent's parent).
+                let mut base = m.clone();
+                let mut k = 0;
+                while p.get(k).is_some_and(|s| s == "super") {
+                    base.pop();
+                    k += 1;
+                }
+                base.extend(p[k..].iter().cloned());
+                base
+            };
+            if segs.len() == 1 {
+                if let Some(m) = again.get(&segs[0]) {
+                    segs = m.clone();
+                }
+            }
+            // The longest prefix that is a file.
+            while !segs.is_empty() && !mods.contains_key(&segs) {
+                segs.pop();
+            }
+            if !segs.is_empty() && &segs != m {
+                edges.entry(m.clone()).or_default().insert(segs);
+            }
+        }
+    }
+    // Depth-first search for a back edge.
+    fn visit(
+        n: &Vec<String>,
+        edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        state: &mut BTreeMap<Vec<String>, u8>,
+        stack: &mut Vec<Vec<String>>,
+        found: &mut Vec<String>,
+    ) {
+        state.insert(n.clone(), 1);
+        stack.push(n.clone());
+        for d in edges.get(n).into_iter().flatten() {
+            match state.get(d).copied().unwrap_or(0) {
+                0 => visit(d, edges, state, stack, found),
+                1 => {
+                    let at = stack.iter().position(|s| s == d).unwrap();
+                    let ring: Vec<String> = stack[at..]
+                        .iter()
+                        .chain(std::iter::once(d))
+                        .map(|s| s.join("::"))
+                        .collect();
+                    found.push(ring.join(" -> "));
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.clone(), 2);
+    }
+    let mut state = BTreeMap::new();
+    let mut found = Vec::new();
+    for m in mods.keys() {
+        if state.get(m).copied().unwrap_or(0) == 0 {
+            visit(m, &edges, &mut state, &mut Vec::new(), &mut found);
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "import circles among the core's files:\n{}",
+        found.join("\n")
+    );
+    // The check sees the graph: the readers do depend on the checkpoint's parts.
+    assert!(edges.values().map(BTreeSet::len).sum::<usize>() > 50);
+}
