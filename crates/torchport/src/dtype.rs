@@ -157,29 +157,23 @@ impl DType {
 
     /// The dtype of a legacy typed storage class such as `FloatStorage`.
     pub fn from_storage_class(class: &str) -> Option<DType> {
-        let d = match class {
-            "DoubleStorage" => DType::F64,
-            "FloatStorage" => DType::F32,
-            "HalfStorage" => DType::F16,
-            "LongStorage" => DType::I64,
-            "IntStorage" => DType::I32,
-            "ShortStorage" => DType::I16,
-            "CharStorage" => DType::I8,
-            "ByteStorage" => DType::U8,
-            "BoolStorage" => DType::Bool,
-            "BFloat16Storage" => DType::BF16,
-            "ComplexDoubleStorage" => DType::C128,
-            "ComplexFloatStorage" => DType::C64,
-            "QInt8Storage" => DType::QInt8,
-            "QInt32Storage" => DType::QInt32,
-            "QUInt8Storage" => DType::QUInt8,
-            "QUInt4x2Storage" => DType::QUInt4x2,
-            "QUInt2x4Storage" => DType::QUInt2x4,
-            // Untyped storage counts bytes; the tensor carries its own dtype (`_rebuild_tensor_v3`).
-            "UntypedStorage" => DType::U8,
-            _ => return None,
-        };
-        Some(d)
+        // Untyped storage counts bytes; the tensor carries its own dtype (`_rebuild_tensor_v3`).
+        if class == "UntypedStorage" {
+            return Some(DType::U8);
+        }
+        STORAGE_CLASSES
+            .iter()
+            .find(|(_, c)| *c == class)
+            .map(|(d, _)| *d)
+    }
+
+    /// The legacy typed storage class that holds this dtype (`FloatStorage`), if torch has
+    /// one; the `.pt` writer uses it as `torch.save` does.
+    pub(crate) fn storage_class(self) -> Option<&'static str> {
+        STORAGE_CLASSES
+            .iter()
+            .find(|(d, _)| *d == self)
+            .map(|(_, c)| *c)
     }
 
     /// Bytes per element (for packed sub-byte types, bytes per packed element).
@@ -246,6 +240,28 @@ impl fmt::Display for DType {
         f.write_str(self.name())
     }
 }
+
+/// torch's typed storage classes and the dtype of their elements: the one table the readers
+/// ([`DType::from_storage_class`]) and the `.pt` writer ([`DType::storage_class`]) share.
+const STORAGE_CLASSES: [(DType, &str); 17] = [
+    (DType::F64, "DoubleStorage"),
+    (DType::F32, "FloatStorage"),
+    (DType::F16, "HalfStorage"),
+    (DType::I64, "LongStorage"),
+    (DType::I32, "IntStorage"),
+    (DType::I16, "ShortStorage"),
+    (DType::I8, "CharStorage"),
+    (DType::U8, "ByteStorage"),
+    (DType::Bool, "BoolStorage"),
+    (DType::BF16, "BFloat16Storage"),
+    (DType::C128, "ComplexDoubleStorage"),
+    (DType::C64, "ComplexFloatStorage"),
+    (DType::QInt8, "QInt8Storage"),
+    (DType::QInt32, "QInt32Storage"),
+    (DType::QUInt8, "QUInt8Storage"),
+    (DType::QUInt4x2, "QUInt4x2Storage"),
+    (DType::QUInt2x4, "QUInt2x4Storage"),
+];
 
 #[cfg(test)]
 mod tests {

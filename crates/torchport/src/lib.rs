@@ -27,7 +27,6 @@ pub mod diff;
 mod dtype;
 mod error;
 mod format;
-mod interpret;
 mod limits;
 mod out;
 pub mod pt2;

@@ -67,7 +67,7 @@ pub struct Selection<'a> {
     pub source_dtypes: Vec<DType>,
     /// String metadata: `format` = `pt` (the safetensors convention that transformers
     /// checks) and then the selected non-tensor values (see
-    /// [`write::metadata_from_values`]).
+    /// [`crate::write::metadata_from_values`]).
     pub metadata: Vec<(String, String)>,
     /// Selected tensors that have no data to write (meta, sparse…), with why; left out.
     pub without_data: Vec<(String, String)>,

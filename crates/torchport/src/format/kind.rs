@@ -52,3 +52,17 @@ impl fmt::Display for Format {
         f.write_str(self.name())
     }
 }
+
+/// A short description of a file's first bytes for error messages.
+pub(crate) fn describe_head(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "the file is empty".into();
+    }
+    let head: String = bytes
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("it starts with bytes {head}")
+}

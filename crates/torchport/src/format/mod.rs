@@ -5,22 +5,20 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
+use kind::describe_head;
 pub use kind::Format;
-use parts::Parts;
+use parts::{Parts, PickleGlobals};
 
+pub(crate) mod archive;
 pub(crate) mod kind;
-pub(crate) mod nested;
 pub(crate) mod numpy;
 mod onnx;
 pub(crate) mod parts;
 mod pt2;
 mod pt2_json;
-mod safetensors;
+pub(crate) mod safetensors;
 mod sharded;
-mod torch_legacy;
-mod torch_tar;
-mod torch_zip;
-mod torchscript;
+pub(crate) mod torch;
 
 /// Detect the format of a file from its bytes (zip archives are told apart by the records
 /// they hold). `None` when no format matches.
@@ -32,11 +30,11 @@ mod torchscript;
 /// the older top-level `serialized_exported_program.json`); TorchScript: a zip archive with
 /// `constants.pkl` or `code/__torch__*` records.
 pub fn detect(bytes: &[u8]) -> Option<Format> {
-    if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") {
+    if archive::is_zip(bytes) {
         Some(zip_kind(bytes))
     } else if bytes.starts_with(numpy::MAGIC) {
         Some(Format::Npy)
-    } else if torch_legacy::looks_like(bytes) {
+    } else if torch::legacy::looks_like(bytes) {
         Some(Format::TorchLegacy)
     } else if bytes.get(257..262) == Some(b"ustar") {
         Some(Format::TorchTar)
@@ -54,7 +52,7 @@ pub fn detect(bytes: &[u8]) -> Option<Format> {
 
 /// Which kind of zip archive: decided from the record names in its central directory.
 fn zip_kind(bytes: &[u8]) -> Format {
-    let Ok(zip) = torch_zip::open_zip(bytes) else {
+    let Ok(zip) = archive::open_zip(bytes) else {
         // A damaged zip: the torch zip reader reports what is wrong with it.
         return Format::TorchZip;
     };
@@ -120,22 +118,24 @@ fn dispatch(
     format: Format,
 ) -> Result<Parts> {
     match format {
-        Format::TorchZip => torch_zip::read(path, file, limits),
-        Format::TorchLegacy => torch_legacy::read(path, file, limits),
-        Format::TorchTar => torch_tar::read(path, file, limits),
-        Format::TorchScript => torchscript::read(path, file, limits),
+        Format::TorchZip => torch::zip::read(path, file, limits),
+        Format::TorchLegacy => torch::legacy::read(path, file, limits),
+        Format::TorchTar => torch::tar::read(path, file, limits),
+        Format::TorchScript => torch::torchscript::read(path, file, limits),
         Format::Pt2 => pt2::read(path, file, limits),
         Format::Safetensors => safetensors::read(path, file, limits),
         Format::Npy => numpy::read_npy(path, file, limits),
         Format::Npz => numpy::read_npz(path, file, limits),
-        Format::Sharded => sharded::read(path, file, limits, on_disk),
+        Format::Sharded => {
+            sharded::read(path, file, limits, on_disk, |p, f, l| read(p, f, l, None))
+        }
         Format::Onnx => onnx::read(path, file, limits, on_disk),
     }
 }
 
 /// The security scan's view of a file: its format, how many pickles it holds, and every
 /// global those pickles reference (first-seen order), with those of the `torch.save` files
-/// nested in them through `torch.storage._load_from_bytes` (see `nested.rs`). Pickles are
+/// nested in them through `torch.storage._load_from_bytes` (see `torch/nested.rs`). Pickles are
 /// run, never interpreted; formats that hold no pickles give none.
 pub(crate) fn pickle_globals(
     path: &Path,
@@ -144,63 +144,15 @@ pub(crate) fn pickle_globals(
 ) -> Result<(Format, PickleGlobals)> {
     let format = detect_or_fail(path, file.as_slice())?;
     let found = match format {
-        Format::TorchLegacy => torch_legacy::pickle_globals(path, file, limits, 0)?,
-        Format::TorchTar => torch_tar::pickle_globals(path, file, limits)?,
+        Format::TorchLegacy => torch::legacy::pickle_globals(path, file, limits, 0)?,
+        Format::TorchTar => torch::tar::pickle_globals(path, file, limits)?,
         // Any zip: every `*.pkl` record (data.pkl, constants.pkl, …).
         Format::TorchZip | Format::TorchScript | Format::Pt2 | Format::Npz => {
-            torch_zip::pickle_globals(path, file, limits, 0)?
+            torch::zip::pickle_globals(path, file, limits, 0)?
         }
         _ => PickleGlobals::default(),
     };
     Ok((format, found))
-}
-
-/// What the security scan saw in a container: how many pickles it ran, every global they
-/// reference (first-seen order, no repeats), and why any pickle stopped before its end (its
-/// globals up to there are listed; the rest of it was not seen).
-#[derive(Default)]
-pub(crate) struct PickleGlobals {
-    pub(crate) count: usize,
-    pub(crate) globals: Vec<(String, String)>,
-    pub(crate) problems: Vec<String>,
-}
-
-/// A list of globals without repeats, in first-seen order (a set beside it keeps merging
-/// linear however many pickles and globals a hostile file holds).
-#[derive(Default)]
-pub(crate) struct GlobalList {
-    list: Vec<(String, String)>,
-    seen: std::collections::HashSet<(String, String)>,
-}
-
-impl GlobalList {
-    /// Append the globals not seen yet.
-    pub(crate) fn extend(&mut self, from: &[(String, String)]) {
-        for g in from {
-            if self.seen.insert(g.clone()) {
-                self.list.push(g.clone());
-            }
-        }
-    }
-
-    /// The globals, first-seen order.
-    pub(crate) fn into_vec(self) -> Vec<(String, String)> {
-        self.list
-    }
-}
-
-/// A short description of a file's first bytes for error messages.
-fn describe_head(bytes: &[u8]) -> String {
-    if bytes.is_empty() {
-        return "the file is empty".into();
-    }
-    let head: String = bytes
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(" ");
-    format!("it starts with bytes {head}")
 }
 
 #[cfg(test)]

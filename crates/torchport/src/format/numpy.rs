@@ -18,10 +18,10 @@ use std::path::Path;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::format::archive::Archive;
 use crate::format::kind::Format;
 use crate::format::parts::Found;
 use crate::format::parts::Parts;
-use crate::format::torch_zip::Archive;
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
@@ -290,29 +290,48 @@ pub(crate) enum NpKind {
 /// Classify a numpy type code (see [`NpKind`]); the one table the `.npy` reader and the
 /// pickled arrays of `torch.save` files share.
 pub(crate) fn np_kind(kind: &str) -> NpKind {
-    let dtype = match kind {
-        "b1" | "?" => DType::Bool,
-        "i1" | "b" => DType::I8,
-        "u1" | "B" => DType::U8,
-        "i2" | "h" => DType::I16,
-        "u2" | "H" => DType::U16,
-        "i4" | "i" => DType::I32,
-        "u4" | "I" => DType::U32,
-        "i8" | "q" => DType::I64,
-        "u8" | "Q" => DType::U64,
-        "f2" | "e" => DType::F16,
-        "f4" | "f" => DType::F32,
-        "f8" | "d" => DType::F64,
-        "c8" | "F" => DType::C64,
-        "c16" | "D" => DType::C128,
-        k if k.starts_with('O') => return NpKind::Objects,
-        k if k.starts_with(['U', 'S', 'a', 'T']) => return NpKind::Strings,
-        k if k.starts_with('V') => return NpKind::Records,
-        k if k.starts_with(['M', 'm']) => return NpKind::Dates,
-        "f12" | "f16" | "c24" | "c32" | "g" | "G" => return NpKind::Extended,
-        _ => return NpKind::Unknown,
-    };
-    NpKind::Numeric(dtype)
+    if let Some((dtype, _, _)) = NUMERIC
+        .iter()
+        .find(|(_, descr, code)| &descr[1..] == kind || *code == kind)
+    {
+        return NpKind::Numeric(*dtype);
+    }
+    match kind {
+        k if k.starts_with('O') => NpKind::Objects,
+        k if k.starts_with(['U', 'S', 'a', 'T']) => NpKind::Strings,
+        k if k.starts_with('V') => NpKind::Records,
+        k if k.starts_with(['M', 'm']) => NpKind::Dates,
+        "f12" | "f16" | "c24" | "c32" | "g" | "G" => NpKind::Extended,
+        _ => NpKind::Unknown,
+    }
+}
+
+/// The numeric numpy types torch has a dtype for: the dtype, numpy's little-endian type
+/// string (`descr`, `|` for one-byte types), and its one-character code. The reader
+/// ([`np_kind`]) and the writer ([`npy_descr`]) both use it.
+const NUMERIC: [(DType, &str, &str); 14] = [
+    (DType::Bool, "|b1", "?"),
+    (DType::I8, "|i1", "b"),
+    (DType::U8, "|u1", "B"),
+    (DType::I16, "<i2", "h"),
+    (DType::U16, "<u2", "H"),
+    (DType::I32, "<i4", "i"),
+    (DType::U32, "<u4", "I"),
+    (DType::I64, "<i8", "q"),
+    (DType::U64, "<u8", "Q"),
+    (DType::F16, "<f2", "e"),
+    (DType::F32, "<f4", "f"),
+    (DType::F64, "<f8", "d"),
+    (DType::C64, "<c8", "F"),
+    (DType::C128, "<c16", "D"),
+];
+
+/// The numpy type string (`descr`) for a torch dtype, if numpy has that type.
+pub fn npy_descr(dtype: DType) -> Option<&'static str> {
+    NUMERIC
+        .iter()
+        .find(|(d, _, _)| *d == dtype)
+        .map(|(_, descr, _)| *descr)
 }
 
 /// A numpy dtype string (`<f4`, `>i8`, `|b1`, …) as a torch dtype and a byte order.

@@ -72,3 +72,37 @@ impl Parts {
         }
     }
 }
+
+/// What the security scan saw in a container: how many pickles it ran, every global they
+/// reference (first-seen order, no repeats), and why any pickle stopped before its end (its
+/// globals up to there are listed; the rest of it was not seen).
+#[derive(Default)]
+pub(crate) struct PickleGlobals {
+    pub(crate) count: usize,
+    pub(crate) globals: Vec<(String, String)>,
+    pub(crate) problems: Vec<String>,
+}
+
+/// A list of globals without repeats, in first-seen order (a set beside it keeps merging
+/// linear however many pickles and globals a hostile file holds).
+#[derive(Default)]
+pub(crate) struct GlobalList {
+    list: Vec<(String, String)>,
+    seen: std::collections::HashSet<(String, String)>,
+}
+
+impl GlobalList {
+    /// Append the globals not seen yet.
+    pub(crate) fn extend(&mut self, from: &[(String, String)]) {
+        for g in from {
+            if self.seen.insert(g.clone()) {
+                self.list.push(g.clone());
+            }
+        }
+    }
+
+    /// The globals, first-seen order.
+    pub(crate) fn into_vec(self) -> Vec<(String, String)> {
+        self.list
+    }
+}

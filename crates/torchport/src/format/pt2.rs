@@ -23,11 +23,12 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
+use crate::format::archive::Archive;
 use crate::format::kind::Format;
 use crate::format::parts::Found;
 use crate::format::parts::Parts;
 use crate::format::pt2_json::{layout_name, PayloadConfig, PayloadMeta, Program};
-use crate::format::torch_zip::{read_byteorder, read_parts, Archive};
+use crate::format::torch::zip::{read_byteorder, read_parts};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, TensorInfo};
@@ -317,7 +318,7 @@ impl Builder<'_> {
     }
 
     /// The parts of the `torch.save` archive stored in `record`; messages name the record.
-    fn nested(&mut self, record: &str) -> Result<crate::format::torch_zip::SaveParts> {
+    fn nested(&mut self, record: &str) -> Result<crate::format::torch::zip::SaveParts> {
         let storage = self.ar.record(record)?;
         let label = PathBuf::from(format!("{}/{record}", self.path.display()));
         let (file, range) = storage.parts();

@@ -38,31 +38,42 @@ pub(crate) fn looks_like(bytes: &[u8]) -> bool {
     bytes.get(8) == Some(&b'{') && header_len(bytes).is_some_and(|n| (2..=MAX_HEADER).contains(&n))
 }
 
+/// The one table between torch dtypes and safetensors dtypes, with their names in the
+/// header; the reader ([`dtype`]) and the writer ([`safetensors_dtype`]) both use it.
+const DTYPES: [(DType, Dtype, &str); 19] = [
+    (DType::Bool, Dtype::BOOL, "BOOL"),
+    (DType::U8, Dtype::U8, "U8"),
+    (DType::I8, Dtype::I8, "I8"),
+    (DType::I16, Dtype::I16, "I16"),
+    (DType::U16, Dtype::U16, "U16"),
+    (DType::I32, Dtype::I32, "I32"),
+    (DType::U32, Dtype::U32, "U32"),
+    (DType::I64, Dtype::I64, "I64"),
+    (DType::U64, Dtype::U64, "U64"),
+    (DType::F16, Dtype::F16, "F16"),
+    (DType::BF16, Dtype::BF16, "BF16"),
+    (DType::F32, Dtype::F32, "F32"),
+    (DType::F64, Dtype::F64, "F64"),
+    (DType::C64, Dtype::C64, "C64"),
+    (DType::F8E4M3Fn, Dtype::F8_E4M3, "F8_E4M3"),
+    (DType::F8E5M2, Dtype::F8_E5M2, "F8_E5M2"),
+    (DType::F8E4M3Fnuz, Dtype::F8_E4M3FNUZ, "F8_E4M3FNUZ"),
+    (DType::F8E5M2Fnuz, Dtype::F8_E5M2FNUZ, "F8_E5M2FNUZ"),
+    (DType::F8E8M0Fnu, Dtype::F8_E8M0, "F8_E8M0"),
+];
+
 /// The torch dtype of a safetensors dtype; `None` for the sub-byte formats torch has no
 /// unpacked dtype for (F4, F6_*).
 fn dtype(d: Dtype) -> Option<DType> {
-    Some(match d {
-        Dtype::BOOL => DType::Bool,
-        Dtype::U8 => DType::U8,
-        Dtype::I8 => DType::I8,
-        Dtype::F8_E5M2 => DType::F8E5M2,
-        Dtype::F8_E4M3 => DType::F8E4M3Fn,
-        Dtype::F8_E8M0 => DType::F8E8M0Fnu,
-        Dtype::F8_E4M3FNUZ => DType::F8E4M3Fnuz,
-        Dtype::F8_E5M2FNUZ => DType::F8E5M2Fnuz,
-        Dtype::I16 => DType::I16,
-        Dtype::U16 => DType::U16,
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
-        Dtype::I32 => DType::I32,
-        Dtype::U32 => DType::U32,
-        Dtype::F32 => DType::F32,
-        Dtype::C64 => DType::C64,
-        Dtype::F64 => DType::F64,
-        Dtype::I64 => DType::I64,
-        Dtype::U64 => DType::U64,
-        _ => return None,
-    })
+    DTYPES.iter().find(|(_, s, _)| *s == d).map(|(t, _, _)| *t)
+}
+
+/// The safetensors dtype name for a torch dtype, if safetensors has one.
+pub fn safetensors_dtype(dtype: DType) -> Option<&'static str> {
+    DTYPES
+        .iter()
+        .find(|(t, _, _)| *t == dtype)
+        .map(|(_, _, name)| *name)
 }
 
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {

@@ -80,10 +80,21 @@ fn inside(shard: &str) -> bool {
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
+/// How a shard is read: its path and bytes, with the limits, into its parts (detection and
+/// every other format's reader are the caller's, so this file does not depend on them).
+pub(crate) type ReadShard = fn(&Path, &FileBytes, &Limits) -> Result<Parts>;
+
 /// Read the index at `path`; `on_disk`: the bytes are that file, so its shards are looked
 /// for in its folder. An index read from memory has no folder, and is refused rather than
-/// resolved against the working directory.
-pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool) -> Result<Parts> {
+/// resolved against the working directory. Each shard is read with `read_shard`, after a
+/// check that it is not an index itself.
+pub(crate) fn read(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+    on_disk: bool,
+    read_shard: ReadShard,
+) -> Result<Parts> {
     let bytes = file.as_slice();
     let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let index: Index = serde_json::from_slice(bytes).map_err(|e| {
@@ -162,13 +173,13 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits, on_disk: bool
         let shard_file = FileBytes::open(&shard_path).map_err(shard_err)?;
         // Refused before it is read: an index listing itself (or another index) as a shard
         // would otherwise be opened again and again.
-        if super::detect(shard_file.as_slice()) == Some(Format::Sharded) {
+        if looks_like(shard_file.as_slice()) {
             return Err(shard_err(Error::corrupt(
                 &shard_path,
                 "is itself a sharded index; shards must hold tensors",
             )));
         }
-        let ck = super::read(&shard_path, &shard_file, limits, None).map_err(shard_err)?;
+        let ck = read_shard(&shard_path, &shard_file, limits).map_err(shard_err)?;
         all_big &= ck.order == ByteOrder::Big;
         let base = storages.len();
         // The first tensor of each name, as `Checkpoint::tensor` finds it.

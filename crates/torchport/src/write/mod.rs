@@ -48,9 +48,9 @@ mod pickle;
 mod safetensors;
 mod torch_zip;
 
+pub use crate::format::numpy::npy_descr;
+pub use crate::format::safetensors::safetensors_dtype;
 pub use atomic::{check_not_input, AtomicFile};
-pub use npz::npy_descr;
-pub use safetensors::safetensors_dtype;
 
 /// Size of the output buffer: large enough to make small tensors cheap, small next to a
 /// tensor (large slices bypass it and go straight to the file).
@@ -94,10 +94,10 @@ impl OutputFormat {
     /// `Ok` when the format can hold tensors of `dtype`, otherwise why not.
     pub fn check_dtype(self, dtype: DType) -> std::result::Result<(), String> {
         match self {
-            OutputFormat::Safetensors => safetensors::safetensors_dtype(dtype)
+            OutputFormat::Safetensors => safetensors_dtype(dtype)
                 .map(|_| ())
                 .ok_or_else(|| format!("safetensors has no {dtype} type")),
-            OutputFormat::Npz => npz::npy_descr(dtype)
+            OutputFormat::Npz => npy_descr(dtype)
                 .map(|_| ())
                 .ok_or_else(|| format!("numpy has no {dtype} type")),
             OutputFormat::TorchZip => torch_zip::check_dtype(dtype),

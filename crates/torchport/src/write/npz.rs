@@ -16,29 +16,9 @@ use zip::{CompressionMethod, DateTime, ZipWriter};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::format::numpy::npy_descr;
 use crate::out::OutTensor;
 use crate::write::{nbytes, put, tensor_bytes, Progress};
-
-/// The numpy type string (`descr`) for a torch dtype, if numpy has that type.
-pub fn npy_descr(dtype: DType) -> Option<&'static str> {
-    Some(match dtype {
-        DType::Bool => "|b1",
-        DType::U8 => "|u1",
-        DType::I8 => "|i1",
-        DType::I16 => "<i2",
-        DType::U16 => "<u2",
-        DType::I32 => "<i4",
-        DType::U32 => "<u4",
-        DType::I64 => "<i8",
-        DType::U64 => "<u8",
-        DType::F16 => "<f2",
-        DType::F32 => "<f4",
-        DType::F64 => "<f8",
-        DType::C64 => "<c8",
-        DType::C128 => "<c16",
-        _ => return None,
-    })
-}
 
 /// The `.npy` header (magic through the newline) for an array of `dtype` and `shape`.
 pub(crate) fn npy_header(dtype: DType, shape: &[usize]) -> Option<Vec<u8>> {

@@ -11,8 +11,8 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 
-use crate::dtype::DType;
 use crate::error::{Error, Remedy, Result};
+use crate::format::safetensors::safetensors_dtype;
 use crate::out::OutTensor;
 use crate::write::{nbytes, put, tensor_bytes, Progress};
 
@@ -22,32 +22,6 @@ const FILE_COPY_MIN: usize = 64 << 10;
 
 /// The safetensors spec's largest header (the reference reader refuses larger ones).
 const MAX_HEADER: usize = 100_000_000;
-
-/// The safetensors dtype name for a torch dtype, if safetensors has one.
-pub fn safetensors_dtype(dtype: DType) -> Option<&'static str> {
-    Some(match dtype {
-        DType::Bool => "BOOL",
-        DType::U8 => "U8",
-        DType::I8 => "I8",
-        DType::I16 => "I16",
-        DType::U16 => "U16",
-        DType::I32 => "I32",
-        DType::U32 => "U32",
-        DType::I64 => "I64",
-        DType::U64 => "U64",
-        DType::F16 => "F16",
-        DType::BF16 => "BF16",
-        DType::F32 => "F32",
-        DType::F64 => "F64",
-        DType::C64 => "C64",
-        DType::F8E4M3Fn => "F8_E4M3",
-        DType::F8E5M2 => "F8_E5M2",
-        DType::F8E4M3Fnuz => "F8_E4M3FNUZ",
-        DType::F8E5M2Fnuz => "F8_E5M2FNUZ",
-        DType::F8E8M0Fnu => "F8_E8M0",
-        _ => return None,
-    })
-}
 
 /// The header JSON (padded) and the order the tensors' data follows in.
 pub(crate) fn header(

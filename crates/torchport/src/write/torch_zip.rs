@@ -44,29 +44,6 @@ use crate::tensor::Quant;
 use crate::write::pickle::{Emitter, BATCH};
 use crate::write::{nbytes, put, tensor_bytes, Progress};
 
-/// The legacy typed storage class torch pickles for `dtype`, or `None` for dtypes torch
-/// writes as an untyped storage plus a dtype (`_rebuild_tensor_v3`).
-fn storage_class(dtype: DType) -> Option<&'static str> {
-    Some(match dtype {
-        DType::F64 => "DoubleStorage",
-        DType::F32 => "FloatStorage",
-        DType::F16 => "HalfStorage",
-        DType::I64 => "LongStorage",
-        DType::I32 => "IntStorage",
-        DType::I16 => "ShortStorage",
-        DType::I8 => "CharStorage",
-        DType::U8 => "ByteStorage",
-        DType::Bool => "BoolStorage",
-        DType::BF16 => "BFloat16Storage",
-        DType::C128 => "ComplexDoubleStorage",
-        DType::C64 => "ComplexFloatStorage",
-        DType::QInt8 => "QInt8Storage",
-        DType::QUInt8 => "QUInt8Storage",
-        DType::QInt32 => "QInt32Storage",
-        _ => return None,
-    })
-}
-
 /// `Ok` when the writer can hold `dtype`.
 pub(crate) fn check_dtype(dtype: DType) -> std::result::Result<(), String> {
     if dtype.is_quantized() && crate::quant::int_dtype(dtype).is_none() {
@@ -97,7 +74,7 @@ pub(crate) type Records = Vec<(String, Vec<u8>)>;
 /// Push `_rebuild_tensor_v2(persistent storage, 0, shape, contiguous stride, False,
 /// OrderedDict())` or its `_v3` form for dtypes without a legacy storage class.
 fn plain_tensor(e: &mut Emitter, dtype: DType, shape: &[usize], key: &str, bytes: u64) {
-    let class = storage_class(dtype);
+    let class = dtype.storage_class();
     e.global(
         "torch._utils",
         if class.is_some() {
@@ -125,7 +102,7 @@ fn plain_tensor(e: &mut Emitter, dtype: DType, shape: &[usize], key: &str, bytes
 /// Push the persistent load of storage `key`: `('storage', torch.<X>Storage, key, 'cpu',
 /// numel)`, or an untyped storage counted in bytes.
 fn persistent_storage(e: &mut Emitter, dtype: DType, key: &str, bytes: u64) {
-    let class = storage_class(dtype);
+    let class = dtype.storage_class();
     e.mark();
     e.str("storage");
     match class {

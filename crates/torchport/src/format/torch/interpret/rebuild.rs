@@ -235,7 +235,7 @@ impl<'a> Walker<'a> {
         let payload = match self.p.get(id) {
             PValue::PersistentId(payload) => *payload,
             // A whole torch.save file nested in the pickle, as plain pickle.dumps writes it.
-            PValue::Object(o) if crate::format::nested::is_call(self.p, o) => {
+            PValue::Object(o) if crate::format::torch::nested::is_call(self.p, o) => {
                 return self.nested_storage(o, name)
             }
             _ => {

@@ -18,8 +18,8 @@ use torchport_pickle::{NodeId, Pickle, Value as PValue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::kind::Format;
-use crate::format::parts::Parts;
-use crate::interpret::{interpret, Persistent, Resolver};
+use crate::format::parts::{GlobalList, Parts, PickleGlobals};
+use crate::format::torch::interpret::{interpret, Persistent, Resolver};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
@@ -60,9 +60,9 @@ pub(crate) fn pickle_globals(
     path: &Path,
     file: &FileBytes,
     limits: &Limits,
-) -> Result<super::PickleGlobals> {
+) -> Result<PickleGlobals> {
     match parse(path, file, limits) {
-        Ok(parsed) => Ok(super::PickleGlobals {
+        Ok(parsed) => Ok(PickleGlobals {
             count: parsed.pickles,
             globals: parsed.globals,
             problems: Vec::new(),
@@ -74,7 +74,7 @@ pub(crate) fn pickle_globals(
             let mut problems = vec![error.to_string()];
             let main = members(path, bytes)?.get("pickle").cloned();
             let Some((start, main)) = main.and_then(|r| Some((r.start, bytes.get(r)?))) else {
-                return Ok(super::PickleGlobals {
+                return Ok(PickleGlobals {
                     problems,
                     ..Default::default()
                 });
@@ -92,7 +92,7 @@ pub(crate) fn pickle_globals(
                     problems.push(e);
                 }
             }
-            Ok(super::PickleGlobals {
+            Ok(PickleGlobals {
                 count: 1,
                 globals,
                 problems,
@@ -120,7 +120,7 @@ fn parse(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parsed> {
         pos: 0,
         end: 0,
         member: "",
-        globals: super::GlobalList::default(),
+        globals: GlobalList::default(),
         pickles: 0,
     };
 
@@ -297,7 +297,7 @@ struct Reader<'a> {
     end: usize,
     member: &'static str,
     /// Globals of every pickle run so far, first-seen order.
-    globals: super::GlobalList,
+    globals: GlobalList,
     /// Pickles run so far.
     pickles: usize,
 }

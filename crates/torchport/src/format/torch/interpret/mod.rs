@@ -432,7 +432,7 @@ impl<'a> Walker<'a> {
             self.push_tensor(t)?;
             return Ok(ObjectKind::Done);
         }
-        if crate::format::nested::is_load_from_bytes(module, qual) {
+        if crate::format::torch::nested::is_load_from_bytes(module, qual) {
             // A storage pickled on its own (a nested torch.save file), like a bare storage id.
             let (index, dtype) = self.nested_storage(obj, name)?;
             self.push_tensor(self.storage_tensor(index, dtype, name))?;

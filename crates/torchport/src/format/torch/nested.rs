@@ -12,10 +12,13 @@ use std::sync::Arc;
 
 use torchport_pickle::{NodeId, Object, Pickle, Value as PValue};
 
-use super::{torch_legacy, torch_zip, Format, GlobalList, PickleGlobals};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::interpret::{Persistent, Resolver};
+use crate::format::archive::is_zip;
+use crate::format::kind::describe_head;
+use crate::format::parts::{GlobalList, PickleGlobals};
+use crate::format::torch::interpret::{Persistent, Resolver};
+use crate::format::torch::{legacy as torch_legacy, zip as torch_zip};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 
@@ -90,16 +93,19 @@ pub(crate) fn read_storage(
     limits: &Limits,
 ) -> Result<(Storage, DType, usize)> {
     let file = FileBytes::Owned(Arc::new(bytes));
-    match super::detect(file.as_slice()) {
-        Some(Format::TorchLegacy) => torch_legacy::nested_storage(path, &file, limits),
-        Some(Format::TorchZip) => torch_zip::nested_storage(path, &file, limits),
-        _ => Err(Error::corrupt(
+    let bytes = file.as_slice();
+    if torch_legacy::looks_like(bytes) {
+        torch_legacy::nested_storage(path, &file, limits)
+    } else if is_zip(bytes) {
+        torch_zip::nested_storage(path, &file, limits)
+    } else {
+        Err(Error::corrupt(
             path,
             format!(
                 "the nested bytes are not a torch.save file ({})",
-                super::describe_head(file.as_slice())
+                describe_head(bytes)
             ),
-        )),
+        ))
     }
 }
 
@@ -195,18 +201,16 @@ pub(crate) fn scan(
             );
             break;
         }
-        let nested = match super::detect(file.as_slice()) {
-            Some(Format::TorchLegacy) => {
-                torch_legacy::pickle_globals(&label, &file, limits, depth + 1)
-            }
-            Some(Format::TorchZip) => torch_zip::pickle_globals(&label, &file, limits, depth + 1),
-            _ => Err(Error::corrupt(
+        let bytes = file.as_slice();
+        let nested = if torch_legacy::looks_like(bytes) {
+            torch_legacy::pickle_globals(&label, &file, limits, depth + 1)
+        } else if is_zip(bytes) {
+            torch_zip::pickle_globals(&label, &file, limits, depth + 1)
+        } else {
+            Err(Error::corrupt(
                 &label,
-                format!(
-                    "it is not a torch.save file ({})",
-                    super::describe_head(file.as_slice())
-                ),
-            )),
+                format!("it is not a torch.save file ({})", describe_head(bytes)),
+            ))
         };
         match nested {
             Ok(n) => {

@@ -1,13 +1,13 @@
 //! Storages pickled as whole `torch.save` files nested in the pickle
 //! (`torch.storage._load_from_bytes`, as plain `pickle.dumps` writes a tensor): each bytes
-//! object is read once, by the container readers in `format/nested.rs`, with the nodes of
+//! object is read once, by the container readers in `format/torch/nested.rs`, with the nodes of
 //! its pickles counted against the outer pickle's `max_nodes`, and the storage it holds is
 //! added to the resolver's storages for the outer tensor to view.
 
 use std::collections::HashMap;
 
 use super::*;
-use crate::format::nested as file;
+use crate::format::torch::nested as file;
 
 /// What the walk has read of nested `torch.save` files.
 #[derive(Default)]

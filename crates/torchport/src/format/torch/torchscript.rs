@@ -21,11 +21,12 @@ use std::path::Path;
 use torchport_pickle::{NodeId, Pickle, Value as PValue};
 
 use crate::error::{Error, Result};
+use crate::format::archive::Archive;
 use crate::format::kind::Format;
 use crate::format::parts::Found;
 use crate::format::parts::Parts;
-use crate::format::torch_zip::{find_root, parse_record, read_byteorder, Archive, ZipResolver};
-use crate::interpret::{is_tensor, join, tensor_at};
+use crate::format::torch::interpret::{is_tensor, join, tensor_at};
+use crate::format::torch::zip::{find_root, parse_record, read_byteorder, ZipResolver};
 use crate::limits::Limits;
 use crate::storage::FileBytes;
 use crate::tensor::ByteOrder;

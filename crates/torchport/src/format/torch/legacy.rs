@@ -14,8 +14,8 @@ use torchport_pickle::{NodeId, Pickle, Value as PValue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::kind::Format;
-use crate::format::parts::Parts;
-use crate::interpret::{interpret, Persistent, Resolver};
+use crate::format::parts::{GlobalList, Parts, PickleGlobals};
+use crate::format::torch::interpret::{interpret, Persistent, Resolver};
 use crate::limits::Limits;
 use crate::storage::{FileBytes, Storage};
 use crate::tensor::ByteOrder;
@@ -76,9 +76,9 @@ pub(crate) fn pickle_globals(
     file: &FileBytes,
     limits: &Limits,
     depth: usize,
-) -> Result<super::PickleGlobals> {
+) -> Result<PickleGlobals> {
     let bytes = file.as_slice();
-    let mut globals = super::GlobalList::default();
+    let mut globals = GlobalList::default();
     let mut problems = Vec::new();
     let mut count = 0;
     let mut pos = 0;
@@ -91,7 +91,9 @@ pub(crate) fn pickle_globals(
             Ok(used) => {
                 let pickle = rest.get(..used).unwrap_or_default();
                 let record = format!("the {what} pickle");
-                let nested = super::nested::scan(path, &record, pickle, &found, limits, depth);
+                let nested = crate::format::torch::nested::scan(
+                    path, &record, pickle, &found, limits, depth,
+                );
                 count += nested.count;
                 globals.extend(&nested.globals);
                 problems.extend(nested.problems);
@@ -109,7 +111,7 @@ pub(crate) fn pickle_globals(
             }
         }
     }
-    Ok(super::PickleGlobals {
+    Ok(PickleGlobals {
         count,
         globals: globals.into_vec(),
         problems,
@@ -128,7 +130,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Par
     if let Some((_, what)) = stream.resolver.unread {
         return Err(Error::corrupt(path, what));
     }
-    let mut globals = super::GlobalList::default();
+    let mut globals = GlobalList::default();
     globals.extend(stream.main.globals());
     globals.extend(stream.sys_info.globals());
     Ok(Parts::new(
@@ -154,7 +156,8 @@ pub(crate) fn nested_storage(
         return Err(Error::corrupt(path, what));
     }
     let nodes = stream.nodes;
-    let (storage, dtype) = super::nested::root_storage(path, &stream.main, &mut stream.resolver)?;
+    let (storage, dtype) =
+        crate::format::torch::nested::root_storage(path, &stream.main, &mut stream.resolver)?;
     Ok((storage.with_order(stream.order), dtype, nodes))
 }
 
