@@ -3,25 +3,9 @@
 //! refusal on stderr; `--json` carries `security: {globals, verdict}`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use crate::util::{root, text, torchport};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn torchport(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run torchport")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8(b.to_vec()).unwrap()
-}
 
 /// `module.name class` for each global of a `security` JSON object.
 fn listed(security: &Value) -> Vec<String> {

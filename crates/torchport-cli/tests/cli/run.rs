@@ -1,21 +1,7 @@
 //! `torchport run` and `torchport ops` through the real binary, on the export fixtures.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
+use crate::util::{root, torchport};
 use torchport_runtime::npy::{read_arrays, read_npy};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn torchport(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run torchport")
-}
 
 const EXPORT: &str = "tests/fixtures/export";
 

@@ -4,7 +4,7 @@
 //! parameters that will be written.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -13,10 +13,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn torchport(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .expect("run torchport");
+    let o = crate::util::torchport(args);
     assert_eq!(
         o.status.code(),
         Some(0),

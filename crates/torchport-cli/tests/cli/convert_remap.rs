@@ -3,20 +3,7 @@
 //! PyTorch computed (tests/fixtures/remap/lstm_linear.pt.burn.expected.*), and a target that
 //! is not matched exactly stops the conversion with exit 1 and no file.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn torchport(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run torchport")
-}
+use crate::util::{root, torchport};
 
 #[test]
 fn preset_burn_writes_what_pytorch_sliced() {

@@ -1,20 +1,7 @@
 //! `torchport inspect` through the real binary: the table, the JSON contract of DESIGN.md,
 //! and exit code 2 with one sentence on stderr for hostile files.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn torchport(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run torchport")
-}
+use crate::util::{root, torchport};
 
 #[test]
 fn json_lists_what_torch_loaded() {

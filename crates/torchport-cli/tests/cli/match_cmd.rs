@@ -1,23 +1,12 @@
 //! `torchport match` through the real binary: exit codes 0 / 1 / 2, text and JSON output.
 
+use crate::util::{text, torchport};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/remap")
         .join(name)
-}
-
-fn torchport(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args)
-        .output()
-        .expect("run torchport")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 #[test]

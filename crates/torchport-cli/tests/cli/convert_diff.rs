@@ -4,8 +4,13 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use crate::util::{assert_exit, text};
+
+/// Run `torchport` with arguments of mixed types (strings and paths).
+fn torchport(args: &[&dyn AsRef<std::ffi::OsStr>]) -> std::process::Output {
+    crate::util::torchport(args)
+}
 use torchport::write::{write, OutputFormat, WriteOptions};
 use torchport::OutTensor;
 
@@ -15,28 +20,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn torchport(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .expect("run torchport")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 #[track_caller]
-fn assert_exit(o: &Output, code: i32) {
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "stdout:\n{}\nstderr:\n{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-}
-
 #[test]
 fn convert_to_each_format_and_read_back() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,8 +5,13 @@
 //! output equal to the input.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use crate::util::assert_exit;
+
+/// Run `torchport` with arguments of mixed types (strings and paths).
+fn torchport(args: &[&dyn AsRef<std::ffi::OsStr>]) -> std::process::Output {
+    crate::util::torchport(args)
+}
 use serde_json::Value as Json;
 
 fn fixture(name: &str) -> PathBuf {
@@ -15,24 +20,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn torchport(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_torchport"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .expect("run torchport")
-}
-
 #[track_caller]
-fn assert_exit(o: &Output, code: i32) {
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 #[test]
 fn inspect_lists_arrays_as_tensors() {
     let o = torchport(&[&"inspect", &fixture("numpy_zip.pt"), &"--json"]);
