@@ -86,14 +86,41 @@ fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUse> {
 impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
+        Program::load_with_registry(path, &Registry::with_all_ops())
+    }
+
+    /// [`Program::load`] with the kernels of `registry` instead of this crate's own: start
+    /// from [`Registry::with_all_ops`] and [`Registry::add`] a kernel to support an op the
+    /// runtime lacks or to replace one.
+    ///
+    /// ```no_run
+    /// use torchport_runtime::{ops::Registry, Program};
+    /// let mut registry = Registry::with_all_ops();
+    /// // A kernel reads its arguments by ATen schema name.
+    /// registry.add("aten.my_op.default", |args| {
+    ///     torchport_runtime::value::one(args.tensor("self")?)
+    /// });
+    /// let program = Program::load_with_registry("model.pt2", &registry)?;
+    /// # Ok::<(), torchport_runtime::Error>(())
+    /// ```
+    pub fn load_with_registry(path: impl AsRef<Path>, registry: &Registry) -> Result<Program> {
         let (ep, payloads) = crate::archive::read(path.as_ref())?;
-        Program::from_parts(ep, payloads)
+        Program::from_parts_with_registry(ep, payloads, registry)
     }
 
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
     pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
-        let registry = Registry::with_all_ops();
+        Program::from_parts_with_registry(ep, payloads, &Registry::with_all_ops())
+    }
+
+    /// [`Program::from_parts`] with the kernels of `registry` (see
+    /// [`Program::load_with_registry`]).
+    pub fn from_parts_with_registry(
+        ep: ExportedProgram,
+        payloads: HashMap<String, Tensor>,
+        registry: &Registry,
+    ) -> Result<Program> {
         let g = &ep.graph_module.graph;
         let specs = &ep.graph_module.signature.input_specs;
         if specs.len() != g.inputs.len() {
