@@ -1,4 +1,4 @@
-//! Every torch dtype: its name (the DESIGN.md contract), its element size, and how it is
+//! Every torch dtype: its name (the contract of docs/CONTRACTS.md), its element size, and how it is
 //! spelled in pickles (`torch.float32`, `torch.FloatStorage`).
 
 use std::fmt;

@@ -88,7 +88,7 @@ pub enum TensorData {
 /// Everything a checkpoint says about one tensor; reading its bytes is a separate step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
-    /// The name: the key path, joined with `.` (see DESIGN.md).
+    /// The name: the key path, joined with `.` (see docs/CONTRACTS.md).
     pub name: String,
     /// Element type.
     pub dtype: DType,

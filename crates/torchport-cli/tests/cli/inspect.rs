@@ -1,4 +1,4 @@
-//! `torchport inspect` through the real binary: the table, the JSON contract of DESIGN.md,
+//! `torchport inspect` through the real binary: the table, the JSON contract of docs/CONTRACTS.md,
 //! and exit code 2 with one sentence on stderr for hostile files.
 
 use crate::util::{root, torchport};

@@ -1,5 +1,5 @@
 //! `torchport inspect` on safetensors, npy, npz and sharded fixtures, through the real
-//! binary: the format name of the DESIGN.md contract, tensor names and dtypes as the peer
+//! binary: the format name of the contract of docs/CONTRACTS.md, tensor names and dtypes as the peer
 //! libraries report them, and exit code 2 with one `error:` line for a hostile file.
 
 use std::path::{Path, PathBuf};

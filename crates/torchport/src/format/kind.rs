@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// The format of a file, named as in DESIGN.md (`inspect --json`'s `format`).
+/// The format of a file, named as in docs/CONTRACTS.md (`inspect --json`'s `format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Format {

@@ -1,6 +1,6 @@
 //! Phase two of reading a torch.save pickle: walk the recorded value tree and turn it into
 //! named tensors and values. Only a fixed table of torch rebuild functions is interpreted;
-//! every other call stays an opaque object. Names follow DESIGN.md: key paths joined with
+//! every other call stays an opaque object. Names follow docs/CONTRACTS.md: key paths joined with
 //! `.`, and `state_dict()` names for pickled `nn.Module`s.
 //!
 //! The walk over containers, objects and modules is here; the rebuild table (the calls
