@@ -47,7 +47,7 @@ pub use format::{detect, Format};
 pub use limits::Limits;
 pub use out::OutTensor;
 pub use storage::Storage;
-pub use tensor::{ByteOrder, Quant, TensorData, TensorInfo};
+pub use tensor::{contiguous_strides, ByteOrder, Quant, TensorData, TensorInfo};
 pub use value::{NumpyArray, Value};
 
 pub use torchport_pickle as pickle;

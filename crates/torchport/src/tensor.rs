@@ -134,7 +134,7 @@ impl TensorInfo {
 /// Contiguous row-major strides (in elements) for `shape`, as torch computes them: a
 /// dimension of size 0 counts as 1, so `torch.empty(2, 0, 3).stride()` is `(3, 3, 1)`.
 /// Saturates rather than overflowing; readers check the element count first.
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1usize; shape.len()];
     let mut acc = 1usize;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {

@@ -6,6 +6,7 @@
 //! `index_select`, so it works for every dtype; offsets and sizes use checked arithmetic.
 
 use candle_core::{DType, Shape, Tensor};
+use torchport::contiguous_strides;
 
 use super::{dim, usize_of, Registry};
 use crate::error::{OpError, OpResult};
@@ -22,15 +23,6 @@ pub fn register(r: &mut Registry) {
 
 fn overflow() -> OpError {
     OpError("the result's size overflows".into())
-}
-
-/// Row-major strides of a shape.
-fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
-    let mut s = vec![1usize; dims.len()];
-    for i in (0..dims.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1].saturating_mul(dims[i + 1]);
-    }
-    s
 }
 
 /// Gather `flat[offsets]` into `shape` (offsets already checked to be in range).
