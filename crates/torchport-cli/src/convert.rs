@@ -1,5 +1,5 @@
 //! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D]
-//! [--dequantize] [--preset P]... [--rules FILE] [--target T] [--dry-run] [--clean]`: parse the
+//! [--dequantize] [--lora ADAPTER] [--preset P]... [--rules FILE] [--target T] [--dry-run] [--clean]`: parse the
 //! arguments into a `torchport::convert::Conversion`, prepare it, then print (warnings, plan,
 //! report, dry run) or write with a progress bar. The pipeline (select and cast, then presets in
 //! the order given, then the rule file, then the target check, then the write) is the library's.
@@ -51,6 +51,11 @@ pub struct Args {
     /// channel, NAME.axis.
     #[arg(long)]
     dequantize: bool,
+    /// Merge this PEFT LoRA adapter (a folder with adapter_config.json and
+    /// adapter_model.safetensors or .bin) into the selected weights, as PEFT's
+    /// merge_and_unload() does; before --dtype casts, and before presets and rules rename.
+    #[arg(long, value_name = "ADAPTER")]
+    lora: Option<PathBuf>,
     /// Apply a preset after selecting (strip-prefix, lstm-gates, gru-gates, attention-qkv,
     /// weight-norm, burn); repeatable, applied in the order given.
     #[arg(long = "preset", value_name = "P")]
@@ -115,6 +120,11 @@ fn conversion(args: &Args) -> anyhow::Result<Conversion> {
     };
     Ok(Conversion {
         options: options(args)?,
+        lora: args
+            .lora
+            .as_ref()
+            .map(|p| torchport::lora::Lora::open(p).map(std::sync::Arc::new))
+            .transpose()?,
         rules,
         target: args.target.as_ref().map(load_target).transpose()?,
     })

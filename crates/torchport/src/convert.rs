@@ -1,5 +1,6 @@
 //! The conversion pipeline, as `torchport convert` runs it and as build scripts call it:
-//! select and cast ([`ConvertOptions`]), then remap (a [`RuleSet`]: presets in their order,
+//! select, merge a LoRA adapter ([`Lora`], before any cast, as PEFT merges), cast
+//! ([`ConvertOptions`]), then remap (a [`RuleSet`]: presets in their order,
 //! then a rules file), then check against a target (a [`MatchReport`]; any mismatch stops the
 //! conversion before anything is written), then write (the format OUT's extension names).
 //!
@@ -19,19 +20,24 @@
 //! ```
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::lora::Lora;
 use crate::remap::report::{report, MatchReport};
 use crate::remap::{apply_with, Context, Plan, RuleSet, TargetTensor, TensorMeta};
-use crate::select::{ConvertOptions, Selection};
+use crate::select::{cast_out, ConvertOptions, Selection};
 use crate::write::{self, OutputFormat, Progress, WriteOptions, Written};
 
 /// Everything a conversion does besides choosing its files.
 #[derive(Clone, Debug, Default)]
 pub struct Conversion {
-    /// What to keep and how to cast it (applied first).
+    /// What to keep and how to cast it (applied first; a cast comes after the LoRA merge).
     pub options: ConvertOptions,
+    /// A LoRA adapter to merge into the selected weights (names as the base model's
+    /// `state_dict`, so after `key` has stripped its prefix).
+    pub lora: Option<Arc<Lora>>,
     /// Renames and reshapes (applied to the selection); `None` keeps the selection's names.
     pub rules: Option<RuleSet>,
     /// What the Rust model expects (see [`crate::remap::report::load_target`]); when given,
@@ -96,7 +102,23 @@ impl Conversion {
     /// Select, remap and check `ckpt`'s tensors; nothing is read but what the rules need to
     /// decide (shapes, module classes) and nothing is written.
     pub fn prepare<'a>(&self, ckpt: &'a Checkpoint) -> Result<Prepared<'a>> {
-        let mut selection = self.options.select(ckpt)?;
+        let mut selection = match &self.lora {
+            None => self.options.select(ckpt)?,
+            Some(lora) => {
+                // Merge in the source dtype, then cast, as PEFT merges before any cast.
+                let uncast = ConvertOptions {
+                    dtype: None,
+                    ..self.options.clone()
+                };
+                let mut sel = uncast.select(ckpt)?;
+                let merged = lora.merge(std::mem::take(&mut sel.tensors))?;
+                sel.tensors = match self.options.dtype {
+                    Some(to) => merged.into_iter().map(|t| cast_out(t, to)).collect(),
+                    None => merged,
+                };
+                sel
+            }
+        };
         let ctx = Context {
             modules: ckpt.modules(),
             target: self.target.as_deref(),

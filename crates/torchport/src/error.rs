@@ -212,6 +212,14 @@ pub enum Error {
         /// What would let the write go through.
         remedy: Remedy,
     },
+    /// A LoRA adapter cannot be read or merged (see [`crate::lora`]).
+    #[error("{}: {}", shown(path.display()), one_line(what))]
+    Lora {
+        /// The adapter's file (or folder, or config).
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
     /// A selection (`--key`, `--include`, `--exclude`, `--dtype`) cannot be applied.
     #[error("{}: {}", shown(path.display()), one_line(what))]
     Select {
@@ -225,6 +233,13 @@ pub enum Error {
 impl Error {
     pub(crate) fn corrupt(path: &Path, what: impl Into<String>) -> Self {
         Error::Corrupt {
+            path: path.to_path_buf(),
+            what: what.into(),
+        }
+    }
+
+    pub(crate) fn lora(path: &Path, what: impl Into<String>) -> Self {
+        Error::Lora {
             path: path.to_path_buf(),
             what: what.into(),
         }
@@ -277,6 +292,7 @@ impl Error {
             | Error::WriteIo { path, .. }
             | Error::Write { path, .. }
             | Error::Unwritable { path, .. }
+            | Error::Lora { path, .. }
             | Error::Select { path, .. } => path,
             _ => return full,
         };

@@ -28,6 +28,7 @@ mod dtype;
 mod error;
 mod format;
 mod limits;
+pub mod lora;
 mod out;
 pub mod pt2;
 pub mod quant;

@@ -213,6 +213,29 @@ impl ConvertOptions {
     }
 }
 
+/// `t` cast to `to` when it is read, if it is a floating-point tensor of another dtype (the
+/// rule of [`ConvertOptions::dtype`]); other tensors are returned as they are.
+pub fn cast_out<'a>(t: OutTensor<'a>, to: DType) -> OutTensor<'a> {
+    let from = t.dtype;
+    if !from.is_float() || from == to {
+        return t;
+    }
+    let (name, shape) = (t.name.clone(), t.shape.clone());
+    let t = std::rc::Rc::new(t);
+    let release = std::rc::Rc::clone(&t);
+    OutTensor::new(name.clone(), to, shape, move || {
+        let bytes = t.data()?;
+        cast::cast(&bytes, from, to)
+            .map(Cow::Owned)
+            .map_err(|e| Error::Tensor {
+                path: Default::default(),
+                tensor: name.clone(),
+                what: format!("cannot be cast from {from} to {to}: {e}"),
+            })
+    })
+    .with_release(move || release.release())
+}
+
 /// A checkpoint tensor under a new name, cast to `to` when it is read.
 fn cast_tensor<'a>(
     ckpt: &'a Checkpoint,

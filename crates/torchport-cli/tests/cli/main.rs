@@ -4,6 +4,7 @@
 mod util;
 
 mod convert_diff;
+mod convert_lora;
 mod convert_numpy;
 mod convert_quantized;
 mod convert_remap;
