@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loading a ~512 MiB checkpoint into a Burn model, against reading the file once.
+"""Loading a >= 512 MiB checkpoint into a Burn model: torchport against burn-store's own reader.
 
     /work/main/.venv/bin/python benches/burn_load_bench.py [--runs 5] [--layers 8] [--n 4096]
 
@@ -7,14 +7,16 @@ Writes (once) two state_dicts with torch.save into $TMPDIR/torchport-bench/: LAY
 nn.Linear(N, N) and LAYERS nn.Embedding(N, N) (same bytes; Linear weights must be transposed
 into Burn's [in, out], Embedding weights are taken as they are). Builds the Rust example
 `burn_load_bench` in release mode, then, RUNS times and each in a fresh process:
-    read    std::fs::read of the whole file — the baseline, "reading the file once"
-    load    torchport_burn::TorchportStore::open(file).load(model) into the Burn model
-    torch   torch.load + load_state_dict(assign=True) into the PyTorch model, for reference
+    read        std::fs::read of the whole file — the baseline, "reading the file once"
+    torchport   torchport_burn::TorchportStore::open(file).load(model) into the Burn model
+    burn-store  burn-store's PytorchStore::from_file(file) + model.load_from, the same model
+    torch       torch.load + load_state_dict(assign=True) into the PyTorch model, for reference
 once with the file in the page cache (warm) and once with this file's pages dropped from the
 cache first (cold: posix_fadvise(DONTNEED) on the file alone, nothing else is touched).
-Prints medians, the ratio load/read, and the loading process's memory: peak resident set, and
-with the model loaded its anonymous (heap) and file-backed (memory map) parts — a full
-in-memory copy of the file would show as anonymous memory of about twice the file size.
+Prints medians, the ratios, and each loader's memory: peak resident set (VmHWM: heap and
+memory-mapped file pages together), and with the model loaded its anonymous (heap) and
+file-backed (memory map) parts. The model itself is LAYERS * N * N * 4 bytes; Burn builds it
+lazily, so no random weights are ever allocated.
 """
 
 from __future__ import annotations
@@ -87,22 +89,34 @@ def torch_seconds(path: Path, layers: int, n: int, kind: str) -> float:
 
 def bench(binary: Path, path: Path, layers: int, n: int, kind: str, runs: int, cold: bool):
     prepare = drop_cache if cold else warm_cache
-    reads, loads, torches, mem = [], [], [], {}
+    times = {"read": [], "load": [], "burn-store": [], "torch": []}
+    mem = {}
     for _ in range(runs):
         prepare(path)
-        reads.append(run(binary, "read", path)["seconds"])
+        times["read"].append(run(binary, "read", path)["seconds"])
+        for mode in ("load", "burn-store"):
+            prepare(path)
+            m = run(binary, mode, path, layers, n, kind)
+            times[mode].append(m["seconds"])
+            mem.setdefault(mode, []).append(m)
         prepare(path)
-        mem = run(binary, "load", path, layers, n, kind)
-        loads.append(mem["seconds"])
-        prepare(path)
-        torches.append(torch_seconds(path, layers, n, kind))
-    r, l, t = (statistics.median(x) for x in (reads, loads, torches))
+        times["torch"].append(torch_seconds(path, layers, n, kind))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    peak = {k: statistics.median(x["peak_rss"] for x in v) for k, v in mem.items()}
+    r, l, b, t = med["read"], med["load"], med["burn-store"], med["torch"]
     cache = "cold" if cold else "warm"
-    print(f"{kind:9s} {cache}: read {r:.3f} s | torchport-burn load {l:.3f} s "
-          f"(x{l / r:.2f} of read) | torch.load {t:.3f} s (x{t / r:.2f})")
-    print(f"          memory with the model loaded: peak RSS {mem['peak_rss'] / MIB:.0f} MiB, "
-          f"anon {mem['rss_anon'] / MIB:.0f} MiB, file-backed {mem['rss_file'] / MIB:.0f} MiB")
-    print(f"          runs: read {reads}, load {loads}, torch {[round(x, 4) for x in torches]}")
+    print(f"{kind:9s} {cache}: read {r:.3f} s | torchport {l:.3f} s (x{l / r:.2f} of read) | "
+          f"burn-store {b:.3f} s (x{b / r:.2f}) | torch.load {t:.3f} s (x{t / r:.2f})")
+    print(f"          time torchport/burn-store x{l / b:.2f}; peak RSS torchport "
+          f"{peak['load'] / MIB:.0f} MiB, burn-store {peak['burn-store'] / MIB:.0f} MiB "
+          f"(x{peak['load'] / peak['burn-store']:.2f})")
+    for mode, name in (("load", "torchport"), ("burn-store", "burn-store")):
+        last = mem[mode][-1]
+        print(f"          {name:10s} with the model loaded: anon {last['rss_anon'] / MIB:.0f} MiB, "
+              f"file-backed {last['rss_file'] / MIB:.0f} MiB; peaks "
+              f"{[round(x['peak_rss'] / MIB) for x in mem[mode]]} MiB")
+    print(f"          runs (s): " + "; ".join(
+        f"{k} {[round(x, 3) for x in v]}" for k, v in times.items()))
 
 
 def main():
@@ -122,7 +136,11 @@ def main():
             ["cargo", "build", "--release", "-p", "torchport-burn", "--example", "burn_load_bench"],
             cwd=ROOT, check=True,
         )
-        binary = ROOT / "target" / "release" / "examples" / "burn_load_bench"
+        target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+        binary = target / "release" / "examples" / "burn_load_bench"
+    threads = len(os.sched_getaffinity(0))
+    print(f"{threads} cores available (torchport transposes large float32 matrices on up to "
+          f"min(cores, 8) threads)")
     for kind in a.kind or ["linear", "embedding"]:
         path = Path(tempfile.gettempdir()) / "torchport-bench" / f"{kind}{a.layers}x{a.n}.pt"
         make_checkpoint(path, a.layers, a.n, kind)

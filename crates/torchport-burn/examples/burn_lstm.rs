@@ -74,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let device = Device::default();
     let store = torchport_burn::TorchportStore::open(&model_path)?;
+    // Built lazily and loaded before use: no random weights are ever allocated.
     let (model, report) = store.load(Model::new(&device))?;
     println!("{report:#}");
 

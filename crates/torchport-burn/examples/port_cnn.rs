@@ -84,6 +84,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let device = Device::default();
+    // The configs' `init` only records shapes and initializers (Burn initialises lazily), and
+    // loading fills every parameter without asking for its value: no random weights are ever
+    // allocated, so loading holds the model once (docs/PORTING.md).
     let model = torchport_burn::load(format!("{root}cnn.pt"), Cnn::new(&device, bn_eps))?;
 
     let bytes = std::fs::read(format!("{root}cnn.io.safetensors"))?;

@@ -32,13 +32,25 @@ pub(crate) fn produced_dtype(d: DType) -> BurnDType {
     burn_dtype(d).unwrap_or(BurnDType::F32)
 }
 
+/// Told about each stretch of the source once it has been copied (so its memory-mapped pages
+/// can be released while the rest is still being copied).
+pub(crate) type Done<'r> = &'r dyn Fn(&[u8]);
+
+/// Bytes copied between two calls of [`Done`] (rounded to whole rows for a transpose).
+const STRETCH: usize = 4 << 20;
+
 /// float32 values of little-endian bytes; with `transpose`, the `rows x cols` matrix comes
 /// out as `cols x rows`. One pass, straight into the vector Burn keeps (the one copy out of
-/// the memory map). Large transposes are shared among the machine's cores, each writing its
-/// own band of output rows.
-fn f32s(src: &[u8], transpose: Option<(usize, usize)>) -> Vec<f32> {
+/// the memory map), a stretch of source rows at a time, `done` told about each. Large
+/// transposes are shared among the machine's cores, each writing its own band of output rows.
+fn f32s(src: &[u8], transpose: Option<(usize, usize)>, done: Done<'_>) -> Vec<f32> {
     let Some((rows, cols)) = transpose else {
-        return src.chunks_exact(4).map(word).collect();
+        let mut out = Vec::with_capacity(src.len() / 4);
+        for part in src.chunks(STRETCH) {
+            out.extend(part.chunks_exact(4).map(word));
+            done(part);
+        }
+        return out;
     };
     let mut out = vec![0f32; rows * cols];
     if rows == 0 || cols == 0 {
@@ -51,16 +63,32 @@ fn f32s(src: &[u8], transpose: Option<(usize, usize)>) -> Vec<f32> {
     };
     // Output rows (source columns) per thread, a whole number of bands.
     let per = cols.div_ceil(threads).div_ceil(BAND) * BAND;
-    std::thread::scope(|s| {
-        for (i, chunk) in out.chunks_mut(per * rows).enumerate() {
-            let c0 = i * per;
-            if i + 1 == threads || chunk.len() < per * rows {
-                transpose_into(src, rows, cols, c0, chunk);
-            } else {
-                s.spawn(move || transpose_into(src, rows, cols, c0, chunk));
+    // Source rows per stretch, a whole number of tiles.
+    let stretch = (STRETCH / (cols * 4)).div_ceil(BAND).max(1) * BAND;
+    for r0 in (0..rows).step_by(stretch) {
+        let rs = r0..(r0 + stretch).min(rows);
+        std::thread::scope(|s| {
+            for (i, chunk) in out.chunks_mut(per * rows).enumerate() {
+                let (c0, rs) = (i * per, rs.clone());
+                if i + 1 == threads || chunk.len() < per * rows {
+                    transpose_into(src, rows, cols, c0, rs, chunk);
+                } else {
+                    s.spawn(move || transpose_into(src, rows, cols, c0, rs, chunk));
+                }
             }
-        }
-    });
+        });
+        done(&src[rs.start * cols * 4..rs.end * cols * 4]);
+    }
+    out
+}
+
+/// `src` as an owned vector, copied a stretch at a time, `done` told about each.
+fn copied(src: &[u8], done: Done<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(src.len());
+    for part in src.chunks(STRETCH) {
+        out.extend_from_slice(part);
+        done(part);
+    }
     out
 }
 
@@ -75,12 +103,20 @@ fn word(c: &[u8]) -> f32 {
     f32::from_le_bytes([c[0], c[1], c[2], c[3]])
 }
 
-/// Fill `out` — output rows `c0..c0 + out.len() / rows` of the transpose of the row-major
-/// `rows x cols` float32 matrix `src` — in 64 x 64 cache tiles of 8 x 8 register tiles.
-fn transpose_into(src: &[u8], rows: usize, cols: usize, c0: usize, out: &mut [f32]) {
+/// Fill columns `rs` of `out` — output rows `c0..c0 + out.len() / rows` of the transpose of
+/// the row-major `rows x cols` float32 matrix `src`, from its rows `rs` — in 64 x 64 cache
+/// tiles of 8 x 8 register tiles (`rs.start` is a multiple of 64).
+fn transpose_into(
+    src: &[u8],
+    rows: usize,
+    cols: usize,
+    c0: usize,
+    rs: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
     let n = out.len() / rows;
-    for r0 in (0..rows).step_by(BAND) {
-        let r1 = (r0 + BAND).min(rows);
+    for r0 in rs.clone().step_by(BAND) {
+        let r1 = (r0 + BAND).min(rs.end);
         for k0 in (0..n).step_by(BAND) {
             let k1 = (k0 + BAND).min(n);
             for rb in (r0..r1).step_by(B) {
@@ -112,12 +148,14 @@ fn transpose_into(src: &[u8], rows: usize, cols: usize, c0: usize, out: &mut [f3
 }
 
 /// `bytes` (little-endian, row-major, `dtype` elements of `shape`) as Burn data; with
-/// `transpose` (float32 2-D only) the matrix is transposed in the same copy.
+/// `transpose` (float32 2-D only) the matrix is transposed in the same copy. Borrowed bytes
+/// are copied a stretch at a time, and `done` is told about each stretch once copied.
 pub(crate) fn tensor_data(
     dtype: DType,
     mut shape: Vec<usize>,
     bytes: Cow<'_, [u8]>,
     transpose: bool,
+    done: Done<'_>,
 ) -> Result<TensorData, String> {
     if dtype == DType::F32 {
         let dims = match (transpose, shape.as_slice()) {
@@ -125,7 +163,7 @@ pub(crate) fn tensor_data(
             (true, &[r, c]) => Some((r, c)),
             (true, _) => return Err(format!("cannot transpose a tensor of shape {shape:?}")),
         };
-        let v = f32s(&bytes, dims);
+        let v = f32s(&bytes, dims, done);
         if transpose {
             shape.swap(0, 1);
         }
@@ -137,8 +175,13 @@ pub(crate) fn tensor_data(
         ));
     }
     match burn_dtype(dtype) {
-        Some(d) => TensorData::try_from_bytes_vec(bytes.into_owned(), shape, d)
-            .map_err(|e| format!("{e:?}")),
+        Some(d) => {
+            let owned = match bytes {
+                Cow::Borrowed(b) => copied(b, done),
+                Cow::Owned(v) => v,
+            };
+            TensorData::try_from_bytes_vec(owned, shape, d).map_err(|e| format!("{e:?}"))
+        }
         None => {
             // float8 and friends: decode exactly to f64, then round to f32.
             let v: Vec<f32> = torchport::cast::to_f64(dtype, &bytes)
@@ -161,10 +204,10 @@ mod tests {
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        let d = tensor_data(DType::F32, vec![2], Cow::Borrowed(&bytes), false).unwrap();
+        let d = tensor_data(DType::F32, vec![2], Cow::Borrowed(&bytes), false, &|_| {}).unwrap();
         assert_eq!(d.iter::<f32>().collect::<Vec<_>>(), [1.5, -2.0]);
         let h = half::f16::from_f32(0.25).to_le_bytes().to_vec();
-        let d = tensor_data(DType::F16, vec![1], Cow::Owned(h), false).unwrap();
+        let d = tensor_data(DType::F16, vec![1], Cow::Owned(h), false, &|_| {}).unwrap();
         assert_eq!(d.dtype(), BurnDType::F16);
         // float8 e4m3fn 0x38 = 1.0, 0xc0 = -2.0
         let d = tensor_data(
@@ -172,6 +215,7 @@ mod tests {
             vec![2],
             Cow::Owned(vec![0x38, 0xc0]),
             false,
+            &|_| {},
         )
         .unwrap();
         assert_eq!(d.iter::<f32>().collect::<Vec<_>>(), [1.0, -2.0]);
@@ -182,7 +226,10 @@ mod tests {
         // Above the threshold, odd sizes so bands and thread chunks have ragged ends.
         let (r, c) = (1031, 1029);
         let src: Vec<u8> = (0..r * c).flat_map(|v| (v as f32).to_le_bytes()).collect();
-        let v = f32s(&src, Some((r, c)));
+        let seen = std::cell::Cell::new(0);
+        let v = f32s(&src, Some((r, c)), &|b| seen.set(seen.get() + b.len()));
+        // Two stretches of rows (1024 and 7), each reported once copied.
+        assert_eq!(seen.get(), src.len());
         for (ci, ri) in [(0, 0), (1028, 1030), (517, 3), (16, 1000), (1000, 16)] {
             assert_eq!(v[ci * r + ri], (ri * c + ci) as f32, "[{ci}][{ri}]");
         }
@@ -197,12 +244,19 @@ mod tests {
         // 40 x 70 (several tiles, ragged edges): out[c][r] = in[r][c] = r * 70 + c.
         let (r, c) = (40, 70);
         let src: Vec<u8> = (0..r * c).flat_map(|v| (v as f32).to_le_bytes()).collect();
-        let d = tensor_data(DType::F32, vec![r, c], Cow::Borrowed(&src), true).unwrap();
+        let d = tensor_data(DType::F32, vec![r, c], Cow::Borrowed(&src), true, &|_| {}).unwrap();
         assert_eq!(d.shape().iter().copied().collect::<Vec<_>>(), [c, r]);
         let v: Vec<f32> = d.iter::<f32>().collect();
         for (ci, ri) in [(0, 0), (1, 0), (0, 1), (69, 39), (5, 7), (33, 32)] {
             assert_eq!(v[ci * r + ri], (ri * c + ci) as f32, "[{ci}][{ri}]");
         }
-        assert!(tensor_data(DType::F32, vec![2, 2, 2], Cow::Borrowed(&src[..32]), true).is_err());
+        assert!(tensor_data(
+            DType::F32,
+            vec![2, 2, 2],
+            Cow::Borrowed(&src[..32]),
+            true,
+            &|_| {}
+        )
+        .is_err());
     }
 }

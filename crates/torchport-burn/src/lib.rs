@@ -38,6 +38,13 @@
 //! `ModuleSnapshot::apply` with deferred tensors (each read from the memory-mapped file when
 //! applied, split and transposed in the same copy), and casts with burn-store's
 //! `FloatCastAdapter` to the module's float dtype.
+//!
+//! Memory: loading holds the model plus at most one batch of new tensors
+//! ([`TorchportStore::batch_bytes`], 64 MiB by default), never a second copy of the checkpoint.
+//! The file's mapped pages are released stretch by stretch as they are copied, and Burn's
+//! modules initialise their parameters lazily, so a module built with its configs' `init` and
+//! loaded right away never allocates its random weights at all (docs/PORTING.md, "Loading a
+//! model larger than half your RAM").
 #![deny(missing_docs)]
 
 mod activations;

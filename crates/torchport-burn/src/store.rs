@@ -4,9 +4,16 @@
 //! checkpoint's tensors go through the user's rules and the adapters' rules (torchport's remap
 //! engine: lazy, a block along dim 0 of a memory-mapped tensor is borrowed, not copied), are
 //! copied once into the buffers Burn keeps (a float32 transpose happens in that copy), and
-//! are handed to burn-store's [`ModuleSnapshot::apply`] a batch at a time (at most
-//! [`BATCH_BYTES`] of data in flight, so there is never a second copy of the model in memory),
-//! with burn-store's [`FloatCastAdapter`] casting floats to the module's float dtype.
+//! are handed to burn-store's [`ModuleSnapshot::apply`] a batch at a time, with burn-store's
+//! [`FloatCastAdapter`] casting floats to the module's float dtype.
+//!
+//! Memory stays bounded by the model plus one batch: a batch holds at most
+//! [`BATCH_BYTES`] of new data (or one tensor, if larger) and is applied before the next
+//! tensor is read, so a parameter's old value (if the module had initialised it) is dropped
+//! before more than one batch of new ones exists. The memory-mapped file's pages are released
+//! ([`Checkpoint::release_bytes`]) a few MiB at a time as they are copied, and once a checkpoint
+//! tensor has been copied into every parameter it feeds ([`Checkpoint::release`]), so the
+//! mapped file never stays resident beyond the stretch being copied.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -24,7 +31,8 @@ use crate::plan::{self, Plan};
 use crate::report::LoadReport;
 use crate::target::{self, Target};
 
-/// Most bytes of tensor data read ahead of one `apply` pass over the module.
+/// Most bytes of tensor data read ahead of one `apply` pass over the module, by default (see
+/// [`TorchportStore::batch_bytes`]).
 pub const BATCH_BYTES: usize = 64 << 20;
 
 /// Loads any checkpoint torchport reads into any Burn [`Module`]; also a burn-store
@@ -52,6 +60,7 @@ pub struct TorchportStore {
     target_aware: bool,
     report: Option<LoadReport>,
     cache: Option<BTreeMap<String, PackTensor>>,
+    batch: usize,
 }
 
 impl TorchportStore {
@@ -69,6 +78,7 @@ impl TorchportStore {
             target_aware: true,
             report: None,
             cache: None,
+            batch: BATCH_BYTES,
         }
     }
 
@@ -120,6 +130,16 @@ impl TorchportStore {
         self
     }
 
+    /// Read at most `bytes` of tensor data (or one tensor, if it is larger) before putting
+    /// them into the module; [`BATCH_BYTES`] (64 MiB) by default. Each batch costs one pass
+    /// over the module's parameters; a smaller batch lowers the peak memory of loading into a
+    /// module whose parameters are already initialised (their old values are dropped a batch at
+    /// a time), and `0` puts every tensor in as soon as it is read.
+    pub fn batch_bytes(mut self, bytes: usize) -> Self {
+        self.batch = bytes;
+        self
+    }
+
     /// Match the checkpoint against `module` without loading anything.
     pub fn plan<M: Module>(&self, module: &M) -> Result<Plan> {
         plan::plan(
@@ -161,11 +181,12 @@ impl TorchportStore {
             target: Some(&wanted),
         };
         let (adapters, produced) = plan::adapter_rules(&planned)?;
-        let (outs, _) =
+        let (outs, by_rules) =
             remap::apply_with(&self.rules, self.ckpt.out_tensors(), &ctx).map_err(Error::rules)?;
-        let (outs, _) = remap::apply(&adapters, outs).map_err(Error::rules)?;
+        let (outs, by_adapters) = remap::apply(&adapters, outs).map_err(Error::rules)?;
         let outs: HashMap<String, torchport::OutTensor<'_>> =
             outs.into_iter().map(|o| (o.name.clone(), o)).collect();
+        let mut release = Release::new(&by_rules, &by_adapters, &produced);
 
         let float = float_dtype(module);
         let mut batch = Vec::new();
@@ -182,23 +203,28 @@ impl TorchportStore {
         };
         for (p, name) in planned.iter().zip(&produced) {
             let path = p.target.path();
-            // The tensor's own dtype and shape: should they differ from the plan's,
-            // burn-store's applier reports the mismatch instead of loading it.
-            let data = outs
-                .get(name)
-                .ok_or_else(|| format!("{path}: the rules produced no tensor {name}"))
-                .and_then(|o| {
-                    let bytes = o.data().map_err(|e| format!("{path}: {e}"))?;
-                    tensor_data(o.dtype, o.shape.clone(), bytes, p.fused_transpose())
-                        .map_err(|e| format!("{path}: {e}"))
-                })
-                .map_err(|e| fail(vec![e]))?;
-            bytes += data.bytes().len();
-            batch.push(hand_over(data, path));
-            if bytes >= BATCH_BYTES {
+            let out = outs.get(name).ok_or_else(|| {
+                fail(vec![format!("{path}: the rules produced no tensor {name}")])
+            })?;
+            // Put the batch in (dropping the values it replaces) before reading more.
+            let size = out.numel().saturating_mul(produced_dtype(out.dtype).size());
+            if !batch.is_empty() && bytes.saturating_add(size) > self.batch {
                 flush(&mut batch, module);
                 bytes = 0;
             }
+            // The tensor's own dtype and shape: should they differ from the plan's,
+            // burn-store's applier reports the mismatch instead of loading it.
+            let data = out
+                .data()
+                .map_err(|e| e.to_string())
+                .and_then(|b| {
+                    let done = |part: &[u8]| self.ckpt.release_bytes(part);
+                    tensor_data(out.dtype, out.shape.clone(), b, p.fused_transpose(), &done)
+                })
+                .map_err(|e| fail(vec![format!("{path}: {e}")]))?;
+            release.done(&self.ckpt, name);
+            bytes = bytes.saturating_add(size);
+            batch.push(hand_over(data, path));
         }
         if !batch.is_empty() {
             flush(&mut batch, module);
@@ -248,6 +274,59 @@ impl TorchportStore {
     }
 }
 
+/// Releases a checkpoint tensor's memory-mapped pages once every parameter it feeds has been
+/// copied out of it (the pages stay in the OS page cache; see [`Checkpoint::release`]).
+struct Release {
+    /// For each tensor the load produces, the checkpoint tensors it is made from.
+    sources: HashMap<String, Vec<String>>,
+    /// For each checkpoint tensor, how many produced tensors still have to be read from it.
+    pending: HashMap<String, usize>,
+}
+
+impl Release {
+    /// `by_rules` maps checkpoint tensors to the tensors after the user's rules,
+    /// `by_adapters` those to the produced ones, of which the load reads `produced`.
+    fn new(by_rules: &remap::Plan, by_adapters: &remap::Plan, produced: &[String]) -> Self {
+        let origin: HashMap<&str, &[String]> = by_rules
+            .targets
+            .iter()
+            .map(|t| (t.name.as_str(), t.sources.as_slice()))
+            .collect();
+        let mut sources: HashMap<String, Vec<String>> = HashMap::new();
+        for t in &by_adapters.targets {
+            let from: Vec<String> = t
+                .sources
+                .iter()
+                .flat_map(|s| origin.get(s.as_str()).copied().unwrap_or_default())
+                .cloned()
+                .collect();
+            sources.entry(t.name.clone()).or_insert(from);
+        }
+        let mut pending: HashMap<String, usize> = HashMap::new();
+        for name in produced {
+            for s in sources.get(name).into_iter().flatten() {
+                *pending.entry(s.clone()).or_default() += 1;
+            }
+        }
+        Release { sources, pending }
+    }
+
+    /// `name` has been copied out: release the sources nothing else still reads.
+    fn done(&mut self, ckpt: &Checkpoint, name: &str) {
+        for s in self.sources.get(name).into_iter().flatten() {
+            let Some(left) = self.pending.get_mut(s) else {
+                continue;
+            };
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                if let Some(t) = ckpt.tensor(s) {
+                    ckpt.release(t);
+                }
+            }
+        }
+    }
+}
+
 /// A burn-store tensor that hands `data` over when the applier asks for it. burn-store's
 /// applier clones the tensors it is given before drawing their data; a resident tensor's
 /// bytes would then be shared and Burn would copy them, while a deferred one gives its
@@ -276,14 +355,24 @@ fn read_one(
         modules: ckpt.modules(),
         target: None,
     };
-    let (outs, _) =
+    let (outs, plan) =
         remap::apply_with(rules, ckpt.out_tensors(), &ctx).map_err(|e| e.to_string())?;
     let t = outs
         .iter()
         .find(|o| o.name == name)
         .ok_or_else(|| format!("the rules no longer produce {name}"))?;
     let data = t.data().map_err(|e| e.to_string())?;
-    tensor_data(t.dtype, shape.to_vec(), data, false)
+    let out = tensor_data(t.dtype, shape.to_vec(), data, false, &|b| {
+        ckpt.release_bytes(b)
+    });
+    // Copied out: its sources' mapped pages are not needed any more.
+    let sources = plan.targets.iter().filter(|p| p.name == name);
+    for s in sources.flat_map(|p| &p.sources) {
+        if let Some(info) = ckpt.tensor(s) {
+            ckpt.release(info);
+        }
+    }
+    out
 }
 
 /// The float dtype the module's device computes in (f32 on the default ndarray device).

@@ -19,6 +19,9 @@
 //! - One copy: a tensor's bytes are borrowed from the memory-mapped file and copied once, into
 //!   the candle tensor (a strided or big-endian tensor is gathered first). Dtypes candle has
 //!   no element for (float8 variants other than e4m3fn) are decoded to f32.
+//! - Bounded memory: once copied, a tensor's memory-mapped pages are released
+//!   ([`Checkpoint::release`]), so building a model holds the model plus the tensor being
+//!   read, never the whole mapped file.
 //! - Rules: torchport's remap language (renames, splits, transposes, presets, TOML rule
 //!   files) runs over the checkpoint's names before lookup, so a PyTorch `nn.Sequential`
 //!   (`0.weight`) can feed a candle model that names its layers (`fc1.weight`). A tensor the
@@ -272,8 +275,11 @@ impl TorchportBackend {
                     )));
                 }
                 let bytes = self.ckpt.data(info).map_err(|e| msg(e.to_string()))?;
-                to_tensor(&bytes, info.dtype, &info.shape, dev)
-                    .map_err(|e| msg(format!("{path}: tensor {}: {e}", info.name)))?
+                let t = to_tensor(&bytes, info.dtype, &info.shape, dev)
+                    .map_err(|e| msg(format!("{path}: tensor {}: {e}", info.name)))?;
+                // Copied into candle's storage: the mapped pages are not needed any more.
+                self.ckpt.release(info);
+                t
             }
             None => {
                 // Made by splits, merges, transposes…: run the resolved rules over this
@@ -297,8 +303,14 @@ impl TorchportBackend {
                     .find(|o| o.name == name)
                     .ok_or_else(|| self.missing(name))?;
                 let bytes = out.data().map_err(|e| msg(e.to_string()))?;
-                to_tensor(&bytes, out.dtype, &out.shape, dev)
-                    .map_err(|e| msg(format!("{path}: tensor {name}: {e}")))?
+                let t = to_tensor(&bytes, out.dtype, &out.shape, dev)
+                    .map_err(|e| msg(format!("{path}: tensor {name}: {e}")))?;
+                for &i in &entry.sources {
+                    if let Some(info) = tensors.get(i) {
+                        self.ckpt.release(info);
+                    }
+                }
+                t
             }
         };
         let t = if t.dtype() == dtype {

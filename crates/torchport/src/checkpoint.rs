@@ -317,6 +317,21 @@ impl Checkpoint {
         }
     }
 
+    /// Hint that `bytes`, a part of this checkpoint's memory-mapped file (a slice borrowed
+    /// from [`Checkpoint::data`], or any stretch of one), will not be read again soon: drops
+    /// those pages from resident memory, as [`Checkpoint::release`] does for a whole storage.
+    /// Lets a reader release a large tensor stretch by stretch while copying it. Bytes that
+    /// are not part of the mapped file are left alone.
+    pub fn release_bytes(&self, bytes: &[u8]) {
+        if let Some(s) = self
+            .storages
+            .iter()
+            .find(|s| s.mapped_offset(bytes).is_some())
+        {
+            s.release_bytes(bytes);
+        }
+    }
+
     /// The data of the tensor named `name`.
     pub fn data_by_name(&self, name: &str) -> Result<Cow<'_, [u8]>> {
         let t = self.tensor(name).ok_or_else(|| Error::NoSuchTensor {

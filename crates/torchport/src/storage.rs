@@ -233,6 +233,42 @@ impl Storage {
         }
     }
 
+    /// Where `bytes` lie in this storage's memory-mapped file, if they are a part of it (as a
+    /// slice borrowed from [`crate::Checkpoint::data`] is); `None` for bytes anywhere else.
+    pub(crate) fn mapped_offset(&self, bytes: &[u8]) -> Option<usize> {
+        let FileBytes::Mapped(map) = &self.file else {
+            return None;
+        };
+        let base = map.map.as_ptr() as usize;
+        let start = (bytes.as_ptr() as usize).checked_sub(base)?;
+        (start.checked_add(bytes.len())? <= map.map.len()).then_some(start)
+    }
+
+    /// Like [`Storage::release`], for just the pages under `bytes` — a part of the data this
+    /// storage's memory-mapped file holds, e.g. the rows a reader has finished copying out of
+    /// a borrowed tensor, so a long copy keeps only its current stretch resident. Bytes that
+    /// are not part of the mapped file (copies on the heap, other files) are left alone.
+    pub fn release_bytes(&self, bytes: &[u8]) {
+        #[cfg(not(unix))]
+        let _ = bytes;
+        #[cfg(unix)]
+        if let (FileBytes::Mapped(map), Some(start)) = (&self.file, self.mapped_offset(bytes)) {
+            if bytes.is_empty() {
+                return;
+            }
+            // SAFETY: as in `release`: a read-only shared file mapping, whose pages fault back
+            // in unchanged; the range was checked to lie inside the map.
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    bytes.len(),
+                )
+            };
+        }
+    }
+
     /// True when the bytes are read straight from a memory map (no copy was made).
     pub fn is_mapped(&self) -> bool {
         matches!(self.file, FileBytes::Mapped(_))

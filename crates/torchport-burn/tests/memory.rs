@@ -1,0 +1,318 @@
+//! Loading into Burn holds the model plus about one tensor, never a second copy of the
+//! checkpoint: a counting global allocator measures the peak heap while loading a torch.save
+//! file through every adapter (transpose, LSTM gate split, as-is, f16 -> f32 cast), and
+//! /proc/self/smaps shows how much of the memory-mapped file stays resident afterwards.
+//! Its own test binary (the allocator counts everything the binary does), one test, so
+//! nothing else allocates while it measures.
+#![allow(unsafe_code)] // the counting allocator below
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Lstm, LstmConfig};
+use burn::tensor::{Device, Tensor};
+use torchport::write::{OutputFormat, WriteOptions};
+use torchport::{DType, OutTensor};
+use torchport_burn::TorchportStore;
+
+/// Counts live heap bytes and the highest count since the last reset.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only counters change.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Relaxed);
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            // While moving, both blocks may be live: count the new one before freeing.
+            let now = LIVE.fetch_add(new_size, Relaxed) + new_size;
+            PEAK.fetch_max(now, Relaxed);
+            LIVE.fetch_sub(layout.size(), Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Width of every layer.
+const D: usize = 256;
+/// Embedding rows.
+const V: usize = 1024;
+/// Linear layers.
+const LAYERS: usize = 8;
+/// Heap the loader may use besides the model and one tensor: names, the plan, the report,
+/// Burn's module bookkeeping.
+const SLACK: usize = 512 << 10;
+
+#[derive(Module, Debug)]
+struct Net {
+    embed: Embedding,
+    layers: Vec<Linear>,
+    lstm: Lstm,
+}
+
+impl Net {
+    fn new(device: &Device) -> Self {
+        Net {
+            embed: EmbeddingConfig::new(V, D).init(device),
+            layers: (0..LAYERS)
+                .map(|_| LinearConfig::new(D, D).init(device))
+                .collect(),
+            lstm: LstmConfig::new(D, D, true).init(device),
+        }
+    }
+}
+
+/// PyTorch's tensors for `Net` (names and layouts as torch.save writes them), float32 values
+/// that differ everywhere: `value(k, i)` is element `i` of tensor `k`.
+fn pytorch_tensors() -> Vec<(String, Vec<usize>)> {
+    let mut t = vec![("embed.weight".to_string(), vec![V, D])];
+    for l in 0..LAYERS {
+        t.push((format!("layers.{l}.weight"), vec![D, D]));
+        t.push((format!("layers.{l}.bias"), vec![D]));
+    }
+    for (n, s) in [
+        ("weight_ih_l0", vec![4 * D, D]),
+        ("weight_hh_l0", vec![4 * D, D]),
+        ("bias_ih_l0", vec![4 * D]),
+        ("bias_hh_l0", vec![4 * D]),
+    ] {
+        t.push((format!("lstm.{n}"), s));
+    }
+    t
+}
+
+fn value(k: usize, i: usize) -> f32 {
+    ((k * 7919 + i * 31) % 2003) as f32 / 1024.0 - 1.0
+}
+
+/// Write `Net`'s tensors (and `extra`, unused by `Net`) as a torch.save zip of `dtype`.
+fn write_checkpoint(path: &Path, dtype: DType, extra: bool) {
+    let mut specs = pytorch_tensors();
+    if extra {
+        specs.push(("head.weight".into(), vec![16, D]));
+    }
+    let tensors: Vec<OutTensor<'static>> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(k, (name, shape))| {
+            let n: usize = shape.iter().product();
+            let bytes: Vec<u8> = (0..n)
+                .flat_map(|i| match dtype {
+                    DType::F16 => half::f16::from_f32(value(k, i)).to_le_bytes().to_vec(),
+                    _ => value(k, i).to_le_bytes().to_vec(),
+                })
+                .collect();
+            OutTensor::new(name, dtype, shape, move || Ok(Cow::Owned(bytes.clone())))
+        })
+        .collect();
+    torchport::write::write(
+        path,
+        OutputFormat::TorchZip,
+        &tensors,
+        WriteOptions::default(),
+    )
+    .expect("write the checkpoint");
+}
+
+/// Bytes of `Net`'s parameters as float32, and of its largest one.
+fn model_and_largest() -> (usize, usize) {
+    let sizes: Vec<usize> = pytorch_tensors()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() * 4)
+        .collect();
+    (sizes.iter().sum(), sizes.iter().copied().max().unwrap_or(0))
+}
+
+/// Calls `val()` on every parameter, so a lazily initialised module materialises its
+/// random weights (as one that has been used would have).
+struct Materialise;
+
+impl ModuleVisitor for Materialise {
+    fn visit_float<const N: usize>(&mut self, param: &Param<Tensor<N>>) {
+        std::hint::black_box(param.val());
+    }
+}
+
+/// Peak heap bytes above the level before `f`, and what `f` returned.
+fn peak<T>(f: impl FnOnce() -> T) -> (usize, T) {
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let out = f();
+    (PEAK.load(Relaxed).saturating_sub(base), out)
+}
+
+/// Resident bytes of this process's mappings of `path` (Linux; `None` elsewhere).
+fn mapped_resident(path: &Path) -> Option<usize> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let want = std::fs::canonicalize(path).ok()?;
+    let mut total = 0;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: address range, perms, offset, dev, inode, path.
+            inside = line.split_whitespace().nth(5).map(PathBuf::from) == Some(want.clone());
+        } else if inside && first == "Rss:" {
+            let kb: usize = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            total += kb * 1024;
+        }
+    }
+    Some(total)
+}
+
+/// The loaded module holds PyTorch's values, through each adapter.
+fn check_values(net: &Net, scale_tol: f32) {
+    let names: Vec<String> = pytorch_tensors().into_iter().map(|(n, _)| n).collect();
+    let k = |name: &str| names.iter().position(|n| n == name).unwrap();
+    let close = |got: f32, want: f32, what: &str| {
+        assert!((got - want).abs() <= scale_tol, "{what}: {got} vs {want}");
+    };
+    // Embedding: as is.
+    let e: Vec<f32> = net
+        .embed
+        .weight
+        .val()
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    close(
+        e[3 * D + 5],
+        value(k("embed.weight"), 3 * D + 5),
+        "embed[3][5]",
+    );
+    // Linear: Burn's [in, out] is PyTorch's [out, in] transposed.
+    let w: Vec<f32> = net.layers[2]
+        .weight
+        .val()
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    close(
+        w[7 * D + 11],
+        value(k("layers.2.weight"), 11 * D + 7),
+        "layers.2 w[7][11]",
+    );
+    // LSTM: the cell gate (PyTorch's third block of rows) of the input weights, transposed.
+    let g: Vec<f32> = net
+        .lstm
+        .cell_gate
+        .input_transform
+        .weight
+        .val()
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    close(
+        g[5 * D + 9],
+        value(k("lstm.weight_ih_l0"), (2 * D + 9) * D + 5),
+        "lstm cell gate",
+    );
+}
+
+#[test]
+fn loading_holds_the_model_plus_one_tensor() {
+    let dir = std::env::temp_dir().join(format!("torchport-burn-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f32_file = dir.join("net.pt");
+    let f16_file = dir.join("net-f16.pt");
+    let extra_file = dir.join("net-extra.pt");
+    write_checkpoint(&f32_file, DType::F32, false);
+    write_checkpoint(&f16_file, DType::F16, false);
+    write_checkpoint(&extra_file, DType::F32, true);
+    let device = Device::default();
+    let (model, largest) = model_and_largest();
+    let bound = model + largest + SLACK;
+    let mut rows = Vec::new();
+
+    // torchport_burn::load, strict, into a lazily initialised module: only the loaded
+    // tensors are ever allocated.
+    let (p, net) = peak(|| torchport_burn::load(&f32_file, Net::new(&device)).unwrap());
+    check_values(&net, 0.0);
+    drop(net);
+    rows.push(("load, f32", p));
+
+    // TorchportStore with allow_partial (the file has a tensor the model lacks).
+    let (p, (net, resident)) = peak(|| {
+        let store = TorchportStore::open(&extra_file)
+            .unwrap()
+            .allow_partial(true);
+        let (net, report) = store.load(Net::new(&device)).unwrap();
+        assert_eq!(report.unused.len(), 1, "{report}");
+        (net, mapped_resident(&extra_file))
+    });
+    check_values(&net, 0.0);
+    drop(net);
+    rows.push(("allow_partial, f32", p));
+    // Every tensor's mapped pages were released once copied: the file is not resident.
+    if let Some(r) = resident {
+        assert!(
+            r < largest,
+            "{r} bytes of the mapped file stay resident after loading (largest tensor {largest})"
+        );
+    }
+
+    // A float16 file into the float32 module: burn-store's cast adapter.
+    let (p, net) = peak(|| torchport_burn::load(&f16_file, Net::new(&device)).unwrap());
+    check_values(&net, 1e-3);
+    drop(net);
+    rows.push(("load, f16 -> f32", p));
+
+    // A module whose random weights are already there: each parameter is replaced and its
+    // old value dropped before the next is read (`batch_bytes(0)`), so the peak is still
+    // the model plus one tensor, not two models.
+    let net = Net::new(&device);
+    net.visit(&mut Materialise);
+    let (p, net) = peak(|| {
+        let store = TorchportStore::open(&f32_file).unwrap().batch_bytes(0);
+        store.load(net).unwrap().0
+    });
+    check_values(&net, 0.0);
+    drop(net);
+    // The materialised model was live before measuring began: only what loading adds counts.
+    rows.push(("initialised module, batch 0", p + model));
+
+    for (what, p) in &rows {
+        println!(
+            "{what:<30} peak heap {p:>9} (model {model}, largest tensor {largest}, bound {bound})"
+        );
+    }
+    for (what, p) in &rows {
+        assert!(
+            *p <= bound,
+            "{what}: peak heap {p} > model {model} + largest tensor {largest} + {SLACK}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,265 @@
+//! Building a candle model from `TorchportBackend`'s VarBuilder holds the model plus about one
+//! tensor, never a second copy of the checkpoint: a counting global allocator measures the
+//! peak heap while candle-nn layers are built from a torch.save file (tensors read as they
+//! are, split by a rule, cast from float16), and /proc/self/smaps shows how much of the
+//! memory-mapped file stays resident afterwards. Its own test binary (the allocator counts
+//! everything the binary does), one test, so nothing else allocates while it measures.
+#![allow(unsafe_code)] // the counting allocator below
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use candle_core::{DType as CDType, Device, Tensor};
+use candle_nn::{Embedding, Linear};
+use torchport::remap::{Op, Rule, RuleSet};
+use torchport::write::{OutputFormat, WriteOptions};
+use torchport::{DType, OutTensor};
+use torchport_candle::TorchportBackend;
+
+/// Counts live heap bytes and the highest count since the last reset.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only counters change.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Relaxed);
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            // While moving, both blocks may be live: count the new one before freeing.
+            let now = LIVE.fetch_add(new_size, Relaxed) + new_size;
+            PEAK.fetch_max(now, Relaxed);
+            LIVE.fetch_sub(layout.size(), Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Width of every layer.
+const D: usize = 256;
+/// Embedding rows.
+const V: usize = 1024;
+/// Linear layers.
+const LAYERS: usize = 8;
+/// Heap the backend may use besides the model and one tensor: names, the index, candle's
+/// bookkeeping.
+const SLACK: usize = 512 << 10;
+
+/// The model's tensors as torch.save writes them: an embedding, linears, and a fused
+/// attention input projection `[3D, D]` that a rule splits into query/key/value.
+fn pytorch_tensors() -> Vec<(String, Vec<usize>)> {
+    let mut t = vec![("embed.weight".to_string(), vec![V, D])];
+    for l in 0..LAYERS {
+        t.push((format!("layers.{l}.weight"), vec![D, D]));
+        t.push((format!("layers.{l}.bias"), vec![D]));
+    }
+    t.push(("attn.in_proj_weight".into(), vec![3 * D, D]));
+    t
+}
+
+fn value(k: usize, i: usize) -> f32 {
+    ((k * 7919 + i * 31) % 2003) as f32 / 1024.0 - 1.0
+}
+
+/// Write the tensors as a torch.save zip of `dtype`.
+fn write_checkpoint(path: &Path, dtype: DType) {
+    let tensors: Vec<OutTensor<'static>> = pytorch_tensors()
+        .into_iter()
+        .enumerate()
+        .map(|(k, (name, shape))| {
+            let n: usize = shape.iter().product();
+            let values: Vec<f64> = (0..n).map(|i| value(k, i) as f64).collect();
+            let bytes = torchport::cast::from_f64(&values, dtype).expect("encode");
+            OutTensor::new(name, dtype, shape, move || Ok(Cow::Owned(bytes.clone())))
+        })
+        .collect();
+    torchport::write::write(
+        path,
+        OutputFormat::TorchZip,
+        &tensors,
+        WriteOptions::default(),
+    )
+    .expect("write the checkpoint");
+}
+
+/// Bytes of the model's parameters as float32, and of its largest one.
+fn model_and_largest() -> (usize, usize) {
+    let sizes: Vec<usize> = pytorch_tensors()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() * 4)
+        .collect();
+    (sizes.iter().sum(), sizes.iter().copied().max().unwrap_or(0))
+}
+
+/// The candle model: what a user's model constructor would hold.
+struct Net {
+    embed: Embedding,
+    layers: Vec<Linear>,
+    qkv: Vec<Tensor>,
+}
+
+/// Build `Net` from `path` through the backend, the fused projection split by a rule.
+fn build(path: &Path) -> (Net, Option<usize>) {
+    let mut rules = RuleSet::new();
+    rules.push(
+        Rule::new(
+            r"^attn\.in_proj_weight$",
+            Op::Split {
+                dim: 0,
+                sizes: None,
+                to: vec![
+                    "attn.q.weight".into(),
+                    "attn.k.weight".into(),
+                    "attn.v.weight".into(),
+                ],
+            },
+        )
+        .unwrap(),
+    );
+    let vb = TorchportBackend::open(path)
+        .unwrap()
+        .rules(rules)
+        .unwrap()
+        .into_var_builder(CDType::F32, &Device::Cpu);
+    let net = Net {
+        embed: candle_nn::embedding(V, D, vb.pp("embed")).unwrap(),
+        layers: (0..LAYERS)
+            .map(|l| candle_nn::linear(D, D, vb.pp(format!("layers.{l}"))).unwrap())
+            .collect(),
+        qkv: ["q", "k", "v"]
+            .iter()
+            .map(|n| vb.get((D, D), &format!("attn.{n}.weight")).unwrap())
+            .collect(),
+    };
+    // The backend (and its memory map) is still alive here.
+    (net, mapped_resident(path))
+}
+
+/// Peak heap bytes above the level before `f`, and what `f` returned.
+fn peak<T>(f: impl FnOnce() -> T) -> (usize, T) {
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let out = f();
+    (PEAK.load(Relaxed).saturating_sub(base), out)
+}
+
+/// Resident bytes of this process's mappings of `path` (Linux; `None` elsewhere).
+fn mapped_resident(path: &Path) -> Option<usize> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let want = std::fs::canonicalize(path).ok()?;
+    let mut total = 0;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: address range, perms, offset, dev, inode, path.
+            inside = line.split_whitespace().nth(5).map(PathBuf::from) == Some(want.clone());
+        } else if inside && first == "Rss:" {
+            let kb: usize = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            total += kb * 1024;
+        }
+    }
+    Some(total)
+}
+
+/// The model holds the file's values.
+fn check_values(net: &Net, tol: f32) {
+    let names: Vec<String> = pytorch_tensors().into_iter().map(|(n, _)| n).collect();
+    let k = |name: &str| names.iter().position(|n| n == name).unwrap();
+    let at = |t: &Tensor, r: usize, c: usize| -> f32 {
+        t.get(r)
+            .unwrap()
+            .get(c)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    let close = |got: f32, want: f32, what: &str| {
+        assert!((got - want).abs() <= tol, "{what}: {got} vs {want}");
+    };
+    close(
+        at(net.embed.embeddings(), 3, 5),
+        value(k("embed.weight"), 3 * D + 5),
+        "embed[3][5]",
+    );
+    close(
+        at(net.layers[2].weight(), 7, 11),
+        value(k("layers.2.weight"), 7 * D + 11),
+        "layers.2 w[7][11]",
+    );
+    // The key: the second block of rows of the fused projection.
+    close(
+        at(&net.qkv[1], 9, 5),
+        value(k("attn.in_proj_weight"), (D + 9) * D + 5),
+        "attn.k[9][5]",
+    );
+}
+
+#[test]
+fn building_a_model_holds_the_model_plus_one_tensor() {
+    let dir = std::env::temp_dir().join(format!("torchport-candle-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f32_file = dir.join("net.pt");
+    let f16_file = dir.join("net-f16.pt");
+    write_checkpoint(&f32_file, DType::F32);
+    write_checkpoint(&f16_file, DType::F16);
+    let (model, largest) = model_and_largest();
+    let bound = model + largest + SLACK;
+    let mut rows = Vec::new();
+
+    for (what, file, tol) in [("f32", &f32_file, 0.0), ("f16 -> f32", &f16_file, 1e-3)] {
+        let (p, (net, resident)) = peak(|| build(file));
+        check_values(&net, tol);
+        drop(net);
+        rows.push((what, p));
+        // Every tensor's mapped pages were released once copied: the file is not resident.
+        if let Some(r) = resident {
+            assert!(
+                r < largest,
+                "{what}: {r} bytes of the mapped file stay resident (largest tensor {largest})"
+            );
+        }
+    }
+    for (what, p) in &rows {
+        println!(
+            "{what:<12} peak heap {p:>9} (model {model}, largest tensor {largest}, bound {bound})"
+        );
+    }
+    for (what, p) in &rows {
+        assert!(
+            *p <= bound,
+            "{what}: peak heap {p} > model {model} + largest tensor {largest} + {SLACK}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
