@@ -157,6 +157,26 @@ fn conv_transpose2d_dilated_without_bias_matches_pytorch() {
     assert_matches("convt2d_dil", &conv.forward(input("convt2d_dil")).unwrap());
 }
 
+#[test]
+fn conv_transpose2d_with_a_rectangular_kernel_matches_pytorch() {
+    // candle-nn's conv_transpose2d constructors take one kernel size; a [2, 3] kernel is read
+    // with its own shape and wrapped in ConvTranspose2d::new.
+    let vb = vb().pp("convt2d_rect");
+    let weight = vb.get((3, 4, 2, 3), "weight").unwrap();
+    let bias = vb.get(4, "bias").unwrap();
+    let cfg = ConvTranspose2dConfig {
+        padding: 1,
+        output_padding: 1,
+        stride: 2,
+        dilation: 1,
+    };
+    let conv = candle_nn::ConvTranspose2d::new(weight, Some(bias), cfg);
+    assert_matches(
+        "convt2d_rect",
+        &conv.forward(input("convt2d_rect")).unwrap(),
+    );
+}
+
 /// `x` [batch, seq, features] with the sequence reversed.
 fn flip_seq(x: &Tensor) -> Tensor {
     let n = x.dim(1).unwrap() as u32;
