@@ -98,6 +98,30 @@ fn layer_norm_without_affine_has_no_tensor_and_is_built_by_hand() {
 }
 
 #[test]
+fn layer_norm_over_two_dims_with_a_reshape_rule_matches_pytorch() {
+    // nn.LayerNorm((5, 6)) saves [5, 6] weights; candle's LayerNorm normalizes the last dim
+    // only. A reshape rule flattens the weights to [30]; the input is flattened the same way.
+    let rules = torchport::remap::RuleSet::from_toml_str(
+        "rules.toml",
+        r#"
+        [[rule]]
+        op = "reshape"
+        match = '^ln2d\.(weight|bias)$'
+        shape = [-1]
+        "#,
+    )
+    .unwrap();
+    let vb = backend()
+        .rules(rules)
+        .unwrap()
+        .into_var_builder(DType::F32, &Device::Cpu);
+    let ln = candle_nn::layer_norm(30, 1e-5, vb.pp("ln2d")).unwrap();
+    let x = input("ln2d");
+    let y = ln.forward(&x.flatten_from(1).unwrap()).unwrap();
+    assert_matches("ln2d", &y.reshape(x.dims()).unwrap());
+}
+
+#[test]
 fn group_norm_matches_pytorch() {
     let gn = candle_nn::group_norm(3, 6, 1e-5, vb().pp("gn")).unwrap();
     assert_matches("gn", &gn.forward(input("gn")).unwrap());
