@@ -92,7 +92,10 @@ impl Program {
 
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
-    pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
+    pub fn from_parts(
+        mut ep: ExportedProgram,
+        payloads: HashMap<String, Tensor>,
+    ) -> Result<Program> {
         let registry = Registry::with_all_ops();
         let g = &ep.graph_module.graph;
         let specs = &ep.graph_module.signature.input_specs;
@@ -164,6 +167,8 @@ impl Program {
             }
             weights.insert(arg.name.clone(), t.clone());
         }
+        crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
+        let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);
         let outputs = user_outputs(&ep)?;
 
@@ -214,7 +219,9 @@ impl Program {
             .collect()
     }
 
-    /// Every operator the program uses, with its count and whether it is supported.
+    /// Every operator the program uses, with its count and whether it is supported, as run:
+    /// after the load-time rewrites (batch norms folded into convolutions are gone; see
+    /// [`Program::ops_of`] for the archive's program as exported).
     pub fn ops(&self) -> Vec<OpUse> {
         let nodes = self.ep.graph_module.graph.nodes.iter();
         tally(

@@ -268,6 +268,9 @@ enum Operand<'a> {
     Scalar(f32),
     /// Element `i` reads element `i % len` (a trailing-dims operand repeated over rows).
     Rows(&'a [f32]),
+    /// Element `i` reads element `i / inner` (a leading-dims operand with size-1 trailing
+    /// dims, such as a `[N, C, 1, 1]` channel scale over `[N, C, H, W]`).
+    Blocks(&'a [f32], usize),
 }
 
 /// How `t` (contiguous f32 data `d`) is read when broadcast to `out` dims, if simply.
@@ -284,6 +287,20 @@ fn operand<'a>(t: &Tensor, d: &'a [f32], out: &[usize]) -> Option<Operand<'a>> {
     let rest = &dims[lead..];
     if rest.len() <= out.len() && out[out.len() - rest.len()..] == *rest {
         return Some(Operand::Rows(d));
+    }
+    // Left-padded to the output's rank: the output's own leading dims, then only 1s.
+    if dims.len() <= out.len() {
+        let pad = out.len() - dims.len();
+        let padded = |i: usize| if i < pad { 1 } else { dims[i - pad] };
+        let r = (0..out.len())
+            .rposition(|i| padded(i) != 1)
+            .map_or(0, |i| i + 1);
+        if (0..r).all(|i| padded(i) == out[i]) {
+            let inner: usize = out[r..].iter().product();
+            if inner > 0 && d.len() * inner == out.iter().product::<usize>() {
+                return Some(Operand::Blocks(d, inner));
+            }
+        }
     }
     None
 }
@@ -321,6 +338,7 @@ fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync)
         Operand::Full(d) => d[i],
         Operand::Scalar(s) => *s,
         Operand::Rows(d) => d[i % d.len()],
+        Operand::Blocks(d, inner) => d[i / inner],
     };
     let mut out = vec![0f32; n];
     let chunk = |start: usize, o: &mut [f32]| match (a, b) {
@@ -342,6 +360,21 @@ fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync)
                 *o = f(*s, y);
             }
         }
+        (Operand::Full(x), Operand::Blocks(d, inner)) => {
+            // Runs of `inner` elements share one value of the block operand.
+            let len = o.len();
+            let x = &x[start..start + len];
+            let mut k = 0;
+            while k < len {
+                let i = start + k;
+                let run = (inner - i % inner).min(len - k);
+                let s = d[i / inner];
+                for (o, &x) in o[k..k + run].iter_mut().zip(&x[k..k + run]) {
+                    *o = f(x, s);
+                }
+                k += run;
+            }
+        }
         _ => {
             for (k, o) in o.iter_mut().enumerate() {
                 *o = f(at(start + k, a), at(start + k, b));
@@ -360,15 +393,21 @@ fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync)
 
 /// `max(x, 0)` of a contiguous f32 tensor, split across threads when large.
 pub fn relu(x: &Tensor) -> Option<Tensor> {
+    unary(x, |v| v.max(0.0))
+}
+
+/// `f` applied to each element of a contiguous f32 tensor in one pass, split across threads
+/// when large; `None` for any other tensor.
+pub fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Option<Tensor> {
     let y = with_f32(x, |xs| {
         let mut out = vec![0f32; xs.len()];
-        let f = |o: &mut [f32], i: &[f32]| o.iter_mut().zip(i).for_each(|(o, &v)| *o = v.max(0.0));
+        let g = |o: &mut [f32], i: &[f32]| o.iter_mut().zip(i).for_each(|(o, &v)| *o = f(v));
         if xs.len() >= PAR_MIN {
             out.par_chunks_mut(8192)
                 .zip(xs.par_chunks(8192))
-                .for_each(|(o, i)| f(o, i));
+                .for_each(|(o, i)| g(o, i));
         } else {
-            f(&mut out, xs);
+            g(&mut out, xs);
         }
         out
     })?;
@@ -400,6 +439,9 @@ mod tests {
             (t(&[2, 3, 4]), t(&[])),
             (t(&[]), t(&[2, 3, 4])),
             (t(&[1, 1, 5]), t(&[2, 3, 5])),
+            (t(&[2, 3, 4, 5]), t(&[2, 3, 1, 1])),
+            (t(&[2, 3, 1, 1]), t(&[2, 3, 4, 5])),
+            (t(&[1, 3, 4, 5]), t(&[3, 1, 1])),
         ];
         for (a, b) in &pairs {
             for (op, want) in [
@@ -417,6 +459,8 @@ mod tests {
                 );
             }
         }
+        // A channel scale broadcast over the batch too is left to candle.
+        assert!(binary(&t(&[2, 3, 4, 5]), &t(&[1, 3, 1, 1]), BinOp::Mul).is_none());
         // [3, 1] + [1, 4]: neither operand has the output's shape.
         assert!(binary(&t(&[3, 1]), &t(&[1, 4]), BinOp::Add).is_none());
         // A transposed (non-contiguous) operand is left to candle.
