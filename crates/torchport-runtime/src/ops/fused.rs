@@ -27,6 +27,18 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
     }
 }
 
+/// Run `f` on the whole storage of an CPU tensor of element type `T` and its layout (any strides).
+pub fn with_storage<T: candle_core::WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T], &candle_core::Layout) -> R,
+) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(c) => Some(f(c.as_slice::<T>().ok()?, layout)),
+        _ => None,
+    }
+}
+
 /// A copy of the data of a small f32 tensor of exactly `n` elements (weights, biases).
 fn small_vec(t: &Tensor, n: usize) -> Option<Vec<f32>> {
     if t.elem_count() != n || t.dtype() != DType::F32 {
