@@ -58,7 +58,7 @@ pub fn register(r: &mut Registry) {
     for n in ["aten.silu.default", "aten.silu_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
-            if let Some(y) = super::fused::unary(&x, |v| v * (1.0 / (1.0 + (-v).exp()))) {
+            if let Some(y) = super::fused::unary(&x, |v| v * super::fused::sigmoid_fast(v)) {
                 return one(y);
             }
             one((&x * sigmoid(&x)?)?)
@@ -80,7 +80,7 @@ pub fn register(r: &mut Registry) {
 
 /// Logistic sigmoid, computed as torch does for f32 (1 / (1 + exp(-x))).
 pub fn sigmoid(x: &Tensor) -> OpResult<Tensor> {
-    if let Some(y) = super::fused::unary(x, |v| 1.0 / (1.0 + (-v).exp())) {
+    if let Some(y) = super::fused::unary(x, super::fused::sigmoid_fast) {
         return Ok(y);
     }
     Ok(x.neg()?.exp()?.affine(1.0, 1.0)?.recip()?)
@@ -107,6 +107,12 @@ fn gelu(a: &Args) -> OpResult<Outputs> {
         "tanh" => {
             // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
             let k = (2.0f64 / std::f64::consts::PI).sqrt();
+            let kf = k as f32;
+            let g =
+                |v: f32| 0.5 * v * (1.0 + super::fused::tanh_fast(kf * (v + 0.044715 * v * v * v)));
+            if let Some(y) = super::fused::unary(&x, g) {
+                return one(y);
+            }
             let inner = (&x + x.powf(3.0)?.affine(0.044715, 0.0)?)?.affine(k, 0.0)?;
             one((&x * inner.tanh()?.affine(0.5, 0.5)?)?)
         }

@@ -77,7 +77,7 @@ pub fn register(r: &mut Registry) {
         unary_f32(a, f32::cos, |x| Ok(x.cos()?))
     });
     r.add("aten.tanh.default", |a| {
-        unary_f32(a, f32::tanh, |x| Ok(x.tanh()?))
+        unary_f32(a, fused::tanh_fast, |x| Ok(x.tanh()?))
     });
     r.add("aten.erf.default", |a| {
         one(float(&a.tensor("self")?)?.erf()?)
