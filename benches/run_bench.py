@@ -14,7 +14,10 @@ transformers BERT-base (input ids + attention mask), GPT-2 small and a Llama-sty
 (gitignored). For every (model, batch, threads) the script times torch eager
 (`torch.inference_mode`, `torch.set_num_threads`), onnxruntime (CPU EP,
 `intra_op_num_threads`; only if `import onnxruntime` works) and torchport's run_timing
-(`RAYON_NUM_THREADS`) back to back: medians of --runs after one warm-up run.
+(`RAYON_NUM_THREADS`) back to back: medians of --runs after one warm-up run, and each one's
+process CPU time per run (all threads; on a busy machine wall time mostly measures the other
+processes, CPU time much less; at 2+ threads torch's OpenMP workers spin while waiting, which
+counts as CPU time).
 --binary picks another run_timing build (e.g. a copy of the one before a change).
 """
 
@@ -92,13 +95,15 @@ MODELS = {
 
 
 def time_it(fn, runs):
+    """(median wall ms, process CPU ms per run) over `runs` calls after one warm-up."""
     fn()
     ts = []
+    c0 = time.process_time()
     for _ in range(runs):
         t = time.perf_counter()
         fn()
         ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
+    return statistics.median(ts), (time.process_time() - c0) * 1e3 / runs
 
 
 def export(name, batch):
@@ -149,7 +154,7 @@ def main():
             for th in threads:
                 torch.set_num_threads(th)
                 with torch.inference_mode():
-                    eager = time_it(lambda: model(*inputs), args.runs)
+                    eager, eager_cpu = time_it(lambda: model(*inputs), args.runs)
                 onnx_ms = None
                 if ort:
                     so = ort.SessionOptions()
@@ -158,29 +163,33 @@ def main():
                     sess = ort.InferenceSession(str(onnx_path), so,
                                                 providers=["CPUExecutionProvider"])
                     feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
-                    onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)
+                    onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)[0]
                 env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
                 res = subprocess.run(
                     [str(args.binary), str(pt2), *map(str, npys), "--runs", str(args.runs)],
                     capture_output=True, text=True, env=env, check=True)
                 tp = json.loads(res.stdout.strip().splitlines()[-1])
                 row = dict(model=name, batch=batch, threads=th, torchport_ms=tp["median_ms"],
-                           eager_ms=eager, ort_ms=onnx_ms, load_ms=tp["load_ms"])
+                           eager_ms=eager, ort_ms=onnx_ms, load_ms=tp["load_ms"],
+                           torchport_cpu_ms=tp.get("cpu_ms"), eager_cpu_ms=eager_cpu)
                 rows.append(row)
                 ort_s = f"{onnx_ms:8.1f} {tp['median_ms'] / onnx_ms:6.2f}" if onnx_ms else ""
                 print(f"{name:<19} b{batch:<2} t{th}  torchport {tp['median_ms']:8.1f}  "
                       f"eager {eager:8.1f}  tp/eager {tp['median_ms'] / eager:5.2f}  "
-                      f"load {tp['load_ms']:6.0f} {ort_s}", flush=True)
+                      f"load {tp['load_ms']:6.0f}  cpu {tp.get('cpu_ms', float('nan')):7.1f} / "
+                      f"{eager_cpu:7.1f} {ort_s}", flush=True)
 
     print(f"\nruns={args.runs} (medians, ms); load average at end: {os.getloadavg()[0]:.2f}")
     print("| model | batch | threads | torch eager | torchport | torchport / eager |"
-          + (" onnxruntime | torchport / ort |" if ort else "") + " torchport load |")
-    print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if ort else "") + "---:|")
+          + (" onnxruntime | torchport / ort |" if ort else "")
+          + " torchport load | CPU per run: torch / torchport | CPU ratio |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if ort else "") + "---:|---:|---:|")
     for r in rows:
         o = (f" {r['ort_ms']:.1f} | {r['torchport_ms'] / r['ort_ms']:.2f} |" if ort else "")
+        tc, ec = r["torchport_cpu_ms"], r["eager_cpu_ms"]
         print(f"| {r['model']} | {r['batch']} | {r['threads']} | {r['eager_ms']:.1f} | "
               f"{r['torchport_ms']:.1f} | {r['torchport_ms'] / r['eager_ms']:.2f} |{o} "
-              f"{r['load_ms']:.0f} |")
+              f"{r['load_ms']:.0f} | {ec:.0f} / {tc:.0f} | {tc / ec:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
