@@ -1,5 +1,6 @@
 //! Weight preparation done once at load: fold each inference batch norm into the
-//! convolution before it ([`fold_batch_norms`]), and store each Linear weight in the layout its
+//! convolution before it ([`fold_batch_norms`]), then the relu / silu / hardswish after a
+//! convolution into it ([`fuse_conv_activations`]), and store each Linear weight in the layout its
 //! matmul reads, so that no run pays for a transposed operand.
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
@@ -219,7 +220,7 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
             producer.insert(t.name.clone(), i);
         }
     }
-    let mut drop = vec![false; graph.nodes.len()];
+    let mut dropped: HashSet<usize> = HashSet::new();
     let mut folded = 0;
     for i in 0..graph.nodes.len() {
         let bn = &graph.nodes[i];
@@ -340,12 +341,15 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
             }),
         }
         conv.outputs = vec![tensor(out)];
-        drop[i] = true;
+        dropped.insert(i);
         folded += 1;
     }
     if folded > 0 {
-        let mut keep = drop.iter().map(|d| !d);
-        graph.nodes.retain(|_| keep.next().unwrap_or(true));
+        let mut at = 0;
+        graph.nodes.retain(|_| {
+            at += 1;
+            !dropped.contains(&(at - 1))
+        });
         let mut read: HashSet<String> = HashSet::new();
         for node in &graph.nodes {
             for a in &node.inputs {
@@ -358,4 +362,82 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
         weights.retain(|name, _| read.contains(name));
     }
     folded
+}
+
+/// Fold a relu, silu or hardswish (or its in-place form) that is the only reader of a
+/// convolution's output into that convolution: the conv node records the activation under
+/// [`FUSED_ACT_ARG`](crate::ops::conv::FUSED_ACT_ARG), applies it to each image's output as it
+/// is produced, defines the activation's output, and the activation node is dropped. Run
+/// after [`fold_batch_norms`] (conv, norm, relu becomes one node). Returns how many.
+pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
+    use crate::ops::conv::{Act, FUSED_ACT_ARG};
+    use crate::schema::NamedArgument;
+    let mut readers: HashMap<String, usize> = HashMap::new();
+    for node in &graph.nodes {
+        for a in &node.inputs {
+            for n in tensor_names(&a.arg) {
+                *readers.entry(n.to_string()).or_default() += 1;
+            }
+        }
+    }
+    for o in &graph.outputs {
+        for n in tensor_names(o) {
+            *readers.entry(n.to_string()).or_default() += usize::MAX / 4;
+        }
+    }
+    let mut producer: HashMap<String, usize> = HashMap::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if let [Argument::AsTensor(t)] = node.outputs.as_slice() {
+            producer.insert(t.name.clone(), i);
+        }
+    }
+    let mut dropped: HashSet<usize> = HashSet::new();
+    let mut fused = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        let Some(act) = Act::of_op(op_key(&node.target)) else {
+            continue;
+        };
+        let (Some(x), [Argument::AsTensor(y)]) =
+            (input_tensor(node, "self"), node.outputs.as_slice())
+        else {
+            continue;
+        };
+        let y = y.name.clone();
+        let (Some(&j), Some(1)) = (producer.get(x), readers.get(x).copied()) else {
+            continue;
+        };
+        let conv = &graph.nodes[j];
+        let conv_ok = match op_key(&conv.target) {
+            "aten.conv2d.default" | "aten.conv1d.default" => true,
+            "aten.convolution.default" => matches!(
+                conv.inputs
+                    .iter()
+                    .find(|a| a.name == "transposed")
+                    .map(|a| &a.arg),
+                Some(Argument::AsBool(false))
+            ),
+            _ => false,
+        };
+        if !conv_ok || conv.inputs.iter().any(|a| a.name == FUSED_ACT_ARG) {
+            continue;
+        }
+        let conv = &mut graph.nodes[j];
+        conv.inputs.push(NamedArgument {
+            name: FUSED_ACT_ARG.into(),
+            arg: Argument::AsString(act.name().into()),
+            kind: None,
+        });
+        conv.outputs = vec![Argument::AsTensor(crate::schema::TensorArgument {
+            name: y,
+        })];
+        dropped.insert(i);
+        fused += 1;
+    }
+    let mut at = 0;
+    graph.nodes.retain(|_| {
+        at += 1;
+        !dropped.contains(&(at - 1))
+    });
+    fused
 }

@@ -168,6 +168,7 @@ impl Program {
             weights.insert(arg.name.clone(), t.clone());
         }
         crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
+        crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
         let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);
         let outputs = user_outputs(&ep)?;
@@ -220,7 +221,8 @@ impl Program {
     }
 
     /// Every operator the program uses, with its count and whether it is supported, as run:
-    /// after the load-time rewrites (batch norms folded into convolutions are gone; see
+    /// after the load-time rewrites (batch norms and activations folded into convolutions are
+    /// gone; see
     /// [`Program::ops_of`] for the archive's program as exported).
     pub fn ops(&self) -> Vec<OpUse> {
         let nodes = self.ep.graph_module.graph.nodes.iter();

@@ -111,7 +111,8 @@ family!(bnfold);
 /// right after a convolution read by nothing else (conv without bias, conv with bias and a
 /// norm without affine parameters, depthwise, conv1d) are folded, in both the plain and the
 /// decomposed program; the norm whose conv output is also read by an add, and the one after
-/// an add, stay. (The outputs against torch's are checked by the `bnfold` test above.)
+/// an add, stay; the relu after the first conv + norm joins that conv. (The outputs against
+/// torch's are checked by the `bnfold` test above.)
 #[test]
 fn bnfold_folds_only_foldable_norms() {
     for (flavour, op) in [
@@ -127,5 +128,14 @@ fn bnfold_folds_only_foldable_norms() {
         let before = Program::ops_of(fixtures().join(format!("bnfold.{flavour}.pt2"))).unwrap();
         let all = before.iter().find(|o| o.op == op).map_or(0, |o| o.count);
         assert_eq!(all, 6, "{flavour}: norms in the program as exported");
+        // The relu after the first conv + norm is folded into that conv too.
+        let relus = |ops: &[torchport_runtime::OpUse]| {
+            ops.iter()
+                .filter(|o| o.op.starts_with("aten.relu"))
+                .map(|o| o.count)
+                .sum::<usize>()
+        };
+        assert_eq!(relus(&before), 1, "{flavour}: relus as exported");
+        assert_eq!(relus(&p.ops()), 0, "{flavour}: relus left after fusing");
     }
 }

@@ -29,7 +29,61 @@ struct Params {
     padding: [usize; 2],
     dilation: [usize; 2],
     groups: usize,
+    /// An activation fused onto the output at load (see `prepare::fuse_conv_activations`).
+    act: Act,
 }
+
+/// The activation a convolution applies to its output (the graph's own relu / silu /
+/// hardswish node, folded into the conv at load), computed as those kernels compute it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Act {
+    /// None.
+    None,
+    /// `max(x, 0)`.
+    Relu,
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// `x * clamp(x + 3, 0, 6) / 6`.
+    Hardswish,
+}
+
+impl Act {
+    /// The activation of an op key (`aten.relu_.default` → `Relu`), if one can be fused.
+    pub fn of_op(key: &str) -> Option<Act> {
+        match key {
+            "aten.relu.default" | "aten.relu_.default" => Some(Act::Relu),
+            "aten.silu.default" | "aten.silu_.default" => Some(Act::Silu),
+            "aten.hardswish.default" | "aten.hardswish_.default" => Some(Act::Hardswish),
+            _ => None,
+        }
+    }
+
+    /// The name the fused graph records (`relu`, `silu`, `hardswish`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::None => "none",
+            Act::Relu => "relu",
+            Act::Silu => "silu",
+            Act::Hardswish => "hardswish",
+        }
+    }
+
+    fn apply(self, xs: &mut [f32]) {
+        match self {
+            Act::None => {}
+            Act::Relu => xs.iter_mut().for_each(|v| *v = v.max(0.0)),
+            Act::Silu => xs
+                .iter_mut()
+                .for_each(|v| *v *= super::fused::sigmoid_fast(*v)),
+            Act::Hardswish => xs
+                .iter_mut()
+                .for_each(|v| *v = *v * (*v + 3.0).clamp(0.0, 6.0) / 6.0),
+        }
+    }
+}
+
+/// The argument name under which a fused activation is recorded on a conv node.
+pub const FUSED_ACT_ARG: &str = "torchport_fused_activation";
 
 fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
     let p = match (v, one_d) {
@@ -75,11 +129,22 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
         _ => pair(&a.ints_or("padding", &[0])?, "padding", one_d)?,
     };
     let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
+    let act = match a.get(FUSED_ACT_ARG) {
+        None => Act::None,
+        Some(crate::schema::Argument::AsString(s)) => match s.as_str() {
+            "relu" => Act::Relu,
+            "silu" => Act::Silu,
+            "hardswish" => Act::Hardswish,
+            other => op_bail!("unknown fused activation '{other}'"),
+        },
+        Some(_) => op_bail!("{FUSED_ACT_ARG} must be a string"),
+    };
     let p = Params {
         stride,
         padding,
         dilation,
         groups,
+        act,
     };
     one(conv(&x, &w, b.as_ref(), &p)?)
 }
@@ -105,12 +170,12 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
         );
     }
     let cin = x.dims()[1];
-    let mut bias_done = false;
+    let (mut bias_done, mut act_done) = (false, false);
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
-        bias_done = true;
+        (bias_done, act_done) = (true, true);
         depthwise(&x, &w, b, p)?
     } else if let Some(y) = conv_gemm(&x, &w, b, p)? {
-        bias_done = true;
+        (bias_done, act_done) = (true, true);
         y
     } else {
         let mut x = x;
@@ -134,6 +199,13 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
     let y = match b {
         Some(b) if !bias_done => y.broadcast_add(&float(b)?.reshape((1, (), 1, 1))?)?,
         _ => y,
+    };
+    let y = if p.act != Act::None && !act_done {
+        let mut v = super::f32_vec(&y)?;
+        p.act.apply(&mut v);
+        from_f32(v, y.dims())?
+    } else {
+        y
     };
     Ok(if one_d { y.squeeze(2)? } else { y })
 }
@@ -200,7 +272,7 @@ fn conv_gemm(
                     unfolded = im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, parallel);
                     &unfolded
                 };
-                sgemm(
+                let ok = sgemm(
                     co,
                     pix,
                     k,
@@ -211,7 +283,13 @@ fn conv_gemm(
                     bias.is_some(),
                     1.0,
                     parallel,
-                )
+                );
+                if parallel && p.act != Act::None {
+                    dst.par_chunks_mut(pix).for_each(|c| p.act.apply(c));
+                } else {
+                    p.act.apply(dst);
+                }
+                ok
             };
             let threads = rayon::current_num_threads();
             let ok = if n > 1 && n >= threads {
@@ -382,7 +460,12 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
         }
     };
     if oh * ow > 0 {
-        out.par_chunks_mut(oh * ow).enumerate().for_each(plane);
+        out.par_chunks_mut(oh * ow)
+            .enumerate()
+            .for_each(|(i, dst)| {
+                plane((i, &mut *dst));
+                p.act.apply(dst);
+            });
     }
     from_f32(out, &[n, co, oh, ow])
 }
@@ -527,6 +610,7 @@ mod tests {
                 padding: [pad; 2],
                 dilation: [dil; 2],
                 groups: 1,
+                act: Act::None,
             };
             let got = conv_gemm(&x, &w, None, &p)
                 .unwrap()
@@ -572,6 +656,7 @@ mod tests {
                 padding: [pad; 2],
                 dilation: [dil; 2],
                 groups,
+                act: Act::None,
             };
             let got = conv(&x, &w, Some(&b), &p).unwrap();
             let want = x
@@ -606,6 +691,7 @@ mod tests {
             padding: [0, 1],
             dilation: [1, 2],
             groups: 1,
+            act: Act::None,
         };
         let got = conv(&x, &w, None, &p).unwrap();
         let want = x.conv1d(&w, 1, 2, 2, 1).unwrap();
