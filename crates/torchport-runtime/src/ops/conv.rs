@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use super::fused::with_f32;
+use super::fused::{simd_axpy, with_f32};
 use super::sgemm::{sgemm, Mat};
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
@@ -69,15 +69,12 @@ impl Act {
     }
 
     fn apply(self, xs: &mut [f32]) {
+        use super::fused::{sigmoid_fast, simd_map_mut};
         match self {
             Act::None => {}
-            Act::Relu => xs.iter_mut().for_each(|v| *v = v.max(0.0)),
-            Act::Silu => xs
-                .iter_mut()
-                .for_each(|v| *v *= super::fused::sigmoid_fast(*v)),
-            Act::Hardswish => xs
-                .iter_mut()
-                .for_each(|v| *v = *v * (*v + 3.0).clamp(0.0, 6.0) / 6.0),
+            Act::Relu => simd_map_mut(xs, |v| v.max(0.0)),
+            Act::Silu => simd_map_mut(xs, |v| v * sigmoid_fast(v)),
+            Act::Hardswish => simd_map_mut(xs, |v| v * (v + 3.0).clamp(0.0, 6.0) / 6.0),
         }
     }
 }
@@ -437,23 +434,19 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
                     }
                     let row = &src[iy as usize * wd..][..wd];
                     let drow = &mut dst[y * ow..][..ow];
-                    if p.stride[1] == 1 {
-                        // Valid output columns: 0 <= x + dj < wd.
-                        let x0 = (-dj).clamp(0, ow as isize) as usize;
-                        let x1 = (wd as isize - dj).clamp(x0 as isize, ow as isize) as usize;
-                        if x1 > x0 {
-                            let s0 = (x0 as isize + dj) as usize;
-                            for (d, &v) in drow[x0..x1].iter_mut().zip(&row[s0..]) {
-                                *d += kv * v;
-                            }
-                        }
+                    // Valid output columns: 0 <= xo * stride + dj < wd.
+                    let sx = p.stride[1] as isize;
+                    let x0 = if dj >= 0 { 0 } else { (-dj + sx - 1) / sx };
+                    let last = wd as isize - 1 - dj;
+                    let x1 = if last < 0 {
+                        0
                     } else {
-                        for (xo, d) in drow.iter_mut().enumerate() {
-                            let ix = (xo * p.stride[1]) as isize + dj;
-                            if ix >= 0 && ix < wd as isize {
-                                *d += kv * row[ix as usize];
-                            }
-                        }
+                        (last / sx + 1).min(ow as isize)
+                    };
+                    if x1 > x0 {
+                        let s0 = (x0 * sx + dj) as usize;
+                        let (x0, x1) = (x0 as usize, x1 as usize);
+                        simd_axpy(&mut drow[x0..x1], &row[s0..], p.stride[1], kv);
                     }
                 }
             }
