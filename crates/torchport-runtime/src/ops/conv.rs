@@ -422,6 +422,10 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
         let ic = oc / m;
         let src = &xs[(b * c + ic) * h * wd..][..h * wd];
         let ker = &ws[oc * kh * kw..][..kh * kw];
+        if p.stride == [1, 1] {
+            depthwise_plane_s1(dst, src, ker, [h, wd], [kh, kw], [oh, ow], p);
+            return;
+        }
         for i in 0..kh {
             for j in 0..kw {
                 let kv = ker[i * kw + j];
@@ -461,6 +465,43 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
             });
     }
     from_f32(out, &[n, co, oh, ow])
+}
+
+/// One stride-1 depthwise plane as `kh * kw` long contiguous updates: the input is copied
+/// into a zero-padded `[h + 2 ph, w + 2 pw]` plane, and each tap adds its weight times that
+/// plane, shifted by the tap's offset, to an output laid out at the padded width (a tap is
+/// then one run over the whole plane, which vectorises, instead of one short run per row);
+/// the valid columns are copied out at the end. `dst` holds the bias (or zeros) on entry.
+fn depthwise_plane_s1(
+    dst: &mut [f32],
+    src: &[f32],
+    ker: &[f32],
+    [h, wd]: [usize; 2],
+    [kh, kw]: [usize; 2],
+    [oh, ow]: [usize; 2],
+    p: &Params,
+) {
+    let (ph, pw) = (p.padding[0], p.padding[1]);
+    let (hp, wp) = (h + 2 * ph, wd + 2 * pw);
+    let mut pad = vec![0f32; hp * wp];
+    for (y, row) in src.chunks(wd.max(1)).enumerate().take(h) {
+        pad[(y + ph) * wp + pw..][..wd].copy_from_slice(row);
+    }
+    let mut wide = vec![0f32; oh * wp];
+    for (y, row) in dst.chunks(ow.max(1)).enumerate().take(oh) {
+        wide[y * wp..][..ow].copy_from_slice(row);
+    }
+    // The last element any tap needs: (oh - 1) * wp + ow - 1 past its offset.
+    let len = (oh - 1) * wp + ow;
+    for i in 0..kh {
+        for j in 0..kw {
+            let off = i * p.dilation[0] * wp + j * p.dilation[1];
+            simd_axpy(&mut wide[..len], &pad[off..off + len], 1, ker[i * kw + j]);
+        }
+    }
+    for (y, row) in dst.chunks_mut(ow.max(1)).enumerate().take(oh) {
+        row.copy_from_slice(&wide[y * wp..][..ow]);
+    }
 }
 
 fn conv_transpose(a: &Args) -> OpResult<Outputs> {
@@ -634,8 +675,10 @@ mod tests {
         let dev = Device::Cpu;
         // (input, weight, groups, stride, padding, dilation)
         type Case = ([usize; 4], [usize; 4], usize, usize, usize, usize);
-        let cases: [Case; 4] = [
+        let cases: [Case; 5] = [
             ([2, 4, 9, 9], [4, 1, 3, 3], 4, 1, 1, 1),
+            // Stride 1 (the padded-plane path): multiplier 2, a non-square image.
+            ([1, 3, 7, 5], [6, 1, 5, 5], 3, 1, 2, 1),
             ([1, 3, 10, 11], [6, 1, 3, 3], 3, 2, 1, 1),
             ([1, 4, 12, 12], [4, 1, 5, 5], 4, 1, 4, 2),
             ([3, 3, 8, 8], [5, 3, 3, 3], 1, 2, 1, 1),
