@@ -1,18 +1,29 @@
-"""Benchmark `torchport run` (the runtime, release build) against PyTorch eager and
-onnxruntime on the same machine, same thread count, in one run; prints latency ratios.
+"""Benchmark `torchport run` (the runtime, release build) against PyTorch eager (and
+onnxruntime when it is installed) on the same machine, same thread count, in one run; prints
+every latency ratio.
 
     cargo build --release -p torchport-runtime --example run_timing
-    /work/main/.venv/bin/python benches/run_bench.py [--threads 2] [--runs 10]
+    /work/main/.venv/bin/python benches/run_bench.py [--threads 1,2] [--batch 1,8] [--runs 10]
+        [--models resnet18,bert_base] [--binary PATH] [--json OUT.json]
 
-Models (made on demand under benches/out/, gitignored): ResNet-18 (full width) at 224x224,
-batch 1; a BERT-base-shaped encoder (d=768, 12 heads, 12 layers, FFN 3072) at sequence 128;
-a ViT-S/16-shaped model (d=384, 6 heads, 12 layers, scaled_dot_product_attention) at 224x224.
+Models are the libraries' own classes with random weights (no downloads): torchvision
+ResNet-18/50, MobileNetV3-Large, EfficientNet-B0 (224x224); timm vit_small_patch16_224;
+transformers BERT-base (input ids + attention mask), GPT-2 small and a Llama-style decoder of
+~110 M parameters (input ids), all at sequence 128. Each is exported once per batch size with
+`torch.export.export` (the graph as given, no decompositions) under benches/out/
+(gitignored). For every (model, batch, threads) the script times torch eager
+(`torch.inference_mode`, `torch.set_num_threads`), onnxruntime (CPU EP,
+`intra_op_num_threads`; only if `import onnxruntime` works) and torchport's run_timing
+(`RAYON_NUM_THREADS`) back to back: medians of --runs after one warm-up run, and each one's
+process CPU time per run (all threads; on a busy machine wall time mostly measures the other
+processes, CPU time much less; at 2+ threads torch's OpenMP workers spin while waiting, which
+counts as CPU time).
 --binary picks another run_timing build (e.g. a copy of the one before a change).
-Needs onnxruntime==1.31.1 and onnx in the venv.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,99 +32,166 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests/fixtures/gen"))
-from export_models import BasicBlock, Bert, ViT  # noqa: E402
-
 OUT = ROOT / "benches/out"
-TIMING = ROOT / "target/release/examples/run_timing"
+TIMING = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release/examples/run_timing"
 
 
-class ResNet18(nn.Module):
-    def __init__(self, w=64, classes=1000):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, w, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(w)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        layers, cin = [], w
-        for i, c in enumerate([w, 2 * w, 4 * w, 8 * w]):
-            layers += [BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)]
-            cin = c
-        self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, classes)
+def tv(name):
+    def make(batch):
+        import torchvision
 
-    def forward(self, x):
-        x = self.maxpool(torch.relu(self.bn1(self.conv1(x))))
-        x = torch.nn.functional.adaptive_avg_pool2d(self.layers(x), 1)
-        return self.fc(torch.flatten(x, 1))
+        return torchvision.models.get_model(name, weights=None), (torch.randn(batch, 3, 224, 224),)
+
+    return make
 
 
-def models():
-    torch.manual_seed(0)
-    r = ResNet18().eval()
-    yield "resnet18", r, (torch.randn(1, 3, 224, 224),)
-    b = Bert(vocab=30522, d=768, heads=12, layers=12, maxlen=512).eval()
-    ids = torch.randint(0, 30522, (1, 128))
-    yield "bert_base", b, (ids, torch.ones(1, 128, dtype=torch.int64))
-    v = ViT(d=384, heads=6, layers=12, patch=16, img=224).eval()
-    yield "vit_small", v, (torch.randn(1, 3, 224, 224),)
+def vit_small(batch):
+    import timm
+
+    return timm.create_model("vit_small_patch16_224", pretrained=False), (
+        torch.randn(batch, 3, 224, 224),)
+
+
+def ids(batch, vocab, seq=128):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+
+
+def bert_base(batch):
+    import transformers as T
+
+    m = T.BertModel(T.BertConfig())  # the defaults are BERT-base: 12 x 768, 30522 tokens
+    x = ids(batch, 30522)
+    return m, (x, torch.ones_like(x))
+
+
+def gpt2_small(batch):
+    import transformers as T
+
+    m = T.GPT2Model(T.GPT2Config(use_cache=False))  # defaults: GPT-2 small, 12 x 768
+    return m, (ids(batch, 50257),)
+
+
+def llama_100m(batch):
+    import transformers as T
+
+    cfg = T.LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048,
+                        num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                        max_position_embeddings=512, use_cache=False)
+    return T.LlamaModel(cfg), (ids(batch, 32000),)
+
+
+MODELS = {
+    "resnet18": tv("resnet18"),
+    "resnet50": tv("resnet50"),
+    "mobilenet_v3_large": tv("mobilenet_v3_large"),
+    "efficientnet_b0": tv("efficientnet_b0"),
+    "vit_small": vit_small,
+    "bert_base": bert_base,
+    "gpt2_small": gpt2_small,
+    "llama_100m": llama_100m,
+}
 
 
 def time_it(fn, runs):
+    """(median wall ms, process CPU ms per run) over `runs` calls after one warm-up."""
     fn()
     ts = []
+    c0 = time.process_time()
     for _ in range(runs):
         t = time.perf_counter()
         fn()
         ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
+    return statistics.median(ts), (time.process_time() - c0) * 1e3 / runs
+
+
+def export(name, batch):
+    """(model, inputs, .pt2 path, input .npy paths), exporting on first use."""
+    torch.manual_seed(0)
+    model, inputs = MODELS[name](batch)
+    model.eval()
+    stem = OUT / f"{name}_b{batch}"
+    pt2 = stem.with_suffix(".pt2")
+    npys = [Path(f"{stem}.input_{i}.npy") for i in range(len(inputs))]
+    if not pt2.exists():
+        with torch.no_grad():
+            ep = torch.export.export(model, inputs)
+        torch.export.save(ep, pt2)
+    for p, x in zip(npys, inputs):
+        np.save(p, x.numpy())
+    return model, inputs, pt2, npys
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--binary", type=Path, default=TIMING,
                     help="run_timing executable (default: the release build of this checkout)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     if not args.binary.exists():
-        sys.exit(f"build first: cargo build --release -p torchport-runtime --example run_timing")
-    import onnxruntime as ort
-
-    torch.set_num_threads(args.threads)
+        sys.exit("build first: cargo build --release -p torchport-runtime --example run_timing")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ort = None
+    threads = [int(t) for t in args.threads.split(",")]
+    batches = [int(b) for b in args.batch.split(",")]
     OUT.mkdir(parents=True, exist_ok=True)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; onnxruntime: "
+          f"{ort.__version__ if ort else 'not installed'}", flush=True)
     rows = []
-    for name, model, inputs in models():
-        pt2 = OUT / f"{name}.pt2"
-        onnx_path = OUT / f"{name}.onnx"
-        npys = [OUT / f"{name}.input_{i}.npy" for i in range(len(inputs))]
-        if not pt2.exists():
-            torch.export.save(torch.export.export(model, inputs), pt2)
-        if not onnx_path.exists():
-            torch.onnx.export(model, inputs, onnx_path, dynamo=False, opset_version=17)
-        for p, x in zip(npys, inputs):
-            np.save(p, x.numpy())
+    for name in args.models.split(","):
+        for batch in batches:
+            model, inputs, pt2, npys = export(name, batch)
+            onnx_path = pt2.with_suffix(".onnx")
+            if ort and not onnx_path.exists():
+                torch.onnx.export(model, inputs, onnx_path, dynamo=False, opset_version=17)
+            for th in threads:
+                torch.set_num_threads(th)
+                with torch.inference_mode():
+                    eager, eager_cpu = time_it(lambda: model(*inputs), args.runs)
+                onnx_ms = None
+                if ort:
+                    so = ort.SessionOptions()
+                    so.intra_op_num_threads = th
+                    so.inter_op_num_threads = 1
+                    sess = ort.InferenceSession(str(onnx_path), so,
+                                                providers=["CPUExecutionProvider"])
+                    feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
+                    onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)[0]
+                env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
+                res = subprocess.run(
+                    [str(args.binary), str(pt2), *map(str, npys), "--runs", str(args.runs)],
+                    capture_output=True, text=True, env=env, check=True)
+                tp = json.loads(res.stdout.strip().splitlines()[-1])
+                row = dict(model=name, batch=batch, threads=th, torchport_ms=tp["median_ms"],
+                           eager_ms=eager, ort_ms=onnx_ms, load_ms=tp["load_ms"],
+                           torchport_cpu_ms=tp.get("cpu_ms"), eager_cpu_ms=eager_cpu)
+                rows.append(row)
+                ort_s = f"{onnx_ms:8.1f} {tp['median_ms'] / onnx_ms:6.2f}" if onnx_ms else ""
+                print(f"{name:<19} b{batch:<2} t{th}  torchport {tp['median_ms']:8.1f}  "
+                      f"eager {eager:8.1f}  tp/eager {tp['median_ms'] / eager:5.2f}  "
+                      f"load {tp['load_ms']:6.0f}  cpu {tp.get('cpu_ms', float('nan')):7.1f} / "
+                      f"{eager_cpu:7.1f} {ort_s}", flush=True)
 
-        with torch.inference_mode():
-            eager = time_it(lambda: model(*inputs), args.runs)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = args.threads
-        so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
-        onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)
-        env = {"RAYON_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"}
-        res = subprocess.run([str(args.binary), str(pt2), *map(str, npys), "--runs", str(args.runs)],
-                             capture_output=True, text=True, env=env, check=True)
-        tp = json.loads(res.stdout.strip().splitlines()[-1])
-        rows.append((name, tp["median_ms"], eager, onnx_ms, tp["load_ms"]))
-
-    print(f"threads={args.threads} runs={args.runs} (medians, ms)")
-    print(f"{'model':<10} {'torchport':>10} {'torch':>10} {'ort':>10} {'tp/torch':>9} {'tp/ort':>8} {'tp load':>8}")
-    for name, tp, eager, onnx_ms, load in rows:
-        print(f"{name:<10} {tp:>10.1f} {eager:>10.1f} {onnx_ms:>10.1f} {tp / eager:>9.2f} {tp / onnx_ms:>8.2f} {load:>8.0f}")
+    print(f"\nruns={args.runs} (medians, ms); load average at end: {os.getloadavg()[0]:.2f}")
+    print("| model | batch | threads | torch eager | torchport | torchport / eager |"
+          + (" onnxruntime | torchport / ort |" if ort else "")
+          + " torchport load | CPU per run: torch / torchport | CPU ratio |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if ort else "") + "---:|---:|---:|")
+    for r in rows:
+        o = (f" {r['ort_ms']:.1f} | {r['torchport_ms'] / r['ort_ms']:.2f} |" if ort else "")
+        tc, ec = r["torchport_cpu_ms"], r["eager_cpu_ms"]
+        print(f"| {r['model']} | {r['batch']} | {r['threads']} | {r['eager_ms']:.1f} | "
+              f"{r['torchport_ms']:.1f} | {r['torchport_ms'] / r['eager_ms']:.2f} |{o} "
+              f"{r['load_ms']:.0f} | {ec:.0f} / {tc:.0f} | {tc / ec:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

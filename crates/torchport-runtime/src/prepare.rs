@@ -1,5 +1,7 @@
-//! Weight preparation done once at load: store each Linear weight in the layout its matmul
-//! reads, so that no run pays for a transposed operand.
+//! Weight preparation done once at load: fold each inference batch norm into the
+//! convolution before it ([`fold_batch_norms`]), then the relu / silu / hardswish after a
+//! convolution into it ([`fuse_conv_activations`]), and store each Linear weight in the layout its
+//! matmul reads, so that no run pays for a transposed operand.
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
 //! (candle's gemm) is given `w.T`, a strided view. A weight that is only ever read through a
@@ -131,4 +133,311 @@ fn transpose_f32(w: &Tensor) -> Option<Tensor> {
         dst
     })?;
     Tensor::from_vec(out, (k, n), w.device()).ok()
+}
+
+/// Names of the tensors `arg` reads.
+fn tensor_names(arg: &Argument) -> Vec<&str> {
+    use crate::schema::OptionalTensorArgument as O;
+    match arg {
+        Argument::AsTensor(t) => vec![t.name.as_str()],
+        Argument::AsTensors(ts) => ts.iter().map(|t| t.name.as_str()).collect(),
+        Argument::AsOptionalTensors(ts) => ts
+            .iter()
+            .filter_map(|t| match t {
+                O::AsTensor(t) => Some(t.name.as_str()),
+                O::AsNone(_) => None,
+            })
+            .collect(),
+        Argument::AsOptionalTensor(O::AsTensor(t)) => vec![t.name.as_str()],
+        _ => Vec::new(),
+    }
+}
+
+/// The tensor named by input `name` of `node`, if it is one.
+fn input_tensor<'a>(node: &'a Node, name: &str) -> Option<&'a str> {
+    use crate::schema::OptionalTensorArgument as O;
+    match node
+        .inputs
+        .iter()
+        .find(|a| a.name == name)
+        .map(|a| &a.arg)?
+    {
+        Argument::AsTensor(t) | Argument::AsOptionalTensor(O::AsTensor(t)) => Some(&t.name),
+        _ => None,
+    }
+}
+
+/// A float input of `node` (`default` when the serializer omitted it).
+fn input_float(node: &Node, name: &str, default: f64) -> Option<f64> {
+    match node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg) {
+        None => Some(default),
+        Some(Argument::AsFloat(f)) => Some(f.get()),
+        Some(Argument::AsInt(i)) => Some(*i as f64),
+        Some(_) => None,
+    }
+}
+
+/// A small f32/f64 weight's values as f64 (exactly `len` of them), or `None`.
+fn values(weights: &HashMap<String, Tensor>, name: Option<&str>, len: usize) -> Option<Vec<f64>> {
+    let t = weights.get(name?)?;
+    if t.elem_count() != len || !matches!(t.dtype(), DType::F32 | DType::F64) {
+        return None;
+    }
+    t.to_dtype(DType::F64)
+        .ok()?
+        .flatten_all()
+        .ok()?
+        .to_vec1()
+        .ok()
+}
+
+/// Fold each inference batch norm into the convolution that feeds it, when that convolution's
+/// output is read by nothing else: the conv's weight is scaled per output channel by
+/// `gamma / sqrt(var + eps)` and its bias becomes `(bias - mean) * that + beta` (computed in
+/// f64, stored as f32, as new weights), the conv then defines the norm's output and the norm
+/// node is dropped. Handles `aten.batch_norm` with `training=False` and
+/// `_native_batch_norm_legit_no_training` (whose saved statistics must be unread), convs with
+/// or without a bias, norms with or without affine parameters. Returns how many were folded;
+/// weights nothing reads any more are dropped.
+pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+    use crate::schema::{NamedArgument, TensorArgument};
+    let mut readers: HashMap<String, usize> = HashMap::new();
+    for node in &graph.nodes {
+        for a in &node.inputs {
+            for n in tensor_names(&a.arg) {
+                *readers.entry(n.to_string()).or_default() += 1;
+            }
+        }
+    }
+    for o in &graph.outputs {
+        for n in tensor_names(o) {
+            *readers.entry(n.to_string()).or_default() += usize::MAX / 4;
+        }
+    }
+    let mut producer: HashMap<String, usize> = HashMap::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if let [Argument::AsTensor(t)] = node.outputs.as_slice() {
+            producer.insert(t.name.clone(), i);
+        }
+    }
+    let mut dropped: HashSet<usize> = HashSet::new();
+    let mut folded = 0;
+    for i in 0..graph.nodes.len() {
+        let bn = &graph.nodes[i];
+        let key = op_key(&bn.target);
+        let out = match (key, bn.outputs.as_slice()) {
+            ("aten.batch_norm.default", [Argument::AsTensor(y)]) => {
+                if !matches!(
+                    bn.inputs
+                        .iter()
+                        .find(|a| a.name == "training")
+                        .map(|a| &a.arg),
+                    Some(Argument::AsBool(false))
+                ) {
+                    continue;
+                }
+                y.name.clone()
+            }
+            ("aten._native_batch_norm_legit_no_training.default", outs) => {
+                let mut names = outs.iter().flat_map(tensor_names);
+                let Some(y) = names.next() else { continue };
+                if names.any(|n| readers.get(n).copied().unwrap_or(0) > 0) {
+                    continue;
+                }
+                y.to_string()
+            }
+            _ => continue,
+        };
+        let Some(x) = input_tensor(bn, "input") else {
+            continue;
+        };
+        let Some(&j) = producer.get(x) else { continue };
+        if readers.get(x) != Some(&1) {
+            continue;
+        }
+        let conv = &graph.nodes[j];
+        let conv_ok = match op_key(&conv.target) {
+            "aten.conv2d.default" | "aten.conv1d.default" => true,
+            "aten.convolution.default" => matches!(
+                conv.inputs
+                    .iter()
+                    .find(|a| a.name == "transposed")
+                    .map(|a| &a.arg),
+                Some(Argument::AsBool(false))
+            ),
+            _ => false,
+        };
+        let Some(w_name) = input_tensor(conv, "weight") else {
+            continue;
+        };
+        let Some(w) = weights.get(w_name) else {
+            continue;
+        };
+        if !conv_ok || w.dtype() != DType::F32 || w.rank() < 3 {
+            continue;
+        }
+        let co = w.dims()[0];
+        let (Some(mean), Some(var), Some(eps)) = (
+            values(weights, input_tensor(bn, "running_mean"), co),
+            values(weights, input_tensor(bn, "running_var"), co),
+            input_float(bn, "eps", 1e-5),
+        ) else {
+            continue;
+        };
+        let affine = |name: &str, fill: f64| match input_tensor(bn, name) {
+            None => Some(vec![fill; co]),
+            n => values(weights, n, co),
+        };
+        let conv_bias = match input_tensor(conv, "bias") {
+            None => Some(vec![0.0; co]),
+            n => values(weights, n, co),
+        };
+        let (Some(gamma), Some(beta), Some(cb)) =
+            (affine("weight", 1.0), affine("bias", 0.0), conv_bias)
+        else {
+            continue;
+        };
+        let scale: Vec<f64> = (0..co).map(|c| gamma[c] / (var[c] + eps).sqrt()).collect();
+        let bias: Vec<f32> = (0..co)
+            .map(|c| ((cb[c] - mean[c]) * scale[c] + beta[c]) as f32)
+            .collect();
+        let Some(wv) = w.flatten_all().ok().and_then(|t| t.to_vec1::<f32>().ok()) else {
+            continue;
+        };
+        let per = wv.len() / co.max(1);
+        let wv: Vec<f32> = wv
+            .iter()
+            .enumerate()
+            .map(|(e, &v)| (f64::from(v) * scale[e / per.max(1)]) as f32)
+            .collect();
+        let (Ok(new_w), Ok(new_b)) = (
+            Tensor::from_vec(wv, w.shape(), w.device()),
+            Tensor::from_vec(bias, co, w.device()),
+        ) else {
+            continue;
+        };
+        let (wn, bname) = (
+            format!("{out}__folded_weight"),
+            format!("{out}__folded_bias"),
+        );
+        if weights.contains_key(&wn) || weights.contains_key(&bname) {
+            continue;
+        }
+        weights.insert(wn.clone(), new_w);
+        weights.insert(bname.clone(), new_b);
+        let conv = &mut graph.nodes[j];
+        let tensor = |name: String| Argument::AsTensor(TensorArgument { name });
+        for a in conv.inputs.iter_mut() {
+            if a.name == "weight" {
+                a.arg = tensor(wn.clone());
+            }
+        }
+        match conv.inputs.iter_mut().find(|a| a.name == "bias") {
+            Some(a) => a.arg = tensor(bname),
+            None => conv.inputs.push(NamedArgument {
+                name: "bias".into(),
+                arg: tensor(bname),
+                kind: None,
+            }),
+        }
+        conv.outputs = vec![tensor(out)];
+        dropped.insert(i);
+        folded += 1;
+    }
+    if folded > 0 {
+        let mut at = 0;
+        graph.nodes.retain(|_| {
+            at += 1;
+            !dropped.contains(&(at - 1))
+        });
+        let mut read: HashSet<String> = HashSet::new();
+        for node in &graph.nodes {
+            for a in &node.inputs {
+                read.extend(tensor_names(&a.arg).into_iter().map(str::to_string));
+            }
+        }
+        for o in &graph.outputs {
+            read.extend(tensor_names(o).into_iter().map(str::to_string));
+        }
+        weights.retain(|name, _| read.contains(name));
+    }
+    folded
+}
+
+/// Fold a relu, silu or hardswish (or its in-place form) that is the only reader of a
+/// convolution's output into that convolution: the conv node records the activation under
+/// [`FUSED_ACT_ARG`](crate::ops::conv::FUSED_ACT_ARG), applies it to each image's output as it
+/// is produced, defines the activation's output, and the activation node is dropped. Run
+/// after [`fold_batch_norms`] (conv, norm, relu becomes one node). Returns how many.
+pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
+    use crate::ops::conv::{Act, FUSED_ACT_ARG};
+    use crate::schema::NamedArgument;
+    let mut readers: HashMap<String, usize> = HashMap::new();
+    for node in &graph.nodes {
+        for a in &node.inputs {
+            for n in tensor_names(&a.arg) {
+                *readers.entry(n.to_string()).or_default() += 1;
+            }
+        }
+    }
+    for o in &graph.outputs {
+        for n in tensor_names(o) {
+            *readers.entry(n.to_string()).or_default() += usize::MAX / 4;
+        }
+    }
+    let mut producer: HashMap<String, usize> = HashMap::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if let [Argument::AsTensor(t)] = node.outputs.as_slice() {
+            producer.insert(t.name.clone(), i);
+        }
+    }
+    let mut dropped: HashSet<usize> = HashSet::new();
+    let mut fused = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        let Some(act) = Act::of_op(op_key(&node.target)) else {
+            continue;
+        };
+        let (Some(x), [Argument::AsTensor(y)]) =
+            (input_tensor(node, "self"), node.outputs.as_slice())
+        else {
+            continue;
+        };
+        let y = y.name.clone();
+        let (Some(&j), Some(1)) = (producer.get(x), readers.get(x).copied()) else {
+            continue;
+        };
+        let conv = &graph.nodes[j];
+        let conv_ok = match op_key(&conv.target) {
+            "aten.conv2d.default" | "aten.conv1d.default" => true,
+            "aten.convolution.default" => matches!(
+                conv.inputs
+                    .iter()
+                    .find(|a| a.name == "transposed")
+                    .map(|a| &a.arg),
+                Some(Argument::AsBool(false))
+            ),
+            _ => false,
+        };
+        if !conv_ok || conv.inputs.iter().any(|a| a.name == FUSED_ACT_ARG) {
+            continue;
+        }
+        let conv = &mut graph.nodes[j];
+        conv.inputs.push(NamedArgument {
+            name: FUSED_ACT_ARG.into(),
+            arg: Argument::AsString(act.name().into()),
+            kind: None,
+        });
+        conv.outputs = vec![Argument::AsTensor(crate::schema::TensorArgument {
+            name: y,
+        })];
+        dropped.insert(i);
+        fused += 1;
+    }
+    let mut at = 0;
+    graph.nodes.retain(|_| {
+        at += 1;
+        !dropped.contains(&(at - 1))
+    });
+    fused
 }

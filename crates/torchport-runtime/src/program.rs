@@ -86,7 +86,8 @@ fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUse> {
 impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
-        Program::load_with_registry(path, &Registry::with_all_ops())
+        let (ep, payloads) = crate::archive::read(path.as_ref())?;
+        Program::from_parts(ep, payloads)
     }
 
     /// [`Program::load`] with the kernels of `registry` instead of this crate's own: start
@@ -111,15 +112,29 @@ impl Program {
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
     pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
-        Program::from_parts_with_registry(ep, payloads, &Registry::with_all_ops())
+        Program::build(ep, payloads, &Registry::with_all_ops(), true)
     }
 
     /// [`Program::from_parts`] with the kernels of `registry` (see
-    /// [`Program::load_with_registry`]).
+    /// [`Program::load_with_registry`]). Batch norms are still folded into the convolutions
+    /// before them (the program computes the same with any correct kernels), but activations
+    /// are not fused into convolutions: that hands the conv kernel an argument only this
+    /// crate's own kernel reads.
     pub fn from_parts_with_registry(
         ep: ExportedProgram,
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
+    ) -> Result<Program> {
+        Program::build(ep, payloads, registry, false)
+    }
+
+    /// Bind the weights, rewrite the graph for speed, and look up every node's kernel.
+    /// `own_kernels`: `registry` is this crate's, so kernel-specific fusions apply.
+    fn build(
+        mut ep: ExportedProgram,
+        payloads: HashMap<String, Tensor>,
+        registry: &Registry,
+        own_kernels: bool,
     ) -> Result<Program> {
         let g = &ep.graph_module.graph;
         let specs = &ep.graph_module.signature.input_specs;
@@ -191,6 +206,11 @@ impl Program {
             }
             weights.insert(arg.name.clone(), t.clone());
         }
+        crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
+        if own_kernels {
+            crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
+        }
+        let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);
         let outputs = user_outputs(&ep)?;
 
@@ -241,7 +261,10 @@ impl Program {
             .collect()
     }
 
-    /// Every operator the program uses, with its count and whether it is supported.
+    /// Every operator the program uses, with its count and whether it is supported, as run:
+    /// after the load-time rewrites (batch norms and activations folded into convolutions are
+    /// gone; see
+    /// [`Program::ops_of`] for the archive's program as exported).
     pub fn ops(&self) -> Vec<OpUse> {
         let nodes = self.ep.graph_module.graph.nodes.iter();
         tally(

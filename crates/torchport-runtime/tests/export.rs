@@ -104,3 +104,38 @@ family!(
     convnext
 );
 family!(vit, bert, gpt2, lstm, gru, unet, half, conv1d, intops);
+
+family!(bnfold);
+
+/// Load-time batch-norm folding fires exactly where it may: of `bnfold`'s six norms, the four
+/// right after a convolution read by nothing else (conv without bias, conv with bias and a
+/// norm without affine parameters, depthwise, conv1d) are folded, in both the plain and the
+/// decomposed program; the norm whose conv output is also read by an add, and the one after
+/// an add, stay; the relu after the first conv + norm joins that conv. (The outputs against
+/// torch's are checked by the `bnfold` test above.)
+#[test]
+fn bnfold_folds_only_foldable_norms() {
+    for (flavour, op) in [
+        ("plain", "aten.batch_norm.default"),
+        (
+            "decomp",
+            "aten._native_batch_norm_legit_no_training.default",
+        ),
+    ] {
+        let p = Program::load(fixtures().join(format!("bnfold.{flavour}.pt2"))).unwrap();
+        let left = p.ops().iter().find(|o| o.op == op).map_or(0, |o| o.count);
+        assert_eq!(left, 2, "{flavour}: norms left after folding");
+        let before = Program::ops_of(fixtures().join(format!("bnfold.{flavour}.pt2"))).unwrap();
+        let all = before.iter().find(|o| o.op == op).map_or(0, |o| o.count);
+        assert_eq!(all, 6, "{flavour}: norms in the program as exported");
+        // The relu after the first conv + norm is folded into that conv too.
+        let relus = |ops: &[torchport_runtime::OpUse]| {
+            ops.iter()
+                .filter(|o| o.op.starts_with("aten.relu"))
+                .map(|o| o.count)
+                .sum::<usize>()
+        };
+        assert_eq!(relus(&before), 1, "{flavour}: relus as exported");
+        assert_eq!(relus(&p.ops()), 0, "{flavour}: relus left after fusing");
+    }
+}

@@ -25,17 +25,27 @@ pub fn register(r: &mut Registry) {
         r.add(n, hardtanh);
     }
     r.add("aten.relu6.default", |a| {
-        one(float(&a.tensor("self")?)?.clamp(0f32, 6f32)?)
+        let x = float(&a.tensor("self")?)?;
+        match super::fused::unary(&x, |v| v.clamp(0.0, 6.0)) {
+            Some(y) => one(y),
+            None => one(x.clamp(0f32, 6f32)?),
+        }
     });
     for n in ["aten.hardswish.default", "aten.hardswish_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
+            if let Some(y) = super::fused::unary(&x, |v| v * (v + 3.0).clamp(0.0, 6.0) / 6.0) {
+                return one(y);
+            }
             one((&x * x.affine(1.0, 3.0)?.clamp(0f32, 6f32)?)?.affine(1.0 / 6.0, 0.0)?)
         });
     }
     for n in ["aten.hardsigmoid.default", "aten.hardsigmoid_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
+            if let Some(y) = super::fused::unary(&x, |v| (v + 3.0).clamp(0.0, 6.0) / 6.0) {
+                return one(y);
+            }
             one(x
                 .affine(1.0, 3.0)?
                 .clamp(0f32, 6f32)?
@@ -48,6 +58,9 @@ pub fn register(r: &mut Registry) {
     for n in ["aten.silu.default", "aten.silu_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
+            if let Some(y) = super::fused::unary(&x, |v| v * super::fused::sigmoid_fast(v)) {
+                return one(y);
+            }
             one((&x * sigmoid(&x)?)?)
         });
     }
@@ -67,6 +80,9 @@ pub fn register(r: &mut Registry) {
 
 /// Logistic sigmoid, computed as torch does for f32 (1 / (1 + exp(-x))).
 pub fn sigmoid(x: &Tensor) -> OpResult<Tensor> {
+    if let Some(y) = super::fused::unary(x, super::fused::sigmoid_fast) {
+        return Ok(y);
+    }
     Ok(x.neg()?.exp()?.affine(1.0, 1.0)?.recip()?)
 }
 
@@ -74,7 +90,11 @@ fn hardtanh(a: &Args) -> OpResult<Outputs> {
     let x = a.tensor("self")?;
     let lo = a.float_or("min_val", -1.0)? as f32;
     let hi = a.float_or("max_val", 1.0)? as f32;
-    one(float(&x)?.clamp(lo, hi)?)
+    let x = float(&x)?;
+    if let Some(y) = super::fused::unary(&x, |v| v.max(lo).min(hi)) {
+        return one(y);
+    }
+    one(x.clamp(lo, hi)?)
 }
 
 fn gelu(a: &Args) -> OpResult<Outputs> {
@@ -87,6 +107,12 @@ fn gelu(a: &Args) -> OpResult<Outputs> {
         "tanh" => {
             // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
             let k = (2.0f64 / std::f64::consts::PI).sqrt();
+            let kf = k as f32;
+            let g =
+                |v: f32| 0.5 * v * (1.0 + super::fused::tanh_fast(kf * (v + 0.044715 * v * v * v)));
+            if let Some(y) = super::fused::unary(&x, g) {
+                return one(y);
+            }
             let inner = (&x + x.powf(3.0)?.affine(0.044715, 0.0)?)?.affine(k, 0.0)?;
             one((&x * inner.tanh()?.affine(0.5, 0.5)?)?)
         }

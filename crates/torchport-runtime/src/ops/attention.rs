@@ -41,6 +41,10 @@ pub fn attention(
     let e = q.dims()[q.rank() - 1];
     let l = q.dims()[q.rank() - 2];
     let s = k.dims()[k.rank() - 2];
+    let scale_or_default = scale.unwrap_or(1.0 / (e as f64).sqrt());
+    if let Some(out) = fused_attention(&q, &k, &v, mask, causal, scale_or_default, gqa)? {
+        return Ok(out);
+    }
     if gqa && q.rank() >= 3 {
         let hq = q.dims()[q.rank() - 3];
         let hk = k.dims()[k.rank() - 3];
@@ -56,7 +60,7 @@ pub fn attention(
             v = v.contiguous()?.index_select(&idx, d)?;
         }
     }
-    let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
+    let scale = scale_or_default;
     let mut scores = mm(&q, &k.transpose(k.rank() - 2, k.rank() - 1)?)?.affine(scale, 0.0)?;
     let neg_inf = |shape: &[usize]| -> OpResult<Tensor> {
         Ok(Tensor::new(f32::NEG_INFINITY, &candle_core::Device::Cpu)?.broadcast_as(shape)?)
@@ -79,6 +83,176 @@ pub fn attention(
     mm(&p, &v)
 }
 
+/// Attention for rank-4 f32 `q [B, Hq, L, E]`, `k [B, Hk, S, E]`, `v [B, Hk, S, Ev]` (any
+/// strides; `Hk` divides `Hq` under `enable_gqa`, else equal) with an optional float or bool
+/// mask broadcastable to `[B, Hq, L, S]`: per head and block of query rows, in parallel, the
+/// scores `scale * q kᵀ` go into one `[rows, S]` buffer, get the mask (and the causal limit),
+/// a softmax per row (as `fused::softmax_last` computes it) and one product with `v`, written
+/// straight into the output. No score tensor for all heads, no copies of transposed heads.
+/// `None` when the shapes or dtypes are not these (the composed form takes them).
+fn fused_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: f64,
+    gqa: bool,
+) -> OpResult<Option<Tensor>> {
+    use super::sgemm::{sgemm, Mat};
+    use rayon::prelude::*;
+    if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+        return Ok(None);
+    }
+    if [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
+        return Ok(None);
+    }
+    let (b, hq, l, e) = q.dims4()?;
+    let (kb, hk, s, ke) = k.dims4()?;
+    let (vb, vh, vs, ev) = v.dims4()?;
+    if kb != b || vb != b || vh != hk || vs != s || ke != e || hk == 0 || hq % hk != 0 {
+        return Ok(None);
+    }
+    if hk != hq && !gqa {
+        return Ok(None);
+    }
+    let rep = hq / hk;
+    let mask = match mask {
+        Some(m) => match m.broadcast_as((b, hq, l, s)) {
+            Ok(m) if matches!(m.dtype(), DType::F32 | DType::U8) => Some(m),
+            _ => return Ok(None),
+        },
+        None => None,
+    };
+    let mut out = vec![0f32; b * hq * l * ev];
+    if out.is_empty() || s == 0 {
+        return Ok(None);
+    }
+    let threads = rayon::current_num_threads();
+    // Enough row blocks for every thread to have work, at least 16 rows each.
+    let blocks = (2 * threads).div_ceil(b * hq).max(1);
+    let rb = l.div_ceil(blocks).max(16).min(l);
+    let scale = scale as f32;
+    let ok = super::fused::with_storage::<f32, _>(q, |qd, ql| {
+        super::fused::with_storage::<f32, _>(k, |kd, kl| {
+            super::fused::with_storage::<f32, _>(v, |vd, vl| {
+                let (qs, ks, vs) = (ql.stride(), kl.stride(), vl.stride());
+                let (qo, ko, vo) = (ql.start_offset(), kl.start_offset(), vl.start_offset());
+                let fmask = mask
+                    .as_ref()
+                    .filter(|m| m.dtype() == DType::F32)
+                    .and_then(|m| {
+                        super::fused::with_storage::<f32, _>(m, |d, lay| (d.to_vec(), lay.clone()))
+                    });
+                let bmask = mask
+                    .as_ref()
+                    .filter(|m| m.dtype() == DType::U8)
+                    .and_then(|m| {
+                        super::fused::with_storage::<u8, _>(m, |d, lay| (d.to_vec(), lay.clone()))
+                    });
+                let task = |bh: usize, r0: usize, o: &mut [f32]| -> bool {
+                    let (bi, h) = (bh / hq, bh % hq);
+                    let kh = h / rep;
+                    let rows = o.len() / ev;
+                    let qb = qo + bi * qs[0] + h * qs[1] + r0 * qs[2];
+                    let kbase = ko + bi * ks[0] + kh * ks[1];
+                    let vbase = vo + bi * vs[0] + kh * vs[1];
+                    let (Some(qsl), Some(ksl), Some(vsl)) =
+                        (qd.get(qb..), kd.get(kbase..), vd.get(vbase..))
+                    else {
+                        return false;
+                    };
+                    let mut sc = vec![0f32; rows * s];
+                    let ok = sgemm(
+                        rows,
+                        s,
+                        e,
+                        Mat {
+                            data: qsl,
+                            rs: qs[2],
+                            cs: qs[3],
+                        },
+                        Mat {
+                            data: ksl,
+                            rs: ks[3],
+                            cs: ks[2],
+                        },
+                        &mut sc,
+                        s,
+                        false,
+                        scale,
+                        false,
+                    );
+                    if !ok {
+                        return false;
+                    }
+                    for (ri, row) in sc.chunks_mut(s).enumerate() {
+                        let i = r0 + ri;
+                        if let Some((md, ml)) = &fmask {
+                            let st = ml.stride();
+                            let base = ml.start_offset() + bi * st[0] + h * st[1] + i * st[2];
+                            for (j, x) in row.iter_mut().enumerate() {
+                                match md.get(base + j * st[3]) {
+                                    Some(m) => *x += m,
+                                    None => return false,
+                                }
+                            }
+                        }
+                        if let Some((md, ml)) = &bmask {
+                            let st = ml.stride();
+                            let base = ml.start_offset() + bi * st[0] + h * st[1] + i * st[2];
+                            for (j, x) in row.iter_mut().enumerate() {
+                                match md.get(base + j * st[3]) {
+                                    Some(0) => *x = f32::NEG_INFINITY,
+                                    Some(_) => {}
+                                    None => return false,
+                                }
+                            }
+                        }
+                        if causal && i + 1 < s {
+                            row[i + 1..].fill(f32::NEG_INFINITY);
+                        }
+                        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let mut sum = 0f32;
+                        for x in row.iter_mut() {
+                            *x = (*x - m).exp();
+                            sum += *x;
+                        }
+                        for x in row.iter_mut() {
+                            *x /= sum;
+                        }
+                    }
+                    sgemm(
+                        rows,
+                        ev,
+                        s,
+                        Mat::rows(&sc, s),
+                        Mat {
+                            data: vsl,
+                            rs: vs[2],
+                            cs: vs[3],
+                        },
+                        o,
+                        ev,
+                        false,
+                        1.0,
+                        false,
+                    )
+                };
+                out.par_chunks_mut(l * ev).enumerate().all(|(bh, o)| {
+                    o.par_chunks_mut(rb * ev)
+                        .enumerate()
+                        .all(|(blk, ob)| task(bh, blk * rb, ob))
+                })
+            })
+        })
+    });
+    if ok.flatten().flatten() != Some(true) {
+        return Ok(None);
+    }
+    Ok(Some(Tensor::from_vec(out, (b, hq, l, ev), q.device())?))
+}
+
 fn sdpa(a: &Args) -> OpResult<Outputs> {
     let q = a.tensor("query")?;
     let k = a.tensor("key")?;
@@ -98,4 +272,110 @@ fn sdpa(a: &Args) -> OpResult<Outputs> {
         return Ok(vec![Value::Tensor(out), Value::Tensor(empty)]);
     }
     one(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// softmax(scale q kᵀ + mask) v by candle's own ops, heads repeated for GQA.
+    fn reference(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        causal: bool,
+        scale: f64,
+    ) -> Tensor {
+        let rep = q.dims()[1] / k.dims()[1];
+        let (k, v) = if rep > 1 {
+            let idx: Vec<u32> = (0..q.dims()[1] as u32).map(|h| h / rep as u32).collect();
+            let idx = Tensor::new(idx.as_slice(), &Device::Cpu).unwrap();
+            (
+                k.contiguous().unwrap().index_select(&idx, 1).unwrap(),
+                v.contiguous().unwrap().index_select(&idx, 1).unwrap(),
+            )
+        } else {
+            (k.clone(), v.clone())
+        };
+        let (l, s) = (q.dims()[2], k.dims()[2]);
+        let mut sc = (q
+            .contiguous()
+            .unwrap()
+            .matmul(&k.t().unwrap().contiguous().unwrap())
+            .unwrap()
+            * scale)
+            .unwrap();
+        let ninf = Tensor::new(f32::NEG_INFINITY, &Device::Cpu)
+            .unwrap()
+            .broadcast_as(sc.shape())
+            .unwrap();
+        if causal {
+            let keep: Vec<u8> = (0..l * s).map(|x| u8::from(x % s <= x / s)).collect();
+            let keep = Tensor::from_vec(keep, (l, s), &Device::Cpu).unwrap();
+            let keep = keep.broadcast_as(sc.shape()).unwrap();
+            sc = keep.where_cond(&sc, &ninf).unwrap();
+        }
+        if let Some(m) = mask {
+            if m.dtype() == DType::U8 {
+                sc = m
+                    .broadcast_as(sc.shape())
+                    .unwrap()
+                    .where_cond(&sc, &ninf)
+                    .unwrap();
+            } else {
+                sc = sc.broadcast_add(m).unwrap();
+            }
+        }
+        let p = candle_core::D::Minus1;
+        let e = sc
+            .broadcast_sub(&sc.max_keepdim(p).unwrap())
+            .unwrap()
+            .exp()
+            .unwrap();
+        let p = e.broadcast_div(&e.sum_keepdim(p).unwrap()).unwrap();
+        p.matmul(&v.contiguous().unwrap()).unwrap()
+    }
+
+    /// The fused kernel against candle's composed ops: transposed (strided) heads, GQA,
+    /// causal with L != S, float and bool masks that broadcast, rows split into blocks.
+    #[test]
+    fn fused_attention_matches_composed_ops() {
+        let dev = Device::Cpu;
+        let r = |s: &[usize]| Tensor::randn(0f32, 1., s.to_vec(), &dev).unwrap();
+        // q as a transposed view of [B, L, H, E], as models write it.
+        // One image and two query heads, so that the rows split into blocks (on 2+ threads).
+        let q = r(&[1, 37, 2, 8]).transpose(1, 2).unwrap();
+        let k = r(&[1, 1, 41, 8]);
+        let v = r(&[1, 41, 1, 5]).transpose(1, 2).unwrap();
+        let fmask = r(&[1, 1, 1, 41]);
+        let keep: Vec<u8> = (0..37 * 41).map(|i| u8::from(i % 7 != 3)).collect();
+        let bmask = Tensor::from_vec(keep, (37, 41), &dev).unwrap();
+        for (mask, causal) in [(None, false), (Some(&fmask), false), (Some(&bmask), true)] {
+            let got = fused_attention(&q, &k, &v, mask, causal, 0.3, true)
+                .unwrap()
+                .expect("fast path applies");
+            let want = reference(&q, &k, &v, mask, causal, 0.3);
+            let d = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(
+                d < 1e-5,
+                "mask {:?} causal {causal}: {d}",
+                mask.map(|m| m.dtype())
+            );
+        }
+        // Without enable_gqa, unequal head counts are left to the composed form.
+        assert!(fused_attention(&q, &k, &v, None, false, 0.3, false)
+            .unwrap()
+            .is_none());
+    }
 }

@@ -5,7 +5,8 @@
 
 use candle_core::{DType, Tensor, D};
 
-use super::fused::with_f32;
+use super::fused::{simd_axpy, with_f32};
+use super::sgemm::{sgemm, Mat};
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
@@ -28,7 +29,58 @@ struct Params {
     padding: [usize; 2],
     dilation: [usize; 2],
     groups: usize,
+    /// An activation fused onto the output at load (see `prepare::fuse_conv_activations`).
+    act: Act,
 }
+
+/// The activation a convolution applies to its output (the graph's own relu / silu /
+/// hardswish node, folded into the conv at load), computed as those kernels compute it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Act {
+    /// None.
+    None,
+    /// `max(x, 0)`.
+    Relu,
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// `x * clamp(x + 3, 0, 6) / 6`.
+    Hardswish,
+}
+
+impl Act {
+    /// The activation of an op key (`aten.relu_.default` → `Relu`), if one can be fused.
+    pub fn of_op(key: &str) -> Option<Act> {
+        match key {
+            "aten.relu.default" | "aten.relu_.default" => Some(Act::Relu),
+            "aten.silu.default" | "aten.silu_.default" => Some(Act::Silu),
+            "aten.hardswish.default" | "aten.hardswish_.default" => Some(Act::Hardswish),
+            _ => None,
+        }
+    }
+
+    /// The name the fused graph records (`relu`, `silu`, `hardswish`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::None => "none",
+            Act::Relu => "relu",
+            Act::Silu => "silu",
+            Act::Hardswish => "hardswish",
+        }
+    }
+
+    fn apply(self, xs: &mut [f32]) {
+        use super::fused::{sigmoid_fast, simd_map_mut};
+        match self {
+            Act::None => {}
+            Act::Relu => simd_map_mut(xs, |v| v.max(0.0)),
+            Act::Silu => simd_map_mut(xs, |v| v * sigmoid_fast(v)),
+            Act::Hardswish => simd_map_mut(xs, |v| v * (v + 3.0).clamp(0.0, 6.0) / 6.0),
+        }
+    }
+}
+
+/// The argument name under which a fused activation is recorded on a conv node.
+pub const FUSED_ACT_ARG: &str = "torchport_fused_activation";
 
 fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
     let p = match (v, one_d) {
@@ -74,11 +126,22 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
         _ => pair(&a.ints_or("padding", &[0])?, "padding", one_d)?,
     };
     let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
+    let act = match a.get(FUSED_ACT_ARG) {
+        None => Act::None,
+        Some(crate::schema::Argument::AsString(s)) => match s.as_str() {
+            "relu" => Act::Relu,
+            "silu" => Act::Silu,
+            "hardswish" => Act::Hardswish,
+            other => op_bail!("unknown fused activation '{other}'"),
+        },
+        Some(_) => op_bail!("{FUSED_ACT_ARG} must be a string"),
+    };
     let p = Params {
         stride,
         padding,
         dilation,
         groups,
+        act,
     };
     one(conv(&x, &w, b.as_ref(), &p)?)
 }
@@ -104,9 +167,12 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
         );
     }
     let cin = x.dims()[1];
+    let (mut bias_done, mut act_done) = (false, false);
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
-        depthwise(&x, &w, p)?
-    } else if let Some(y) = conv_gemm(&x, &w, p)? {
+        (bias_done, act_done) = (true, true);
+        depthwise(&x, &w, b, p)?
+    } else if let Some(y) = conv_gemm(&x, &w, b, p)? {
+        (bias_done, act_done) = (true, true);
         y
     } else {
         let mut x = x;
@@ -128,8 +194,15 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
             .conv2d(&w.contiguous()?, pad, p.stride[0], p.dilation[0], p.groups)?
     };
     let y = match b {
-        Some(b) => y.broadcast_add(&float(b)?.reshape((1, (), 1, 1))?)?,
-        None => y,
+        Some(b) if !bias_done => y.broadcast_add(&float(b)?.reshape((1, (), 1, 1))?)?,
+        _ => y,
+    };
+    let y = if p.act != Act::None && !act_done {
+        let mut v = super::f32_vec(&y)?;
+        p.act.apply(&mut v);
+        from_f32(v, y.dims())?
+    } else {
+        y
     };
     Ok(if one_d { y.squeeze(2)? } else { y })
 }
@@ -138,9 +211,19 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
 /// a `[c_in * kh * kw, oh * ow]` matrix whose rows follow the weight's own order, so the
 /// weight `[c_out, c_in, kh, kw]` is read as the `[c_out, c_in * kh * kw]` matrix it already
 /// is and `weight @ cols` is the NCHW output itself (no reordering of weight or output). A 1x1
-/// convolution with stride 1 and no padding uses the input as `cols` directly. Any per-dim
-/// stride, padding and dilation. `None` when the layout does not apply.
-fn conv_gemm(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Option<Tensor>> {
+/// convolution with stride 1 and no padding uses the input as `cols` directly. The bias, if
+/// any, is written into the output first and the product accumulated onto it. Each image's
+/// product goes straight into its place in the batch's output; with more images than threads
+/// the images run in parallel (one single-threaded product each), otherwise the product
+/// itself is split. Any per-dim stride, padding and dilation. `None` when the layout does
+/// not apply.
+fn conv_gemm(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &Params,
+) -> OpResult<Option<Tensor>> {
+    use rayon::prelude::*;
     let (n, c, h, wd) = x.dims4()?;
     let (co, ci, kh, kw) = w.dims4()?;
     if p.groups != 1
@@ -152,31 +235,89 @@ fn conv_gemm(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Option<Tensor>> {
     {
         return Ok(None);
     }
+    let bias = match bias {
+        Some(b) => match small_f32(b, co) {
+            Some(v) => Some(v),
+            None => return Ok(None),
+        },
+        None => None,
+    };
     let oh = out_len(h, kh, p.padding[0], p.stride[0], p.dilation[0])?;
     let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
     let k = c * kh * kw;
     let pix = oh * ow;
-    let wm = w.contiguous()?.reshape((co, k))?;
+    let w = w.contiguous()?;
     let x = x.contiguous()?;
     let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
-    let mut outs = Vec::with_capacity(n);
-    for b in 0..n {
-        let img = x.get(b)?;
-        let cols = if direct {
-            img.reshape((c, pix))?
-        } else {
-            let Some(v) = with_f32(&img, |xs| im2col(xs, [c, h, wd], [kh, kw], [oh, ow], p)) else {
-                return Ok(None);
+    let per_image = c * h * wd;
+    let res = with_f32(&w, |wm| {
+        with_f32(&x, |xs| {
+            let mut out = vec![0f32; n * co * pix];
+            if pix == 0 || co == 0 {
+                return Some(out);
+            }
+            let one_image = |img: &[f32], dst: &mut [f32], parallel: bool| -> bool {
+                if let Some(b) = &bias {
+                    for (row, &v) in dst.chunks_mut(pix).zip(b) {
+                        row.fill(v);
+                    }
+                }
+                let unfolded;
+                let cols: &[f32] = if direct {
+                    img
+                } else {
+                    unfolded = im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, parallel);
+                    &unfolded
+                };
+                let ok = sgemm(
+                    co,
+                    pix,
+                    k,
+                    Mat::rows(wm, k),
+                    Mat::rows(cols, pix),
+                    dst,
+                    pix,
+                    bias.is_some(),
+                    1.0,
+                    parallel,
+                );
+                if parallel && p.act != Act::None {
+                    dst.par_chunks_mut(pix).for_each(|c| p.act.apply(c));
+                } else {
+                    p.act.apply(dst);
+                }
+                ok
             };
-            Tensor::from_vec(v, (k, pix), x.device())?
-        };
-        outs.push(wm.matmul(&cols)?.reshape((co, oh, ow))?);
+            let threads = rayon::current_num_threads();
+            let ok = if n > 1 && n >= threads {
+                out.par_chunks_mut(co * pix)
+                    .zip(xs.par_chunks(per_image))
+                    .all(|(dst, img)| one_image(img, dst, false))
+            } else {
+                out.chunks_mut(co * pix)
+                    .zip(xs.chunks(per_image))
+                    .all(|(dst, img)| one_image(img, dst, true))
+            };
+            ok.then_some(out)
+        })
+    });
+    match res.flatten().flatten() {
+        Some(out) => Ok(Some(Tensor::from_vec(out, (n, co, oh, ow), x.device())?)),
+        None => Ok(None),
     }
-    Ok(Some(if n == 1 {
-        outs.swap_remove(0).unsqueeze(0)?
-    } else {
-        Tensor::stack(&outs, 0)?
-    }))
+}
+
+/// The values of a small f32 tensor of exactly `len` elements (a bias), any layout.
+fn small_f32(t: &Tensor, len: usize) -> Option<Vec<f32>> {
+    if t.elem_count() != len {
+        return None;
+    }
+    t.to_dtype(DType::F32)
+        .ok()?
+        .flatten_all()
+        .ok()?
+        .to_vec1()
+        .ok()
 }
 
 /// Unfold one image `[c, h, w]` into `[c * kh * kw, oh * ow]` (row `(ci, i, j)` holds the
@@ -188,6 +329,7 @@ fn im2col(
     [kh, kw]: [usize; 2],
     [oh, ow]: [usize; 2],
     p: &Params,
+    parallel: bool,
 ) -> Vec<f32> {
     use rayon::prelude::*;
     let pix = oh * ow;
@@ -196,7 +338,7 @@ fn im2col(
         return cols;
     }
     let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
-    cols.par_chunks_mut(pix).enumerate().for_each(|(r, row)| {
+    let fill = |(r, row): (usize, &mut [f32])| {
         let (ci, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
         let src = &xs[ci * h * wd..][..h * wd];
         let di = (i * p.dilation[0]) as isize - ph;
@@ -227,7 +369,12 @@ fn im2col(
                 }
             }
         }
-    });
+    };
+    if parallel {
+        cols.par_chunks_mut(pix).enumerate().for_each(fill);
+    } else {
+        cols.chunks_mut(pix).enumerate().for_each(fill);
+    }
     cols
 }
 
@@ -241,8 +388,10 @@ fn out_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize) -> OpRes
     Ok((padded - eff) / stride + 1)
 }
 
-/// Direct depthwise convolution: weight [C*m, 1, kh, kw], groups = C.
-fn depthwise(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Tensor> {
+/// Direct depthwise convolution: weight [C*m, 1, kh, kw], groups = C; output planes in
+/// parallel, each starting from its bias (when given).
+fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpResult<Tensor> {
+    use rayon::prelude::*;
     let (n, c, h, wd) = x.dims4()?;
     let (co, _, kh, kw) = w.dims4()?;
     if co % c != 0 {
@@ -253,47 +402,106 @@ fn depthwise(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Tensor> {
     let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
     let xs = f32_vec(x)?;
     let ws = f32_vec(w)?;
+    let bias = match bias {
+        Some(b) => match small_f32(b, co) {
+            Some(v) => Some(v),
+            None => op_bail!(
+                "depthwise bias has {} values for {co} channels",
+                b.elem_count()
+            ),
+        },
+        None => None,
+    };
     let mut out = vec![0f32; n * co * oh * ow];
     let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
-    for b in 0..n {
-        for oc in 0..co {
-            let ic = oc / m;
-            let src = &xs[(b * c + ic) * h * wd..][..h * wd];
-            let ker = &ws[oc * kh * kw..][..kh * kw];
-            let dst = &mut out[(b * co + oc) * oh * ow..][..oh * ow];
-            for i in 0..kh {
-                for j in 0..kw {
-                    let kv = ker[i * kw + j];
-                    let di = (i * p.dilation[0]) as isize - ph;
-                    let dj = (j * p.dilation[1]) as isize - pw;
-                    for y in 0..oh {
-                        let iy = (y * p.stride[0]) as isize + di;
-                        if iy < 0 || iy >= h as isize {
-                            continue;
-                        }
-                        let row = &src[iy as usize * wd..][..wd];
-                        let drow = &mut dst[y * ow..][..ow];
-                        if p.stride[1] == 1 {
-                            // Valid output columns: 0 <= x + dj < wd.
-                            let x0 = (-dj).max(0) as usize;
-                            let x1 = ((wd as isize - dj).min(ow as isize)).max(0) as usize;
-                            for xo in x0..x1.max(x0) {
-                                drow[xo] += kv * row[(xo as isize + dj) as usize];
-                            }
-                        } else {
-                            for (xo, d) in drow.iter_mut().enumerate() {
-                                let ix = (xo * p.stride[1]) as isize + dj;
-                                if ix >= 0 && ix < wd as isize {
-                                    *d += kv * row[ix as usize];
-                                }
-                            }
-                        }
+    let plane = |(bo, dst): (usize, &mut [f32])| {
+        let (b, oc) = (bo / co, bo % co);
+        if let Some(bias) = &bias {
+            dst.fill(bias[oc]);
+        }
+        let ic = oc / m;
+        let src = &xs[(b * c + ic) * h * wd..][..h * wd];
+        let ker = &ws[oc * kh * kw..][..kh * kw];
+        if p.stride == [1, 1] {
+            depthwise_plane_s1(dst, src, ker, [h, wd], [kh, kw], [oh, ow], p);
+            return;
+        }
+        for i in 0..kh {
+            for j in 0..kw {
+                let kv = ker[i * kw + j];
+                let di = (i * p.dilation[0]) as isize - ph;
+                let dj = (j * p.dilation[1]) as isize - pw;
+                for y in 0..oh {
+                    let iy = (y * p.stride[0]) as isize + di;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    let row = &src[iy as usize * wd..][..wd];
+                    let drow = &mut dst[y * ow..][..ow];
+                    // Valid output columns: 0 <= xo * stride + dj < wd.
+                    let sx = p.stride[1] as isize;
+                    let x0 = if dj >= 0 { 0 } else { (-dj + sx - 1) / sx };
+                    let last = wd as isize - 1 - dj;
+                    let x1 = if last < 0 {
+                        0
+                    } else {
+                        (last / sx + 1).min(ow as isize)
+                    };
+                    if x1 > x0 {
+                        let s0 = (x0 * sx + dj) as usize;
+                        let (x0, x1) = (x0 as usize, x1 as usize);
+                        simd_axpy(&mut drow[x0..x1], &row[s0..], p.stride[1], kv);
                     }
                 }
             }
         }
+    };
+    if oh * ow > 0 {
+        out.par_chunks_mut(oh * ow)
+            .enumerate()
+            .for_each(|(i, dst)| {
+                plane((i, &mut *dst));
+                p.act.apply(dst);
+            });
     }
     from_f32(out, &[n, co, oh, ow])
+}
+
+/// One stride-1 depthwise plane as `kh * kw` long contiguous updates: the input is copied
+/// into a zero-padded `[h + 2 ph, w + 2 pw]` plane, and each tap adds its weight times that
+/// plane, shifted by the tap's offset, to an output laid out at the padded width (a tap is
+/// then one run over the whole plane, which vectorises, instead of one short run per row);
+/// the valid columns are copied out at the end. `dst` holds the bias (or zeros) on entry.
+fn depthwise_plane_s1(
+    dst: &mut [f32],
+    src: &[f32],
+    ker: &[f32],
+    [h, wd]: [usize; 2],
+    [kh, kw]: [usize; 2],
+    [oh, ow]: [usize; 2],
+    p: &Params,
+) {
+    let (ph, pw) = (p.padding[0], p.padding[1]);
+    let (hp, wp) = (h + 2 * ph, wd + 2 * pw);
+    let mut pad = vec![0f32; hp * wp];
+    for (y, row) in src.chunks(wd.max(1)).enumerate().take(h) {
+        pad[(y + ph) * wp + pw..][..wd].copy_from_slice(row);
+    }
+    let mut wide = vec![0f32; oh * wp];
+    for (y, row) in dst.chunks(ow.max(1)).enumerate().take(oh) {
+        wide[y * wp..][..ow].copy_from_slice(row);
+    }
+    // The last element any tap needs: (oh - 1) * wp + ow - 1 past its offset.
+    let len = (oh - 1) * wp + ow;
+    for i in 0..kh {
+        for j in 0..kw {
+            let off = i * p.dilation[0] * wp + j * p.dilation[1];
+            simd_axpy(&mut wide[..len], &pad[off..off + len], 1, ker[i * kw + j]);
+        }
+    }
+    for (y, row) in dst.chunks_mut(ow.max(1)).enumerate().take(oh) {
+        row.copy_from_slice(&wide[y * wp..][..ow]);
+    }
 }
 
 fn conv_transpose(a: &Args) -> OpResult<Outputs> {
@@ -436,8 +644,11 @@ mod tests {
                 padding: [pad; 2],
                 dilation: [dil; 2],
                 groups: 1,
+                act: Act::None,
             };
-            let got = conv_gemm(&x, &w, &p).unwrap().expect("fast path applies");
+            let got = conv_gemm(&x, &w, None, &p)
+                .unwrap()
+                .expect("fast path applies");
             let want = x.conv2d(&w, pad, stride, dil, 1).unwrap();
             assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
             let diff = (got - want)
@@ -457,6 +668,53 @@ mod tests {
         }
     }
 
+    /// Depthwise convs (multiplier 1 and 2, stride, padding, dilation) and a dense conv, each
+    /// with a bias, through `conv` against candle's grouped conv2d plus the bias added apart.
+    #[test]
+    fn conv_with_bias_matches_candle() {
+        let dev = Device::Cpu;
+        // (input, weight, groups, stride, padding, dilation)
+        type Case = ([usize; 4], [usize; 4], usize, usize, usize, usize);
+        let cases: [Case; 5] = [
+            ([2, 4, 9, 9], [4, 1, 3, 3], 4, 1, 1, 1),
+            // Stride 1 (the padded-plane path): multiplier 2, a non-square image.
+            ([1, 3, 7, 5], [6, 1, 5, 5], 3, 1, 2, 1),
+            ([1, 3, 10, 11], [6, 1, 3, 3], 3, 2, 1, 1),
+            ([1, 4, 12, 12], [4, 1, 5, 5], 4, 1, 4, 2),
+            ([3, 3, 8, 8], [5, 3, 3, 3], 1, 2, 1, 1),
+        ];
+        for (xs, ws, groups, stride, pad, dil) in cases {
+            let x = Tensor::randn(0f32, 1., xs.to_vec(), &dev).unwrap();
+            let w = Tensor::randn(0f32, 1., ws.to_vec(), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1., ws[0], &dev).unwrap();
+            let p = Params {
+                stride: [stride; 2],
+                padding: [pad; 2],
+                dilation: [dil; 2],
+                groups,
+                act: Act::None,
+            };
+            let got = conv(&x, &w, Some(&b), &p).unwrap();
+            let want = x
+                .conv2d(&w, pad, stride, dil, groups)
+                .unwrap()
+                .broadcast_add(&b.reshape((1, (), 1, 1)).unwrap())
+                .unwrap();
+            assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
+            let diff = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff < 1e-4, "{xs:?} {ws:?} groups {groups}: {diff}");
+        }
+    }
+
     /// A 1-d conv (run as 2-d over a height of 1) through `conv_nd`'s path against candle's
     /// conv1d: stride 2, padding 1, dilation 2.
     #[test]
@@ -469,6 +727,7 @@ mod tests {
             padding: [0, 1],
             dilation: [1, 2],
             groups: 1,
+            act: Act::None,
         };
         let got = conv(&x, &w, None, &p).unwrap();
         let want = x.conv1d(&w, 1, 2, 2, 1).unwrap();

@@ -56,28 +56,28 @@ pub fn register(r: &mut Registry) {
     r.add("aten.neg.default", |a| one(a.tensor("self")?.neg()?));
     r.add("aten.abs.default", |a| one(a.tensor("self")?.abs()?));
     r.add("aten.exp.default", |a| {
-        one(float(&a.tensor("self")?)?.exp()?)
+        unary_f32(a, f32::exp, |x| Ok(x.exp()?))
     });
     r.add("aten.log.default", |a| {
-        one(float(&a.tensor("self")?)?.log()?)
+        unary_f32(a, f32::ln, |x| Ok(x.log()?))
     });
     r.add("aten.sqrt.default", |a| {
-        one(float(&a.tensor("self")?)?.sqrt()?)
+        unary_f32(a, f32::sqrt, |x| Ok(x.sqrt()?))
     });
     r.add("aten.rsqrt.default", |a| {
-        one(float(&a.tensor("self")?)?.sqrt()?.recip()?)
+        unary_f32(a, |v| 1.0 / v.sqrt(), |x| Ok(x.sqrt()?.recip()?))
     });
     r.add("aten.reciprocal.default", |a| {
         one(float(&a.tensor("self")?)?.recip()?)
     });
     r.add("aten.sin.default", |a| {
-        one(float(&a.tensor("self")?)?.sin()?)
+        unary_f32(a, f32::sin, |x| Ok(x.sin()?))
     });
     r.add("aten.cos.default", |a| {
-        one(float(&a.tensor("self")?)?.cos()?)
+        unary_f32(a, f32::cos, |x| Ok(x.cos()?))
     });
     r.add("aten.tanh.default", |a| {
-        one(float(&a.tensor("self")?)?.tanh()?)
+        unary_f32(a, fused::tanh_fast, |x| Ok(x.tanh()?))
     });
     r.add("aten.erf.default", |a| {
         one(float(&a.tensor("self")?)?.erf()?)
@@ -129,6 +129,20 @@ pub fn register(r: &mut Registry) {
         "aten.feature_alpha_dropout.default",
     ] {
         r.add(n, dropout);
+    }
+}
+
+/// A float unary op: one pass over a contiguous f32 input (split across threads when large)
+/// with `fast`, else candle's composed `slow` form.
+fn unary_f32(
+    a: &Args,
+    fast: impl Fn(f32) -> f32 + Sync,
+    slow: impl Fn(&Tensor) -> OpResult<Tensor>,
+) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    match fused::unary(&x, fast) {
+        Some(y) => one(y),
+        None => one(slow(&x)?),
     }
 }
 

@@ -27,6 +27,159 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
     }
 }
 
+/// Run `f` on the whole storage of an CPU tensor of element type `T` and its layout (any strides).
+pub fn with_storage<T: candle_core::WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T], &candle_core::Layout) -> R,
+) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(c) => Some(f(c.as_slice::<T>().ok()?, layout)),
+        _ => None,
+    }
+}
+
+/// Run `f` from a function compiled for AVX-512 (or AVX2 + FMA) when the CPU has it,
+/// detected at run time, else as built (baseline x86-64 has only 4-wide SSE2). `f` gets the
+/// wider instructions only where the compiler inlines it there, which it does not always do
+/// for a large closure (profiled: the binary-op loops stay SSE2); [`simd_map`],
+/// [`simd_map_mut`] and [`simd_axpy`] hold their loops in the feature-enabled functions
+/// themselves and always get them. Results are the same either way: no fused multiply-add
+/// is introduced (Rust never contracts `a * b + c`).
+#[inline(always)]
+pub fn simd<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: `avx512` only enables instructions the CPU was just found to support.
+            #[allow(unsafe_code)]
+            return unsafe { avx512(f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: as above, for AVX2 and FMA.
+            #[allow(unsafe_code)]
+            return unsafe { avx2(f) };
+        }
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// `out[i] = f(inp[i])`, the loop compiled for AVX-512 (or AVX2 + FMA) when the CPU has it
+/// (see [`simd`]); here the loop itself lives in the feature-enabled function, so only the
+/// small per-element `f` has to be inlined into it.
+pub fn simd_map(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: only instructions the CPU was just found to support.
+            #[allow(unsafe_code)]
+            return unsafe { map_avx512(out, inp, f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            return unsafe { map_avx2(out, inp, f) };
+        }
+    }
+    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = f(v));
+}
+
+/// `dst[i] += k * src[i * stride]`, compiled for AVX-512 (or AVX2 + FMA) when the CPU has it
+/// (see [`simd`]). `src` must hold `(dst.len() - 1) * stride + 1` elements (fewer: only the
+/// covered prefix of `dst` is updated).
+pub fn simd_axpy(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
+    #[inline(always)]
+    fn body(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
+        if stride == 1 {
+            dst.iter_mut().zip(src).for_each(|(d, &v)| *d += k * v);
+        } else {
+            dst.iter_mut()
+                .zip(src.iter().step_by(stride.max(1)))
+                .for_each(|(d, &v)| *d += k * v);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        fn avx512(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
+            body(dst, src, stride, k)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
+            body(dst, src, stride, k)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: only instructions the CPU was just found to support.
+            #[allow(unsafe_code)]
+            return unsafe { avx512(dst, src, stride, k) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            return unsafe { avx2(dst, src, stride, k) };
+        }
+    }
+    body(dst, src, stride, k)
+}
+
+/// [`simd_map`] in place.
+pub fn simd_map_mut(xs: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: only instructions the CPU was just found to support.
+            #[allow(unsafe_code)]
+            return unsafe { map_mut_avx512(xs, f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            return unsafe { map_mut_avx2(xs, f) };
+        }
+    }
+    xs.iter_mut().for_each(|v| *v = f(*v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn map_avx512(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
+    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = f(v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn map_avx2(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
+    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = f(v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn map_mut_avx512(xs: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
+    xs.iter_mut().for_each(|v| *v = f(*v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn map_mut_avx2(xs: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
+    xs.iter_mut().for_each(|v| *v = f(*v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 /// A copy of the data of a small f32 tensor of exactly `n` elements (weights, biases).
 fn small_vec(t: &Tensor, n: usize) -> Option<Vec<f32>> {
     if t.elem_count() != n || t.dtype() != DType::F32 {
@@ -49,14 +202,18 @@ fn map_rows(x: &[f32], n: usize, f: impl Fn(usize, &[f32], &mut [f32]) + Sync) -
             .zip(x.par_chunks(rows * n))
             .enumerate()
             .for_each(|(c, (o, i))| {
-                for (r, (orow, irow)) in o.chunks_mut(n).zip(i.chunks(n)).enumerate() {
-                    f(c * rows + r, irow, orow);
-                }
+                simd(|| {
+                    for (r, (orow, irow)) in o.chunks_mut(n).zip(i.chunks(n)).enumerate() {
+                        f(c * rows + r, irow, orow);
+                    }
+                })
             });
     } else {
-        for (r, (orow, irow)) in out.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-            f(r, irow, orow);
-        }
+        simd(|| {
+            for (r, (orow, irow)) in out.chunks_mut(n).zip(x.chunks(n)).enumerate() {
+                f(r, irow, orow);
+            }
+        })
     }
     out
 }
@@ -177,6 +334,60 @@ pub fn erf_fast(x: f32) -> f32 {
     p / q
 }
 
+/// exp for f32, branch-free and vectorizable (libm's `expf` is a call per element): `x` is
+/// clamped to [-87.3, 88.3] (so the result stays a normal float), split as `n ln 2 + r` with
+/// `|r| <= ln 2 / 2` (n rounded by the 1.5 * 2^23 trick, which needs no rounding instruction and leaves n in
+/// the low bits),
+/// `e^r` from its degree-7 Taylor polynomial and `2^n` built in the exponent bits. Within
+/// 2e-7 relative of libm's `expf` on the clamped range (checked in the tests below). NaN
+/// stays NaN. For the logistic functions only: below -87.3 it returns about 1e-38, not 0.
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    let x = x.clamp(-87.3, 88.3);
+    let t = x * std::f32::consts::LOG2_E + MAGIC;
+    let n = t - MAGIC;
+    // n as an integer, read from t's low mantissa bits (no float-to-int conversion, whose
+    // saturating form does not vectorize).
+    let ni = t.to_bits().wrapping_sub(MAGIC.to_bits());
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let mut p = r * (1.0 / 5040.0) + 1.0 / 720.0;
+    p = r * p + 1.0 / 120.0;
+    p = r * p + 1.0 / 24.0;
+    p = r * p + 1.0 / 6.0;
+    p = r * p + 0.5;
+    p = r * p + 1.0;
+    p = r * p + 1.0;
+    let bits = ni.wrapping_add(127) << 23;
+    p * f32::from_bits(bits)
+}
+
+/// `1 / (1 + exp(-x))` with [`exp_fast`].
+#[inline(always)]
+pub fn sigmoid_fast(x: f32) -> f32 {
+    1.0 / (1.0 + exp_fast(-x))
+}
+
+/// tanh for f32, vectorizable: `1 - 2 / (exp(2x) + 1)` with [`exp_fast`] on `x` clamped to
+/// [-10, 10] (tanh is 1 to f32 precision beyond); that loses accuracy near 0, so `|x| < 1/8`
+/// uses the odd Taylor series instead. Within 3e-7 absolute of libm's `tanhf` (checked below).
+#[inline(always)]
+pub fn tanh_fast(x: f32) -> f32 {
+    let c = x.clamp(-10.0, 10.0);
+    let big = 1.0 - 2.0 / (exp_fast(2.0 * c) + 1.0);
+    let x2 = c * c;
+    // x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835: error below 1e-8 for |x| < 0.125.
+    let small = c
+        * (1.0
+            + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))));
+    let y = if c.abs() < 0.125 { small } else { big };
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
 /// `x * 0.5 * (1 + erf(x / sqrt 2))` (candle's formula, with [`erf_fast`]), split across
 /// threads.
 pub fn gelu_erf(x: &Tensor) -> Option<Tensor> {
@@ -186,9 +397,9 @@ pub fn gelu_erf(x: &Tensor) -> Option<Tensor> {
         if xs.len() >= PAR_MIN {
             out.par_chunks_mut(4096)
                 .zip(xs.par_chunks(4096))
-                .for_each(|(o, i)| o.iter_mut().zip(i).for_each(|(o, &v)| *o = g(v)));
+                .for_each(|(o, i)| simd(|| o.iter_mut().zip(i).for_each(|(o, &v)| *o = g(v))));
         } else {
-            out.iter_mut().zip(xs).for_each(|(o, &v)| *o = g(v));
+            simd(|| out.iter_mut().zip(xs).for_each(|(o, &v)| *o = g(v)));
         }
         out
     })?;
@@ -268,6 +479,9 @@ enum Operand<'a> {
     Scalar(f32),
     /// Element `i` reads element `i % len` (a trailing-dims operand repeated over rows).
     Rows(&'a [f32]),
+    /// Element `i` reads element `i / inner` (a leading-dims operand with size-1 trailing
+    /// dims, such as a `[N, C, 1, 1]` channel scale over `[N, C, H, W]`).
+    Blocks(&'a [f32], usize),
 }
 
 /// How `t` (contiguous f32 data `d`) is read when broadcast to `out` dims, if simply.
@@ -284,6 +498,20 @@ fn operand<'a>(t: &Tensor, d: &'a [f32], out: &[usize]) -> Option<Operand<'a>> {
     let rest = &dims[lead..];
     if rest.len() <= out.len() && out[out.len() - rest.len()..] == *rest {
         return Some(Operand::Rows(d));
+    }
+    // Left-padded to the output's rank: the output's own leading dims, then only 1s.
+    if dims.len() <= out.len() {
+        let pad = out.len() - dims.len();
+        let padded = |i: usize| if i < pad { 1 } else { dims[i - pad] };
+        let r = (0..out.len())
+            .rposition(|i| padded(i) != 1)
+            .map_or(0, |i| i + 1);
+        if (0..r).all(|i| padded(i) == out[i]) {
+            let inner: usize = out[r..].iter().product();
+            if inner > 0 && d.len() * inner == out.iter().product::<usize>() {
+                return Some(Operand::Blocks(d, inner));
+            }
+        }
     }
     None
 }
@@ -321,6 +549,7 @@ fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync)
         Operand::Full(d) => d[i],
         Operand::Scalar(s) => *s,
         Operand::Rows(d) => d[i % d.len()],
+        Operand::Blocks(d, inner) => d[i / inner],
     };
     let mut out = vec![0f32; n];
     let chunk = |start: usize, o: &mut [f32]| match (a, b) {
@@ -342,6 +571,21 @@ fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync)
                 *o = f(*s, y);
             }
         }
+        (Operand::Full(x), Operand::Blocks(d, inner)) => {
+            // Runs of `inner` elements share one value of the block operand.
+            let len = o.len();
+            let x = &x[start..start + len];
+            let mut k = 0;
+            while k < len {
+                let i = start + k;
+                let run = (inner - i % inner).min(len - k);
+                let s = d[i / inner];
+                for (o, &x) in o[k..k + run].iter_mut().zip(&x[k..k + run]) {
+                    *o = f(x, s);
+                }
+                k += run;
+            }
+        }
         _ => {
             for (k, o) in o.iter_mut().enumerate() {
                 *o = f(at(start + k, a), at(start + k, b));
@@ -351,24 +595,30 @@ fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync)
     if n >= PAR_MIN {
         out.par_chunks_mut(8192)
             .enumerate()
-            .for_each(|(c, o)| chunk(c * 8192, o));
+            .for_each(|(c, o)| simd(|| chunk(c * 8192, o)));
     } else {
-        chunk(0, &mut out);
+        simd(|| chunk(0, &mut out));
     }
     out
 }
 
 /// `max(x, 0)` of a contiguous f32 tensor, split across threads when large.
 pub fn relu(x: &Tensor) -> Option<Tensor> {
+    unary(x, |v| v.max(0.0))
+}
+
+/// `f` applied to each element of a contiguous f32 tensor in one pass, split across threads
+/// when large; `None` for any other tensor.
+pub fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Option<Tensor> {
     let y = with_f32(x, |xs| {
         let mut out = vec![0f32; xs.len()];
-        let f = |o: &mut [f32], i: &[f32]| o.iter_mut().zip(i).for_each(|(o, &v)| *o = v.max(0.0));
+        let g = |o: &mut [f32], i: &[f32]| simd_map(o, i, &f);
         if xs.len() >= PAR_MIN {
             out.par_chunks_mut(8192)
                 .zip(xs.par_chunks(8192))
-                .for_each(|(o, i)| f(o, i));
+                .for_each(|(o, i)| g(o, i));
         } else {
-            f(&mut out, xs);
+            g(&mut out, xs);
         }
         out
     })?;
@@ -400,6 +650,9 @@ mod tests {
             (t(&[2, 3, 4]), t(&[])),
             (t(&[]), t(&[2, 3, 4])),
             (t(&[1, 1, 5]), t(&[2, 3, 5])),
+            (t(&[2, 3, 4, 5]), t(&[2, 3, 1, 1])),
+            (t(&[2, 3, 1, 1]), t(&[2, 3, 4, 5])),
+            (t(&[1, 3, 4, 5]), t(&[3, 1, 1])),
         ];
         for (a, b) in &pairs {
             for (op, want) in [
@@ -417,6 +670,8 @@ mod tests {
                 );
             }
         }
+        // A channel scale broadcast over the batch too is left to candle.
+        assert!(binary(&t(&[2, 3, 4, 5]), &t(&[1, 3, 1, 1]), BinOp::Mul).is_none());
         // [3, 1] + [1, 4]: neither operand has the output's shape.
         assert!(binary(&t(&[3, 1]), &t(&[1, 4]), BinOp::Add).is_none());
         // A transposed (non-contiguous) operand is left to candle.
@@ -433,6 +688,31 @@ mod tests {
             worst = worst.max(d);
         }
         assert!(worst < 1e-6, "{worst}");
+    }
+
+    /// The fast exp, logistic and tanh against libm over their useful ranges.
+    #[test]
+    fn exp_tanh_fast_match_libm() {
+        let (mut e_rel, mut t_abs, mut s_abs) = (0f32, 0f32, 0f32);
+        for i in -870_000..=880_000 {
+            let x = i as f32 * 1e-4;
+            let want = x.exp();
+            e_rel = e_rel.max((exp_fast(x) - want).abs() / want);
+            t_abs = t_abs.max((tanh_fast(x) - x.tanh()).abs());
+            s_abs = s_abs.max((sigmoid_fast(x) - 1.0 / (1.0 + (-x).exp())).abs());
+        }
+        assert!(e_rel < 2e-7, "exp {e_rel}");
+        assert!(t_abs < 3e-7, "tanh {t_abs}");
+        assert!(s_abs < 2e-7, "sigmoid {s_abs}");
+        assert!(tanh_fast(f32::NAN).is_nan() && exp_fast(f32::NAN).is_nan());
+        assert_eq!(tanh_fast(f32::INFINITY), 1.0);
+        assert_eq!(
+            sigmoid_fast(f32::NEG_INFINITY),
+            1.0 / (1.0 + exp_fast(f32::INFINITY))
+        );
+        assert!(sigmoid_fast(f32::NEG_INFINITY) < 1e-38);
+        // Tiny arguments keep their relative accuracy.
+        assert!((tanh_fast(1e-6) - 1e-6).abs() < 1e-12);
     }
 
     /// Large enough to split across threads: same result as the composed softmax.

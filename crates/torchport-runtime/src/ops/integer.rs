@@ -287,6 +287,17 @@ fn int_pow(x: i64, e: i64) -> OpResult<i64> {
 /// Float `x ** e` with the fast paths of candle for the common exponents.
 fn float_pow_scalar(t: &Tensor, e: f64) -> OpResult<Tensor> {
     let t = float(t)?;
+    // One pass, split across threads; small integer powers as products, as torch computes them.
+    let fast = match e {
+        2.0 => super::fused::unary(&t, |v| v * v),
+        3.0 => super::fused::unary(&t, |v| v * v * v),
+        0.5 => super::fused::unary(&t, f32::sqrt),
+        1.0 => Some(t.clone()),
+        _ => super::fused::unary(&t, |v| v.powf(e as f32)),
+    };
+    if let Some(y) = fast {
+        return Ok(y);
+    }
     Ok(if e == 2.0 {
         t.sqr()?
     } else if e == 0.5 {

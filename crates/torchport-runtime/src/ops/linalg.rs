@@ -73,9 +73,90 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     }
 }
 
+/// `beta * bias + alpha * x @ w` as one product accumulated onto the bias, for a contiguous
+/// f32 `x` of any rank (its leading dims are rows) and a 2-d f32 `w [K, N]` of any strides
+/// (a pre-transposed Linear weight, or GPT-2's `[in, out]` Conv1D weight, read in place). The
+/// bias is `[N]` (any leading 1s) or a full `[rows, N]`. `None` when the layout does not apply.
+pub fn gemm_bias(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    alpha: f64,
+    beta: f64,
+) -> OpResult<Option<Tensor>> {
+    use super::fused::{with_f32, with_storage};
+    use super::sgemm::{sgemm, Mat};
+    use candle_core::DType;
+    if x.dtype() != DType::F32 || w.dtype() != DType::F32 || w.rank() != 2 || x.rank() < 1 {
+        return Ok(None);
+    }
+    let (k, n) = w.dims2()?;
+    if k == 0 || x.dims()[x.rank() - 1] != k {
+        return Ok(None);
+    }
+    let rows = x.elem_count() / k.max(1);
+    let bias = match bias.filter(|_| beta != 0.0) {
+        None => None,
+        // A row vector ([N] or [1, N], the caller checks) or the full [rows, N] matrix.
+        Some(b)
+            if b.dtype() == DType::F32 && (b.elem_count() == n || b.elem_count() == rows * n) =>
+        {
+            Some(b.flatten_all()?.to_vec1::<f32>()?)
+        }
+        Some(_) => return Ok(None),
+    };
+    let mut out = vec![0f32; rows * n];
+    if let Some(b) = &bias {
+        if b.len() == n {
+            for row in out.chunks_mut(n.max(1)) {
+                row.copy_from_slice(b);
+            }
+        } else {
+            out.copy_from_slice(b);
+        }
+        if beta != 1.0 {
+            out.iter_mut().for_each(|v| *v *= beta as f32);
+        }
+    }
+    let ok = with_f32(x, |xs| {
+        with_storage::<f32, _>(w, |wd, wl| {
+            let st = wl.stride();
+            let wsl = wd.get(wl.start_offset()..)?;
+            Some(sgemm(
+                rows,
+                n,
+                k,
+                Mat::rows(xs, k),
+                Mat {
+                    data: wsl,
+                    rs: st[0],
+                    cs: st[1],
+                },
+                &mut out,
+                n,
+                bias.is_some(),
+                alpha as f32,
+                true,
+            ))
+        })
+    });
+    if ok.flatten().flatten() != Some(true) {
+        return Ok(None);
+    }
+    let mut shape = x.dims()[..x.rank() - 1].to_vec();
+    shape.push(n);
+    Ok(Some(Tensor::from_vec(out, shape, x.device())?))
+}
+
 fn linear(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let w = float(&a.tensor("weight")?)?;
+    let bias = a.opt_tensor("bias")?.map(|b| float(&b)).transpose()?;
+    if w.rank() == 2 && bias.as_ref().is_none_or(|b| b.rank() == 1) {
+        if let Some(y) = gemm_bias(&x, &w.t()?, bias.as_ref(), 1.0, 1.0)? {
+            return one(y);
+        }
+    }
     let y = matmul(&x, &w.t()?)?;
     match a.opt_tensor("bias")? {
         // `y` is the matmul's fresh result, shared with nothing: add the bias in place.
@@ -100,6 +181,22 @@ fn addmm(a: &Args) -> OpResult<Outputs> {
     };
     let beta = a.float_or("beta", 1.0)?;
     let alpha = a.float_or("alpha", 1.0)?;
+    let (f1, f2) = (float(&m1)?, float(&m2)?);
+    if f1.rank() == 2 && f2.rank() == 2 && bias.rank() <= 2 {
+        let (rows, n) = (f1.dims()[0], f2.dims()[1]);
+        // The bias must broadcast to [rows, n] as a row vector or be the full matrix.
+        let b_ok = match bias.dims() {
+            [] => false,
+            [m] => *m == n,
+            [r, c] => *c == n && (*r == 1 || *r == rows),
+            _ => false,
+        };
+        if b_ok {
+            if let Some(y) = gemm_bias(&f1, &f2, Some(&bias), alpha, beta)? {
+                return one(y);
+            }
+        }
+    }
     let mut p = mm(&m1, &m2)?;
     if alpha != 1.0 {
         p = p.affine(alpha, 0.0)?;

@@ -26,6 +26,7 @@ pub mod pad;
 pub mod pool;
 pub mod reduce;
 pub mod rnn;
+pub mod sgemm;
 pub mod shape;
 pub mod sort;
 

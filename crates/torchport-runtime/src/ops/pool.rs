@@ -80,6 +80,12 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
     let p = two(&a.ints_or("padding", &[0])?, "padding")?;
     let d = two(&a.ints_or("dilation", &[1])?, "dilation")?;
     let ceil = a.bool_or("ceil_mode", false)?;
+    let with_indices = a.node().target.contains("with_indices");
+    if !with_indices {
+        if let Some(y) = max_pool_values(&x, k, s, p, d, ceil)? {
+            return one(y);
+        }
+    }
     let (xs, lead, h, w) = planes(&x)?;
     let oh = pool_len(h, k[0], p[0], s[0], d[0], ceil)?;
     let ow = pool_len(w, k[1], p[1], s[1], d[1], ceil)?;
@@ -130,11 +136,91 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
     let mut shape = lead;
     shape.extend([oh, ow]);
     let y = from_f32(out, &shape)?;
-    if a.node().target.contains("with_indices") {
+    if with_indices {
         let it = Tensor::from_vec(idx, shape.as_slice(), &candle_core::Device::Cpu)?;
         return Ok(vec![Value::Tensor(y), Value::Tensor(it)]);
     }
     one(y)
+}
+
+/// The larger of `acc` and `v` as ATen's max pooling takes it: `v` wins when greater or NaN,
+/// so a NaN in the window is the result.
+#[inline(always)]
+fn nan_max(acc: f32, v: f32) -> f32 {
+    if v > acc || v.is_nan() {
+        v
+    } else {
+        acc
+    }
+}
+
+/// Max pooling without indices, for a contiguous f32 input: per output row, the window's rows
+/// are first reduced into one row (a vectorisable elementwise max), then each output column
+/// takes the max over its window of that row. Planes in parallel. `None` when the input is not
+/// a contiguous f32 tensor (the general kernel takes it).
+fn max_pool_values(
+    x: &Tensor,
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [usize; 2],
+    d: [usize; 2],
+    ceil: bool,
+) -> OpResult<Option<Tensor>> {
+    use rayon::prelude::*;
+    if x.rank() != 3 && x.rank() != 4 {
+        return Ok(None);
+    }
+    let r = x.rank();
+    let (h, w) = (x.dims()[r - 2], x.dims()[r - 1]);
+    let oh = pool_len(h, k[0], p[0], s[0], d[0], ceil)?;
+    let ow = pool_len(w, k[1], p[1], s[1], d[1], ceil)?;
+    let lead = x.dims()[..r - 2].to_vec();
+    let np: usize = lead.iter().product();
+    let per = oh * ow;
+    let out = super::fused::with_f32(x, |xs| {
+        let mut out = vec![0f32; np * per];
+        if per == 0 || h * w == 0 {
+            return out;
+        }
+        out.par_chunks_mut(per).enumerate().for_each(|(pl, dst)| {
+            let src = &xs[pl * h * w..][..h * w];
+            let mut row = vec![f32::NEG_INFINITY; w];
+            for (y, drow) in dst.chunks_mut(ow).enumerate() {
+                row.fill(f32::NEG_INFINITY);
+                let mut any = false;
+                for i in 0..k[0] {
+                    let iy = (y * s[0] + i * d[0]) as isize - p[0] as isize;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    any = true;
+                    let srow = &src[iy as usize * w..][..w];
+                    for (a, &v) in row.iter_mut().zip(srow) {
+                        *a = nan_max(*a, v);
+                    }
+                }
+                for (xo, o) in drow.iter_mut().enumerate() {
+                    let mut best = f32::NEG_INFINITY;
+                    for j in 0..k[1] {
+                        let ix = (xo * s[1] + j * d[1]) as isize - p[1] as isize;
+                        if ix >= 0 && ix < w as isize {
+                            best = nan_max(best, row[ix as usize]);
+                        }
+                    }
+                    // A window wholly in the padding cannot happen (pad <= kernel / 2), but
+                    // keep -inf there as the general kernel does.
+                    *o = if any { best } else { f32::NEG_INFINITY };
+                }
+            }
+        });
+        out
+    });
+    let Some(out) = out else {
+        return Ok(None);
+    };
+    let mut shape = lead;
+    shape.extend([oh, ow]);
+    Ok(Some(from_f32(out, &shape)?))
 }
 
 fn avg_pool(a: &Args) -> OpResult<Outputs> {
@@ -218,4 +304,61 @@ fn adaptive_avg(a: &Args) -> OpResult<Outputs> {
     let mut shape = lead;
     shape.extend([oh, ow]);
     one(from_f32(out, &shape)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The value-only max pool against a direct window scan (every tap, row-major, ATen's
+    /// NaN rule) over paddings, strides, dilations and ceil mode, with NaNs in the input.
+    #[test]
+    fn max_pool_values_matches_window_scan() {
+        let (h, w) = (9, 11);
+        let mut data: Vec<f32> = (0..2 * 3 * h * w)
+            .map(|i| ((i * 7919) % 101) as f32 - 50.0)
+            .collect();
+        data[17] = f32::NAN;
+        data[200] = f32::NAN;
+        let x = Tensor::from_vec(data.clone(), (2, 3, h, w), &Device::Cpu).unwrap();
+        // (kernel, stride, padding, dilation, ceil)
+        let cases = [
+            ([3, 3], [2, 2], [1, 1], [1, 1], false),
+            ([2, 2], [2, 2], [0, 0], [1, 1], true),
+            ([3, 2], [1, 2], [1, 0], [2, 1], false),
+            ([3, 3], [2, 3], [1, 1], [1, 2], true),
+        ];
+        for (k, s, p, d, ceil) in cases {
+            let got = max_pool_values(&x, k, s, p, d, ceil).unwrap().unwrap();
+            let oh = pool_len(h, k[0], p[0], s[0], d[0], ceil).unwrap();
+            let ow = pool_len(w, k[1], p[1], s[1], d[1], ceil).unwrap();
+            assert_eq!(got.dims(), &[2, 3, oh, ow]);
+            let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for pl in 0..6 {
+                for y in 0..oh {
+                    for xo in 0..ow {
+                        let mut best = f32::NEG_INFINITY;
+                        for i in 0..k[0] {
+                            for j in 0..k[1] {
+                                let iy = (y * s[0] + i * d[0]) as isize - p[0] as isize;
+                                let ix = (xo * s[1] + j * d[1]) as isize - p[1] as isize;
+                                if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
+                                    let v = data[pl * h * w + iy as usize * w + ix as usize];
+                                    if v > best || v.is_nan() {
+                                        best = v;
+                                    }
+                                }
+                            }
+                        }
+                        let g = got[(pl * oh + y) * ow + xo];
+                        assert!(
+                            g == best || (g.is_nan() && best.is_nan()),
+                            "{k:?} {s:?} {p:?} {d:?} {ceil}: plane {pl} ({y}, {xo}): {g} vs {best}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
