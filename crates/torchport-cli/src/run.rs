@@ -10,8 +10,8 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use torchport::write::{write, OutputFormat, WriteOptions};
-use torchport_runtime::npy::{out_tensor, read_npy};
-use torchport_runtime::{dtype, Program};
+use torchport_runtime::npy::{out_tensor_as, read_npy};
+use torchport_runtime::Program;
 
 /// Arguments of `run`.
 #[derive(clap::Args)]
@@ -85,8 +85,8 @@ fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCo
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let is_bool = dtypes.get(i).copied().flatten() == Some(dtype::BOOL);
-            out_tensor(format!("output_{i}"), t, is_bool).map_err(anyhow::Error::msg)
+            let declared = dtypes.get(i).copied().flatten();
+            out_tensor_as(format!("output_{i}"), t, declared).map_err(anyhow::Error::msg)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut inputs = vec![args.model.clone()];

@@ -1,12 +1,34 @@
 //! Matrix products: linear, addmm, mm, bmm, matmul (with torch's 1-d and broadcasting rules),
-//! baddbmm.
+//! baddbmm. Integer (int64) products are computed exactly, with int64's wrapping arithmetic
+//! as torch does; floats go through the f32 GEMM.
 
-use candle_core::Tensor;
+use candle_core::{DType, Shape, Tensor};
 
 use super::{float, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
+
+/// `beta · input + alpha · (m1 @ m2)` exactly in int64 (wrapping), input broadcast.
+fn int_addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, alpha: i64, beta: i64) -> OpResult<Tensor> {
+    let p = int_mm(m1, m2)?;
+    let bias = input
+        .broadcast_as(p.dims())?
+        .contiguous()?
+        .flatten_all()?
+        .to_vec1::<i64>()?;
+    let prod = p.flatten_all()?.to_vec1::<i64>()?;
+    let out: Vec<i64> = prod
+        .iter()
+        .zip(&bias)
+        .map(|(&x, &b)| {
+            // torch ignores `input` when beta is 0 (its NaNs and infinities included).
+            let b = if beta == 0 { 0 } else { b.wrapping_mul(beta) };
+            x.wrapping_mul(alpha).wrapping_add(b)
+        })
+        .collect();
+    Ok(Tensor::from_vec(out, p.dims(), &candle_core::Device::Cpu)?)
+}
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
@@ -24,8 +46,12 @@ pub fn register(r: &mut Registry) {
     r.add("aten.baddbmm.default", addmm);
 }
 
-/// `a @ b` for operands of rank >= 2 with broadcast batch dims (floats).
+/// `a @ b` for operands of rank >= 2 with broadcast batch dims (floats; two int64 operands
+/// are multiplied exactly, see [`int_mm`]).
 pub fn mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    if a.dtype() == DType::I64 && b.dtype() == DType::I64 {
+        return int_mm(a, b);
+    }
     let (a, b) = (float(a)?, float(b)?);
     if a.rank() < 2 || b.rank() < 2 {
         op_bail!("matrix product of shapes {:?} and {:?}", a.dims(), b.dims());
@@ -43,6 +69,44 @@ pub fn mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         // retry on contiguous copies; a real shape error repeats and is reported.
         Err(_) => Ok(prod(&a.contiguous()?, &b.contiguous()?)?),
     }
+}
+
+/// The exact int64 product of `a` `[.., n, k]` and `b` `[.., k, p]` (batch dims broadcast),
+/// with wrapping arithmetic as torch's int64 matmul.
+fn int_mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let (ra, rb) = (a.rank(), b.rank());
+    if ra < 2 || rb < 2 || a.dims()[ra - 1] != b.dims()[rb - 2] {
+        op_bail!("matrix product of shapes {:?} and {:?}", a.dims(), b.dims());
+    }
+    let (n, k, p) = (a.dims()[ra - 2], a.dims()[ra - 1], b.dims()[rb - 1]);
+    let batch = Shape::from(&a.dims()[..ra - 2])
+        .broadcast_shape_binary_op(&Shape::from(&b.dims()[..rb - 2]), "matmul")?;
+    let full = |t: &Tensor, rows: usize, cols: usize| -> OpResult<Vec<i64>> {
+        let mut dims = batch.dims().to_vec();
+        dims.extend([rows, cols]);
+        Ok(t.broadcast_as(dims)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<i64>()?)
+    };
+    let (av, bv) = (full(a, n, k)?, full(b, k, p)?);
+    let count = batch.elem_count();
+    let mut out = vec![0i64; count * n * p];
+    for bi in 0..count {
+        let (x, y) = (&av[bi * n * k..][..n * k], &bv[bi * k * p..][..k * p]);
+        let o = &mut out[bi * n * p..][..n * p];
+        for i in 0..n {
+            for kk in 0..k {
+                let xv = x[i * k + kk];
+                for j in 0..p {
+                    o[i * p + j] = o[i * p + j].wrapping_add(xv.wrapping_mul(y[kk * p + j]));
+                }
+            }
+        }
+    }
+    let mut dims = batch.dims().to_vec();
+    dims.extend([n, p]);
+    Ok(Tensor::from_vec(out, dims, &candle_core::Device::Cpu)?)
 }
 
 /// `torch.matmul` semantics, including 1-d operands.
@@ -173,12 +237,22 @@ fn linear(a: &Args) -> OpResult<Outputs> {
 }
 
 fn addmm(a: &Args) -> OpResult<Outputs> {
-    let bias = float(&a.tensor("self")?)?;
     let (m1, m2) = if a.has("mat1") {
         (a.tensor("mat1")?, a.tensor("mat2")?)
     } else {
         (a.tensor("batch1")?, a.tensor("batch2")?)
     };
+    let input = a.tensor("self")?;
+    if [&input, &m1, &m2].iter().all(|t| t.dtype() == DType::I64) {
+        return one(int_addmm(
+            &input,
+            &m1,
+            &m2,
+            a.int_or("alpha", 1)?,
+            a.int_or("beta", 1)?,
+        )?);
+    }
+    let bias = float(&input)?;
     let beta = a.float_or("beta", 1.0)?;
     let alpha = a.float_or("alpha", 1.0)?;
     let (f1, f2) = (float(&m1)?, float(&m2)?);
@@ -210,4 +284,33 @@ fn addmm(a: &Args) -> OpResult<Outputs> {
         bias.affine(beta, 0.0)?
     };
     one(p.broadcast_add(&b)?)
+}
+
+#[cfg(test)]
+mod int_tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn int64_products_are_exact_and_wrap() {
+        let big = (1i64 << 40) + 1;
+        let a = Tensor::from_vec(vec![big, 1, 2, 3], (2, 2), &Device::Cpu).unwrap();
+        let b = Tensor::from_vec(vec![3i64, 0, 0, i64::MAX], (2, 2), &Device::Cpu).unwrap();
+        let p = mm(&a, &b).unwrap();
+        assert_eq!(p.dtype(), DType::I64);
+        // [[3·big, i64::MAX], [2·3, 3·i64::MAX (wraps)]]
+        assert_eq!(
+            p.to_vec2::<i64>().unwrap(),
+            [[3 * big, i64::MAX], [6, 3i64.wrapping_mul(i64::MAX)]]
+        );
+        // baddbmm: beta · input + alpha · (batch1 @ batch2), input broadcast over the batch.
+        let x = Tensor::from_vec(vec![1i64, 2], (1, 1, 2), &Device::Cpu).unwrap();
+        let b1 = Tensor::from_vec(vec![big, 5], (2, 1, 1), &Device::Cpu).unwrap();
+        let b2 = Tensor::from_vec(vec![1i64, 1, 2, 2], (2, 1, 2), &Device::Cpu).unwrap();
+        let y = int_addmm(&x, &b1, &b2, 2, 3).unwrap();
+        assert_eq!(
+            y.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+            [2 * big + 3, 2 * big + 6, 20 + 3, 20 + 6]
+        );
+    }
 }
