@@ -5,13 +5,16 @@
 mod common;
 
 use burn::module::Module;
+use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::conv::{
     Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, Conv3d, Conv3dConfig, ConvTranspose1d,
-    ConvTranspose1dConfig, ConvTranspose2d, ConvTranspose2dConfig,
+    ConvTranspose1dConfig, ConvTranspose2d, ConvTranspose2dConfig, ConvTranspose3d,
+    ConvTranspose3dConfig,
 };
 use burn::nn::pool::{AvgPool2d, AvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
 use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+    TransformerDecoder, TransformerDecoderConfig, TransformerDecoderInput, TransformerEncoder,
+    TransformerEncoderConfig, TransformerEncoderInput,
 };
 use burn::nn::{
     BatchNorm, BatchNormConfig, BiGru, BiGruConfig, BiLstm, BiLstmConfig, Embedding,
@@ -571,4 +574,58 @@ fn swiglu_matches_transformers_llama_mlp() {
             .forward(model.m.gate_up.forward(x.clone()));
         assert_close(&io, "swiglu", how, &y);
     }
+}
+
+wrapper!(ConvT3dM, ConvTranspose3d);
+
+#[test]
+fn conv_transpose3d_matches_pytorch() {
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.convt3d"].float::<5>(&device);
+    for (how, model) in load_both("convt3d", &[], || ConvT3dM {
+        m: ConvTranspose3dConfig::new([3, 4], [2, 3, 3])
+            .with_stride([1, 2, 2])
+            .with_padding([0, 1, 1])
+            .with_padding_out([0, 1, 1])
+            .init(&device),
+    }) {
+        assert_close(&io, "convt3d", how, &model.m.forward(x.clone()));
+    }
+}
+
+wrapper!(DecoderM, TransformerDecoder);
+
+#[test]
+fn transformer_decoder_with_cross_attention_matches_pytorch() {
+    // nn.TransformerDecoder (post-norm, ReLU, dropout 0) with a causal target mask: Burn's
+    // `self_attn` / `cross_attn` ← `self_attn` / `multihead_attn`, `norm_k` ← `normk`,
+    // `pwff.linear_inner/outer` ← `linear1/2`, by the adapters.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let config = TransformerDecoderConfig::new(16, 32, 4, 2)
+        .with_dropout(0.0)
+        .with_activation(burn::nn::activation::ActivationConfig::Relu);
+    let (model, report) = torchport_burn::TorchportStore::open(common::fixture("burn_decoder.pt"))
+        .unwrap()
+        .load(DecoderM {
+            m: config.init(&device),
+        })
+        .unwrap();
+    assert!(report.is_complete(), "{report:#}");
+    // Per layer: 2 attentions x 4 Linears x (weight, bias) + 2 Linears x 2 + 3 norms x 2.
+    assert_eq!(report.applied.len(), 2 * 26, "{report:#}");
+    let target = io["in.decoder"].float::<3>(&device);
+    let memory = io["in.decoder.1"].float::<3>(&device);
+    let [batch, seq, _] = target.shape().dims();
+    let mask = generate_autoregressive_mask(batch, seq, &device);
+    let input = TransformerDecoderInput::new(target.clone(), memory.clone());
+    let y = model.m.forward(input.target_mask_attn(mask));
+    assert_close(&io, "decoder", "adapters", &y);
+    // The mask matters: without it the decoder sees later positions.
+    let unmasked = model
+        .m
+        .forward(TransformerDecoderInput::new(target, memory));
+    let d = rel_diff(&io, "decoder", &unmasked);
+    assert!(d > 1e-3, "the causal mask should change the output ({d})");
 }
