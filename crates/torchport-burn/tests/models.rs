@@ -5,7 +5,7 @@
 mod common;
 
 use burn::module::Module;
-use burn::nn::attention::generate_autoregressive_mask;
+use burn::nn::attention::{generate_autoregressive_mask, CrossAttention, CrossAttentionConfig};
 use burn::nn::conv::{
     Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, Conv3d, Conv3dConfig, ConvTranspose1d,
     ConvTranspose1dConfig, ConvTranspose2d, ConvTranspose2dConfig, ConvTranspose3d,
@@ -628,4 +628,31 @@ fn transformer_decoder_with_cross_attention_matches_pytorch() {
         .forward(TransformerDecoderInput::new(target, memory));
     let d = rel_diff(&io, "decoder", &unmasked);
     assert!(d > 1e-3, "the causal mask should change the output ({d})");
+}
+
+wrapper!(CrossAttentionM, CrossAttention);
+
+#[test]
+fn cross_attention_matches_pytorch_multihead_attention() {
+    // nn.MultiheadAttention(16, 4, kdim=12, vdim=12) saves separate q/k/v_proj_weight and one
+    // packed in_proj_bias; Burn's CrossAttention (d_context 12, 4 heads of 4) takes them as
+    // query/key/value. Torch's key_padding_mask (true = padding) is Burn's mask.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let query = io["in.xattn"].float::<3>(&device);
+    let context = io["in.xattn.1"].float::<3>(&device);
+    let pad = io["xattn.pad"].float::<2>(&device).greater_elem(0.5);
+    for (how, model) in load_both("xattn", &[], || CrossAttentionM {
+        m: CrossAttentionConfig::new(16, 12, 4, 4, 4)
+            .with_dropout(0.0)
+            .init(&device),
+    }) {
+        let y = model
+            .m
+            .forward(query.clone(), context.clone(), Some(pad.clone()));
+        assert_close(&io, "xattn", how, &y);
+        let unmasked = model.m.forward(query.clone(), context.clone(), None);
+        let d = rel_diff(&io, "xattn", &unmasked);
+        assert!(d > 1e-3, "the padding mask should change the output ({d})");
+    }
 }
