@@ -656,3 +656,58 @@ fn cross_attention_matches_pytorch_multihead_attention() {
         assert!(d > 1e-3, "the padding mask should change the output ({d})");
     }
 }
+
+/// One layer of a stage: Burn enums of modules have no level in PyTorch's names.
+#[derive(Module, Debug)]
+enum Layer {
+    Linear(Linear),
+    Norm(LayerNorm),
+}
+
+#[derive(Module, Debug)]
+struct Nested {
+    stages: Vec<Vec<Layer>>,
+    head: Option<Linear>,
+    /// Not in the file: a `None` module has no parameters to fill.
+    extra: Option<Linear>,
+}
+
+wrapper!(NestedM, Nested);
+
+#[test]
+fn nested_vecs_enums_and_options_match_pytorch() {
+    // stages.<i>.<j> of nested nn.ModuleLists, mixing Linear and LayerNorm, into
+    // Vec<Vec<Layer>> with an enum Layer; `head` into an Option<Linear>.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.nested"].float::<3>(&device);
+    let make = || NestedM {
+        m: Nested {
+            stages: [6, 8]
+                .into_iter()
+                .map(|d_in| {
+                    vec![
+                        Layer::Linear(LinearConfig::new(d_in, 8).init(&device)),
+                        Layer::Norm(LayerNormConfig::new(8).init(&device)),
+                    ]
+                })
+                .collect(),
+            head: Some(LinearConfig::new(8, 3).init(&device)),
+            extra: None,
+        },
+    };
+    for (how, model) in load_both("nested", &[], make) {
+        let mut y = x.clone();
+        for stage in &model.m.stages {
+            for layer in stage {
+                y = match layer {
+                    Layer::Linear(l) => l.forward(y),
+                    Layer::Norm(n) => n.forward(y),
+                };
+            }
+            y = relu(y);
+        }
+        let y = model.m.head.as_ref().expect("head").forward(y);
+        assert_close(&io, "nested", how, &y);
+    }
+}
