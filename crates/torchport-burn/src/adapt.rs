@@ -13,8 +13,8 @@
 //! | `Gru.{reset,update,new}_gate.…` | same names, gates `r,z,n`         | split, transposed             |
 //! | `BiLstm`/`BiGru` `forward`/`reverse` | one `nn.LSTM(bidirectional=True)` | `_reverse` suffix for `reverse` |
 //! | `Vec<Lstm>` / `Vec<BiLstm>` item `k` | layer `k` of one multi-layer `nn.LSTM`, or item `k` of a `ModuleList` | whichever the file has |
-//! | `MultiHeadAttention.{query,key,value}` | `in_proj_weight`/`in_proj_bias` `[3E, …]` (or `{q,k,v}_proj_weight`) | split in three, transposed |
-//! | `MultiHeadAttention.output`    | `out_proj`                         | renamed, transposed           |
+//! | `MultiHeadAttention`/`CrossAttention` `.{query,key,value}` | `in_proj_weight`/`in_proj_bias` `[3E, …]` (or `{q,k,v}_proj_weight`, as `kdim`/`vdim` ≠ `E` saves them) | split in three, transposed |
+//! | `MultiHeadAttention`/`CrossAttention` `.output` | `out_proj`                | renamed, transposed           |
 //! | `TransformerEncoderLayer` / `TransformerDecoderLayer` | `nn.TransformerEncoderLayer` / `DecoderLayer` | `mha`→`self_attn`, `cross_attn`→`multihead_attn`, `pwff.linear_inner`→`linear1`, `pwff.linear_outer`→`linear2`, `norm_k`→`normk` (post-norm order) |
 //! | anything else (`Conv*d`, `ConvTranspose*d`, `Embedding`, your own structs) | same path | as is |
 //!
@@ -97,7 +97,7 @@ pub fn candidates(t: &Target) -> Vec<Recipe> {
                     return r;
                 }
             }
-            "Struct:MultiHeadAttention" => {
+            "Struct:MultiHeadAttention" | "Struct:CrossAttention" => {
                 if let Some(r) = attention(t, i, &out) {
                     return r;
                 }
@@ -264,7 +264,7 @@ fn rnn(t: &Target, i: usize, out: &[String], out_types: &[&str]) -> Option<Vec<R
     Some(recipes)
 }
 
-/// `query`/`key`/`value` of a `MultiHeadAttention` at `segments[..i]`.
+/// `query`/`key`/`value` of a `MultiHeadAttention` or `CrossAttention` at `segments[..i]`.
 fn attention(t: &Target, i: usize, out: &[String]) -> Option<Vec<Recipe>> {
     if i + 2 != t.segments.len() || t.types[i + 1] != "Struct:Linear" {
         return None;
@@ -422,6 +422,21 @@ mod tests {
             &[16],
         );
         assert_eq!(sources(&t), ["layers.0.norm2.weight"]);
+    }
+
+    #[test]
+    fn cross_attention_takes_separate_projections() {
+        let types = ["Struct:M", "Struct:CrossAttention", "Struct:Linear"];
+        let t = target("xattn.key.weight", &types, &[12, 16]);
+        let c = candidates(&t);
+        assert_eq!(c[1].source, "xattn.k_proj_weight");
+        assert!(c[1].transpose);
+        let t = target("xattn.value.bias", &types, &[16]);
+        let c = candidates(&t);
+        assert_eq!(c[0].source, "xattn.in_proj_bias");
+        assert_eq!(c[0].part, Some(Part { index: 2, count: 3 }));
+        let t = target("xattn.output.weight", &types, &[16, 16]);
+        assert_eq!(sources(&t), ["xattn.out_proj.weight"]);
     }
 
     #[test]

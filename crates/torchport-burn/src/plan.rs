@@ -176,6 +176,13 @@ pub(crate) fn plan(
             }
             cands.push(exact);
         }
+        // Without the adapters (the `burn` preset), enum variants still have no PyTorch level.
+        let plain = t.path_without_variants();
+        if !cands.iter().any(|r| r.source == plain) {
+            let mut r = Recipe::plain(plain);
+            r.note = "enum variant left out of the name".into();
+            cands.push(r);
+        }
         let found = cands
             .iter()
             .find_map(|r| by_name.get(r.source.as_str()).map(|&i| (r, i)));

@@ -77,6 +77,20 @@ impl Target {
         self.segments.join(".")
     }
 
+    /// The dotted path without enum variant segments, as PyTorch (which has no such level)
+    /// names the parameter.
+    pub fn path_without_variants(&self) -> String {
+        let n = self.segments.len();
+        if self.types.len() != n {
+            return self.path();
+        }
+        let kept: Vec<&str> = (0..n)
+            .filter(|&i| !(self.types[i].starts_with("Enum:") && i + 1 < n))
+            .map(|i| self.segments[i].as_str())
+            .collect();
+        kept.join(".")
+    }
+
     /// The type of the module that directly holds the parameter (`"Struct:Linear"`).
     pub fn holder(&self) -> &str {
         self.types.last().map(String::as_str).unwrap_or("")

@@ -5,17 +5,23 @@
 mod common;
 
 use burn::module::Module;
+use burn::nn::attention::{generate_autoregressive_mask, CrossAttention, CrossAttentionConfig};
 use burn::nn::conv::{
-    Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig,
+    Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, Conv3d, Conv3dConfig, ConvTranspose1d,
+    ConvTranspose1dConfig, ConvTranspose2d, ConvTranspose2dConfig, ConvTranspose3d,
+    ConvTranspose3dConfig,
 };
 use burn::nn::pool::{AvgPool2d, AvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
 use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+    TransformerDecoder, TransformerDecoderConfig, TransformerDecoderInput, TransformerEncoder,
+    TransformerEncoderConfig, TransformerEncoderInput,
 };
 use burn::nn::{
-    BatchNorm, BatchNormConfig, BiLstm, BiLstmConfig, Embedding, EmbeddingConfig, GroupNorm,
-    GroupNormConfig, Gru, GruConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig,
-    LinearLayout, Lstm, LstmConfig, PRelu, PReluConfig, PaddingConfig1d, PaddingConfig2d,
+    BatchNorm, BatchNormConfig, BiGru, BiGruConfig, BiLstm, BiLstmConfig, Embedding,
+    EmbeddingConfig, GroupNorm, GroupNormConfig, Gru, GruConfig, InstanceNorm, InstanceNormConfig,
+    LayerNorm, LayerNormConfig, Linear, LinearConfig, LinearLayout, Lstm, LstmConfig, PRelu,
+    PReluConfig, PaddingConfig1d, PaddingConfig2d, PaddingConfig3d, RmsNorm, RmsNormConfig, SwiGlu,
+    SwiGluConfig,
 };
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Int, Tensor};
@@ -379,4 +385,329 @@ fn tied_weights_fill_both_parameters() {
     let y = model.head.forward(model.embed.forward(ids));
     let diff = io["output"].max_abs_diff(&y);
     assert!(diff <= TOL, "max abs diff {diff}");
+}
+
+// One Burn module per file of tests/fixtures/gen/gen_burn_modules.py: each saved by torch as
+// the attribute `m` of a wrapper, loaded strictly, once through the target-aware adapters and
+// once through remap's `burn` preset, and compared with PyTorch's output within 1e-5 relative.
+
+/// A Burn module under the field `m`, as the generator's wrapper holds the torch module.
+macro_rules! wrapper {
+    ($name:ident, $ty:ty) => {
+        #[derive(Module, Debug)]
+        struct $name {
+            m: $ty,
+        }
+    };
+}
+
+/// `max|got - ref| / max(1, max|ref|)` for PyTorch's `out.<name>`.
+fn rel_diff<const D: usize>(io: &common::Io, name: &str, got: &Tensor<D>) -> f64 {
+    let want = &io[&format!("out.{name}")];
+    let scale = want.values.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    want.max_abs_diff(got) / scale
+}
+
+/// Load `burn_<name>.pt` into `make()` both ways (adapters, `burn` preset), strictly, with
+/// `renames` (file name pattern, Burn name) applied first.
+fn load_both<M: Module>(
+    name: &str,
+    renames: &[(&str, &str)],
+    make: impl Fn() -> M,
+) -> Vec<(&'static str, M)> {
+    let mut out = Vec::new();
+    for (how, preset) in [("adapters", false), ("burn preset", true)] {
+        let mut store =
+            torchport_burn::TorchportStore::open(common::fixture(&format!("burn_{name}.pt")))
+                .unwrap();
+        for (from, to) in renames {
+            store = store.rename(from, to).unwrap();
+        }
+        if preset {
+            store = store.preset("burn").unwrap();
+        }
+        let (model, report) = store
+            .load(make())
+            .unwrap_or_else(|e| panic!("{name} ({how}): {e}"));
+        assert!(report.is_complete(), "{name} ({how}): {report:#}");
+        out.push((how, model));
+    }
+    out
+}
+
+fn assert_close<const D: usize>(io: &common::Io, name: &str, how: &str, got: &Tensor<D>) {
+    let d = rel_diff(io, name, got);
+    eprintln!("{name} ({how}): max relative diff {d:e}");
+    assert!(d <= TOL, "{name} ({how}): max relative diff {d}");
+}
+
+wrapper!(Conv3dM, Conv3d);
+
+#[test]
+fn conv3d_matches_pytorch() {
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.conv3d"].float::<5>(&device);
+    for (how, model) in load_both("conv3d", &[], || Conv3dM {
+        m: Conv3dConfig::new([3, 4], [2, 3, 3])
+            .with_stride([1, 2, 1])
+            .with_padding(PaddingConfig3d::Explicit(1, 1, 1))
+            .init(&device),
+    }) {
+        assert_close(&io, "conv3d", how, &model.m.forward(x.clone()));
+    }
+}
+
+wrapper!(ConvT1dM, ConvTranspose1d);
+
+#[test]
+fn conv_transpose1d_matches_pytorch() {
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.convt1d"].float::<3>(&device);
+    for (how, model) in load_both("convt1d", &[], || ConvT1dM {
+        m: ConvTranspose1dConfig::new([4, 6], 3)
+            .with_stride(2)
+            .with_padding(1)
+            .with_padding_out(1)
+            .with_groups(2)
+            .init(&device),
+    }) {
+        assert_close(&io, "convt1d", how, &model.m.forward(x.clone()));
+    }
+}
+
+wrapper!(InstanceNormM, InstanceNorm);
+
+#[test]
+fn instance_norm_matches_pytorch() {
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.inorm"].float::<4>(&device);
+    for (how, model) in load_both("inorm", &[], || InstanceNormM {
+        m: InstanceNormConfig::new(4).init(&device),
+    }) {
+        assert_close(&io, "inorm", how, &model.m.forward(x.clone()));
+    }
+}
+
+wrapper!(RmsNormM, RmsNorm);
+
+#[test]
+fn rms_norm_matches_pytorch() {
+    let device = Device::default();
+    let io = io("burn_modules");
+    // torch's RMSNorm(eps=None) uses float32's machine epsilon; Burn's default is 1e-5.
+    for (name, eps) in [("rms", 1e-6), ("rms_default", f32::EPSILON as f64)] {
+        let x = io[&format!("in.{name}")].float::<3>(&device);
+        for (how, model) in load_both(name, &[], || RmsNormM {
+            m: RmsNormConfig::new(6).with_epsilon(eps).init(&device),
+        }) {
+            assert_close(&io, name, how, &model.m.forward(x.clone()));
+        }
+    }
+    // The eps is part of the port: Burn's default on the eps=None file is far off.
+    let x = io["in.rms_default"].float::<3>(&device);
+    let (_, model) = &load_both("rms_default", &[], || RmsNormM {
+        m: RmsNormConfig::new(6).init(&device),
+    })[0];
+    let d = rel_diff(&io, "rms_default", &model.m.forward(x));
+    eprintln!("rms_default with Burn's default eps 1e-5: max relative diff {d:e}");
+    assert!(
+        d > 1e-2,
+        "Burn's default eps should not match torch's eps=None ({d})"
+    );
+}
+
+wrapper!(BiGruM, Vec<BiGru>);
+
+#[test]
+fn bidirectional_two_layer_gru_matches_pytorch() {
+    // One nn.GRU(num_layers=2, bidirectional=True) into a Vec of two BiGru: PyTorch's packed
+    // r, z, n gate rows split into Burn's reset/update/new gates, `_reverse` into `reverse`.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.bigru"].float::<3>(&device);
+    for (how, model) in load_both("bigru", &[], || BiGruM {
+        m: vec![
+            BiGruConfig::new(5, 7, true).init(&device),
+            BiGruConfig::new(14, 7, true).init(&device),
+        ],
+    }) {
+        let mut y = x.clone();
+        for layer in &model.m {
+            y = layer.forward(y, None).0;
+        }
+        assert_close(&io, "bigru", how, &y);
+    }
+}
+
+#[derive(Module, Debug)]
+struct LlamaMlp {
+    gate_up: SwiGlu,
+    down_proj: Linear,
+}
+
+wrapper!(LlamaMlpM, LlamaMlp);
+
+#[test]
+fn swiglu_matches_transformers_llama_mlp() {
+    // torch has no SwiGLU module; transformers' LlamaMLP is the common one:
+    // down_proj(silu(gate_proj(x)) * up_proj(x)). Burn's SwiGlu is silu(linear_inner(x)) *
+    // linear_outer(x), so gate_proj is linear_inner and up_proj is linear_outer.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.swiglu"].float::<3>(&device);
+    let renames = [
+        (r"^m\.gate_proj\.", "m.gate_up.linear_inner."),
+        (r"^m\.up_proj\.", "m.gate_up.linear_outer."),
+    ];
+    for (how, model) in load_both("swiglu", &renames, || LlamaMlpM {
+        m: LlamaMlp {
+            gate_up: SwiGluConfig::new(8, 12).init(&device),
+            down_proj: LinearConfig::new(12, 8).with_bias(false).init(&device),
+        },
+    }) {
+        let y = model
+            .m
+            .down_proj
+            .forward(model.m.gate_up.forward(x.clone()));
+        assert_close(&io, "swiglu", how, &y);
+    }
+}
+
+wrapper!(ConvT3dM, ConvTranspose3d);
+
+#[test]
+fn conv_transpose3d_matches_pytorch() {
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.convt3d"].float::<5>(&device);
+    for (how, model) in load_both("convt3d", &[], || ConvT3dM {
+        m: ConvTranspose3dConfig::new([3, 4], [2, 3, 3])
+            .with_stride([1, 2, 2])
+            .with_padding([0, 1, 1])
+            .with_padding_out([0, 1, 1])
+            .init(&device),
+    }) {
+        assert_close(&io, "convt3d", how, &model.m.forward(x.clone()));
+    }
+}
+
+wrapper!(DecoderM, TransformerDecoder);
+
+#[test]
+fn transformer_decoder_with_cross_attention_matches_pytorch() {
+    // nn.TransformerDecoder (post-norm, ReLU, dropout 0) with a causal target mask: Burn's
+    // `self_attn` / `cross_attn` ← `self_attn` / `multihead_attn`, `norm_k` ← `normk`,
+    // `pwff.linear_inner/outer` ← `linear1/2`, by the adapters.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let config = TransformerDecoderConfig::new(16, 32, 4, 2)
+        .with_dropout(0.0)
+        .with_activation(burn::nn::activation::ActivationConfig::Relu);
+    let (model, report) = torchport_burn::TorchportStore::open(common::fixture("burn_decoder.pt"))
+        .unwrap()
+        .load(DecoderM {
+            m: config.init(&device),
+        })
+        .unwrap();
+    assert!(report.is_complete(), "{report:#}");
+    // Per layer: 2 attentions x 4 Linears x (weight, bias) + 2 Linears x 2 + 3 norms x 2.
+    assert_eq!(report.applied.len(), 2 * 26, "{report:#}");
+    let target = io["in.decoder"].float::<3>(&device);
+    let memory = io["in.decoder.1"].float::<3>(&device);
+    let [batch, seq, _] = target.shape().dims();
+    let mask = generate_autoregressive_mask(batch, seq, &device);
+    let input = TransformerDecoderInput::new(target.clone(), memory.clone());
+    let y = model.m.forward(input.target_mask_attn(mask));
+    assert_close(&io, "decoder", "adapters", &y);
+    // The mask matters: without it the decoder sees later positions.
+    let unmasked = model
+        .m
+        .forward(TransformerDecoderInput::new(target, memory));
+    let d = rel_diff(&io, "decoder", &unmasked);
+    assert!(d > 1e-3, "the causal mask should change the output ({d})");
+}
+
+wrapper!(CrossAttentionM, CrossAttention);
+
+#[test]
+fn cross_attention_matches_pytorch_multihead_attention() {
+    // nn.MultiheadAttention(16, 4, kdim=12, vdim=12) saves separate q/k/v_proj_weight and one
+    // packed in_proj_bias; Burn's CrossAttention (d_context 12, 4 heads of 4) takes them as
+    // query/key/value. Torch's key_padding_mask (true = padding) is Burn's mask.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let query = io["in.xattn"].float::<3>(&device);
+    let context = io["in.xattn.1"].float::<3>(&device);
+    let pad = io["xattn.pad"].float::<2>(&device).greater_elem(0.5);
+    for (how, model) in load_both("xattn", &[], || CrossAttentionM {
+        m: CrossAttentionConfig::new(16, 12, 4, 4, 4)
+            .with_dropout(0.0)
+            .init(&device),
+    }) {
+        let y = model
+            .m
+            .forward(query.clone(), context.clone(), Some(pad.clone()));
+        assert_close(&io, "xattn", how, &y);
+        let unmasked = model.m.forward(query.clone(), context.clone(), None);
+        let d = rel_diff(&io, "xattn", &unmasked);
+        assert!(d > 1e-3, "the padding mask should change the output ({d})");
+    }
+}
+
+/// One layer of a stage: Burn enums of modules have no level in PyTorch's names.
+#[derive(Module, Debug)]
+enum Layer {
+    Linear(Linear),
+    Norm(LayerNorm),
+}
+
+#[derive(Module, Debug)]
+struct Nested {
+    stages: Vec<Vec<Layer>>,
+    head: Option<Linear>,
+    /// Not in the file: a `None` module has no parameters to fill.
+    extra: Option<Linear>,
+}
+
+wrapper!(NestedM, Nested);
+
+#[test]
+fn nested_vecs_enums_and_options_match_pytorch() {
+    // stages.<i>.<j> of nested nn.ModuleLists, mixing Linear and LayerNorm, into
+    // Vec<Vec<Layer>> with an enum Layer; `head` into an Option<Linear>.
+    let device = Device::default();
+    let io = io("burn_modules");
+    let x = io["in.nested"].float::<3>(&device);
+    let make = || NestedM {
+        m: Nested {
+            stages: [6, 8]
+                .into_iter()
+                .map(|d_in| {
+                    vec![
+                        Layer::Linear(LinearConfig::new(d_in, 8).init(&device)),
+                        Layer::Norm(LayerNormConfig::new(8).init(&device)),
+                    ]
+                })
+                .collect(),
+            head: Some(LinearConfig::new(8, 3).init(&device)),
+            extra: None,
+        },
+    };
+    for (how, model) in load_both("nested", &[], make) {
+        let mut y = x.clone();
+        for stage in &model.m.stages {
+            for layer in stage {
+                y = match layer {
+                    Layer::Linear(l) => l.forward(y),
+                    Layer::Norm(n) => n.forward(y),
+                };
+            }
+            y = relu(y);
+        }
+        let y = model.m.head.as_ref().expect("head").forward(y);
+        assert_close(&io, "nested", how, &y);
+    }
 }

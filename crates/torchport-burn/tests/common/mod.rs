@@ -20,8 +20,11 @@ pub struct Recorded {
     pub values: Vec<f64>,
 }
 
+/// The recorded tensors of one io file, by name.
+pub type Io = HashMap<String, Recorded>;
+
 /// Every tensor of NAME.io.safetensors.
-pub fn io(name: &str) -> HashMap<String, Recorded> {
+pub fn io(name: &str) -> Io {
     let bytes = std::fs::read(fixture(&format!("{name}.io.safetensors"))).expect("io file");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
     let mut out = HashMap::new();
