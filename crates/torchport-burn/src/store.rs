@@ -131,7 +131,7 @@ impl TorchportStore {
     }
 
     /// Read at most `bytes` of tensor data (or one tensor, if it is larger) before putting
-    /// them into the module; [`BATCH_BYTES`] (64 MiB) by default. Each batch costs one pass
+    /// them into the module; 64 MiB by default. Each batch costs one pass
     /// over the module's parameters; a smaller batch lowers the peak memory of loading into a
     /// module whose parameters are already initialised (their old values are dropped a batch at
     /// a time), and `0` puts every tensor in as soon as it is read.
