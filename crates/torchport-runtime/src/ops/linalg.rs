@@ -47,7 +47,7 @@ pub fn register(r: &mut Registry) {
 }
 
 /// `a @ b` for operands of rank >= 2 with broadcast batch dims (floats; two int64 operands
-/// are multiplied exactly, see [`int_mm`]).
+/// are multiplied exactly in int64, wrapping as torch does).
 pub fn mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     if a.dtype() == DType::I64 && b.dtype() == DType::I64 {
         return int_mm(a, b);
