@@ -1,0 +1,137 @@
+//! TorchScript archives (`torch.jit.save` of traced and scripted modules) run by the runtime's
+//! TorchScript front end. Models are built by timm, torchvision and transformers themselves
+//! or written with torch.nn and scripted (tests/fixtures/gen/gen_torchscript.py); each is run
+//! on the inputs torch used and compared with torch's own outputs of the saved module: floats
+//! within 1e-4 * max(1, max |ref|), integers and bools exactly.
+
+use std::path::PathBuf;
+
+use torchport_runtime::candle_core::{DType, Tensor};
+use torchport_runtime::npy::read_npy;
+use torchport_runtime::{Error, ScriptProgram};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/torchscript")
+}
+
+fn numbered(model: &str, kind: &str) -> Vec<Tensor> {
+    (0..)
+        .map(|i| fixtures().join(format!("{model}.{kind}_{i}.npy")))
+        .take_while(|p| p.exists())
+        .map(|p| read_npy(&p).unwrap())
+        .collect()
+}
+
+/// Why `got` differs from torch's `want`, if it does.
+fn mismatch(got: &Tensor, want: &Tensor) -> Option<String> {
+    if got.dims() != want.dims() {
+        return Some(format!("shape {:?}, torch {:?}", got.dims(), want.dims()));
+    }
+    if want.dtype() != DType::F32 {
+        let g = got.to_dtype(DType::I64).unwrap().flatten_all().unwrap();
+        let w = want.to_dtype(DType::I64).unwrap().flatten_all().unwrap();
+        let (g, w) = (g.to_vec1::<i64>().unwrap(), w.to_vec1::<i64>().unwrap());
+        return (g != w).then(|| format!("integer values differ: {g:?} vs torch {w:?}"));
+    }
+    if got.dtype() != DType::F32 {
+        return Some(format!("dtype {:?}, torch float32", got.dtype()));
+    }
+    let f = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let (g, w) = (f(got), f(want));
+    let maxref = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let tol = 1e-4 * maxref.max(1.0);
+    let diff = g
+        .iter()
+        .zip(&w)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("  max abs diff {diff:e} (tolerance {tol:e})");
+    (diff > tol || diff.is_nan()).then(|| format!("max abs diff {diff} > {tol}"))
+}
+
+/// Run fixture `model` on `inputs` and compare with torch's outputs.
+fn check_with(model: &str, inputs: &[Tensor], want: &[Tensor]) {
+    let program = ScriptProgram::load(fixtures().join(format!("{model}.pt")))
+        .unwrap_or_else(|e| panic!("{model}: {e}"));
+    let got = program
+        .run(inputs)
+        .unwrap_or_else(|e| panic!("{model}: {e}"));
+    assert_eq!(got.len(), want.len(), "{model}: number of outputs");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if let Some(why) = mismatch(g, w) {
+            panic!("{model} output {i}: {why}");
+        }
+    }
+}
+
+fn check(model: &str) {
+    let inputs = numbered(model, "input");
+    let want = numbered(model, "output");
+    assert!(
+        !inputs.is_empty() && !want.is_empty(),
+        "{model}: fixtures missing"
+    );
+    check_with(model, &inputs, &want);
+}
+
+#[test]
+fn traced_timm_resnet18d() {
+    check("timm_resnet18d");
+}
+
+#[test]
+fn traced_torchvision_mobilenet_v3_small() {
+    check("tv_mobilenet_v3_small");
+}
+
+#[test]
+fn traced_timm_vit() {
+    check("timm_vit");
+}
+
+#[test]
+fn traced_transformers_bert() {
+    check("hf_bert");
+}
+
+#[test]
+fn scripted_loops_branch_lists_optional() {
+    check("scripted_loops");
+}
+
+#[test]
+fn scripted_helper_methods_and_functions() {
+    check("scripted_helpers");
+}
+
+#[test]
+fn scripted_bidirectional_lstm_tagger() {
+    check("scripted_lstm");
+}
+
+/// The scripted model with its Optional input left out, and with inputs that take the other
+/// side of its data-dependent branch (and run its while loop to its bound).
+#[test]
+fn scripted_loops_other_paths() {
+    for k in 0..2 {
+        let v = format!("v{k}");
+        let inputs = numbered("scripted_loops", &format!("{v}.input"));
+        let want = numbered("scripted_loops", &format!("{v}.output"));
+        assert!(
+            !inputs.is_empty() && !want.is_empty(),
+            "{v}: fixtures missing"
+        );
+        check_with("scripted_loops", &inputs, &want);
+    }
+}
+
+/// The loop counter is an int output: exact, and it differs between the two paths.
+#[test]
+fn scripted_loops_int_output_is_exact() {
+    let a = numbered("scripted_loops", "output")[1].clone();
+    let b = numbered("scripted_loops", "v1.output")[1].clone();
+    assert_ne!(
+        a.to_vec0::<i64>().unwrap(),
+        b.to_vec0::<i64>().unwrap(),
+        "the fixtures should take different numbers of loop iterations"
+    );
+}
