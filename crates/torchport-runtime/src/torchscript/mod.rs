@@ -135,7 +135,22 @@ pub struct ScriptProgram {
 impl ScriptProgram {
     /// Load a TorchScript archive written by `torch.jit.save`.
     pub fn load(path: impl AsRef<Path>) -> Result<ScriptProgram> {
-        let path = path.as_ref();
+        Self::open(path.as_ref(), true)
+    }
+
+    /// Every operator of the TorchScript archive at `path`, as [`ScriptProgram::ops`] lists
+    /// them, from its code alone (no tensor is decoded).
+    pub fn ops_of(path: impl AsRef<Path>) -> Result<Vec<OpUse>> {
+        Ok(Self::open(path.as_ref(), false)?.ops())
+    }
+
+    /// Whether the file at `path` is a TorchScript archive (by torchport's format detection).
+    pub fn is_torchscript(path: impl AsRef<Path>) -> Result<bool> {
+        let ckpt = torchport::open(path.as_ref()).map_err(Error::Read)?;
+        Ok(ckpt.format() == Format::TorchScript)
+    }
+
+    fn open(path: &Path, with_tensors: bool) -> Result<ScriptProgram> {
         let ckpt = torchport::open(path).map_err(Error::Read)?;
         if ckpt.format() != Format::TorchScript {
             return Err(Error::Archive {
@@ -152,7 +167,8 @@ impl ScriptProgram {
         })?;
         let code = Code::parse(&script.code, path)?;
         let mut tensors = HashMap::new();
-        for t in ckpt.tensors().iter().chain(ckpt.constants()) {
+        let all = ckpt.tensors().iter().chain(ckpt.constants());
+        for t in all.filter(|_| with_tensors) {
             let werr = |what: String| Error::Weight {
                 name: t.name.clone(),
                 what,
