@@ -135,3 +135,46 @@ fn scripted_loops_int_output_is_exact() {
         "the fixtures should take different numbers of loop iterations"
     );
 }
+
+/// Load (and, if that succeeds, run) a hostile archive; the one error it must give.
+fn hostile_error(name: &str) -> Error {
+    let path = fixtures().join(format!("hostile/{name}.pt"));
+    let x = numbered("scripted_helpers", "input");
+    match ScriptProgram::load(&path) {
+        Err(e) => e,
+        Ok(p) => p.run(&x).expect_err(name),
+    }
+}
+
+/// Each hostile archive gives one error naming the code record, the line and the construct.
+#[test]
+fn hostile_archives_give_one_clear_error() {
+    let cases = [
+        ("malformed", 2, "is never closed"),
+        ("deep_nesting", 3, "nested deeper than"),
+        ("long_chain", 3, "nested deeper than"),
+        ("huge_literal", 3, "a number literal of 5001 characters"),
+        ("recursion", 5, "calls nested deeper than 200 levels"),
+        ("raises", 4, "the model raised ValueError: input rejected"),
+        (
+            "unknown_op",
+            4,
+            "operator aten::not_an_operator is not supported",
+        ),
+    ];
+    for (name, want_line, want) in cases {
+        let e = hostile_error(name);
+        let msg = e.to_string();
+        eprintln!("{name}: {msg}");
+        match e {
+            Error::Script {
+                record, line, what, ..
+            } => {
+                assert_eq!(record, "code/__torch__.py", "{name}: {msg}");
+                assert_eq!(line, want_line, "{name}: {msg}");
+                assert!(what.contains(want), "{name}: {msg}");
+            }
+            other => panic!("{name}: not a script error: {other}"),
+        }
+    }
+}

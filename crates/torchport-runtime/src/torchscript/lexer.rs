@@ -51,11 +51,11 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
     let mut indents: Vec<usize> = vec![0];
     let mut i = 0;
     let mut line: u32 = 1;
-    let mut depth = 0usize; // open brackets
+    let mut open: Vec<(u32, &'static str)> = Vec::new(); // open brackets
     let mut at_line_start = true;
     let err = |line: u32, what: String| SyntaxError { line, what };
     while i < b.len() {
-        if at_line_start && depth == 0 {
+        if at_line_start && open.is_empty() {
             // Measure indentation; skip blank and comment-only lines.
             let mut col = 0;
             let mut j = i;
@@ -106,7 +106,7 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
         let c = b[i];
         match c {
             b'\n' => {
-                if depth == 0 {
+                if open.is_empty() {
                     out.push(Token {
                         tok: Tok::Newline,
                         line,
@@ -164,11 +164,10 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
                         err(line, format!("unexpected character {ch:?}"))
                     })?;
                 match *op {
-                    "(" | "[" | "{" => depth += 1,
+                    "(" | "[" | "{" => open.push((line, op)),
                     ")" | "]" | "}" => {
-                        depth = depth
-                            .checked_sub(1)
-                            .ok_or_else(|| err(line, format!("unmatched '{op}'")))?
+                        open.pop()
+                            .ok_or_else(|| err(line, format!("unmatched '{op}'")))?;
                     }
                     _ => {}
                 }
@@ -180,8 +179,8 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
             }
         }
     }
-    if depth != 0 {
-        return Err(err(line, "unclosed bracket at end of file".into()));
+    if let Some(&(l, op)) = open.first() {
+        return Err(err(l, format!("'{op}' is never closed")));
     }
     out.push(Token {
         tok: Tok::Newline,
@@ -304,7 +303,10 @@ fn number(b: &[u8], i: usize) -> Result<(Tok, usize), String> {
     }
     let text = std::str::from_utf8(&b[i..j]).unwrap_or("");
     if text.len() > 400 {
-        return Err(format!("number literal of {} characters", text.len()));
+        return Err(format!(
+            "a number literal of {} characters (at most 400)",
+            text.len()
+        ));
     }
     if is_float {
         let v: f64 = text
