@@ -178,3 +178,49 @@ fn hostile_archives_give_one_clear_error() {
         }
     }
 }
+
+mod common {
+    pub mod ts_code_target;
+}
+
+/// The `ts_code` fuzz target's checks on every code record of the fixtures (they parse) and
+/// on crafted hostile code (one error, inside the input).
+#[test]
+fn parser_target_on_fixture_code_and_hostile_code() {
+    use common::ts_code_target::ts_code;
+    let mut parsed = 0;
+    for entry in std::fs::read_dir(fixtures()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("pt") {
+            continue;
+        }
+        let ckpt = torchport::open(&path).unwrap();
+        for (record, code) in &ckpt.script().unwrap().code {
+            assert!(ts_code(code), "{}: {record} does not parse", path.display());
+            parsed += 1;
+        }
+    }
+    assert!(parsed >= 20, "only {parsed} code records");
+    let hostile: [&[u8]; 8] = [
+        b"def f(x):\n  return (((x\n",
+        b"def f(x):\n\treturn x\n  return x\n",
+        b"class A(Module):\n  def f(self):\n    x = \"abc\n",
+        b"\xff\xfe\n",
+        b"def f(x):\n  return x if\n",
+        b"x = 0x\n",
+        b"def f(x):\n  a = b = c = \n",
+        b"def f(:\n  pass\n",
+    ];
+    for code in hostile {
+        assert!(!ts_code(code), "{:?} parsed", String::from_utf8_lossy(code));
+    }
+    let deep = format!("def f(x):\n{}", {
+        let mut s = String::new();
+        for i in 0..150 {
+            s.push_str(&" ".repeat(2 * (i + 1)));
+            s.push_str("if x:\n");
+        }
+        s
+    });
+    assert!(!ts_code(deep.as_bytes()));
+}
