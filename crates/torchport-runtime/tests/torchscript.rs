@@ -224,3 +224,23 @@ fn parser_target_on_fixture_code_and_hostile_code() {
     });
     assert!(!ts_code(deep.as_bytes()));
 }
+
+#[test]
+fn traced_torchvision_lraspp_segmentation() {
+    check("tv_lraspp");
+}
+
+#[test]
+fn scripted_torchvision_lraspp_segmentation() {
+    check("tv_lraspp_scripted");
+}
+
+#[test]
+fn scripted_torchvision_mobilenet_v3() {
+    check("tv_mobilenet_v3_scripted");
+}
+
+#[test]
+fn scripted_timm_resnet18d() {
+    check("timm_resnet18d_scripted");
+}

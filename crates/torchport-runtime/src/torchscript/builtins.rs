@@ -41,6 +41,7 @@ pub fn is_global(n: &str) -> bool {
             | "enumerate"
             | "zip"
             | "divmod"
+            | "dict"
     )
 }
 
@@ -226,6 +227,31 @@ fn container_op(
             )
         }
         "format" => format(args)?,
+        "slice" if !matches!(args.first(), Some(Val::Tensor(_))) => {
+            let opt = |i: usize| -> BResult<Option<i64>> {
+                match args.get(i) {
+                    None | Some(Val::None) => Ok(None),
+                    Some(v) => int_of(v, "slice bound").map(Some),
+                }
+            };
+            slice(a0()?, opt(1)?, opt(2)?, opt(3)?, ops)?
+        }
+        "dict" => {
+            let pairs = match args.first() {
+                None => Vec::new(),
+                Some(Val::Dict(d)) => d.borrow().clone(),
+                Some(v) => v
+                    .items()
+                    .ok_or("dict() of something that is not a sequence")?
+                    .iter()
+                    .map(|p| match p.items().as_deref() {
+                        Some([k, x]) => Ok((k.clone(), x.clone())),
+                        _ => Err("dict() of items that are not pairs".to_string()),
+                    })
+                    .collect::<BResult<_>>()?,
+            };
+            Val::Dict(Rc::new(RefCell::new(pairs)))
+        }
         "__is__" | "__isnot__" => {
             let same = match (a0()?, arg(args, 1, name)?) {
                 (Val::None, Val::None) => true,
@@ -761,7 +787,7 @@ pub fn call_builtin(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Op
             }
             Val::list(out)
         }
-        "min" | "max" | "abs" => call_torch(name, args, kwargs, ops)?,
+        "min" | "max" | "abs" | "dict" => call_torch(name, args, kwargs, ops)?,
         "round" => Val::Float(
             num(a0()?)
                 .ok_or("round() of a non-number")?
@@ -956,6 +982,7 @@ pub fn is_native(op: &str) -> bool {
             | "__and__"
             | "__or__"
             | "__xor__"
+            | "dict"
     )
 }
 

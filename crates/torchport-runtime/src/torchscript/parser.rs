@@ -465,6 +465,14 @@ impl Parser {
             }
             _ => {
                 let first = self.expr_list()?;
+                if self.is_op(":") && matches!(first.kind, ExprKind::Name(_)) {
+                    // `name : Type = value` (an annotated assignment).
+                    self.next();
+                    let _type = self.expr()?;
+                    if !self.is_op("=") {
+                        return self.err("an annotation without a value");
+                    }
+                }
                 if self.is_op("=") {
                     let mut targets = vec![to_target(first)?];
                     let mut value;
