@@ -301,7 +301,9 @@ fn convert(b: &mut Bound, sa: &SchemaArg, v: &Val, strict: bool) -> Option<()> {
         (Ty::Tensor, Val::Bool(x)) if !strict => Argument::AsBool(*x),
         // A 0-d tensor where a number is expected (traced code's implicit conversions).
         (Ty::Int | Ty::Float | Ty::Scalar, Val::Tensor(t)) if !strict && t.rank() == 0 => {
-            let item = super::builtins::call_torch("item", &[v.clone()], &[], Ops::get()).ok()?;
+            let item =
+                super::builtins::call_torch("item", std::slice::from_ref(v), &[], Ops::get())
+                    .ok()?;
             return convert(b, sa, &item, strict);
         }
         (Ty::Int, Val::Int(i)) => Argument::AsInt(*i),

@@ -596,7 +596,6 @@ fn scalar_op(name: &str, args: &[Val]) -> BResult<Option<Val>> {
     let (Some(x), Some(y)) = (num(a), num(b)) else {
         return Ok(None);
     };
-    let ints = matches!((x, y), (Num::I(_), Num::I(_)));
     let zero = || format!("ZeroDivisionError in {base}()");
     Ok(Some(match (base, x, y) {
         ("add", Num::I(p), Num::I(q)) => Val::Int(p.wrapping_add(q)),
@@ -651,7 +650,7 @@ fn scalar_op(name: &str, args: &[Val]) -> BResult<Option<Val>> {
             Val::Int(p.wrapping_pow(u32::try_from(q).unwrap_or(u32::MAX)))
         }
         ("pow", ..) => Val::Float(x.f().powf(y.f())),
-        ("lt", ..) => Val::Bool(if ints { x.f() < y.f() } else { x.f() < y.f() }),
+        ("lt", ..) => Val::Bool(x.f() < y.f()),
         ("le", ..) => Val::Bool(x.f() <= y.f()),
         ("gt", ..) => Val::Bool(x.f() > y.f()),
         ("ge", ..) => Val::Bool(x.f() >= y.f()),

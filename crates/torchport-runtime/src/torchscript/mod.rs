@@ -231,7 +231,7 @@ impl ScriptProgram {
             m.entry(key).or_insert((0, ok)).0 += 1;
         };
         for f in self.code.bodies() {
-            walk_stmts(&f.body, &mut visit, 0);
+            walk_stmts(&f.body, &mut visit);
         }
         m.into_iter()
             .map(|(op, (count, supported))| OpUse {
@@ -390,40 +390,40 @@ fn flatten(v: &Val, out: &mut Vec<Tensor>, depth: usize) -> Result<()> {
     Ok(())
 }
 
-fn walk_stmts(stmts: &[Stmt], visit: &mut impl FnMut(&str), depth: usize) {
+fn walk_stmts(stmts: &[Stmt], visit: &mut impl FnMut(&str)) {
     for s in stmts {
         match &s.kind {
             StmtKind::Assign(ts, e) => {
                 for t in ts {
-                    walk_target(t, visit, depth);
+                    walk_target(t, visit);
                 }
-                walk_expr(e, visit, depth);
+                walk_expr(e, visit);
             }
             StmtKind::AugAssign(t, _, e) => {
-                walk_target(t, visit, depth);
-                walk_expr(e, visit, depth);
+                walk_target(t, visit);
+                walk_expr(e, visit);
             }
             StmtKind::Expr(e) | StmtKind::Return(Some(e)) | StmtKind::Raise(Some(e)) => {
-                walk_expr(e, visit, depth)
+                walk_expr(e, visit)
             }
             StmtKind::If(c, a, b) => {
-                walk_expr(c, visit, depth);
-                walk_stmts(a, visit, depth + 1);
-                walk_stmts(b, visit, depth + 1);
+                walk_expr(c, visit);
+                walk_stmts(a, visit);
+                walk_stmts(b, visit);
             }
             StmtKind::For(t, e, b) => {
-                walk_target(t, visit, depth);
-                walk_expr(e, visit, depth);
-                walk_stmts(b, visit, depth + 1);
+                walk_target(t, visit);
+                walk_expr(e, visit);
+                walk_stmts(b, visit);
             }
             StmtKind::While(c, b) => {
-                walk_expr(c, visit, depth);
-                walk_stmts(b, visit, depth + 1);
+                walk_expr(c, visit);
+                walk_stmts(b, visit);
             }
             StmtKind::Assert(c, m) => {
-                walk_expr(c, visit, depth);
+                walk_expr(c, visit);
                 if let Some(m) = m {
-                    walk_expr(m, visit, depth);
+                    walk_expr(m, visit);
                 }
             }
             _ => {}
@@ -431,32 +431,32 @@ fn walk_stmts(stmts: &[Stmt], visit: &mut impl FnMut(&str), depth: usize) {
     }
 }
 
-fn walk_target(t: &Target, visit: &mut impl FnMut(&str), depth: usize) {
+fn walk_target(t: &Target, visit: &mut impl FnMut(&str)) {
     match t {
-        Target::Tuple(ts) => ts.iter().for_each(|t| walk_target(t, visit, depth)),
+        Target::Tuple(ts) => ts.iter().for_each(|t| walk_target(t, visit)),
         Target::Subscript(a, b) => {
-            walk_expr(a, visit, depth);
-            walk_expr(b, visit, depth);
+            walk_expr(a, visit);
+            walk_expr(b, visit);
         }
-        Target::Attr(a, _) => walk_expr(a, visit, depth),
+        Target::Attr(a, _) => walk_expr(a, visit),
         Target::Name(_) => {}
     }
 }
 
-fn walk_expr(e: &Expr, visit: &mut impl FnMut(&str), depth: usize) {
-    let mut go = |x: &Expr| walk_expr(x, visit, depth + 1);
+fn walk_expr(e: &Expr, visit: &mut impl FnMut(&str)) {
+    let mut go = |x: &Expr| walk_expr(x, visit);
     match &e.kind {
         ExprKind::Call(f, args, kw) => {
             if let Some(name) = parser::dotted(f) {
                 visit(&name);
             } else {
-                walk_expr(f, visit, depth + 1);
+                walk_expr(f, visit);
             }
             for a in args {
-                walk_expr(a, visit, depth + 1);
+                walk_expr(a, visit);
             }
             for (_, a) in kw {
-                walk_expr(a, visit, depth + 1);
+                walk_expr(a, visit);
             }
         }
         ExprKind::Attr(a, _) | ExprKind::Neg(a) | ExprKind::Invert(a) | ExprKind::Not(a) => go(a),

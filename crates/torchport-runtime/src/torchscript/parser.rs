@@ -47,6 +47,9 @@ struct Parser {
 
 type PResult<T> = Result<T, SyntaxError>;
 
+/// Positional and keyword arguments of a call.
+type CallArgs = (Vec<Expr>, Vec<(String, Expr)>);
+
 fn bin_op(op: &str) -> Option<(BinOp, u8)> {
     // Precedence: higher binds tighter.
     Some(match op {
@@ -677,8 +680,7 @@ impl Parser {
     fn binary(&mut self, min_prec: u8) -> PResult<Expr> {
         let mut a = self.unary()?;
         let mut chain = 0;
-        loop {
-            let Tok::Op(o) = self.peek() else { break };
+        while let Tok::Op(o) = self.peek() {
             let Some((op, prec)) = bin_op(o) else { break };
             if prec < min_prec {
                 break;
@@ -717,20 +719,20 @@ impl Parser {
                     Tok::Int(v) if !matches!(self.peek_at(2), Tok::Op("**" | "." | "[" | "(")) => {
                         self.next();
                         self.next();
-                        return Ok(Expr {
+                        Ok(Expr {
                             line,
                             kind: ExprKind::Int(v.wrapping_neg()),
-                        });
+                        })
                     }
                     Tok::Float(v)
                         if !matches!(self.peek_at(2), Tok::Op("**" | "." | "[" | "(")) =>
                     {
                         self.next();
                         self.next();
-                        return Ok(Expr {
+                        Ok(Expr {
                             line,
                             kind: ExprKind::Float(-v),
-                        });
+                        })
                     }
                     _ => make(ExprKind::Neg, self),
                 }
@@ -799,7 +801,7 @@ impl Parser {
         Ok(e)
     }
 
-    fn call_args(&mut self) -> PResult<(Vec<Expr>, Vec<(String, Expr)>)> {
+    fn call_args(&mut self) -> PResult<CallArgs> {
         let mut args = Vec::new();
         let mut kwargs = Vec::new();
         while !self.eat_op(")") {
