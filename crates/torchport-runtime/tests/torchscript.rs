@@ -244,3 +244,10 @@ fn scripted_torchvision_mobilenet_v3() {
 fn scripted_timm_resnet18d() {
     check("timm_resnet18d_scripted");
 }
+
+/// Scripted timm code: an enum attribute (`Format.NCHW`, pickled as an enum member) and its
+/// comparison with the enum class's member.
+#[test]
+fn scripted_timm_vit() {
+    check("timm_vit_scripted");
+}

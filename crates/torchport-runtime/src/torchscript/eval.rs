@@ -528,6 +528,14 @@ impl<'a> Interp<'a> {
                         format!("the archive has no constant CONSTANTS.{name}").into()
                     });
                 }
+                // A class constant or enum member (`__torch__.a.Format.NCHW`): its value.
+                if let Some(e) = self.code.class_const(&p, name) {
+                    let mut frame = Frame {
+                        vars: HashMap::new(),
+                        file: "".into(),
+                    };
+                    return self.eval(e, &mut frame);
+                }
                 Val::Path(format!("{p}.{name}").into())
             }
             Val::Object(o) => match o.get(name) {

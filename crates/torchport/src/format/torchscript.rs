@@ -427,6 +427,15 @@ impl Tree<'_> {
             {
                 return self.value(p, o.args[0], name, depth + 1);
             }
+            // An enum member (`Format('NCHW')`, see the pickle VM's REDUCE): its value.
+            PValue::Object(o)
+                if torch_class(p, v).is_some()
+                    && o.kind == torchport_pickle::CallKind::Reduce
+                    && o.args.len() == 1
+                    && o.state.is_none() =>
+            {
+                return self.value(p, o.args[0], name, depth + 1);
+            }
             other => match torch_class(p, v) {
                 Some((m, c)) => {
                     let qual = format!("{m}.{c}");
