@@ -227,6 +227,10 @@ fn container_op(
             )
         }
         "format" => format(args)?,
+        "copy" if matches!(args.first(), Some(Val::List(_) | Val::Dict(_))) => match a0()? {
+            Val::Dict(d) => Val::Dict(Rc::new(RefCell::new(d.borrow().clone()))),
+            v => Val::list(v.items().unwrap_or_default()),
+        },
         "slice" if !matches!(args.first(), Some(Val::Tensor(_))) => {
             let opt = |i: usize| -> BResult<Option<i64>> {
                 match args.get(i) {
@@ -566,6 +570,23 @@ fn scalar_op(name: &str, args: &[Val]) -> BResult<Option<Val>> {
             return best
                 .map(Some)
                 .ok_or_else(|| format!("{base}() of an empty list"));
+        }
+        ("sum", [l]) if l.items().is_some() => {
+            let (mut i, mut f, mut float) = (0i64, 0f64, false);
+            for x in l.items().unwrap_or_default() {
+                match num(&x).ok_or("sum() of non-numbers")? {
+                    Num::I(v) => i = i.wrapping_add(v),
+                    Num::F(v) => {
+                        f += v;
+                        float = true;
+                    }
+                }
+            }
+            return Ok(Some(if float {
+                Val::Float(f + i as f64)
+            } else {
+                Val::Int(i)
+            }));
         }
         ("neg", [a]) => {
             return Ok(Some(match num(a).ok_or("neg() of a non-number")? {

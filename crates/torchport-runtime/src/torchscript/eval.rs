@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use std::collections::HashSet;
+
+use candle_core::{DType, Device, Tensor, TensorId};
 
 use super::ast::{BinOp, Expr, ExprKind, Func, Stmt, StmtKind, Target};
 use super::aten::Ops;
@@ -73,6 +75,44 @@ pub struct Interp<'a> {
     ops: &'static Ops,
     depth: usize,
     steps: u64,
+    /// Tensors that are part of another tensor (results of `slice`, `select`, `narrow`,
+    /// indexing…): updating one in place would update its base in torch, which the
+    /// evaluator (running in-place ops functionally) cannot do, so that is refused.
+    partial_views: HashSet<TensorId>,
+}
+
+/// Ops whose result is a part of their input's memory.
+fn is_partial_view(op: &str) -> bool {
+    matches!(
+        op,
+        "slice"
+            | "select"
+            | "narrow"
+            | "diagonal"
+            | "as_strided"
+            | "split"
+            | "split_with_sizes"
+            | "chunk"
+            | "unbind"
+            | "__getitem__"
+    )
+}
+
+/// Record the tensors of `v` as partial views.
+fn mark_views(set: &mut HashSet<TensorId>, v: &Val) {
+    match v {
+        Val::Tensor(t) => {
+            set.insert(t.id());
+        }
+        Val::List(_) | Val::Tuple(_) => {
+            for x in v.items().unwrap_or_default() {
+                if let Val::Tensor(t) = x {
+                    set.insert(t.id());
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 struct Frame {
@@ -89,6 +129,7 @@ impl<'a> Interp<'a> {
             ops: Ops::get(),
             depth: 0,
             steps: 0,
+            partial_views: HashSet::new(),
         }
     }
 
@@ -409,10 +450,18 @@ impl<'a> Interp<'a> {
                         }
                     };
                     let (a, b, c) = (part(a)?, part(b)?, part(c)?);
-                    return builtins::slice(&o, a, b, c, self.ops).map_err(Into::into);
+                    let r = builtins::slice(&o, a, b, c, self.ops)?;
+                    if let Val::Tensor(_) = o {
+                        mark_views(&mut self.partial_views, &r);
+                    }
+                    return Ok(r);
                 }
                 let i = self.eval(idx, frame)?;
-                builtins::get_item(&o, &i, self.ops)?
+                let r = builtins::get_item(&o, &i, self.ops)?;
+                if let Val::Tensor(_) = o {
+                    mark_views(&mut self.partial_views, &r);
+                }
+                r
             }
             ExprKind::Slice(..) => return Err("a slice outside a subscript".into()),
             ExprKind::List(items) => {
@@ -656,9 +705,22 @@ impl<'a> Interp<'a> {
             .strip_prefix("torch.")
             .or_else(|| path.strip_prefix("ops.aten."))
         {
+            let inplace = builtins::is_inplace(op);
+            if let (true, Some(Val::Tensor(t))) = (inplace, args.first()) {
+                if self.partial_views.contains(&t.id()) {
+                    return Err(format!(
+                        "torch.{op} updates part of another tensor in place (a slice, select or \
+                         index of it); in-place updates of views are not supported"
+                    )
+                    .into());
+                }
+            }
             let r = builtins::call_torch(op, &args, &kwargs, self.ops)?;
+            if is_partial_view(op) && matches!(args.first(), Some(Val::Tensor(_))) {
+                mark_views(&mut self.partial_views, &r);
+            }
             // An in-place op: the name it mutated now holds the result.
-            if builtins::is_inplace(op) {
+            if inplace {
                 if let (
                     Some(Expr {
                         kind: ExprKind::Name(n),
@@ -683,6 +745,10 @@ impl<'a> Interp<'a> {
         if path.starts_with("__torch__.") {
             if let Some((f, file)) = self.code.function(path) {
                 return self.call_func(&f, file, args, kwargs);
+            }
+            // A NamedTuple's constructor: its fields, positionally, as a tuple.
+            if self.code.is_named_tuple(path) && kwargs.is_empty() {
+                return Ok(Val::tuple(args));
             }
             return Err(format!("{path} is not a function the archive's code defines").into());
         }

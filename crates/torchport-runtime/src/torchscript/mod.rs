@@ -107,6 +107,12 @@ impl Code {
             .map(|f| (f.clone(), Rc::from(record.as_str())))
     }
 
+    /// Whether `qual` is a `NamedTuple` class of the code.
+    pub fn is_named_tuple(&self, qual: &str) -> bool {
+        self.class(qual)
+            .is_some_and(|(c, _)| c.bases.iter().any(|b| b == "NamedTuple"))
+    }
+
     /// Whether `n` names a code module.
     pub fn is_module_path(&self, n: &str) -> bool {
         self.files.contains_key(n)
