@@ -110,7 +110,7 @@ pub fn call_torch(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops)
         return Ok(v);
     }
     if !has_tensor(args, kwargs) {
-        if let Some(v) = scalar_op(name, args)? {
+        if let Some(v) = super::scalars::scalar_op(name, args)? {
             return Ok(v);
         }
     }
@@ -227,6 +227,7 @@ fn container_op(
             )
         }
         "format" => format(args)?,
+        "_native_multi_head_attention" => native_multi_head_attention(args, ops)?,
         "copy" if matches!(args.first(), Some(Val::List(_) | Val::Dict(_))) => match a0()? {
             Val::Dict(d) => Val::Dict(Rc::new(RefCell::new(d.borrow().clone()))),
             v => Val::list(v.items().unwrap_or_default()),
@@ -490,199 +491,6 @@ fn collect_ints(v: &Val, out: &mut Vec<i64>) {
     }
 }
 
-/// Arithmetic and comparisons of ints, floats, bools, strings and lists.
-fn scalar_op(name: &str, args: &[Val]) -> BResult<Option<Val>> {
-    let base = name.strip_suffix('_').unwrap_or(name);
-    let unary = |f: fn(f64) -> f64| -> BResult<Option<Val>> {
-        let x = num(arg(args, 0, name)?).ok_or_else(|| format!("{name}() of a non-number"))?;
-        Ok(Some(Val::Float(f(x.f()))))
-    };
-    match (base, args) {
-        ("eq" | "ne", [a, b]) => {
-            let eq = py_eq(a, b).ok_or_else(|| {
-                format!(
-                    "cannot compare a {} with a {}",
-                    a.type_name(),
-                    b.type_name()
-                )
-            })?;
-            return Ok(Some(Val::Bool(eq == (base == "eq"))));
-        }
-        ("add", [Val::Str(a), Val::Str(b)]) => {
-            return Ok(Some(Val::Str(format!("{a}{b}").into())));
-        }
-        ("add", [a @ (Val::List(_) | Val::Tuple(_)), b @ (Val::List(_) | Val::Tuple(_))]) => {
-            let mut v = a.items().unwrap_or_default();
-            v.extend(b.items().unwrap_or_default());
-            if v.len() > MAX_LIST {
-                return Err(format!("a list grew past {MAX_LIST} items"));
-            }
-            return Ok(Some(match a {
-                Val::Tuple(_) => Val::tuple(v),
-                _ => Val::list(v),
-            }));
-        }
-        ("mul", [Val::List(l), Val::Int(n)]) => {
-            let items = l.borrow().clone();
-            let n = (*n).max(0) as usize;
-            if items.len().saturating_mul(n) > MAX_LIST {
-                return Err(format!("a list grew past {MAX_LIST} items"));
-            }
-            let mut v = Vec::with_capacity(items.len() * n);
-            for _ in 0..n {
-                v.extend(items.iter().cloned());
-            }
-            return Ok(Some(Val::list(v)));
-        }
-        ("lt" | "le" | "gt" | "ge", [Val::Str(a), Val::Str(b)]) => {
-            let o = a.cmp(b);
-            return Ok(Some(Val::Bool(match base {
-                "lt" => o.is_lt(),
-                "le" => o.is_le(),
-                "gt" => o.is_gt(),
-                _ => o.is_ge(),
-            })));
-        }
-        ("min" | "max", [l]) if l.items().is_some() => {
-            let items = l.items().unwrap_or_default();
-            let mut best: Option<Val> = None;
-            for x in items {
-                best = Some(match best {
-                    None => x,
-                    Some(b) => {
-                        let (p, q) = (
-                            num(&b).ok_or("min/max of non-numbers")?,
-                            num(&x).ok_or("min/max of non-numbers")?,
-                        );
-                        let take = if base == "min" {
-                            q.f() < p.f()
-                        } else {
-                            q.f() > p.f()
-                        };
-                        if take {
-                            x
-                        } else {
-                            b
-                        }
-                    }
-                });
-            }
-            return best
-                .map(Some)
-                .ok_or_else(|| format!("{base}() of an empty list"));
-        }
-        ("sum", [l]) if l.items().is_some() => {
-            let (mut i, mut f, mut float) = (0i64, 0f64, false);
-            for x in l.items().unwrap_or_default() {
-                match num(&x).ok_or("sum() of non-numbers")? {
-                    Num::I(v) => i = i.wrapping_add(v),
-                    Num::F(v) => {
-                        f += v;
-                        float = true;
-                    }
-                }
-            }
-            return Ok(Some(if float {
-                Val::Float(f + i as f64)
-            } else {
-                Val::Int(i)
-            }));
-        }
-        ("neg", [a]) => {
-            return Ok(Some(match num(a).ok_or("neg() of a non-number")? {
-                Num::I(i) => Val::Int(i.wrapping_neg()),
-                Num::F(f) => Val::Float(-f),
-            }))
-        }
-        ("abs", [a]) => {
-            return Ok(Some(match num(a).ok_or("abs() of a non-number")? {
-                Num::I(i) => Val::Int(i.wrapping_abs()),
-                Num::F(f) => Val::Float(f.abs()),
-            }))
-        }
-        ("floor" | "ceil", [a]) => {
-            let f = num(a).ok_or("floor() of a non-number")?.f();
-            let r = if base == "floor" { f.floor() } else { f.ceil() };
-            return Ok(Some(Val::Int(r as i64)));
-        }
-        ("sqrt", [_]) => return unary(f64::sqrt),
-        ("exp", [_]) => return unary(f64::exp),
-        ("log", [_]) => return unary(f64::ln),
-        ("sin", [_]) => return unary(f64::sin),
-        ("cos", [_]) => return unary(f64::cos),
-        ("tanh", [_]) => return unary(f64::tanh),
-        _ => {}
-    }
-    let [a, b] = args else { return Ok(None) };
-    let (Some(x), Some(y)) = (num(a), num(b)) else {
-        return Ok(None);
-    };
-    let zero = || format!("ZeroDivisionError in {base}()");
-    Ok(Some(match (base, x, y) {
-        ("add", Num::I(p), Num::I(q)) => Val::Int(p.wrapping_add(q)),
-        ("sub", Num::I(p), Num::I(q)) => Val::Int(p.wrapping_sub(q)),
-        ("mul", Num::I(p), Num::I(q)) => Val::Int(p.wrapping_mul(q)),
-        ("add", ..) => Val::Float(x.f() + y.f()),
-        ("sub", ..) => Val::Float(x.f() - y.f()),
-        ("mul", ..) => Val::Float(x.f() * y.f()),
-        ("div" | "true_divide", ..) => {
-            if y.f() == 0.0 {
-                return Err(zero());
-            }
-            Val::Float(x.f() / y.f())
-        }
-        ("floordiv" | "floor_divide", Num::I(p), Num::I(q)) => {
-            if q == 0 {
-                return Err(zero());
-            }
-            Val::Int(p.wrapping_div(q) - i64::from((p % q != 0) && ((p < 0) != (q < 0))))
-        }
-        ("floordiv" | "floor_divide", ..) => {
-            if y.f() == 0.0 {
-                return Err(zero());
-            }
-            Val::Float((x.f() / y.f()).floor())
-        }
-        ("remainder" | "fmod" | "mod", Num::I(p), Num::I(q)) => {
-            if q == 0 {
-                return Err(zero());
-            }
-            let r = p.wrapping_rem(q);
-            Val::Int(if base != "fmod" && r != 0 && ((r < 0) != (q < 0)) {
-                r + q
-            } else {
-                r
-            })
-        }
-        ("remainder" | "fmod" | "mod", ..) => {
-            if y.f() == 0.0 {
-                return Err(zero());
-            }
-            let r = x.f() % y.f();
-            Val::Float(
-                if base != "fmod" && r != 0.0 && ((r < 0.0) != (y.f() < 0.0)) {
-                    r + y.f()
-                } else {
-                    r
-                },
-            )
-        }
-        ("pow", Num::I(p), Num::I(q)) if q >= 0 => {
-            Val::Int(p.wrapping_pow(u32::try_from(q).unwrap_or(u32::MAX)))
-        }
-        ("pow", ..) => Val::Float(x.f().powf(y.f())),
-        ("lt", ..) => Val::Bool(x.f() < y.f()),
-        ("le", ..) => Val::Bool(x.f() <= y.f()),
-        ("gt", ..) => Val::Bool(x.f() > y.f()),
-        ("ge", ..) => Val::Bool(x.f() >= y.f()),
-        ("min", Num::I(p), Num::I(q)) => Val::Int(p.min(q)),
-        ("max", Num::I(p), Num::I(q)) => Val::Int(p.max(q)),
-        ("min", ..) => Val::Float(x.f().min(y.f())),
-        ("max", ..) => Val::Float(x.f().max(y.f())),
-        _ => return Ok(None),
-    }))
-}
-
 /// `ops.prim.<name>(args)`.
 pub fn call_prim(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops) -> BResult<Val> {
     let a0 = || arg(args, 0, name);
@@ -706,7 +514,9 @@ pub fn call_prim(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops) 
         },
         "device" => Val::Device,
         "layout" => Val::Int(0),
-        "is_cuda" | "requires_grad" | "is_quantized" => Val::Bool(false),
+        "is_cuda" | "requires_grad" | "is_quantized" | "is_nested" | "is_sparse" | "is_mkldnn" => {
+            Val::Bool(false)
+        }
         "data" | "unchecked_unwrap_optional" | "Uninitialized" => {
             args.first().cloned().unwrap_or(Val::None)
         }
@@ -722,26 +532,6 @@ pub fn call_prim(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops) 
         "min" | "max" | "abs" => call_torch(name, args, kwargs, ops)?,
         "TupleIndex" => get_item(a0()?, arg(args, 1, name)?, ops)?,
         _ => return Err(format!("ops.prim.{name} is not supported")),
-    })
-}
-
-/// `math.<name>(args)`.
-pub fn call_math(name: &str, args: &[Val]) -> BResult<Val> {
-    let x = num(arg(args, 0, name)?).ok_or_else(|| format!("math.{name}() of a non-number"))?;
-    Ok(match name {
-        "sqrt" => Val::Float(x.f().sqrt()),
-        "exp" => Val::Float(x.f().exp()),
-        "log" => Val::Float(x.f().ln()),
-        "floor" => Val::Int(x.f().floor() as i64),
-        "ceil" => Val::Int(x.f().ceil() as i64),
-        "fabs" => Val::Float(x.f().abs()),
-        "isnan" => Val::Bool(x.f().is_nan()),
-        "isinf" => Val::Bool(x.f().is_infinite()),
-        "pow" => {
-            let y = num(arg(args, 1, name)?).ok_or("math.pow() of a non-number")?;
-            Val::Float(x.f().powf(y.f()))
-        }
-        _ => return Err(format!("math.{name} is not supported")),
     })
 }
 
@@ -1003,6 +793,7 @@ pub fn is_native(op: &str) -> bool {
             | "__or__"
             | "__xor__"
             | "dict"
+            | "_native_multi_head_attention"
     )
 }
 
@@ -1017,6 +808,9 @@ pub fn is_prim(op: &str) -> bool {
             | "is_cuda"
             | "requires_grad"
             | "is_quantized"
+            | "is_nested"
+            | "is_sparse"
+            | "is_mkldnn"
             | "data"
             | "unchecked_unwrap_optional"
             | "Uninitialized"
@@ -1027,4 +821,90 @@ pub fn is_prim(op: &str) -> bool {
             | "abs"
             | "TupleIndex"
     )
+}
+
+/// `aten::_native_multi_head_attention` (nn.MultiheadAttention's inference fast path, which
+/// traced code records): composed from the registry's `linear`, `view`, `transpose` and
+/// `scaled_dot_product_attention` kernels. Inputs are batch-first `(B, L, E)`; attention
+/// weights are not computed (`need_weights=True` is refused).
+pub fn native_multi_head_attention(args: &[Val], ops: &Ops) -> BResult<Val> {
+    let a = |i: usize| arg(args, i, "_native_multi_head_attention");
+    let (q, k, v) = (a(0)?, a(1)?, a(2)?);
+    let e = int_of(a(3)?, "embed_dim")?;
+    let h = int_of(a(4)?, "num_head")?;
+    let (w, b, pw, pb) = (a(5)?, a(6)?, a(7)?, a(8)?);
+    if !matches!(args.get(9), None | Some(Val::None)) {
+        return Err("_native_multi_head_attention with a mask is not supported".into());
+    }
+    if matches!(args.get(10), Some(Val::Bool(true))) {
+        return Err("_native_multi_head_attention with need_weights=True is not supported".into());
+    }
+    if h <= 0 || e % h != 0 {
+        return Err(format!("embed_dim {e} is not a multiple of num_head {h}"));
+    }
+    let part = |t: &Val, i: i64| -> BResult<Val> {
+        if matches!(t, Val::None) {
+            return Ok(Val::None);
+        }
+        ops.call(
+            "slice",
+            &[
+                t.clone(),
+                Val::Int(0),
+                Val::Int(i * e),
+                Val::Int((i + 1) * e),
+            ],
+            &[],
+        )
+    };
+    let heads = |x: &Val, i: i64| -> BResult<Val> {
+        let y = ops.call("linear", &[x.clone(), part(w, i)?, part(b, i)?], &[])?;
+        let Val::Tensor(t) = &y else {
+            return Err("linear did not give a tensor".into());
+        };
+        let (bsz, len) = match t.dims() {
+            [bsz, len, _] => (*bsz as i64, *len as i64),
+            d => {
+                return Err(format!(
+                    "_native_multi_head_attention of a {}-d input",
+                    d.len()
+                ))
+            }
+        };
+        let y = ops.call(
+            "view",
+            &[
+                y,
+                Val::list(vec![
+                    Val::Int(bsz),
+                    Val::Int(len),
+                    Val::Int(h),
+                    Val::Int(e / h),
+                ]),
+            ],
+            &[],
+        )?;
+        ops.call("transpose", &[y, Val::Int(1), Val::Int(2)], &[])
+    };
+    let o = ops.call(
+        "scaled_dot_product_attention",
+        &[heads(q, 0)?, heads(k, 1)?, heads(v, 2)?],
+        &[],
+    )?;
+    let o = ops.call("transpose", &[o, Val::Int(1), Val::Int(2)], &[])?;
+    let Val::Tensor(t) = &o else {
+        return Err("attention did not give a tensor".into());
+    };
+    let (bsz, len) = (t.dims()[0] as i64, t.dims()[1] as i64);
+    let o = ops.call(
+        "reshape",
+        &[
+            o,
+            Val::list(vec![Val::Int(bsz), Val::Int(len), Val::Int(e)]),
+        ],
+        &[],
+    )?;
+    let out = ops.call("linear", &[o, pw.clone(), pb.clone()], &[])?;
+    let empty = Tensor::zeros(0, DType::F32, &Device::Cpu).map_err(|e| e.to_string())?;
+    Ok(Val::tuple(vec![out, Val::Tensor(empty)]))
 }

@@ -740,7 +740,7 @@ impl<'a> Interp<'a> {
             return Ok(builtins::call_prim(op, &args, &kwargs, self.ops)?);
         }
         if let Some(op) = path.strip_prefix("math.") {
-            return Ok(builtins::call_math(op, &args)?);
+            return Ok(super::scalars::call_math(op, &args)?);
         }
         if path.starts_with("__torch__.") {
             if let Some((f, file)) = self.code.function(path) {

@@ -70,8 +70,11 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
                 while j < b.len() && b[j] != b'\n' {
                     j += 1;
                 }
+                // A last line without a newline ends the input on this line.
+                if j < b.len() {
+                    line += 1;
+                }
                 i = j + 1;
-                line += 1;
                 continue;
             }
             let cur = *indents.last().unwrap_or(&0);

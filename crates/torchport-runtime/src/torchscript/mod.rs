@@ -21,6 +21,7 @@ pub mod builtins;
 pub mod eval;
 pub mod lexer;
 pub mod parser;
+pub mod scalars;
 pub mod value;
 
 use std::cell::RefCell;
