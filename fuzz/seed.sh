@@ -5,6 +5,7 @@
 #                       scripted/traced archives and hostile ts_* files; sharded: *.index.json
 #   rules             : every *.toml fixture and every ```toml block of docs/RULES.md
 #   pt2_program       : the models/*.json record of every .pt2 fixture
+#   ts_code           : every code/**.py record of the .pt fixtures (TorchScript code)
 #   pickle            : crates/torchport-pickle/tests/corpus/*, every *.pkl record of the zip
 #                       fixtures, and the legacy fixtures (a stream of pickles)
 #   any other target  : every fixture under tests/fixtures/ (any format)
@@ -60,6 +61,15 @@ for t in "${targets[@]}"; do
                     && n=$((n + 1))
             done < <(unzip -Z1 "$f" 2>/dev/null | grep -E '(^|/)models/[^/]*\.json$|^serialized_exported_program\.json$' || true)
         done < <(find "$root/tests/fixtures" -name '*.pt2' ! -path '*/stems/*' | sort)
+    elif [ "$t" = ts_code ]; then
+        # Every code record of the TorchScript fixtures (traced, scripted, hostile).
+        while IFS= read -r f; do
+            while IFS= read -r rec; do
+                [ -n "$rec" ] || continue
+                unzip -p "$f" "$rec" > "$dir/$(seed_name "$f")_${rec//\//_}" 2>/dev/null \
+                    && n=$((n + 1))
+            done < <(unzip -Z1 "$f" 2>/dev/null | grep -E '/code/.*\.py$' || true)
+        done < <(find "$root/tests/fixtures" -name '*.pt' ! -path '*/stems/*' | sort)
     elif [ "$t" = rules ]; then
         while IFS= read -r f; do
             cp "$f" "$dir/$(seed_name "$f")" && n=$((n + 1))

@@ -16,4 +16,11 @@ mod targets;
 mod program_target;
 
 pub use program_target::pt2_program;
+
+/// The TorchScript code parser's target (`ts_code`), shared with
+/// `crates/torchport-runtime/tests/torchscript.rs`.
+#[path = "../../crates/torchport-runtime/tests/common/ts_code_target.rs"]
+mod ts_code_target;
+
+pub use ts_code_target::ts_code;
 pub use targets::*;

@@ -1,17 +1,18 @@
-//! `torchport ops MODEL [--json]`: every operator an exported program uses, how often, and
-//! whether the runtime supports it. Exit 1 when any is unsupported ("answered no").
+//! `torchport ops MODEL [--json]`: every operator an exported program (or a TorchScript
+//! archive's code) uses, how often, and whether the runtime supports it. Exit 1 when any is unsupported ("answered no").
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::json;
-use torchport_runtime::Program;
+use torchport_runtime::{Program, ScriptProgram};
 
 /// Arguments of `ops`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The exported program (`.pt2` written by `torch.export.save`).
+    /// The exported program (`.pt2` written by `torch.export.save`) or TorchScript archive
+    /// (`torch.jit.save`).
     model: PathBuf,
     /// Print JSON: {"ops": [{"op", "count", "supported"}], "unsupported": [...]}.
     #[arg(long)]
@@ -20,7 +21,13 @@ pub struct Args {
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Only the program JSON is read: weights are never decoded to count operators.
-    let ops = Program::ops_of(&args.model)?;
+    // A TorchScript archive lists the operators its code calls, all of it (code a given run
+    // never reaches included).
+    let ops = if ScriptProgram::is_torchscript(&args.model)? {
+        ScriptProgram::ops_of(&args.model)?
+    } else {
+        Program::ops_of(&args.model)?
+    };
     let unsupported: Vec<&str> = ops
         .iter()
         .filter(|o| !o.supported)
@@ -45,7 +52,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let nodes: usize = ops.iter().map(|o| o.count).sum();
         writeln!(
             out,
-            "{} ops, {nodes} nodes; {}",
+            "{} ops, {nodes} uses; {}",
             ops.len(),
             if n == 0 {
                 "all supported".to_string()

@@ -1,5 +1,5 @@
 //! `torchport run MODEL --input X.npy [--input Y.npy ...] --output OUT.npz`: run an exported
-//! program (`.pt2`) on `.npy` inputs (positional, in order) and write its outputs as
+//! program (`.pt2`) or a TorchScript archive (`torch.jit.save`) on `.npy` inputs (positional, in order) and write its outputs as
 //! `output_0`, `output_1`, … to an `.npz`.
 
 use std::io::IsTerminal;
@@ -10,13 +10,14 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use torchport::write::{write, OutputFormat, WriteOptions};
-use torchport_runtime::npy::{out_tensor_as, read_npy};
-use torchport_runtime::Program;
+use torchport_runtime::npy::{out_tensor, out_tensor_as, read_npy};
+use torchport_runtime::{Program, ScriptProgram};
 
 /// Arguments of `run`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The exported program (`.pt2` written by `torch.export.save`).
+    /// The exported program (`.pt2` written by `torch.export.save`) or TorchScript archive
+    /// (`torch.jit.save`).
     model: PathBuf,
     /// An input array (`.npy`), once per user input, in the program's order.
     #[arg(long = "input", value_name = "X.npy")]
@@ -61,6 +62,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode> {
+    if ScriptProgram::is_torchscript(&args.model)? {
+        return run_script(args, bar);
+    }
     let program = Program::load(&args.model)?;
     if !program.unsupported_ops().is_empty() {
         anyhow::bail!(
@@ -89,12 +93,46 @@ fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCo
             out_tensor_as(format!("output_{i}"), t, declared).map_err(anyhow::Error::msg)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    write_outputs(args, &arrays)
+}
+
+/// Run a TorchScript archive: its code is evaluated, so an unsupported operator is reported
+/// where the run reaches it (file, line, operator).
+fn run_script(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode> {
+    let program = ScriptProgram::load(&args.model)?;
+    let inputs = args
+        .inputs
+        .iter()
+        .map(|p| read_npy(p).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(b) = bar {
+        b.set_message(format!("running {}", args.model.display()));
+    }
+    let outputs = program
+        .run(&inputs)
+        .map_err(|e| anyhow::anyhow!("running {}: {e}", args.model.display()))?;
+    // The runtime holds bools, and only bools, as u8.
+    let arrays = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let is_bool = t.dtype() == torchport_runtime::candle_core::DType::U8;
+            out_tensor(format!("output_{i}"), t, is_bool).map_err(anyhow::Error::msg)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    write_outputs(args, &arrays)
+}
+
+fn write_outputs(
+    args: &Args,
+    arrays: &[torchport::OutTensor<'static>],
+) -> anyhow::Result<ExitCode> {
     let mut inputs = vec![args.model.clone()];
     inputs.extend(args.inputs.iter().cloned());
     write(
         &args.output,
         OutputFormat::Npz,
-        &arrays,
+        arrays,
         WriteOptions {
             inputs,
             ..WriteOptions::default()

@@ -309,7 +309,17 @@ impl Machine<'_> {
             REDUCE | NEWOBJ => {
                 let args = self.pop()?;
                 let callable = self.pop()?;
-                let args = self.copy_tuple(args)?;
+                // TorchScript's pickler writes an enum member as `GLOBAL __torch__.…Enum`,
+                // its value, REDUCE: the one argument is not wrapped in a tuple.
+                let enum_member = op == REDUCE
+                    && !matches!(self.node(args), Value::Tuple(_))
+                    && matches!(self.node(callable),
+                        Value::Global { module, .. } if module == "__torch__" || module.starts_with("__torch__."));
+                let args = if enum_member {
+                    vec![args]
+                } else {
+                    self.copy_tuple(args)?
+                };
                 let kind = if op == REDUCE {
                     CallKind::Reduce
                 } else {

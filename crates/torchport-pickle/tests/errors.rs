@@ -479,3 +479,22 @@ fn malformed() {
     let e = err(b"\x80\x02\x8b\xfe\xff\xff\xff.");
     assert!(matches!(e.kind, ErrorKind::Malformed(_)), "{e}");
 }
+
+/// TorchScript's pickler writes an enum member as `GLOBAL __torch__.…Enum`, its value,
+/// REDUCE (no argument tuple): recorded as a call with that one argument. Any other callable
+/// still needs a tuple.
+#[test]
+fn torchscript_enum_member_reduce() {
+    let enum_member = b"\x80\x02c__torch__.timm.layers.format\nFormat\nX\x04\x00\x00\x00NCHWR.";
+    let p = parse(enum_member, &Limits::default()).unwrap();
+    let o = p.as_object(p.root()).unwrap();
+    assert_eq!(
+        p.as_global(o.callable),
+        Some(("__torch__.timm.layers.format", "Format"))
+    );
+    assert_eq!(o.args.len(), 1);
+    assert_eq!(p.as_str(o.args[0]), Some("NCHW"));
+    let other = b"\x80\x02ccollections\nOrderedDict\nX\x04\x00\x00\x00NCHWR.";
+    let e = parse(other, &Limits::default()).unwrap_err();
+    assert!(e.to_string().contains("expects a tuple"), "{e}");
+}

@@ -58,6 +58,19 @@ pub enum Error {
         /// Inputs given.
         got: usize,
     },
+    /// A TorchScript archive's code could not be parsed or run: the record and line of the
+    /// serialized code, and the construct or failure.
+    #[error("{}: {record}, line {line}: {what}", path.display())]
+    Script {
+        /// The archive.
+        path: PathBuf,
+        /// The code record (`code/__torch__/….py`).
+        record: String,
+        /// 1-based line in that record.
+        line: u32,
+        /// What is wrong.
+        what: String,
+    },
     /// An operator failed.
     #[error("node '{node}' ({target}): {what}")]
     Op {

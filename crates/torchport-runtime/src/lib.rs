@@ -25,11 +25,13 @@ pub mod ops;
 pub mod prepare;
 pub mod program;
 pub mod schema;
+pub mod torchscript;
 pub mod value;
 
 pub use error::{Error, Result};
 pub use ops::Registry;
 pub use program::{InputInfo, OpTime, OpUse, Program};
+pub use torchscript::ScriptProgram;
 
 /// Re-export of the candle crate the runtime computes with.
 pub use candle_core;

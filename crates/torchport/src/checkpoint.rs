@@ -32,6 +32,8 @@ pub struct Checkpoint {
     pub(crate) constant_storages: usize,
     /// Serialized programs of a `.pt2`: (record name, JSON bytes).
     pub(crate) programs: Vec<(String, Storage)>,
+    /// For a TorchScript archive: its module tree, code and constants.
+    pub(crate) script: Option<std::sync::Arc<crate::script::Script>>,
     pub(crate) storages: Vec<Storage>,
     pub(crate) index: HashMap<String, usize>,
     /// `Limits::max_expanded_bytes` of the open that made this checkpoint.
@@ -105,6 +107,7 @@ impl Checkpoint {
             constants,
             constant_storages,
             programs,
+            script,
         } = parts;
         let mut index = HashMap::with_capacity(found.tensors.len());
         for (i, t) in found.tensors.iter().enumerate() {
@@ -122,6 +125,7 @@ impl Checkpoint {
             constants,
             constant_storages,
             programs,
+            script,
             storages,
             index,
             max_expanded_bytes: Limits::default().max_expanded_bytes,
@@ -184,7 +188,9 @@ impl Checkpoint {
     /// order. They are not in the program's `state_dict`, so [`Checkpoint::tensors`] does not
     /// list them (they are listed among [`Checkpoint::values`] too). Their data is read with
     /// [`Checkpoint::data`], from views checked against their records like tensors'. Script
-    /// objects are not tensors and are only values. Empty for files that hold no program.
+    /// objects are not tensors and are only values. For a TorchScript archive: the tensors of
+    /// its module tree that are not in `state_dict` (plain tensor attributes, tensors inside
+    /// lists) and the code's constants (`CONSTANTS.c0`, …). Empty for other files.
     pub fn constants(&self) -> &[TensorInfo] {
         &self.constants
     }
@@ -196,6 +202,13 @@ impl Checkpoint {
     /// hold no program.
     pub fn programs(&self) -> impl ExactSizeIterator<Item = (&str, &[u8])> {
         self.programs.iter().map(|(r, s)| (r.as_str(), s.bytes()))
+    }
+
+    /// For a TorchScript archive (`torch.jit.save`): its module tree with every attribute,
+    /// its code records and its constants, for a runtime that runs the code. `None` for other
+    /// formats.
+    pub fn script(&self) -> Option<&crate::script::Script> {
+        self.script.as_deref()
     }
 
     /// Number of distinct storages behind the tensors (those behind constants only are not

@@ -33,6 +33,7 @@ mod out;
 pub mod pt2;
 pub mod quant;
 pub mod remap;
+pub mod script;
 pub mod select;
 mod storage;
 mod tensor;

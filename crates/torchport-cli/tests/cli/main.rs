@@ -14,4 +14,5 @@ mod inspect_archives;
 mod inspect_formats;
 mod match_cmd;
 mod run;
+mod run_torchscript;
 mod security;

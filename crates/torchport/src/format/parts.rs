@@ -32,6 +32,8 @@ pub(crate) struct Parts {
     pub constant_storages: usize,
     /// Serialized programs (`.pt2`): (record name, JSON bytes).
     pub programs: Vec<(String, Storage)>,
+    /// A TorchScript archive's module tree, code and constants.
+    pub script: Option<std::sync::Arc<crate::script::Script>>,
 }
 
 impl Parts {
@@ -69,6 +71,7 @@ impl Parts {
             constants: Vec::new(),
             constant_storages: 0,
             programs: Vec::new(),
+            script: None,
         }
     }
 }

@@ -28,8 +28,9 @@ use crate::format::parts::Parts;
 use crate::format::torch::interpret::{is_tensor, join, tensor_at};
 use crate::format::torch::zip::{find_root, parse_record, read_byteorder, ZipResolver};
 use crate::limits::Limits;
+use crate::script::{Script, ScriptObject, ScriptValue};
 use crate::storage::FileBytes;
-use crate::tensor::ByteOrder;
+use crate::tensor::{ByteOrder, TensorInfo};
 use crate::value::Value;
 
 /// What a class's code declares.
@@ -60,7 +61,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Par
     let mut tree = Tree {
         path,
         resolver: ZipResolver::new(ar, root.clone()),
-        root,
+        root: root.clone(),
         p: &data,
         order,
         limits,
@@ -69,24 +70,29 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Par
         on_path: Vec::new(),
         visits: 0,
         max_visits: limits.max_visits.max(data.len().saturating_mul(4)),
+        extra: Vec::new(),
     };
-    tree.root_module()?;
+    let root_object = tree.root_module()?;
+    let mut script_constants = Vec::new();
     if let Some(c) = &constants {
         // `constants.pkl` is the tuple the code reads as `CONSTANTS.c0`, `CONSTANTS.c1`, ….
+        tree.resolver.set_folder("constants/");
         for (i, &item) in c
             .as_tuple_or_list(c.root())
             .unwrap_or_default()
             .iter()
             .enumerate()
         {
+            let name = format!("CONSTANTS.c{i}");
             if is_tensor(c, item) {
-                tree.found.values.push((
-                    format!("CONSTANTS.c{i}"),
-                    Value::Object("torch.Tensor".into()),
-                ));
+                tree.found
+                    .values
+                    .push((name.clone(), Value::Object("torch.Tensor".into())));
             }
+            script_constants.push(tree.value(c, item, &name, 0)?);
         }
     }
+    let code = code_records(&mut tree.resolver.ar, &names, &root, limits)?;
     let mut globals = data.globals().to_vec();
     for g in constants.iter().flat_map(|c| c.globals()) {
         if !globals.contains(g) {
@@ -94,15 +100,48 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Par
         }
     }
     let Tree {
-        found, resolver, ..
+        found,
+        resolver,
+        extra,
+        ..
     } = tree;
-    Ok(Parts::new(
+    let mut parts = Parts::new(
         Format::TorchScript,
         order,
         found,
         globals,
         resolver.storages,
-    ))
+    );
+    parts.constants = extra;
+    parts.script = Some(std::sync::Arc::new(Script {
+        root: root_object,
+        code,
+        constants: script_constants,
+    }));
+    Ok(parts)
+}
+
+/// Every `code/**.py` record under `root`, as stored (their total size bounded by the
+/// archive's decompression budget).
+fn code_records(
+    ar: &mut Archive<'_>,
+    names: &[String],
+    root: &str,
+    limits: &Limits,
+) -> Result<Vec<(String, Vec<u8>)>> {
+    let prefix = format!("{root}code/");
+    let mut out = Vec::new();
+    for name in names {
+        if name.starts_with(&prefix) && name.ends_with(".py") {
+            if out.len() >= limits.max_tensors {
+                break;
+            }
+            let bytes = ar.record(name)?.bytes().to_vec();
+            out.push((name[root.len()..].to_string(), bytes));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
 
 /// The walk over the module tree of `data.pkl`.
@@ -119,6 +158,8 @@ struct Tree<'a> {
     on_path: Vec<NodeId>,
     visits: usize,
     max_visits: usize,
+    /// Tensors of the tree that are not in `state_dict` (see `Checkpoint::constants`).
+    extra: Vec<TensorInfo>,
 }
 
 /// `(module, class)` of a `__torch__.*` object, if `node` is one.
@@ -140,7 +181,7 @@ fn demangle(qual: &str) -> String {
 }
 
 impl Tree<'_> {
-    fn root_module(&mut self) -> Result<()> {
+    fn root_module(&mut self) -> Result<ScriptObject> {
         let root = self.p.root();
         let Some((m, c)) = torch_class(self.p, root) else {
             return Err(Error::corrupt(
@@ -189,7 +230,7 @@ impl Tree<'_> {
             })
     }
 
-    fn module(&mut self, node: NodeId, name: &str, depth: usize) -> Result<()> {
+    fn module(&mut self, node: NodeId, name: &str, depth: usize) -> Result<ScriptObject> {
         let shown = if name.is_empty() { "(root)" } else { name };
         self.visits += 1;
         if self.visits > self.max_visits {
@@ -229,6 +270,10 @@ impl Tree<'_> {
                 )
             })?;
         let decl = self.decl(m, c)?.clone();
+        let mut object = ScriptObject {
+            class: qual.clone(),
+            attrs: Vec::with_capacity(attrs.len()),
+        };
         self.on_path.push(node);
         self.found.modules.push((name.to_string(), demangle(&qual)));
         let lookup = |attr: &str| {
@@ -247,7 +292,9 @@ impl Tree<'_> {
                 };
                 let v = lookup(attr).ok_or_else(|| bad("data.pkl gives it no value"))?;
                 if matches!(p.get(v), PValue::None) {
-                    continue; // an unset optional parameter (`bias=False`): not in state_dict
+                    // An unset optional parameter (`bias=False`): not in state_dict.
+                    object.attrs.push((attr.clone(), ScriptValue::None));
+                    continue;
                 }
                 if !is_tensor(p, v) {
                     return Err(bad(&format!("its value is a {}", p.get(v).type_name())));
@@ -270,6 +317,9 @@ impl Tree<'_> {
                         field: "max_tensors",
                     });
                 }
+                object
+                    .attrs
+                    .push((attr.clone(), ScriptValue::Tensor(t.name.clone())));
                 self.found.tensors.push(t);
             }
         }
@@ -279,19 +329,133 @@ impl Tree<'_> {
             if declared(key) {
                 continue;
             }
-            if let Some((cm, cc)) = torch_class(p, v) {
+            let full = join(name, key);
+            let value = if let Some((cm, cc)) = torch_class(p, v) {
                 if self.decl(cm, cc)?.is_module {
-                    self.module(v, &join(name, key), depth + 1)?;
+                    ScriptValue::Object(Box::new(self.module(v, &full, depth + 1)?))
+                } else {
+                    self.value(p, v, &full, depth + 1)?
                 }
-            } else if is_tensor(p, v) {
-                // A tensor attribute that is neither parameter nor buffer: not in state_dict.
-                self.found
-                    .values
-                    .push((join(name, key), Value::Object("torch.Tensor".into())));
-            }
+            } else {
+                if is_tensor(p, v) {
+                    // A tensor attribute that is neither parameter nor buffer: not in state_dict.
+                    self.found
+                        .values
+                        .push((full.clone(), Value::Object("torch.Tensor".into())));
+                }
+                self.value(p, v, &full, depth + 1)?
+            };
+            object.attrs.push((key.to_string(), value));
         }
         self.on_path.pop();
-        Ok(())
+        Ok(object)
+    }
+
+    /// A non-module attribute value (or a constant), tensors named `name` (list items
+    /// `name.0`, …) and kept among the extra tensors.
+    fn value(&mut self, p: &Pickle, v: NodeId, name: &str, depth: usize) -> Result<ScriptValue> {
+        self.visits += 1;
+        if self.visits > self.max_visits {
+            return Err(Error::Limit {
+                path: self.path.to_path_buf(),
+                what: "the values of the module tree".into(),
+                limit: self.max_visits as u64,
+                field: "max_visits",
+            });
+        }
+        if depth > self.limits.max_depth {
+            return Err(Error::Limit {
+                path: self.path.to_path_buf(),
+                what: format!("nesting of attribute {name}"),
+                limit: self.limits.max_depth as u64,
+                field: "max_depth",
+            });
+        }
+        if is_tensor(p, v) {
+            if self.extra.len() + self.found.tensors.len() >= self.limits.max_tensors {
+                return Err(Error::Limit {
+                    path: self.path.to_path_buf(),
+                    what: "the number of tensors".into(),
+                    limit: self.limits.max_tensors as u64,
+                    field: "max_tensors",
+                });
+            }
+            let t = tensor_at(
+                self.path,
+                p,
+                &mut self.resolver,
+                self.order,
+                self.limits,
+                v,
+                name,
+            )?;
+            self.extra.push(t);
+            return Ok(ScriptValue::Tensor(name.to_string()));
+        }
+        let items = |this: &mut Self, ids: &[NodeId]| -> Result<Vec<ScriptValue>> {
+            ids.iter()
+                .enumerate()
+                .map(|(i, &x)| this.value(p, x, &join(name, &i.to_string()), depth + 1))
+                .collect()
+        };
+        Ok(match p.get(v) {
+            PValue::None => ScriptValue::None,
+            PValue::Bool(b) => ScriptValue::Bool(*b),
+            PValue::Int(i) => ScriptValue::Int(*i),
+            PValue::Float(f) => ScriptValue::Float(*f),
+            PValue::Str(s) => ScriptValue::Str(s.clone()),
+            PValue::List(ids) => ScriptValue::List(items(self, ids)?),
+            PValue::Tuple(ids) => ScriptValue::Tuple(items(self, ids)?),
+            PValue::Dict(pairs) => {
+                let mut out = Vec::with_capacity(pairs.len());
+                for (i, &(k, x)) in pairs.iter().enumerate() {
+                    let key = self.value(p, k, &join(name, &format!("k{i}")), depth + 1)?;
+                    let label = match &key {
+                        ScriptValue::Str(s) => s.clone(),
+                        _ => i.to_string(),
+                    };
+                    let val = self.value(p, x, &join(name, &label), depth + 1)?;
+                    out.push((key, val));
+                }
+                ScriptValue::Dict(out)
+            }
+            // `torch.jit._pickle.restore_type_tag(value, "List[str]")`, `build_tensorlist([…])`,
+            // `build_intlist`, …: typed containers, recorded as calls on their value.
+            PValue::Object(o)
+                if p.as_global(o.callable).is_some_and(|(m, f)| {
+                    m == "torch.jit._pickle" && (f == "restore_type_tag" || f.starts_with("build_"))
+                }) && !o.args.is_empty() =>
+            {
+                return self.value(p, o.args[0], name, depth + 1);
+            }
+            // An enum member (`Format('NCHW')`, see the pickle VM's REDUCE): its value.
+            PValue::Object(o)
+                if torch_class(p, v).is_some()
+                    && o.kind == torchport_pickle::CallKind::Reduce
+                    && o.args.len() == 1
+                    && o.state.is_none() =>
+            {
+                return self.value(p, o.args[0], name, depth + 1);
+            }
+            other => match torch_class(p, v) {
+                Some((m, c)) => {
+                    let qual = format!("{m}.{c}");
+                    let mut object = ScriptObject {
+                        class: qual,
+                        attrs: Vec::new(),
+                    };
+                    let state = p.as_object(v).and_then(|o| o.state);
+                    let pairs = state.and_then(|s| p.as_dict(s)).unwrap_or_default();
+                    for &(k, x) in pairs {
+                        let Some(key) = p.as_str(k) else { continue };
+                        let val = self.value(p, x, &join(name, key), depth + 1)?;
+                        object.attrs.push((key.to_string(), val));
+                    }
+                    ScriptValue::Object(Box::new(object))
+                }
+                None => ScriptValue::Other(other.type_name().to_string()),
+            },
+        })
     }
 }
 

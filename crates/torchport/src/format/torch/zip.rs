@@ -203,6 +203,9 @@ fn trailing_check(used: usize, len: usize) -> std::result::Result<(), torchport_
 pub(crate) struct ZipResolver<'a> {
     pub ar: Archive<'a>,
     root: String,
+    /// The folder under the root holding the storages (`data/`; `constants/` for a
+    /// TorchScript archive's `constants.pkl`).
+    folder: &'static str,
     pub storages: Vec<Storage>,
     by_key: HashMap<String, (usize, DType)>,
 }
@@ -213,8 +216,17 @@ impl<'a> ZipResolver<'a> {
         ZipResolver {
             ar,
             root,
+            folder: "data/",
             storages: Vec::new(),
             by_key: HashMap::new(),
+        }
+    }
+
+    /// Resolve later storage keys in `<root><folder>` (e.g. `constants/`) instead.
+    pub(crate) fn set_folder(&mut self, folder: &'static str) {
+        if self.folder != folder {
+            self.folder = folder;
+            self.by_key.clear();
         }
     }
 }
@@ -253,7 +265,7 @@ impl Resolver for ZipResolver<'_> {
         if let Some(&(index, dtype)) = self.by_key.get(&key) {
             return Ok(Persistent::Storage { index, dtype });
         }
-        let name = format!("{}data/{key}", self.root);
+        let name = format!("{}{}{key}", self.root, self.folder);
         let storage = self.ar.record(&name).map_err(|e| match e {
             Error::MissingRecord { .. } => {
                 format!("its storage record {name} is missing from the archive")

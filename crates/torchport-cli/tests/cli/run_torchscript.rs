@@ -1,0 +1,76 @@
+//! `torchport run` and `torchport ops` on TorchScript archives (`torch.jit.save`), through the
+//! real binary, on the fixtures of tests/fixtures/gen/gen_torchscript.py.
+
+use torchport_runtime::candle_core::DType;
+use torchport_runtime::npy::{read_arrays, read_npy};
+
+use crate::util::{root, torchport};
+
+const TS: &str = "tests/fixtures/torchscript";
+
+/// The scripted LSTM tagger: float logits within tolerance, its int64 argmax exactly.
+#[test]
+fn run_torchscript_matches_torch() {
+    let dir = std::env::temp_dir().join(format!("torchport-run-ts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("lstm.npz");
+    let o = torchport(&[
+        "run",
+        &format!("{TS}/scripted_lstm.pt"),
+        "--input",
+        &format!("{TS}/scripted_lstm.input_0.npy"),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let arrays = read_arrays(&out).unwrap();
+    let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["output_0", "output_1"]);
+    let want0 = read_npy(&root().join(format!("{TS}/scripted_lstm.output_0.npy"))).unwrap();
+    let diff = (&arrays[0].1 - &want0)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);
+    let want1 = read_npy(&root().join(format!("{TS}/scripted_lstm.output_1.npy"))).unwrap();
+    assert_eq!(arrays[1].1.dtype(), DType::I64);
+    assert_eq!(
+        arrays[1].1.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+        want1.flatten_all().unwrap().to_vec1::<i64>().unwrap()
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn ops_lists_the_operators_of_torchscript_code() {
+    let o = torchport(&["ops", &format!("{TS}/scripted_lstm.pt"), "--json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ops = v["ops"].as_array().unwrap();
+    let lstm = ops.iter().find(|o| o["op"] == "aten::lstm").unwrap();
+    assert_eq!(lstm["supported"], true);
+    assert!(ops.iter().any(|o| o["op"] == "prim::RaiseException"));
+    assert_eq!(v["unsupported"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn run_torchscript_with_too_few_inputs_is_one_error() {
+    let o = torchport(&[
+        "run",
+        &format!("{TS}/hf_bert.pt"),
+        "--input",
+        &format!("{TS}/hf_bert.input_0.npy"),
+        "--output",
+        "/nonexistent/out.npz",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("takes 2 input(s) but 1 were given"), "{err}");
+}

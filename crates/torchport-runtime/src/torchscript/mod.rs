@@ -1,0 +1,496 @@
+//! Run TorchScript archives (`torch.jit.save` of traced or scripted modules) in pure Rust.
+//!
+//! The archive is read by torchport's reader ([`torchport::open`]): the module tree with every
+//! attribute, the code records and the constants ([`torchport::Checkpoint::script`]), and the
+//! tensors. The code is parsed by a bounded parser ([`parser`]) and run by an evaluator
+//! ([`eval`]) that calls the same op kernels as `.pt2` programs for every operator
+//! ([`aten`]); ints, floats, lists, tuples, dicts, strings, `None`, control flow and method
+//! calls are handled by the evaluator itself. Nothing in the archive is executed as Python.
+//!
+//! ```no_run
+//! use torchport_runtime::ScriptProgram;
+//! let program = ScriptProgram::load("model.pt")?;
+//! let x = candle_core::Tensor::zeros((1, 3, 32, 32), candle_core::DType::F32, &candle_core::Device::Cpu)?;
+//! let outputs = program.run(&[x])?; // tensors of the result, tuples/lists/dicts flattened
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod ast;
+pub mod aten;
+pub mod builtins;
+pub mod eval;
+pub mod lexer;
+pub mod parser;
+pub mod scalars;
+pub mod value;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use torchport::script::{ScriptObject, ScriptValue};
+use torchport::Format;
+
+use crate::error::{Error, Result};
+use crate::program::OpUse;
+use ast::{CodeFile, Expr, ExprKind, Func, Stmt, StmtKind, Target};
+use eval::{EvalError, Interp};
+use value::{Obj, Val};
+
+/// The parsed code of an archive, by module path (`__torch__.torch.nn.modules.linear`).
+pub struct Code {
+    files: HashMap<String, (String, CodeFile)>,
+}
+
+/// The module path of a code record (`code/__torch__/a/b.py` → `__torch__.a.b`).
+fn module_path(record: &str) -> Option<String> {
+    let p = record.strip_prefix("code/")?.strip_suffix(".py")?;
+    Some(p.replace('/', "."))
+}
+
+impl Code {
+    /// Parse every code record; the first syntax error is reported with its record and line.
+    pub fn parse(records: &[(String, Vec<u8>)], path: &Path) -> Result<Code> {
+        let mut files = HashMap::new();
+        for (record, bytes) in records {
+            let Some(m) = module_path(record) else {
+                continue;
+            };
+            let f = parser::parse(bytes).map_err(|e| Error::Script {
+                path: path.to_path_buf(),
+                record: record.clone(),
+                line: e.line,
+                what: e.what,
+            })?;
+            files.insert(m, (record.clone(), f));
+        }
+        Ok(Code { files })
+    }
+
+    fn split(qual: &str) -> Option<(&str, &str)> {
+        qual.rsplit_once('.')
+    }
+
+    fn class(&self, qual: &str) -> Option<(&ast::Class, &str)> {
+        let (m, c) = Self::split(qual)?;
+        let (record, f) = self.files.get(m)?;
+        f.classes
+            .iter()
+            .find(|k| k.name == c)
+            .map(|k| (k, record.as_str()))
+    }
+
+    /// Method `name` of class `qual`, and the record defining it.
+    pub fn method(&self, qual: &str, name: &str) -> Option<(Arc<Func>, Rc<str>)> {
+        let (c, record) = self.class(qual)?;
+        c.methods
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| (f.clone(), Rc::from(record)))
+    }
+
+    /// Class-level constant `name` of class `qual`.
+    pub fn class_const(&self, qual: &str, name: &str) -> Option<&Expr> {
+        let (c, _) = self.class(qual)?;
+        c.consts.iter().find(|(n, _)| n == name).map(|(_, e)| e)
+    }
+
+    /// Free function `qual` (`__torch__.torch.nn.functional.embedding`).
+    pub fn function(&self, qual: &str) -> Option<(Arc<Func>, Rc<str>)> {
+        let (m, name) = Self::split(qual)?;
+        let (record, f) = self.files.get(m)?;
+        f.functions
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| (f.clone(), Rc::from(record.as_str())))
+    }
+
+    /// Whether `qual` is a `NamedTuple` class of the code.
+    pub fn is_named_tuple(&self, qual: &str) -> bool {
+        self.class(qual)
+            .is_some_and(|(c, _)| c.bases.iter().any(|b| b == "NamedTuple"))
+    }
+
+    /// Whether `n` names a code module.
+    pub fn is_module_path(&self, n: &str) -> bool {
+        self.files.contains_key(n)
+    }
+
+    /// Every function and method body.
+    fn bodies(&self) -> impl Iterator<Item = &Arc<Func>> {
+        self.files.values().flat_map(|(_, f)| {
+            f.functions
+                .iter()
+                .chain(f.classes.iter().flat_map(|c| c.methods.iter()))
+        })
+    }
+}
+
+/// A loaded TorchScript archive, ready to run.
+pub struct ScriptProgram {
+    path: PathBuf,
+    code: Code,
+    root: ScriptObject,
+    constants: Vec<ScriptValue>,
+    tensors: HashMap<String, Tensor>,
+    params: Vec<(String, bool)>,
+}
+
+impl ScriptProgram {
+    /// Load a TorchScript archive written by `torch.jit.save`.
+    pub fn load(path: impl AsRef<Path>) -> Result<ScriptProgram> {
+        Self::open(path.as_ref(), true)
+    }
+
+    /// Every operator of the TorchScript archive at `path`, as [`ScriptProgram::ops`] lists
+    /// them, from its code alone (no tensor is decoded).
+    pub fn ops_of(path: impl AsRef<Path>) -> Result<Vec<OpUse>> {
+        Ok(Self::open(path.as_ref(), false)?.ops())
+    }
+
+    /// Whether the file at `path` is a TorchScript archive (by torchport's format detection).
+    pub fn is_torchscript(path: impl AsRef<Path>) -> Result<bool> {
+        let ckpt = torchport::open(path.as_ref()).map_err(Error::Read)?;
+        Ok(ckpt.format() == Format::TorchScript)
+    }
+
+    fn open(path: &Path, with_tensors: bool) -> Result<ScriptProgram> {
+        let ckpt = torchport::open(path).map_err(Error::Read)?;
+        if ckpt.format() != Format::TorchScript {
+            return Err(Error::Archive {
+                path: path.to_path_buf(),
+                what: format!(
+                    "not a TorchScript archive (it is a {} file); expected one written by torch.jit.save",
+                    ckpt.format().name()
+                ),
+            });
+        }
+        let script = ckpt.script().ok_or_else(|| Error::Archive {
+            path: path.to_path_buf(),
+            what: "the archive's code could not be read".into(),
+        })?;
+        let code = Code::parse(&script.code, path)?;
+        let mut tensors = HashMap::new();
+        let all = ckpt.tensors().iter().chain(ckpt.constants());
+        for t in all.filter(|_| with_tensors) {
+            let werr = |what: String| Error::Weight {
+                name: t.name.clone(),
+                what,
+            };
+            let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
+            let x = crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
+                .map_err(werr)?;
+            tensors.insert(t.name.clone(), x);
+        }
+        let (forward, _) = code.method(&script.root.class, "forward").ok_or_else(|| {
+            Error::Program(format!(
+                "{}: the root module ({}) has no forward method in the archive's code",
+                path.display(),
+                script.root.class
+            ))
+        })?;
+        let params = forward
+            .params
+            .iter()
+            .skip(1)
+            .map(|p| (p.name.clone(), p.default.is_some()))
+            .collect();
+        Ok(ScriptProgram {
+            path: path.to_path_buf(),
+            code,
+            root: script.root.clone(),
+            constants: script.constants.clone(),
+            tensors,
+            params,
+        })
+    }
+
+    /// The parameters of the root module's `forward` (after `self`), and whether each has a
+    /// default (those may be left out of [`ScriptProgram::run`]'s inputs).
+    pub fn inputs(&self) -> &[(String, bool)] {
+        &self.params
+    }
+
+    /// Every operator the code calls (`aten::conv2d`, `prim::NumToTensor`; builtins of the
+    /// evaluator count as supported), with its number of call sites and support. The whole
+    /// code is scanned, including methods a given run may never reach (e.g. an LSTM's
+    /// `PackedSequence` path).
+    pub fn ops(&self) -> Vec<OpUse> {
+        let ops = aten::Ops::get();
+        let mut m: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+        let mut visit = |name: &str| {
+            let (key, ok) = if let Some(op) = name
+                .strip_prefix("torch.")
+                .or_else(|| name.strip_prefix("ops.aten."))
+            {
+                (
+                    format!("aten::{op}"),
+                    ops.has(op) || builtins::is_native(op),
+                )
+            } else if let Some(op) = name.strip_prefix("ops.prim.") {
+                (format!("prim::{op}"), builtins::is_prim(op))
+            } else {
+                return;
+            };
+            m.entry(key).or_insert((0, ok)).0 += 1;
+        };
+        for f in self.code.bodies() {
+            walk_stmts(&f.body, &mut visit);
+        }
+        m.into_iter()
+            .map(|(op, (count, supported))| OpUse {
+                op,
+                count,
+                supported,
+            })
+            .collect()
+    }
+
+    /// Operators the code calls that the runtime lacks (see [`ScriptProgram::ops`]); `run`
+    /// does not refuse them up front, since code that calls them may never run, but fails
+    /// where one is reached.
+    pub fn unsupported_ops(&self) -> Vec<String> {
+        self.ops()
+            .into_iter()
+            .filter(|o| !o.supported)
+            .map(|o| o.op)
+            .collect()
+    }
+
+    /// Run the root module's `forward` on `inputs` (positional; trailing parameters with
+    /// defaults may be left out). Floats are computed in f32, ints in i64, bools as u8 0/1.
+    /// The result's tensors come back in order, tuples, lists and dicts (by value) flattened;
+    /// int, float and bool results come back as 0-d tensors, `None` is skipped.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let required = self.params.iter().filter(|(_, d)| !d).count();
+        if inputs.len() < required || inputs.len() > self.params.len() {
+            return Err(Error::InputCount {
+                expected: self.params.len(),
+                got: inputs.len(),
+            });
+        }
+        // The evaluator runs on its own thread with a large stack: its recursion is bounded
+        // (call depth, nesting of the parsed code) but deeper than a default thread allows.
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .stack_size(512 << 20)
+                .spawn_scoped(s, || self.run_here(inputs))
+                .map_err(|e| Error::Program(format!("cannot start the evaluator: {e}")))?
+                .join()
+                .map_err(|_| Error::Program("the evaluator panicked".into()))?
+        })
+    }
+
+    fn run_here(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let mut args = Vec::with_capacity(inputs.len());
+        for (i, t) in inputs.iter().enumerate() {
+            let t = eval::input_tensor(t).map_err(|e| Error::Input {
+                index: i,
+                what: e.to_string(),
+            })?;
+            args.push(Val::Tensor(t));
+        }
+        let root = match self.value(&ScriptValue::Object(Box::new(self.root.clone())))? {
+            Val::Object(o) => o,
+            _ => return Err(Error::Program("the root is not a module".into())),
+        };
+        let constants = self
+            .constants
+            .iter()
+            .map(|c| self.value(c))
+            .collect::<Result<_>>()?;
+        let mut interp = Interp::new(&self.code, constants);
+        let out = interp
+            .call_method(&root, "forward", args, Vec::new())
+            .map_err(|e| self.error(e))?;
+        let mut tensors = Vec::new();
+        flatten(&out, &mut tensors, 0)?;
+        Ok(tensors)
+    }
+
+    fn error(&self, e: EvalError) -> Error {
+        let (record, line) = e.at.unwrap_or_default();
+        Error::Script {
+            path: self.path.clone(),
+            record,
+            line,
+            what: e.what,
+        }
+    }
+
+    /// An attribute value as an evaluator value.
+    fn value(&self, v: &ScriptValue) -> Result<Val> {
+        Ok(match v {
+            ScriptValue::None | ScriptValue::Other(_) => Val::None,
+            ScriptValue::Bool(b) => Val::Bool(*b),
+            ScriptValue::Int(i) => Val::Int(*i),
+            ScriptValue::Float(f) => Val::Float(*f),
+            ScriptValue::Str(s) => Val::Str(s.as_str().into()),
+            ScriptValue::Tensor(name) => Val::Tensor(self.tensors.get(name).cloned().ok_or_else(
+                || Error::Weight {
+                    name: name.clone(),
+                    what: "the module tree names it but its data was not read".into(),
+                },
+            )?),
+            ScriptValue::List(items) => {
+                Val::list(items.iter().map(|x| self.value(x)).collect::<Result<_>>()?)
+            }
+            ScriptValue::Tuple(items) => {
+                Val::tuple(items.iter().map(|x| self.value(x)).collect::<Result<_>>()?)
+            }
+            ScriptValue::Dict(items) => Val::Dict(Rc::new(RefCell::new(
+                items
+                    .iter()
+                    .map(|(k, x)| Ok((self.value(k)?, self.value(x)?)))
+                    .collect::<Result<_>>()?,
+            ))),
+            ScriptValue::Object(o) => {
+                let attrs = o
+                    .attrs
+                    .iter()
+                    .map(|(k, x)| Ok((k.clone(), self.value(x)?)))
+                    .collect::<Result<_>>()?;
+                Val::Object(Rc::new(Obj {
+                    class: o.class.as_str().into(),
+                    attrs: RefCell::new(attrs),
+                }))
+            }
+        })
+    }
+}
+
+/// The tensors of a result, in order.
+fn flatten(v: &Val, out: &mut Vec<Tensor>, depth: usize) -> Result<()> {
+    if depth > 64 {
+        return Err(Error::Program("the result is nested too deeply".into()));
+    }
+    let scalar = |t: candle_core::Result<Tensor>| t.map_err(|e| Error::Program(e.to_string()));
+    match v {
+        Val::Tensor(t) => out.push(t.clone()),
+        Val::List(_) | Val::Tuple(_) => {
+            for x in v.items().unwrap_or_default() {
+                flatten(&x, out, depth + 1)?;
+            }
+        }
+        Val::Dict(d) => {
+            for (_, x) in d.borrow().iter() {
+                flatten(x, out, depth + 1)?;
+            }
+        }
+        Val::Int(i) => out.push(scalar(Tensor::new(*i, &candle_core::Device::Cpu))?),
+        Val::Float(f) => out.push(scalar(Tensor::new(*f as f32, &candle_core::Device::Cpu))?),
+        Val::Bool(b) => out.push(scalar(Tensor::new(
+            u8::from(*b),
+            &candle_core::Device::Cpu,
+        ))?),
+        Val::None => {}
+        other => {
+            return Err(Error::Program(format!(
+                "the model returned a {}, which has no tensor form",
+                other.type_name()
+            )))
+        }
+    }
+    Ok(())
+}
+
+fn walk_stmts(stmts: &[Stmt], visit: &mut impl FnMut(&str)) {
+    for s in stmts {
+        match &s.kind {
+            StmtKind::Assign(ts, e) => {
+                for t in ts {
+                    walk_target(t, visit);
+                }
+                walk_expr(e, visit);
+            }
+            StmtKind::AugAssign(t, _, e) => {
+                walk_target(t, visit);
+                walk_expr(e, visit);
+            }
+            StmtKind::Expr(e) | StmtKind::Return(Some(e)) | StmtKind::Raise(Some(e)) => {
+                walk_expr(e, visit)
+            }
+            StmtKind::If(c, a, b) => {
+                walk_expr(c, visit);
+                walk_stmts(a, visit);
+                walk_stmts(b, visit);
+            }
+            StmtKind::For(t, e, b) => {
+                walk_target(t, visit);
+                walk_expr(e, visit);
+                walk_stmts(b, visit);
+            }
+            StmtKind::While(c, b) => {
+                walk_expr(c, visit);
+                walk_stmts(b, visit);
+            }
+            StmtKind::Assert(c, m) => {
+                walk_expr(c, visit);
+                if let Some(m) = m {
+                    walk_expr(m, visit);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn walk_target(t: &Target, visit: &mut impl FnMut(&str)) {
+    match t {
+        Target::Tuple(ts) => ts.iter().for_each(|t| walk_target(t, visit)),
+        Target::Subscript(a, b) => {
+            walk_expr(a, visit);
+            walk_expr(b, visit);
+        }
+        Target::Attr(a, _) => walk_expr(a, visit),
+        Target::Name(_) => {}
+    }
+}
+
+fn walk_expr(e: &Expr, visit: &mut impl FnMut(&str)) {
+    let mut go = |x: &Expr| walk_expr(x, visit);
+    match &e.kind {
+        ExprKind::Call(f, args, kw) => {
+            if let Some(name) = parser::dotted(f) {
+                visit(&name);
+            } else {
+                walk_expr(f, visit);
+            }
+            for a in args {
+                walk_expr(a, visit);
+            }
+            for (_, a) in kw {
+                walk_expr(a, visit);
+            }
+        }
+        ExprKind::Attr(a, _) | ExprKind::Neg(a) | ExprKind::Invert(a) | ExprKind::Not(a) => go(a),
+        ExprKind::Subscript(a, b)
+        | ExprKind::Binary(_, a, b)
+        | ExprKind::And(a, b)
+        | ExprKind::Or(a, b) => {
+            go(a);
+            go(b);
+        }
+        ExprKind::IfExp(a, b, c) => {
+            go(a);
+            go(b);
+            go(c);
+        }
+        ExprKind::Slice(a, b, c) => {
+            for x in [a, b, c].into_iter().flatten() {
+                go(x);
+            }
+        }
+        ExprKind::List(items) | ExprKind::Tuple(items) => items.iter().for_each(go),
+        ExprKind::Dict(items) => {
+            for (k, v) in items {
+                go(k);
+                go(v);
+            }
+        }
+        _ => {}
+    }
+}
