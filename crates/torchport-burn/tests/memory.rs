@@ -4,12 +4,10 @@
 //! /proc/self/smaps shows how much of the memory-mapped file stays resident afterwards.
 //! Its own test binary (the allocator counts everything the binary does), one test, so
 //! nothing else allocates while it measures.
-#![allow(unsafe_code)] // the counting allocator below
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Lstm, LstmConfig};
@@ -18,48 +16,9 @@ use torchport::write::{OutputFormat, WriteOptions};
 use torchport::{DType, OutTensor};
 use torchport_burn::TorchportStore;
 
-/// Counts live heap bytes and the highest count since the last reset.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; only counters change.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(now, Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Relaxed);
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(now, Relaxed);
-        }
-        p
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            // While moving, both blocks may be live: count the new one before freeing.
-            let now = LIVE.fetch_add(new_size, Relaxed) + new_size;
-            PEAK.fetch_max(now, Relaxed);
-            LIVE.fetch_sub(layout.size(), Relaxed);
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+#[path = "../../torchport/tests/common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{LIVE, PEAK};
 
 /// Width of every layer.
 const D: usize = 256;
