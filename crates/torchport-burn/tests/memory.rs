@@ -6,8 +6,7 @@
 //! nothing else allocates while it measures.
 
 use std::borrow::Cow;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::path::Path;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Lstm, LstmConfig};
@@ -18,7 +17,10 @@ use torchport_burn::TorchportStore;
 
 #[path = "../../torchport/tests/common/counting_alloc.rs"]
 mod counting_alloc;
-use counting_alloc::{LIVE, PEAK};
+#[path = "../../torchport/tests/common/smaps.rs"]
+mod smaps;
+use counting_alloc::peak;
+use smaps::mapped_resident;
 
 /// Width of every layer.
 const D: usize = 256;
@@ -118,37 +120,6 @@ impl ModuleVisitor for Materialise {
     fn visit_float<const N: usize>(&mut self, param: &Param<Tensor<N>>) {
         std::hint::black_box(param.val());
     }
-}
-
-/// Peak heap bytes above the level before `f`, and what `f` returned.
-fn peak<T>(f: impl FnOnce() -> T) -> (usize, T) {
-    let base = LIVE.load(Relaxed);
-    PEAK.store(base, Relaxed);
-    let out = f();
-    (PEAK.load(Relaxed).saturating_sub(base), out)
-}
-
-/// Resident bytes of this process's mappings of `path` (Linux; `None` elsewhere).
-fn mapped_resident(path: &Path) -> Option<usize> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let want = std::fs::canonicalize(path).ok()?;
-    let mut total = 0;
-    let mut inside = false;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            // A mapping's header: address range, perms, offset, dev, inode, path.
-            inside = line.split_whitespace().nth(5).map(PathBuf::from) == Some(want.clone());
-        } else if inside && first == "Rss:" {
-            let kb: usize = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            total += kb * 1024;
-        }
-    }
-    Some(total)
 }
 
 /// The loaded module holds PyTorch's values, through each adapter.

@@ -3,32 +3,13 @@
 //! bytes that are not part of the mapped file are left alone.
 
 use std::borrow::Cow;
-use std::path::{Path, PathBuf};
 
 use torchport::write::{OutputFormat, WriteOptions};
 use torchport::{DType, OutTensor};
 
-/// Resident bytes of this process's mappings of `path` (`None` off Linux).
-fn mapped_resident(path: &Path) -> Option<usize> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let want = std::fs::canonicalize(path).ok()?;
-    let mut total = 0;
-    let mut inside = false;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            inside = line.split_whitespace().nth(5).map(PathBuf::from) == Some(want.clone());
-        } else if inside && first == "Rss:" {
-            let kb: usize = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            total += kb * 1024;
-        }
-    }
-    Some(total)
-}
+#[path = "common/smaps.rs"]
+mod smaps;
+use smaps::mapped_resident;
 
 #[test]
 fn release_bytes_drops_the_pages_of_a_stretch_and_nothing_else() {

@@ -49,3 +49,12 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
+
+/// Peak heap bytes above the level before `f`, and what `f` returned.
+#[allow(dead_code)] // not every memory test measures a closure
+pub fn peak<T>(f: impl FnOnce() -> T) -> (usize, T) {
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let out = f();
+    (PEAK.load(Relaxed).saturating_sub(base), out)
+}
