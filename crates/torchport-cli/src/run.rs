@@ -10,7 +10,9 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use torchport::write::{write, OutputFormat, WriteOptions};
-use torchport_runtime::npy::{out_tensor, out_tensor_as, read_npy};
+use torchport_runtime::candle_core::{DType, Tensor};
+use torchport_runtime::dtype::ScalarType;
+use torchport_runtime::npy::{out_tensor_as, read_npy};
 use torchport_runtime::{Program, ScriptProgram};
 
 /// Arguments of `run`.
@@ -73,33 +75,28 @@ fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCo
             program.unsupported_ops().join(", ")
         );
     }
-    let inputs = args
-        .inputs
-        .iter()
-        .map(|p| read_npy(p).map_err(anyhow::Error::msg))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    if let Some(b) = bar {
-        b.set_message(format!("running {}", args.model.display()));
-    }
+    let inputs = read_inputs(args, bar)?;
     let outputs = program
         .run(&inputs)
         .map_err(|e| anyhow::anyhow!("running {}: {e}", args.model.display()))?;
     let dtypes = program.output_dtypes();
-    let arrays = outputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let declared = dtypes.get(i).copied().flatten();
-            out_tensor_as(format!("output_{i}"), t, declared).map_err(anyhow::Error::msg)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    write_outputs(args, &arrays)
+    write_outputs(args, &outputs, |i, _| dtypes.get(i).copied().flatten())
 }
 
 /// Run a TorchScript archive: its code is evaluated, so an unsupported operator is reported
-/// where the run reaches it (file, line, operator).
+/// where the run reaches it (file, record, line, operator; the error names the file).
 fn run_script(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode> {
     let program = ScriptProgram::load(&args.model)?;
+    let inputs = read_inputs(args, bar)?;
+    let outputs = program.run(&inputs)?;
+    // The code declares no output dtypes; the runtime holds bools, and only bools, as u8.
+    write_outputs(args, &outputs, |_, t| {
+        (t.dtype() == DType::U8).then_some(torchport_runtime::dtype::BOOL)
+    })
+}
+
+/// The `--input` arrays, in order.
+fn read_inputs(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<Vec<Tensor>> {
     let inputs = args
         .inputs
         .iter()
@@ -108,31 +105,29 @@ fn run_script(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode
     if let Some(b) = bar {
         b.set_message(format!("running {}", args.model.display()));
     }
-    let outputs = program
-        .run(&inputs)
-        .map_err(|e| anyhow::anyhow!("running {}: {e}", args.model.display()))?;
-    // The runtime holds bools, and only bools, as u8.
+    Ok(inputs)
+}
+
+/// Write the outputs as `output_0`, `output_1`, … into OUT.npz, each in the dtype `declared`
+/// gives for it (index, tensor).
+fn write_outputs(
+    args: &Args,
+    outputs: &[Tensor],
+    declared: impl Fn(usize, &Tensor) -> Option<ScalarType>,
+) -> anyhow::Result<ExitCode> {
     let arrays = outputs
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let is_bool = t.dtype() == torchport_runtime::candle_core::DType::U8;
-            out_tensor(format!("output_{i}"), t, is_bool).map_err(anyhow::Error::msg)
+            out_tensor_as(format!("output_{i}"), t, declared(i, t)).map_err(anyhow::Error::msg)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    write_outputs(args, &arrays)
-}
-
-fn write_outputs(
-    args: &Args,
-    arrays: &[torchport::OutTensor<'static>],
-) -> anyhow::Result<ExitCode> {
     let mut inputs = vec![args.model.clone()];
     inputs.extend(args.inputs.iter().cloned());
     write(
         &args.output,
         OutputFormat::Npz,
-        arrays,
+        &arrays,
         WriteOptions {
             inputs,
             ..WriteOptions::default()
