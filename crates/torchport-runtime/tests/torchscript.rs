@@ -6,46 +6,15 @@
 
 use std::path::PathBuf;
 
-use torchport_runtime::candle_core::{DType, Tensor};
-use torchport_runtime::npy::read_npy;
+use torchport_runtime::candle_core::Tensor;
 use torchport_runtime::{Error, ScriptProgram};
+
+#[path = "common/compare.rs"]
+mod compare;
+use compare::{mismatch, numbered};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/torchscript")
-}
-
-fn numbered(model: &str, kind: &str) -> Vec<Tensor> {
-    (0..)
-        .map(|i| fixtures().join(format!("{model}.{kind}_{i}.npy")))
-        .take_while(|p| p.exists())
-        .map(|p| read_npy(&p).unwrap())
-        .collect()
-}
-
-/// Why `got` differs from torch's `want`, if it does.
-fn mismatch(got: &Tensor, want: &Tensor) -> Option<String> {
-    if got.dims() != want.dims() {
-        return Some(format!("shape {:?}, torch {:?}", got.dims(), want.dims()));
-    }
-    if want.dtype() != DType::F32 {
-        let g = got.to_dtype(DType::I64).unwrap().flatten_all().unwrap();
-        let w = want.to_dtype(DType::I64).unwrap().flatten_all().unwrap();
-        let (g, w) = (g.to_vec1::<i64>().unwrap(), w.to_vec1::<i64>().unwrap());
-        return (g != w).then(|| format!("integer values differ: {g:?} vs torch {w:?}"));
-    }
-    if got.dtype() != DType::F32 {
-        return Some(format!("dtype {:?}, torch float32", got.dtype()));
-    }
-    let f = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let (g, w) = (f(got), f(want));
-    let maxref = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let tol = 1e-4 * maxref.max(1.0);
-    let diff = g
-        .iter()
-        .zip(&w)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    eprintln!("  max abs diff {diff:e} (tolerance {tol:e})");
-    (diff > tol || diff.is_nan()).then(|| format!("max abs diff {diff} > {tol}"))
 }
 
 /// Run fixture `model` on `inputs` and compare with torch's outputs.
@@ -64,8 +33,8 @@ fn check_with(model: &str, inputs: &[Tensor], want: &[Tensor]) {
 }
 
 fn check(model: &str) {
-    let inputs = numbered(model, "input");
-    let want = numbered(model, "output");
+    let inputs = numbered(&fixtures(), model, "input");
+    let want = numbered(&fixtures(), model, "output");
     assert!(
         !inputs.is_empty() && !want.is_empty(),
         "{model}: fixtures missing"
@@ -114,8 +83,8 @@ fn scripted_bidirectional_lstm_tagger() {
 fn scripted_loops_other_paths() {
     for k in 0..2 {
         let v = format!("v{k}");
-        let inputs = numbered("scripted_loops", &format!("{v}.input"));
-        let want = numbered("scripted_loops", &format!("{v}.output"));
+        let inputs = numbered(&fixtures(), "scripted_loops", &format!("{v}.input"));
+        let want = numbered(&fixtures(), "scripted_loops", &format!("{v}.output"));
         assert!(
             !inputs.is_empty() && !want.is_empty(),
             "{v}: fixtures missing"
@@ -127,8 +96,8 @@ fn scripted_loops_other_paths() {
 /// The loop counter is an int output: exact, and it differs between the two paths.
 #[test]
 fn scripted_loops_int_output_is_exact() {
-    let a = numbered("scripted_loops", "output")[1].clone();
-    let b = numbered("scripted_loops", "v1.output")[1].clone();
+    let a = numbered(&fixtures(), "scripted_loops", "output")[1].clone();
+    let b = numbered(&fixtures(), "scripted_loops", "v1.output")[1].clone();
     assert_ne!(
         a.to_vec0::<i64>().unwrap(),
         b.to_vec0::<i64>().unwrap(),
@@ -139,7 +108,7 @@ fn scripted_loops_int_output_is_exact() {
 /// Load (and, if that succeeds, run) a hostile archive; the one error it must give.
 fn hostile_error(name: &str) -> Error {
     let path = fixtures().join(format!("hostile/{name}.pt"));
-    let x = numbered("scripted_helpers", "input");
+    let x = numbered(&fixtures(), "scripted_helpers", "input");
     match ScriptProgram::load(&path) {
         Err(e) => e,
         Ok(p) => p.run(&x).expect_err(name),
