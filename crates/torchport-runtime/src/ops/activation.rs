@@ -68,10 +68,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.gelu_.default", gelu);
     r.add("aten.leaky_relu.default", leaky_relu);
     r.add("aten.leaky_relu_.default", leaky_relu);
-    r.add("aten.elu.default", |a| {
-        let x = float(&a.tensor("self")?)?;
-        one(x.elu(a.float_or("alpha", 1.0)?)?)
-    });
+    r.add("aten.elu.default", elu);
     r.add("aten.softmax.int", softmax);
     r.add("aten._softmax.default", softmax);
     r.add("aten.log_softmax.int", softmax);
@@ -84,6 +81,24 @@ pub fn sigmoid(x: &Tensor) -> OpResult<Tensor> {
         return Ok(y);
     }
     Ok(x.neg()?.exp()?.affine(1.0, 1.0)?.recip()?)
+}
+
+/// `elu(x, alpha, scale, input_scale)`: `scale · x` for `x > 0`, else
+/// `scale · alpha · (exp(input_scale · x) - 1)` (selu decomposes to it with its constants).
+fn elu(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let alpha = a.float_or("alpha", 1.0)?;
+    let scale = a.float_or("scale", 1.0)?;
+    let input_scale = a.float_or("input_scale", 1.0)?;
+    if scale == 1.0 && input_scale == 1.0 {
+        return one(x.elu(alpha)?);
+    }
+    let neg = x
+        .minimum(0f32)?
+        .affine(input_scale, 0.0)?
+        .exp()?
+        .affine(alpha, -alpha)?;
+    one(x.relu()?.add(&neg)?.affine(scale, 0.0)?)
 }
 
 fn hardtanh(a: &Args) -> OpResult<Outputs> {

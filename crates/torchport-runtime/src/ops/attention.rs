@@ -47,21 +47,41 @@ pub fn attention(
     }
     if gqa && q.rank() >= 3 {
         let hq = q.dims()[q.rank() - 3];
-        let hk = k.dims()[k.rank() - 3];
-        if hk == 0 || hq % hk != 0 {
-            op_bail!("enable_gqa: {hq} query heads are not a multiple of {hk} key heads");
-        }
-        let rep = hq / hk;
-        if rep > 1 {
-            let d = k.rank() - 3;
-            let idx: Vec<i64> = (0..hq as i64).map(|i| i / rep as i64).collect();
-            let idx = Tensor::new(idx.as_slice(), &candle_core::Device::Cpu)?;
-            k = k.contiguous()?.index_select(&idx, d)?;
-            v = v.contiguous()?.index_select(&idx, d)?;
-        }
+        k = repeat_heads(&k, hq)?;
+        v = repeat_heads(&v, hq)?;
     }
-    let scale = scale_or_default;
-    let mut scores = mm(&q, &k.transpose(k.rank() - 2, k.rank() - 1)?)?.affine(scale, 0.0)?;
+    let scores = masked_scores(&q, &k, mask, causal, scale_or_default, l, s)?;
+    let p = softmax_dim(&scores, scores.rank() - 1)?;
+    mm(&p, &v)
+}
+
+/// `t [..., Hk, S, E]` with its heads repeated to `hq` (grouped-query attention).
+fn repeat_heads(t: &Tensor, hq: usize) -> OpResult<Tensor> {
+    let hk = t.dims()[t.rank() - 3];
+    if hk == 0 || !hq.is_multiple_of(hk) {
+        op_bail!("enable_gqa: {hq} query heads are not a multiple of {hk} key heads");
+    }
+    let rep = hq / hk;
+    if rep == 1 {
+        return Ok(t.clone());
+    }
+    let idx: Vec<i64> = (0..hq as i64).map(|i| i / rep as i64).collect();
+    let idx = Tensor::new(idx.as_slice(), &candle_core::Device::Cpu)?;
+    Ok(t.contiguous()?.index_select(&idx, t.rank() - 3)?)
+}
+
+/// `scale · q kᵀ` `[..., L, S]` with the causal limit and the mask applied (bool: `false`
+/// gives -inf; float: added).
+fn masked_scores(
+    q: &Tensor,
+    k: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: f64,
+    l: usize,
+    s: usize,
+) -> OpResult<Tensor> {
+    let mut scores = mm(q, &k.transpose(k.rank() - 2, k.rank() - 1)?)?.affine(scale, 0.0)?;
     let neg_inf = |shape: &[usize]| -> OpResult<Tensor> {
         Ok(Tensor::new(f32::NEG_INFINITY, &candle_core::Device::Cpu)?.broadcast_as(shape)?)
     };
@@ -79,8 +99,34 @@ pub fn attention(
             scores = scores.broadcast_add(&float(m)?)?;
         }
     }
-    let p = softmax_dim(&scores, scores.rank() - 1)?;
-    mm(&p, &v)
+    Ok(scores)
+}
+
+/// The log-sum-exp of each query row's masked scores, `[..., L]`: the second output of the
+/// CPU flash-attention op.
+fn scores_logsumexp(
+    q: &Tensor,
+    k: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: Option<f64>,
+    gqa: bool,
+) -> OpResult<Tensor> {
+    let (q, mut k) = (float(q)?, float(k)?);
+    if q.rank() < 2 || k.rank() < 2 {
+        op_bail!("attention needs query and key of rank at least 2");
+    }
+    let e = q.dims()[q.rank() - 1];
+    let (l, s) = (q.dims()[q.rank() - 2], k.dims()[k.rank() - 2]);
+    if gqa && q.rank() >= 3 {
+        k = repeat_heads(&k, q.dims()[q.rank() - 3])?;
+    }
+    let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
+    let scores = masked_scores(&q, &k, mask, causal, scale, l, s)?;
+    let last = scores.rank() - 1;
+    let max = scores.max_keepdim(last)?;
+    let sum = scores.broadcast_sub(&max)?.exp()?.sum_keepdim(last)?;
+    Ok(sum.log()?.add(&max)?.squeeze(last)?)
 }
 
 /// Attention for rank-4 f32 `q [B, Hq, L, E]`, `k [B, Hk, S, E]`, `v [B, Hk, S, Ev]` (any
@@ -267,9 +313,9 @@ fn sdpa(a: &Args) -> OpResult<Outputs> {
     let gqa = a.bool_or("enable_gqa", false)?;
     let out = attention(&q, &k, &v, mask.as_ref(), causal, scale, gqa)?;
     if a.node().target.contains("flash_attention") {
-        // (output, logsumexp): the logsumexp is unused in inference graphs.
-        let empty = Tensor::zeros(0, DType::F32, &candle_core::Device::Cpu)?;
-        return Ok(vec![Value::Tensor(out), Value::Tensor(empty)]);
+        // (output, logsumexp of each query row's scores)
+        let lse = scores_logsumexp(&q, &k, mask.as_ref(), causal, scale, gqa)?;
+        return Ok(vec![Value::Tensor(out), Value::Tensor(lse)]);
     }
     one(out)
 }
