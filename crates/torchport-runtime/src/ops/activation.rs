@@ -87,18 +87,24 @@ pub fn sigmoid(x: &Tensor) -> OpResult<Tensor> {
 /// `scale · alpha · (exp(input_scale · x) - 1)` (selu decomposes to it with its constants).
 fn elu(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("self")?)?;
-    let alpha = a.float_or("alpha", 1.0)?;
-    let scale = a.float_or("scale", 1.0)?;
-    let input_scale = a.float_or("input_scale", 1.0)?;
+    one(elu_of(
+        &x,
+        a.float_or("alpha", 1.0)?,
+        a.float_or("scale", 1.0)?,
+        a.float_or("input_scale", 1.0)?,
+    )?)
+}
+
+fn elu_of(x: &Tensor, alpha: f64, scale: f64, input_scale: f64) -> OpResult<Tensor> {
     if scale == 1.0 && input_scale == 1.0 {
-        return one(x.elu(alpha)?);
+        return Ok(x.elu(alpha)?);
     }
     let neg = x
         .minimum(0f32)?
         .affine(input_scale, 0.0)?
         .exp()?
         .affine(alpha, -alpha)?;
-    one(x.relu()?.add(&neg)?.affine(scale, 0.0)?)
+    Ok(x.relu()?.add(&neg)?.affine(scale, 0.0)?)
 }
 
 fn hardtanh(a: &Args) -> OpResult<Outputs> {
@@ -182,4 +188,34 @@ fn softmax(a: &Args) -> OpResult<Outputs> {
     }
     let _ = D::Minus1;
     one(softmax_dim(&x, d)?)
+}
+
+#[cfg(test)]
+mod elu_tests {
+    use super::*;
+
+    #[test]
+    fn selu_constants_give_torchs_selu() {
+        let x = Tensor::new(
+            &[-3.0f32, -1.0, -0.25, 0.0, 0.5, 2.0],
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        // torch.nn.functional.selu of the same values (torch 2.15.0).
+        let want = [
+            -1.6705687,
+            -1.1113307,
+            -0.38889018,
+            0.0,
+            0.5253505,
+            2.101402,
+        ];
+        let got = elu_of(&x, 1.6732632423543772, 1.0507009873554805, 1.0)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6, "{got:?}");
+        }
+    }
 }

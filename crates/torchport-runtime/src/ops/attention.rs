@@ -325,6 +325,30 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
+    #[test]
+    fn flash_attention_logsumexp_is_torchs() {
+        let q = Tensor::new(&[0.5f32, -1.0, 2.0, 0.25, 1.0, 1.0], &Device::Cpu)
+            .unwrap()
+            .reshape((1, 1, 3, 2))
+            .unwrap();
+        let k = Tensor::new(&[1.0f32, 0.0, 0.0, 1.0, -1.0, 2.0, 0.5, 0.5], &Device::Cpu)
+            .unwrap()
+            .reshape((1, 1, 4, 2))
+            .unwrap();
+        // torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v,
+        // is_causal=True)[1] (torch 2.15.0).
+        let want = [0.35355338f32, 1.6689541, 1.8057191];
+        let got = scores_logsumexp(&q, &k, None, true, None, false)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6, "{got:?}");
+        }
+    }
+
     /// softmax(scale q kᵀ + mask) v by candle's own ops, heads repeated for GQA.
     fn reference(
         q: &Tensor,
