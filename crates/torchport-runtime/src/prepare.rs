@@ -191,16 +191,10 @@ fn values(weights: &HashMap<String, Tensor>, name: Option<&str>, len: usize) -> 
         .ok()
 }
 
-/// Fold each inference batch norm into the convolution that feeds it, when that convolution's
-/// output is read by nothing else: the conv's weight is scaled per output channel by
-/// `gamma / sqrt(var + eps)` and its bias becomes `(bias - mean) * that + beta` (computed in
-/// f64, stored as f32, as new weights), the conv then defines the norm's output and the norm
-/// node is dropped. Handles `aten.batch_norm` with `training=False` and
-/// `_native_batch_norm_legit_no_training` (whose saved statistics must be unread), convs with
-/// or without a bias, norms with or without affine parameters. Returns how many were folded;
-/// weights nothing reads any more are dropped.
-pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
-    use crate::schema::{NamedArgument, TensorArgument};
+/// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
+/// a great many readers, so it is never rewritten away), and which node produces it (nodes
+/// with one tensor output only).
+fn readers_and_producers(graph: &Graph) -> (HashMap<String, usize>, HashMap<String, usize>) {
     let mut readers: HashMap<String, usize> = HashMap::new();
     for node in &graph.nodes {
         for a in &node.inputs {
@@ -220,6 +214,20 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
             producer.insert(t.name.clone(), i);
         }
     }
+    (readers, producer)
+}
+
+/// Fold each inference batch norm into the convolution that feeds it, when that convolution's
+/// output is read by nothing else: the conv's weight is scaled per output channel by
+/// `gamma / sqrt(var + eps)` and its bias becomes `(bias - mean) * that + beta` (computed in
+/// f64, stored as f32, as new weights), the conv then defines the norm's output and the norm
+/// node is dropped. Handles `aten.batch_norm` with `training=False` and
+/// `_native_batch_norm_legit_no_training` (whose saved statistics must be unread), convs with
+/// or without a bias, norms with or without affine parameters. Returns how many were folded;
+/// weights nothing reads any more are dropped.
+pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+    use crate::schema::{NamedArgument, TensorArgument};
+    let (readers, producer) = readers_and_producers(graph);
     let mut dropped: HashSet<usize> = HashSet::new();
     let mut folded = 0;
     for i in 0..graph.nodes.len() {
@@ -372,25 +380,7 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
 pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
     use crate::ops::conv::{Act, FUSED_ACT_ARG};
     use crate::schema::NamedArgument;
-    let mut readers: HashMap<String, usize> = HashMap::new();
-    for node in &graph.nodes {
-        for a in &node.inputs {
-            for n in tensor_names(&a.arg) {
-                *readers.entry(n.to_string()).or_default() += 1;
-            }
-        }
-    }
-    for o in &graph.outputs {
-        for n in tensor_names(o) {
-            *readers.entry(n.to_string()).or_default() += usize::MAX / 4;
-        }
-    }
-    let mut producer: HashMap<String, usize> = HashMap::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
-        if let [Argument::AsTensor(t)] = node.outputs.as_slice() {
-            producer.insert(t.name.clone(), i);
-        }
-    }
+    let (readers, producer) = readers_and_producers(graph);
     let mut dropped: HashSet<usize> = HashSet::new();
     let mut fused = 0;
     for i in 0..graph.nodes.len() {

@@ -427,16 +427,7 @@ mod tests {
                 .unwrap()
                 .expect("fast path applies");
             let want = reference(&q, &k, &v, mask, causal, 0.3);
-            let d = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let d = crate::ops::max_abs_diff(&got, &want);
             assert!(
                 d < 1e-5,
                 "mask {:?} causal {causal}: {d}",

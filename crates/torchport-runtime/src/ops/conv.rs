@@ -651,16 +651,7 @@ mod tests {
                 .expect("fast path applies");
             let want = x.conv2d(&w, pad, stride, dil, 1).unwrap();
             assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::ops::max_abs_diff(&got, &want);
             assert!(
                 diff < 1e-4,
                 "{xs:?} {ws:?} stride {stride} pad {pad} dil {dil}: {diff}"
@@ -701,16 +692,7 @@ mod tests {
                 .broadcast_add(&b.reshape((1, (), 1, 1)).unwrap())
                 .unwrap();
             assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::ops::max_abs_diff(&got, &want);
             assert!(diff < 1e-4, "{xs:?} {ws:?} groups {groups}: {diff}");
         }
     }
@@ -732,16 +714,7 @@ mod tests {
         let got = conv(&x, &w, None, &p).unwrap();
         let want = x.conv1d(&w, 1, 2, 2, 1).unwrap();
         assert_eq!(got.dims(), want.dims());
-        let diff = (got - want)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = crate::ops::max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{diff}");
     }
 }

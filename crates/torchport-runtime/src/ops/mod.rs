@@ -214,3 +214,18 @@ pub fn from_f32(data: Vec<f32>, shape: &[usize]) -> OpResult<Tensor> {
 pub fn unsupported(what: &str) -> OpError {
     OpError(format!("{what} is not supported"))
 }
+
+/// The largest absolute difference between two f32 tensors of one shape (unit tests).
+#[cfg(test)]
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
