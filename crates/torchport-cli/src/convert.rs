@@ -1,8 +1,9 @@
 //! `torchport convert IN OUT [--key K] [--include RE] [--exclude RE] [--dtype D]
-//! [--dequantize] [--lora ADAPTER] [--preset P]... [--rules FILE] [--target T] [--dry-run] [--clean]`: parse the
-//! arguments into a `torchport::convert::Conversion`, prepare it, then print (warnings, plan,
-//! report, dry run) or write with a progress bar. The pipeline (select and cast, then presets in
-//! the order given, then the rule file, then the target check, then the write) is the library's.
+//! [--dequantize] [--lora ADAPTER] [--preset P]... [--rules FILE] [--target T] [--dry-run]
+//! [--clean]`: parse the arguments into a `torchport::convert::Conversion`, prepare it, then
+//! print (warnings, plan, report, dry run) or write with a progress bar. The pipeline (select,
+//! LoRA merge, cast, presets in the order given, the rule file, the target check, the write)
+//! is the library's.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
