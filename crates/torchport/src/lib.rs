@@ -45,7 +45,7 @@ pub mod security;
 pub use checkpoint::{open, open_bytes, open_bytes_as, open_with, Checkpoint};
 pub use dtype::{DType, ALL_DTYPES};
 pub use error::{Error, Remedy, Result};
-pub use format::{detect, Format};
+pub use format::{detect, detect_file, Format};
 pub use limits::Limits;
 pub use out::OutTensor;
 pub use storage::Storage;

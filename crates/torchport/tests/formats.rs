@@ -136,3 +136,24 @@ fn sharded_tensors_come_from_both_shards() {
         }
     }
 }
+
+/// `detect_file` (head and zip directory only) names the same format as opening the file,
+/// for every fixture that opens; files that match no format are an error from both.
+#[test]
+fn detect_file_agrees_with_open() {
+    let mut checked = std::collections::BTreeSet::new();
+    for path in common::fixtures::all_fixture_files() {
+        match (torchport::open(&path), torchport::detect_file(&path)) {
+            (Ok(ckpt), Ok(format)) => {
+                assert_eq!(format, ckpt.format(), "{}", path.display());
+                checked.insert(format.name());
+            }
+            (Err(torchport::Error::UnknownFormat { .. }), detected) => {
+                assert!(detected.is_err(), "{}: {detected:?}", path.display());
+            }
+            _ => {}
+        }
+    }
+    // Every format torchport reads is among the fixtures.
+    assert!(checked.len() >= 9, "{checked:?}");
+}

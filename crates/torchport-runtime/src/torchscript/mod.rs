@@ -151,10 +151,11 @@ impl ScriptProgram {
         Ok(Self::open(path.as_ref(), false)?.ops())
     }
 
-    /// Whether the file at `path` is a TorchScript archive (by torchport's format detection).
+    /// Whether the file at `path` is a TorchScript archive (by torchport's format detection,
+    /// which reads only the file's head and zip directory, never its pickles).
     pub fn is_torchscript(path: impl AsRef<Path>) -> Result<bool> {
-        let ckpt = torchport::open(path.as_ref()).map_err(Error::Read)?;
-        Ok(ckpt.format() == Format::TorchScript)
+        let format = torchport::detect_file(path.as_ref()).map_err(Error::Read)?;
+        Ok(format == Format::TorchScript)
     }
 
     fn open(path: &Path, with_tensors: bool) -> Result<ScriptProgram> {

@@ -99,6 +99,15 @@ pub(crate) fn read(
     dispatch(path, file, limits, false, format)
 }
 
+/// The format of the file at `path`, detected from its content as [`detect`] does, without
+/// reading anything else: the file is memory-mapped and only its head (and, for a zip
+/// archive, its directory) is looked at. An error when it cannot be read or matches no format.
+pub fn detect_file(path: impl AsRef<Path>) -> Result<Format> {
+    let path = path.as_ref();
+    let file = FileBytes::open(path)?;
+    detect_or_fail(path, file.as_slice())
+}
+
 /// The detected format, or the error naming what the file starts with.
 fn detect_or_fail(path: &Path, bytes: &[u8]) -> Result<Format> {
     detect(bytes).ok_or_else(|| Error::UnknownFormat {
