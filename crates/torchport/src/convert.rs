@@ -113,7 +113,10 @@ impl Conversion {
                 let mut sel = uncast.select(ckpt)?;
                 let merged = lora.merge(std::mem::take(&mut sel.tensors))?;
                 sel.tensors = match self.options.dtype {
-                    Some(to) => merged.into_iter().map(|t| cast_out(t, to)).collect(),
+                    Some(to) => merged
+                        .into_iter()
+                        .map(|t| cast_out(t, to, ckpt.path()))
+                        .collect(),
                     None => merged,
                 };
                 sel

@@ -7,8 +7,10 @@
 //! An adapter is a folder holding `adapter_config.json` and `adapter_model.safetensors` (or
 //! `adapter_model.bin`), as `PeftModel.save_pretrained` writes it. Its tensors are named
 //! `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`; `<module>` is the base
-//! model's module path. The arithmetic follows PEFT on the CPU: the product and the scaling
-//! in float32 (float64 for a float64 base), then the sum in the base weight's dtype.
+//! model's module path. The arithmetic follows PEFT on the CPU for float32, float16 and
+//! bfloat16 bases: the product and the scaling in float32, then the sum in the base weight's
+//! dtype. A float64 base gets the same float32 delta added in float64 (PEFT would compute the
+//! delta in float64; not checked against it).
 //!
 //! Supported: LoRA (`peft_type` `LORA`) on 2-D weights (`nn.Linear`, `Conv1D`). Refused, with
 //! an error naming what: DoRA, LoRA on embeddings or convolutions, trained biases and
@@ -337,40 +339,25 @@ fn pattern<T: Copy>(patterns: &BTreeMap<String, T>, module: &str) -> Option<T> {
     })
 }
 
-/// A tensor's values as f64 (exact for every float dtype).
-fn floats(ckpt: &Checkpoint, t: &TensorInfo) -> Result<Vec<f64>> {
+/// A float tensor's values as f32 (through [`crate::cast`]; float64 adapters are rounded).
+fn floats(ckpt: &Checkpoint, t: &TensorInfo) -> Result<Vec<f32>> {
     let bytes = ckpt.data(t)?;
-    Ok(to_f64(&bytes, t.dtype))
-}
-
-fn to_f64(bytes: &[u8], dtype: DType) -> Vec<f64> {
-    match dtype {
-        DType::F64 => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect(),
-        DType::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
-            .collect(),
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        _ => Vec::new(),
-    }
+    let f = crate::cast::cast(&bytes, t.dtype, DType::F32).map_err(|e| Error::Tensor {
+        path: ckpt.path().to_path_buf(),
+        tensor: t.name.clone(),
+        what: format!("cannot be read as float32: {e}"),
+    })?;
+    Ok(f.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// The merge's delta, `scaling · (B·A)` (transposed when `transpose`), as PEFT computes it on
 /// the CPU: each element a float32 sum over `k` of fused multiply-adds, in order, then one
 /// float32 multiplication by the scaling.
 fn product(
-    b: &[f64],
-    a: &[f64],
+    b: &[f32],
+    a: &[f32],
     out: usize,
     r: usize,
     inp: usize,
@@ -383,7 +370,7 @@ fn product(
         for j in 0..inp {
             let mut acc = 0f32;
             for k in 0..r {
-                acc = (b[i * r + k] as f32).mul_add(a[k * inp + j] as f32, acc);
+                acc = b[i * r + k].mul_add(a[k * inp + j], acc);
             }
             let at = if transpose { j * out + i } else { i * inp + j };
             delta[at] = acc * s;

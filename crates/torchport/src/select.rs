@@ -25,6 +25,7 @@
 //! ```
 
 use std::borrow::Cow;
+use std::path::Path;
 
 use regex::Regex;
 
@@ -181,22 +182,18 @@ impl ConvertOptions {
                     continue;
                 }
             }
-            if self.dequantize && t.dtype.is_quantized() {
-                sel.source_dtypes.push(t.dtype);
-                sel.tensors.push(dequantized_tensor(
-                    ckpt,
-                    t,
-                    name,
-                    self.dtype.unwrap_or(DType::F32),
-                )?);
-                continue;
-            }
-            let to = match self.dtype {
-                Some(to) if t.dtype.is_float() && t.dtype != to => to,
-                _ => t.dtype,
+            let out = if self.dequantize && t.dtype.is_quantized() {
+                dequantized_tensor(ckpt, t, name)?
+            } else {
+                let mut out = OutTensor::from_checkpoint(ckpt, t);
+                out.name = name;
+                out
             };
             sel.source_dtypes.push(t.dtype);
-            sel.tensors.push(cast_tensor(ckpt, t, name, to));
+            sel.tensors.push(match self.dtype {
+                Some(to) => cast_out(out, to, ckpt.path()),
+                None => out,
+            });
         }
         let values: Vec<_> = ckpt
             .values()
@@ -214,13 +211,14 @@ impl ConvertOptions {
 }
 
 /// `t` cast to `to` when it is read, if it is a floating-point tensor of another dtype (the
-/// rule of [`ConvertOptions::dtype`]); other tensors are returned as they are.
-pub fn cast_out<'a>(t: OutTensor<'a>, to: DType) -> OutTensor<'a> {
+/// rule of [`ConvertOptions::dtype`]); other tensors are returned as they are, file range and
+/// quantization parameters included. `path` names the input file in errors.
+pub fn cast_out<'a>(t: OutTensor<'a>, to: DType, path: &Path) -> OutTensor<'a> {
     let from = t.dtype;
     if !from.is_float() || from == to {
         return t;
     }
-    let (name, shape) = (t.name.clone(), t.shape.clone());
+    let (name, shape, path) = (t.name.clone(), t.shape.clone(), path.to_path_buf());
     let t = std::rc::Rc::new(t);
     let release = std::rc::Rc::clone(&t);
     OutTensor::new(name.clone(), to, shape, move || {
@@ -228,7 +226,7 @@ pub fn cast_out<'a>(t: OutTensor<'a>, to: DType) -> OutTensor<'a> {
         cast::cast(&bytes, from, to)
             .map(Cow::Owned)
             .map_err(|e| Error::Tensor {
-                path: Default::default(),
+                path: path.clone(),
                 tensor: name.clone(),
                 what: format!("cannot be cast from {from} to {to}: {e}"),
             })
@@ -236,39 +234,11 @@ pub fn cast_out<'a>(t: OutTensor<'a>, to: DType) -> OutTensor<'a> {
     .with_release(move || release.release())
 }
 
-/// A checkpoint tensor under a new name, cast to `to` when it is read.
-fn cast_tensor<'a>(
-    ckpt: &'a Checkpoint,
-    t: &'a TensorInfo,
-    name: String,
-    to: DType,
-) -> OutTensor<'a> {
-    let from = t.dtype;
-    OutTensor::new(name, to, t.shape.clone(), move || {
-        let bytes = ckpt.data(t)?;
-        if from == to {
-            return Ok(bytes);
-        }
-        cast::cast(&bytes, from, to)
-            .map(Cow::Owned)
-            .map_err(|e| Error::Tensor {
-                path: ckpt.path().to_path_buf(),
-                tensor: t.name.clone(),
-                what: format!("cannot be cast from {from} to {to}: {e}"),
-            })
-    })
-    .with_release(move || ckpt.release(t))
-    .with_file_range(if from == to { ckpt.file_range(t) } else { None })
-    .with_quant(if from == to { t.quant.clone() } else { None })
-}
-
-/// A quantized checkpoint tensor under a new name, dequantized to float32 (and cast to `to`)
-/// when it is read.
+/// A quantized checkpoint tensor under a new name, dequantized to float32 when it is read.
 fn dequantized_tensor<'a>(
     ckpt: &'a Checkpoint,
     t: &'a TensorInfo,
     name: String,
-    to: DType,
 ) -> Result<OutTensor<'a>> {
     let bad = |what: String| Error::Select {
         path: ckpt.path().to_path_buf(),
@@ -284,7 +254,7 @@ fn dequantized_tensor<'a>(
         )));
     }
     crate::quant::check(quant, &t.shape).map_err(bad)?;
-    Ok(OutTensor::new(name, to, t.shape.clone(), move || {
+    Ok(OutTensor::new(name, DType::F32, t.shape.clone(), move || {
         let fail = |what: String| Error::Tensor {
             path: ckpt.path().to_path_buf(),
             tensor: t.name.clone(),
@@ -293,12 +263,7 @@ fn dequantized_tensor<'a>(
         let bytes = ckpt.data(t)?;
         let f = crate::quant::dequantize(&bytes, t.dtype, &t.shape, quant)
             .map_err(|e| fail(format!("cannot be dequantized: {e}")))?;
-        if to == DType::F32 {
-            return Ok(Cow::Owned(f));
-        }
-        cast::cast(&f, DType::F32, to)
-            .map(Cow::Owned)
-            .map_err(|e| fail(format!("cannot be cast from float32 to {to}: {e}")))
+        Ok(Cow::Owned(f))
     })
     .with_release(move || ckpt.release(t)))
 }

@@ -132,19 +132,16 @@ fn merge_happens_before_the_cast() {
     let name = "model.layers.1.self_attn.q_proj.weight";
     let g = got.tensor(name).unwrap();
     assert_eq!(g.dtype, DType::F16);
-    // PEFT's merged float32 rounded to float16, within 1 ulp of float16 where the float32
-    // sums differed in their last bit.
+    // Exactly PEFT's merged float32 rounded to float16. Casting first and merging in float16
+    // rounds twice and differs in 70 of these 256 elements (checked with torch when this test
+    // was written), so the order is what this asserts.
     let w16 = torchport::cast::cast(
         &want.data(want.tensor(name).unwrap()).unwrap(),
         DType::F32,
         DType::F16,
     )
     .unwrap();
-    let g16 = got.data(g).unwrap();
-    let close = g16.chunks_exact(2).zip(w16.chunks_exact(2)).all(|(a, b)| {
-        u16::from_le_bytes([a[0], a[1]]).abs_diff(u16::from_le_bytes([b[0], b[1]])) <= 1
-    });
-    assert!(close);
+    assert!(got.data(g).unwrap()[..] == w16[..]);
 }
 
 /// A copy of an adapter folder with its config edited, or its weights replaced.
