@@ -1,21 +1,24 @@
 //! A program loaded with a caller's registry runs the caller's kernels: `aten.relu.default`
 //! replaced by a kernel that counts its calls and then computes relu still gives PyTorch's
-//! outputs (tests/fixtures/export/conv1d), and is called once per relu node of the graph;
-//! a registry without an op reports it as unsupported.
+//! outputs on torchvision's MobileNetV3-Small (the zoo fixture, decomposed), and is called
+//! once per relu node of the graph; a registry without an op reports it as unsupported.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use torchport_runtime::npy::read_npy;
 use torchport_runtime::ops::Registry;
 use torchport_runtime::value::{one, Args, Outputs};
 use torchport_runtime::Program;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/export")
-        .join(name)
+#[path = "common/compare.rs"]
+mod compare;
+use compare::{mismatch, numbered};
+
+fn zoo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo")
 }
+
+const MODEL: &str = "tv_mobilenet_v3_small";
 
 static RELU_CALLS: AtomicUsize = AtomicUsize::new(0);
 
@@ -28,7 +31,8 @@ fn counting_relu(args: &Args) -> torchport_runtime::error::OpResult<Outputs> {
 fn a_replaced_kernel_is_the_one_that_runs() {
     let mut registry = Registry::with_all_ops();
     registry.add("aten.relu.default", counting_relu);
-    let program = Program::load_with_registry(fixture("conv1d.decomp.pt2"), &registry).unwrap();
+    let program =
+        Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
     let relus = program
         .exported_program()
         .graph_module
@@ -39,27 +43,25 @@ fn a_replaced_kernel_is_the_one_that_runs() {
         .count();
     assert!(relus > 0);
 
-    let x = read_npy(&fixture("conv1d.input_0.npy")).unwrap();
-    let want = read_npy(&fixture("conv1d.output_0.npy")).unwrap();
-    let got = program.run(&[x]).unwrap();
+    let want = numbered(&zoo(), MODEL, "output");
+    let got = program.run(&numbered(&zoo(), MODEL, "input")).unwrap();
     assert_eq!(RELU_CALLS.load(Ordering::SeqCst), relus);
-    let diff = (&got[0] - &want)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    assert!(diff <= 1e-4, "max abs diff {diff}");
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(mismatch(g, w), None);
+    }
 }
 
 #[test]
 fn a_registry_without_the_op_reports_it() {
+    // Every kernel but relu's.
     let mut registry = Registry::new();
-    registry.add("aten.convolution.default", counting_relu);
-    let program = Program::load_with_registry(fixture("conv1d.decomp.pt2"), &registry).unwrap();
+    for name in Registry::with_all_ops().names() {
+        if name != "aten.relu.default" {
+            registry.add(name, counting_relu);
+        }
+    }
+    let program =
+        Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
     assert_eq!(program.unsupported_ops(), ["aten.relu.default"]);
 }

@@ -59,7 +59,11 @@ pub fn register(r: &mut Registry) {
 }
 
 /// `f` applied elementwise to two i64 tensors, broadcast.
-fn map_i64(l: &Tensor, r: &Tensor, f: impl Fn(i64, i64) -> OpResult<i64>) -> OpResult<Tensor> {
+pub(super) fn map_i64(
+    l: &Tensor,
+    r: &Tensor,
+    f: impl Fn(i64, i64) -> OpResult<i64>,
+) -> OpResult<Tensor> {
     let (l, r) = broadcast2(l, r)?;
     let shape = l.dims().to_vec();
     let lv = l.flatten_all()?.to_vec1::<i64>()?;

@@ -12,22 +12,11 @@ use crate::value::{one, Args, Outputs};
 /// `beta · input + alpha · (m1 @ m2)` exactly in int64 (wrapping), input broadcast.
 fn int_addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, alpha: i64, beta: i64) -> OpResult<Tensor> {
     let p = int_mm(m1, m2)?;
-    let bias = input
-        .broadcast_as(p.dims())?
-        .contiguous()?
-        .flatten_all()?
-        .to_vec1::<i64>()?;
-    let prod = p.flatten_all()?.to_vec1::<i64>()?;
-    let out: Vec<i64> = prod
-        .iter()
-        .zip(&bias)
-        .map(|(&x, &b)| {
-            // torch ignores `input` when beta is 0 (its NaNs and infinities included).
-            let b = if beta == 0 { 0 } else { b.wrapping_mul(beta) };
-            x.wrapping_mul(alpha).wrapping_add(b)
-        })
-        .collect();
-    Ok(Tensor::from_vec(out, p.dims(), &candle_core::Device::Cpu)?)
+    super::integer::map_i64(&p, input, |x, b| {
+        // torch ignores `input` when beta is 0.
+        let b = if beta == 0 { 0 } else { b.wrapping_mul(beta) };
+        Ok(x.wrapping_mul(alpha).wrapping_add(b))
+    })
 }
 
 /// Register the kernels of this family.
