@@ -191,6 +191,22 @@ fn values(weights: &HashMap<String, Tensor>, name: Option<&str>, len: usize) -> 
         .ok()
 }
 
+/// Whether `node` is a (not transposed) convolution: `conv1d`, `conv2d`, or `convolution`
+/// with `transposed=False`.
+fn is_forward_conv(node: &crate::schema::Node) -> bool {
+    match op_key(&node.target) {
+        "aten.conv2d.default" | "aten.conv1d.default" => true,
+        "aten.convolution.default" => matches!(
+            node.inputs
+                .iter()
+                .find(|a| a.name == "transposed")
+                .map(|a| &a.arg),
+            Some(Argument::AsBool(false))
+        ),
+        _ => false,
+    }
+}
+
 /// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
 /// a great many readers, so it is never rewritten away), and which node produces it (nodes
 /// with one tensor output only).
@@ -264,17 +280,7 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
             continue;
         }
         let conv = &graph.nodes[j];
-        let conv_ok = match op_key(&conv.target) {
-            "aten.conv2d.default" | "aten.conv1d.default" => true,
-            "aten.convolution.default" => matches!(
-                conv.inputs
-                    .iter()
-                    .find(|a| a.name == "transposed")
-                    .map(|a| &a.arg),
-                Some(Argument::AsBool(false))
-            ),
-            _ => false,
-        };
+        let conv_ok = is_forward_conv(conv);
         let Some(w_name) = input_tensor(conv, "weight") else {
             continue;
         };
@@ -398,17 +404,7 @@ pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
             continue;
         };
         let conv = &graph.nodes[j];
-        let conv_ok = match op_key(&conv.target) {
-            "aten.conv2d.default" | "aten.conv1d.default" => true,
-            "aten.convolution.default" => matches!(
-                conv.inputs
-                    .iter()
-                    .find(|a| a.name == "transposed")
-                    .map(|a| &a.arg),
-                Some(Argument::AsBool(false))
-            ),
-            _ => false,
-        };
+        let conv_ok = is_forward_conv(conv);
         if !conv_ok || conv.inputs.iter().any(|a| a.name == FUSED_ACT_ARG) {
             continue;
         }
