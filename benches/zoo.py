@@ -52,6 +52,18 @@ def tv(name, size=224, **kw):
     return make
 
 
+def tv_video(name):
+    """A torchvision video model on a short clip (3-d convolutions and pools)."""
+
+    def make():
+        import torchvision
+
+        m = torchvision.models.get_model(name, weights=None, num_classes=10)
+        return m, (torch.randn(1, 3, 4, 56, 56),)
+
+    return make
+
+
 def tm(name, size=224, **kw):
     def make():
         import timm
@@ -59,6 +71,26 @@ def tm(name, size=224, **kw):
         return timm.create_model(name, pretrained=False, **kw), image(1, size)
 
     return make
+
+
+class Dynamic:
+    """A model exported with dynamic dimensions and run at other sizes than the example's:
+    `example` are the inputs given to torch.export, `run` the ones both torch and torchport
+    then run on, `shapes` the `dynamic_shapes` argument."""
+
+    def __init__(self, example, run, shapes):
+        self.example, self.run, self.shapes = example, run, shapes
+
+
+def dyn_batch(make, size=224):
+    """Image model `make` exported with a dynamic batch (example 2, run at 3)."""
+
+    def dynamic():
+        model, _ = make()
+        batch = torch.export.Dim("batch", min=1, max=64)
+        return model, Dynamic(image(2, size), image(3, size), ({0: batch},))
+
+    return dynamic
 
 
 def text_inputs(vocab, batch=2, seq=16):
@@ -70,79 +102,276 @@ def text_inputs(vocab, batch=2, seq=16):
     return {"input_ids": ids, "attention_mask": m}
 
 
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+DECODER = dict(vocab_size=1000, num_key_value_heads=2, max_position_embeddings=64,
+               use_cache=False, **SMALL)
+
+
+def text_model(kind):
+    """transformers text models from tiny configs (the library's own classes)."""
+    import transformers as T
+
+    if kind == "bert":
+        return T.BertModel(T.BertConfig(vocab_size=1000, **SMALL))
+    if kind == "roberta":
+        return T.RobertaModel(T.RobertaConfig(vocab_size=1000, **SMALL))
+    if kind == "albert":
+        return T.AlbertModel(T.AlbertConfig(vocab_size=1000, embedding_size=32, **SMALL))
+    if kind == "electra":
+        return T.ElectraModel(T.ElectraConfig(vocab_size=1000, embedding_size=32, **SMALL))
+    if kind == "deberta_v2":
+        return T.DebertaV2Model(T.DebertaV2Config(
+            vocab_size=1000, relative_attention=True, position_buckets=32,
+            pos_att_type=["p2c", "c2p"], max_relative_positions=-1, **SMALL))
+    if kind == "distilbert":
+        return T.DistilBertModel(T.DistilBertConfig(vocab_size=1000, dim=64, n_layers=2,
+                                                    n_heads=4, hidden_dim=128))
+    if kind == "gpt2":
+        return T.GPT2Model(T.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4,
+                                        n_positions=64, use_cache=False))
+    if kind == "gpt_neo":
+        return T.GPTNeoModel(T.GPTNeoConfig(
+            vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+            attention_types=[[["global", "local"], 1]], window_size=8,
+            max_position_embeddings=64, use_cache=False))
+    if kind == "llama":
+        return T.LlamaModel(T.LlamaConfig(**DECODER))
+    if kind == "mistral":
+        return T.MistralModel(T.MistralConfig(sliding_window=8, **DECODER))
+    if kind == "qwen2":
+        return T.Qwen2Model(T.Qwen2Config(**DECODER))
+    if kind == "phi3":
+        return T.Phi3Model(T.Phi3Config(pad_token_id=0, **DECODER))
+    if kind == "gemma":
+        return T.GemmaModel(T.GemmaConfig(head_dim=16, **DECODER))
+    if kind == "t5_encoder":
+        return T.T5EncoderModel(T.T5Config(vocab_size=1000, d_model=64, d_kv=16, d_ff=128,
+                                           num_layers=2, num_heads=4, use_cache=False))
+    if kind == "bart_encoder":
+        return T.BartModel(T.BartConfig(
+            vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+            decoder_ffn_dim=128, max_position_embeddings=64)).get_encoder()
+    if kind == "clip_text":
+        return T.CLIPTextModel(T.CLIPTextConfig(vocab_size=1000, max_position_embeddings=32,
+                                                **SMALL))
+    raise ValueError(kind)
+
+
 def hf(kind):
-    """transformers models from tiny configs (the library's own classes)."""
+    """A transformers text model with token ids and an attention mask as inputs."""
+
+    def make():
+        return text_model(kind), text_inputs(1000)
+
+    return make
+
+
+def hf_dyn(kind):
+    """A transformers text model exported with dynamic batch and sequence length (example
+    2 x 16, run at 3 x 20)."""
+
+    def make():
+        batch = torch.export.Dim("batch", min=1, max=16)
+        seq = torch.export.Dim("seq", min=2, max=32)
+        dims = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+        return text_model(kind), Dynamic(text_inputs(1000), text_inputs(1000, 3, 20), dims)
+
+    return make
+
+
+def hf_other(kind):
+    """transformers vision and audio models from tiny configs."""
 
     def make():
         import transformers as T
 
-        small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=128)
-        if kind == "bert":
-            m = T.BertModel(T.BertConfig(vocab_size=1000, **small))
-            return m, text_inputs(1000)
-        if kind == "distilbert":
-            m = T.DistilBertModel(T.DistilBertConfig(vocab_size=1000, dim=64, n_layers=2,
-                                                     n_heads=4, hidden_dim=128))
-            return m, text_inputs(1000)
-        if kind == "gpt2":
-            m = T.GPT2Model(T.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4,
-                                         n_positions=64, use_cache=False))
-            return m, text_inputs(1000)
-        if kind == "llama":
-            m = T.LlamaModel(T.LlamaConfig(vocab_size=1000, num_key_value_heads=2,
-                                           max_position_embeddings=64, use_cache=False,
-                                           **small))
-            return m, text_inputs(1000)
-        if kind == "t5_encoder":
-            m = T.T5EncoderModel(T.T5Config(vocab_size=1000, d_model=64, d_kv=16, d_ff=128,
-                                            num_layers=2, num_heads=4, use_cache=False))
-            return m, text_inputs(1000)
         if kind == "vit":
-            m = T.ViTModel(T.ViTConfig(image_size=64, patch_size=16, **small))
-            return m, image(1, 64)
+            return T.ViTModel(T.ViTConfig(image_size=64, patch_size=16, **SMALL)), image(1, 64)
+        if kind == "clip_vision":
+            return T.CLIPVisionModel(T.CLIPVisionConfig(image_size=32, patch_size=8,
+                                                        **SMALL)), image(1, 32)
+        if kind == "segformer":
+            cfg = T.SegformerConfig(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 64],
+                                    num_attention_heads=[1, 1, 2, 4],
+                                    decoder_hidden_size=32, num_labels=5)
+            return T.SegformerForSemanticSegmentation(cfg), image(1, 64)
+        if kind == "whisper_encoder":
+            cfg = T.WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4,
+                                  encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                                  max_source_positions=32, vocab_size=1000)
+            return T.WhisperModel(cfg).get_encoder(), (torch.randn(1, 16, 64),)
+        if kind == "wav2vec2":
+            cfg = T.Wav2Vec2Config(conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
+                                   conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+                                   num_conv_pos_embedding_groups=4, **SMALL)
+            return T.Wav2Vec2Model(cfg), (torch.randn(1, 4000),)
         raise ValueError(kind)
 
     return make
 
 
+class Predict(torch.nn.Module):
+    """A library classifier followed by what applications do with its logits: the
+    prediction (argmax), the top 3 classes (topk values and indices) and which logits are
+    positive (bool), besides the logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        out = self.model(*args, **kwargs)
+        logits = out if isinstance(out, torch.Tensor) else out.logits
+        top = torch.topk(logits, 3, dim=-1)
+        return logits, logits.argmax(-1), top.values, top.indices, logits > 0
+
+
+def predict_tm(name, size=224, **kw):
+    def make():
+        model, inputs = tm(name, size, **kw)()
+        return Predict(model), inputs
+
+    return make
+
+
+def predict_hf_tokens():
+    """transformers BERT token classification: per-token argmax, top-3 and bools."""
+
+    def make():
+        import transformers as T
+
+        cfg = T.BertConfig(vocab_size=1000, num_labels=7, **SMALL)
+        return Predict(T.BertForTokenClassification(cfg)), text_inputs(1000)
+
+    return make
+
+
 MODELS = {
-    # torchvision classification
+    # torchvision classification (one or two per family; CNNs at 64 x 64 where they allow)
     "tv_resnet18": tv("resnet18"),
+    "tv_resnet50": tv("resnet50", 64),
+    "tv_resnext50_32x4d": tv("resnext50_32x4d", 64),
+    "tv_wide_resnet50_2": tv("wide_resnet50_2", 64),
+    "tv_alexnet": tv("alexnet", 64),
+    "tv_vgg11_bn": tv("vgg11_bn", 64),
+    "tv_googlenet": tv("googlenet", 64, aux_logits=False, init_weights=True),
+    "tv_inception_v3": tv("inception_v3", 96, aux_logits=False, init_weights=True),
     "tv_mobilenet_v3_small": tv("mobilenet_v3_small"),
+    "tv_mobilenet_v3_large": tv("mobilenet_v3_large", 64),
+    "tv_mnasnet0_5": tv("mnasnet0_5", 64),
     "tv_convnext_tiny": tv("convnext_tiny"),
     "tv_efficientnet_b0": tv("efficientnet_b0"),
+    "tv_efficientnet_v2_s": tv("efficientnet_v2_s", 64),
     "tv_regnet_y_400mf": tv("regnet_y_400mf"),
+    "tv_regnet_x_400mf": tv("regnet_x_400mf", 64),
     "tv_shufflenet_v2_x0_5": tv("shufflenet_v2_x0_5"),
+    "tv_shufflenet_v2_x1_0": tv("shufflenet_v2_x1_0", 64),
     "tv_squeezenet1_0": tv("squeezenet1_0"),
+    "tv_squeezenet1_1": tv("squeezenet1_1", 64),
     "tv_densenet121": tv("densenet121"),
     "tv_mobilenet_v2": tv("mobilenet_v2"),
     "tv_vit_b_16": tv("vit_b_16"),
+    "tv_vit_b_32": tv("vit_b_32", 64, image_size=64),
     "tv_swin_t": tv("swin_t"),
-    # torchvision segmentation
+    "tv_swin_v2_t": tv("swin_v2_t"),
+    "tv_maxvit_t": tv("maxvit_t"),
+    "tv_resnet18_dynbatch": dyn_batch(tv("resnet18", 64), 64),
+    # torchvision segmentation and video
     "tv_lraspp_mobilenet_v3_large": tv("lraspp_mobilenet_v3_large", weights_backbone=None,
                                        num_classes=21),
     "tv_deeplabv3_mobilenet_v3_large": tv("deeplabv3_mobilenet_v3_large",
                                           weights_backbone=None, num_classes=21),
+    "tv_fcn_resnet50": tv("fcn_resnet50", 64, weights_backbone=None, num_classes=5),
+    "tv_deeplabv3_resnet50": tv("deeplabv3_resnet50", 64, weights_backbone=None,
+                                num_classes=5),
+    "tv_r3d_18": tv_video("r3d_18"),
+    "tv_r2plus1d_18": tv_video("r2plus1d_18"),
     # timm
     "timm_resnet18d": tm("resnet18d"),
+    "timm_resnest14d": tm("resnest14d", 64),
+    "timm_res2net50_14w_8s": tm("res2net50_14w_8s", 64),
+    "timm_cspresnet50": tm("cspresnet50", 64),
+    "timm_dla34": tm("dla34", 64),
+    "timm_hrnet_w18_small": tm("hrnet_w18_small", 64),
+    "timm_dm_nfnet_f0": tm("dm_nfnet_f0", 64),
     "timm_efficientnet_b0": tm("efficientnet_b0"),
+    "timm_efficientnetv2_rw_t": tm("efficientnetv2_rw_t", 64),
+    "timm_mixnet_s": tm("mixnet_s", 64),
+    "timm_rexnet_100": tm("rexnet_100", 64),
+    "timm_lcnet_050": tm("lcnet_050", 64),
     "timm_mobilenetv3_small_050": tm("mobilenetv3_small_050"),
+    "timm_mobilenetv4_conv_small": tm("mobilenetv4_conv_small", 64),
+    "timm_ghostnet_100": tm("ghostnet_100"),
+    "timm_repvgg_a0": tm("repvgg_a0", 64),
+    "timm_regnetx_002": tm("regnetx_002"),
+    "timm_regnety_002": tm("regnety_002", 64),
+    "timm_hgnetv2_b0": tm("hgnetv2_b0", 64),
+    "timm_ese_vovnet19b_dw": tm("ese_vovnet19b_dw", 64),
     "timm_convnext_atto": tm("convnext_atto"),
+    "timm_convnextv2_atto": tm("convnextv2_atto", 64),
+    "timm_inception_next_tiny": tm("inception_next_tiny", 64),
+    "timm_edgenext_xx_small": tm("edgenext_xx_small", 64),
+    "timm_poolformer_s12": tm("poolformer_s12", 64),
+    "timm_caformer_s18": tm("caformer_s18", 64),
+    "timm_fastvit_t8": tm("fastvit_t8", 64),
+    "timm_efficientformer_l1": tm("efficientformer_l1"),
+    "timm_efficientvit_b0": tm("efficientvit_b0"),
+    "timm_mobilevit_xxs": tm("mobilevit_xxs", 256),
+    "timm_mobilevitv2_050": tm("mobilevitv2_050", 256),
     "timm_vit_tiny_patch16_224": tm("vit_tiny_patch16_224"),
     "timm_deit_tiny_patch16_224": tm("deit_tiny_patch16_224"),
+    "timm_beit_base_patch16_224": tm("beit_base_patch16_224", depth=2),
+    "timm_eva02_tiny_patch14_224": tm("eva02_tiny_patch14_224"),
+    "timm_cait_xxs24_224": tm("cait_xxs24_224", depth=2),
+    "timm_xcit_nano_12_p16_224": tm("xcit_nano_12_p16_224"),
+    "timm_convit_tiny": tm("convit_tiny"),
+    "timm_pit_ti_224": tm("pit_ti_224"),
+    "timm_pvt_v2_b0": tm("pvt_v2_b0", 64),
+    "timm_tiny_vit_5m_224": tm("tiny_vit_5m_224"),
+    "timm_swin_tiny_patch4_window7_224": tm("swin_tiny_patch4_window7_224"),
+    "timm_davit_tiny": tm("davit_tiny"),
+    "timm_focalnet_tiny_srf": tm("focalnet_tiny_srf"),
+    "timm_maxvit_rmlp_pico_rw_256": tm("maxvit_rmlp_pico_rw_256", 256),
+    "timm_coatnet_nano_rw_224": tm("coatnet_nano_rw_224"),
     "timm_levit_128s": tm("levit_128s"),
     "timm_mixer_s16_224": tm("mixer_s16_224"),
-    "timm_regnetx_002": tm("regnetx_002"),
-    "timm_ghostnet_100": tm("ghostnet_100"),
-    "timm_efficientvit_b0": tm("efficientvit_b0"),
-    # transformers (tiny configs)
+    "timm_resmlp_12_224": tm("resmlp_12_224"),
+    "timm_gmlp_ti16_224": tm("gmlp_ti16_224"),
+    "timm_sequencer2d_s": tm("sequencer2d_s"),
+    "timm_hiera_tiny_224": tm("hiera_tiny_224"),
+    "timm_convnext_atto_dynbatch": dyn_batch(tm("convnext_atto", 64), 64),
+    "timm_vit_tiny_dynbatch": dyn_batch(tm("vit_tiny_patch16_224")),
+    "timm_resnet18d_predict": predict_tm("resnet18d", 64),
+    # transformers (tiny configs), text with an attention mask
     "hf_bert_mask": hf("bert"),
+    "hf_roberta_mask": hf("roberta"),
+    "hf_albert_mask": hf("albert"),
+    "hf_electra_mask": hf("electra"),
+    "hf_deberta_v2_mask": hf("deberta_v2"),
     "hf_distilbert_mask": hf("distilbert"),
     "hf_gpt2_mask": hf("gpt2"),
+    "hf_gpt_neo_mask": hf("gpt_neo"),
     "hf_llama_mask": hf("llama"),
+    "hf_mistral_mask": hf("mistral"),
+    "hf_qwen2_mask": hf("qwen2"),
+    "hf_phi3_mask": hf("phi3"),
+    "hf_gemma_mask": hf("gemma"),
     "hf_t5_encoder_mask": hf("t5_encoder"),
-    "hf_vit": hf("vit"),
+    "hf_bart_encoder_mask": hf("bart_encoder"),
+    "hf_clip_text_mask": hf("clip_text"),
+    "hf_bert_dyn": hf_dyn("bert"),
+    "hf_gpt2_dyn": hf_dyn("gpt2"),
+    "hf_llama_dyn": hf_dyn("llama"),
+    "hf_t5_encoder_dyn": hf_dyn("t5_encoder"),
+    "hf_bert_token_predict": predict_hf_tokens(),
+    # transformers vision and audio
+    "hf_vit": hf_other("vit"),
+    "hf_clip_vision": hf_other("clip_vision"),
+    "hf_segformer": hf_other("segformer"),
+    "hf_whisper_encoder": hf_other("whisper_encoder"),
+    "hf_wav2vec2": hf_other("wav2vec2"),
 }
 
 
@@ -153,12 +382,20 @@ def leaves(out):
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
+def split(inputs):
+    """(args, kwargs) of a model's inputs: a dict is keyword inputs, a tuple positional."""
+    return ((), inputs) if isinstance(inputs, dict) else (inputs, {})
+
+
 def build(name, make, d):
     """Export `name` into folder `d`: plain/decomp programs, inputs, torch's outputs."""
     d.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model, inputs = make()
-    args, kwargs = ((), inputs) if isinstance(inputs, dict) else (inputs, {})
+    example, shapes = inputs, None
+    if isinstance(inputs, Dynamic):
+        example, inputs, shapes = inputs.example, inputs.run, inputs.shapes
+    args, kwargs = split(inputs)
     model.eval()
     with torch.no_grad():
         randomize_norm_stats(model)
@@ -176,7 +413,7 @@ def build(name, make, d):
 
     try:
         with torch.no_grad():
-            ep = torch.export.export(model, args, kwargs)
+            ep = torch.export.export(model, *split(example), dynamic_shapes=shapes)
         torch.export.save(ep, d / "plain.pt2")
     except Exception as e:  # noqa: BLE001 - recorded in the table
         meta["plain_error"] = meta["decomp_error"] = why(e)

@@ -27,6 +27,7 @@ pub mod program;
 pub mod schema;
 pub mod torchscript;
 pub mod value;
+mod views;
 
 pub use error::{Error, Result};
 pub use ops::Registry;

@@ -206,6 +206,7 @@ impl Program {
             }
             weights.insert(arg.name.clone(), t.clone());
         }
+        crate::views::write_back_view_updates(&mut ep.graph_module.graph);
         crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
@@ -225,7 +226,7 @@ impl Program {
             kernels.push(k);
         }
         check_as_strided(g)?;
-        check_inplace_views(g, &outputs)?;
+        crate::views::check_inplace_views(g, &outputs)?;
         let frees = last_uses(&ep, &outputs);
         Ok(Program {
             ep,
@@ -508,7 +509,9 @@ fn bind_outputs(
                     env.insert(t.name.clone(), Value::Tensor(x));
                 }
             }
-            (Argument::AsSymInt(crate::schema::SymIntArgument::AsName(n)), Some(v)) => {
+            (Argument::AsSymInt(crate::schema::SymIntArgument::AsName(n)), Some(v))
+            | (Argument::AsSymFloat(crate::schema::SymFloatArgument::AsName(n)), Some(v))
+            | (Argument::AsSymBool(crate::schema::SymBoolArgument::AsName(n)), Some(v)) => {
                 env.insert(n.clone(), v);
             }
             (Argument::AsNone(_), _) => {}
@@ -604,119 +607,6 @@ fn check_as_strided(g: &crate::schema::Graph) -> Result<()> {
     Ok(())
 }
 
-/// Ops whose outputs share memory with their `self` input in torch.
-fn is_view_op(key: &str) -> bool {
-    let base = key.split('.').nth(1).unwrap_or("");
-    matches!(
-        base,
-        "view"
-            | "_unsafe_view"
-            | "_reshape_alias"
-            | "reshape"
-            | "view_as"
-            | "reshape_as"
-            | "flatten"
-            | "unflatten"
-            | "slice"
-            | "select"
-            | "narrow"
-            | "transpose"
-            | "permute"
-            | "t"
-            | "numpy_T"
-            | "unsqueeze"
-            | "squeeze"
-            | "expand"
-            | "expand_as"
-            | "as_strided"
-            | "alias"
-            | "detach"
-            | "diagonal"
-            | "split"
-            | "split_with_sizes"
-            | "chunk"
-            | "unbind"
-            | "unfold"
-    )
-}
-
-/// In-place ops run functionally: the result is bound to the mutated name only. That is exact
-/// unless the mutated tensor shares memory with another value read later (an in-place update
-/// of a view, `x[:, :2] += 1`, or of a base whose views are used after). Such programs are
-/// refused at load, naming the node, rather than computed wrong; `run_decompositions()`
-/// writes them functionally.
-fn check_inplace_views(g: &crate::schema::Graph, outputs: &[Argument]) -> Result<()> {
-    let mut root: HashMap<&str, &str> = HashMap::new();
-    let mut defined: HashMap<&str, usize> = HashMap::new();
-    let mut last_read: HashMap<String, usize> = HashMap::new();
-    for (i, node) in g.nodes.iter().enumerate() {
-        let mut names = Vec::new();
-        for a in &node.inputs {
-            used_names(&a.arg, &mut names);
-        }
-        for n in names {
-            last_read.insert(n, i);
-        }
-    }
-    let mut kept = Vec::new();
-    for o in outputs {
-        used_names(o, &mut kept);
-    }
-    for n in kept {
-        last_read.insert(n, usize::MAX);
-    }
-    for (i, node) in g.nodes.iter().enumerate() {
-        let key = op_key(&node.target);
-        let self_name = node
-            .inputs
-            .iter()
-            .find(|a| a.name == "self" || a.name == "input")
-            .and_then(|a| match &a.arg {
-                Argument::AsTensor(t) => Some(t.name.as_str()),
-                _ => None,
-            });
-        if let (Some(s), true) = (self_name, crate::ops::functional_name(key).is_some()) {
-            let r = root.get(s).copied().unwrap_or(s);
-            let shared = defined.iter().find(|(&n, &d)| {
-                d < i
-                    && n != s
-                    && (n == r || root.get(n) == Some(&r))
-                    && last_read.get(n).is_some_and(|&l| l > i)
-            });
-            let base_read_later = r != s && last_read.get(r).is_some_and(|&l| l > i);
-            if let Some(other) = shared.map(|(n, _)| *n).or(base_read_later.then_some(r)) {
-                return Err(Error::Program(format!(
-                    "node '{}' ({key}) updates '{s}' in place, which shares memory with \
-                     '{other}', read later; in-place updates of views are not supported \
-                     (export with ep.run_decompositions() to write them functionally)",
-                    node.name.as_deref().unwrap_or("?")
-                )));
-            }
-        }
-        for out in &node.outputs {
-            let mut outs = Vec::new();
-            used_names(out, &mut outs);
-            for o in outs {
-                let name: &str = match out {
-                    Argument::AsTensor(t) if t.name == o => t.name.as_str(),
-                    Argument::AsTensors(ts) => match ts.iter().find(|t| t.name == o) {
-                        Some(t) => t.name.as_str(),
-                        None => continue,
-                    },
-                    _ => continue,
-                };
-                defined.insert(name, i);
-                // A view, or the result of an in-place op (the mutated tensor itself).
-                let aliases = is_view_op(key) || crate::ops::functional_name(key).is_some();
-                if let (true, Some(s)) = (aliases, self_name) {
-                    root.insert(name, root.get(s).copied().unwrap_or(s));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Whether a tensor's metadata describes a row-major layout from offset 0 (strides of
 /// size-1 dims do not matter).
 fn is_contiguous(m: &TensorMeta) -> bool {
@@ -745,7 +635,7 @@ fn is_contiguous(m: &TensorMeta) -> bool {
 }
 
 /// Names of the values each node uses, for `last_uses`.
-fn used_names(arg: &Argument, out: &mut Vec<String>) {
+pub(crate) fn used_names(arg: &Argument, out: &mut Vec<String>) {
     use crate::schema::OptionalTensorArgument as O;
     match arg {
         Argument::AsTensor(t) => out.push(t.name.clone()),

@@ -280,21 +280,38 @@ impl<'a> Args<'a> {
 
     /// A `Scalar` argument.
     pub fn scalar(&self, name: &str) -> OpResult<Scalar> {
-        match self.need(name)? {
+        self.scalar_of(name, self.need(name)?)
+    }
+
+    /// The scalar passed as the node's `index`-th input, whatever its name (the inputs of
+    /// symbolic arithmetic such as `_operator.mul` are positional).
+    pub fn scalar_at(&self, index: usize) -> OpResult<Scalar> {
+        let input = self.node.inputs.get(index).ok_or_else(|| {
+            OpError(format!(
+                "the node has {} inputs, input {index} is read",
+                self.node.inputs.len()
+            ))
+        })?;
+        self.scalar_of(&input.name, &input.arg)
+    }
+
+    fn scalar_of(&self, name: &str, arg: &Argument) -> OpResult<Scalar> {
+        use crate::schema::SymFloatArgument;
+        let named = |n: &str| match self.lookup(n)? {
+            Value::Float(v) => Ok(Scalar::Float(*v)),
+            Value::Int(v) => Ok(Scalar::Int(*v)),
+            Value::Bool(v) => Ok(Scalar::Bool(*v)),
+            _ => Err(OpError(format!("value '{n}' is not a number"))),
+        };
+        match arg {
             Argument::AsInt(v) => Ok(Scalar::Int(*v)),
             Argument::AsFloat(v) => Ok(Scalar::Float(v.get())),
             Argument::AsBool(v) => Ok(Scalar::Bool(*v)),
             Argument::AsSymInt(s) => Ok(Scalar::Int(self.sym_int(s)?)),
-            Argument::AsSymFloat(crate::schema::SymFloatArgument::AsFloat(v)) => {
-                Ok(Scalar::Float(v.get()))
-            }
-            Argument::AsSymFloat(crate::schema::SymFloatArgument::AsName(n)) => {
-                match self.lookup(n)? {
-                    Value::Float(v) => Ok(Scalar::Float(*v)),
-                    Value::Int(v) => Ok(Scalar::Int(*v)),
-                    _ => Err(OpError(format!("value '{n}' is not a float"))),
-                }
-            }
+            Argument::AsSymFloat(SymFloatArgument::AsFloat(v)) => Ok(Scalar::Float(v.get())),
+            Argument::AsSymFloat(SymFloatArgument::AsName(n)) => named(n),
+            Argument::AsSymBool(SymBoolArgument::AsBool(v)) => Ok(Scalar::Bool(*v)),
+            Argument::AsSymBool(SymBoolArgument::AsName(n)) => named(n),
             other => Err(self.wrong(name, "a scalar", other)),
         }
     }

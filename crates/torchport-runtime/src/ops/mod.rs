@@ -29,6 +29,7 @@ pub mod rnn;
 pub mod sgemm;
 pub mod shape;
 pub mod sort;
+pub mod sym;
 
 /// An op kernel.
 pub type OpFn = fn(&Args) -> OpResult<Outputs>;
@@ -63,6 +64,7 @@ impl Registry {
         index::register(&mut r);
         pad::register(&mut r);
         sort::register(&mut r);
+        sym::register(&mut r);
         r
     }
 
