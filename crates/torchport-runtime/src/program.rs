@@ -339,7 +339,7 @@ impl Program {
                 return Err(Error::UnsupportedOps(vec![node.target.clone()]));
             };
             let start = times.as_ref().map(|_| std::time::Instant::now());
-            let outs = kernel(&Args::new(node, &env)).map_err(|e| op_err(e.0))?;
+            let outs = crate::ops::call(kernel, &Args::new(node, &env)).map_err(|e| op_err(e.0))?;
             if let (Some(t), Some(start)) = (times.as_deref_mut(), start) {
                 let key = op_key(&node.target);
                 let e = t.entry(key.to_string()).or_insert_with(|| OpTime {

@@ -1,7 +1,8 @@
 //! A program loaded with a caller's registry runs the caller's kernels: `aten.relu.default`
 //! replaced by a kernel that counts its calls and then computes relu still gives PyTorch's
 //! outputs on torchvision's MobileNetV3-Small (the zoo fixture, decomposed), and is called
-//! once per relu node of the graph; a registry without an op reports it as unsupported.
+//! once per relu node of the graph; a registry without an op reports it as unsupported; a
+//! kernel that panics makes the run fail with an error, not the caller.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -64,4 +65,24 @@ fn a_registry_without_the_op_reports_it() {
     let program =
         Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
     assert_eq!(program.unsupported_ops(), ["aten.relu.default"]);
+}
+
+fn panicking_relu(_: &Args) -> torchport_runtime::error::OpResult<Outputs> {
+    panic!("relu exploded")
+}
+
+#[test]
+fn a_kernel_that_panics_gives_an_error_naming_the_node() {
+    let mut registry = Registry::with_all_ops();
+    registry.add("aten.relu.default", panicking_relu);
+    let program =
+        Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
+    let err = program
+        .run(&numbered(&zoo(), MODEL, "input"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("aten.relu.default") && err.contains("the kernel failed: relu exploded"),
+        "{err}"
+    );
 }

@@ -53,8 +53,40 @@ pub fn register(r: &mut Registry) {
         let (l, r) = operands(a, "self", "other")?;
         one(to_mask(&l)?.broadcast_ne(&to_mask(&r)?)?)
     });
-    r.add("aten.neg.default", |a| one(a.tensor("self")?.neg()?));
-    r.add("aten.abs.default", |a| one(a.tensor("self")?.abs()?));
+    // Integers stay exact and wrap as torch's do (candle has no integer unary kernels).
+    r.add("aten.neg.default", |a| {
+        int_or(a, i64::wrapping_neg, |t| Ok(t.neg()?))
+    });
+    r.add("aten.sign.default", |a| {
+        // -1, 0 or 1 in the input's dtype (NaN gives 0, as in torch); bool is its own sign.
+        let t = a.tensor("self")?;
+        if t.dtype() == DType::U8 {
+            return one(t);
+        }
+        let pos = t.gt(0.0)?.to_dtype(t.dtype())?;
+        one(pos.sub(&t.lt(0.0)?.to_dtype(t.dtype())?)?)
+    });
+    r.add("aten.square.default", |a| {
+        let t = a.tensor("self")?;
+        // bool squares to int64 in torch; other dtypes keep theirs.
+        let t = if t.dtype() == DType::U8 {
+            t.to_dtype(DType::I64)?
+        } else {
+            t
+        };
+        one(t.mul(&t)?)
+    });
+    r.add("aten.addcmul.default", |a| {
+        // self + value * tensor1 * tensor2, broadcast.
+        let x = float(&a.tensor("self")?)?;
+        let (t1, t2) = (float(&a.tensor("tensor1")?)?, float(&a.tensor("tensor2")?)?);
+        let value = a.scalar_or("value", Scalar::Int(1))?.as_f64();
+        let prod = t1.broadcast_mul(&t2)?.affine(value, 0.0)?;
+        one(x.broadcast_add(&prod)?)
+    });
+    r.add("aten.abs.default", |a| {
+        int_or(a, i64::wrapping_abs, |t| Ok(t.abs()?))
+    });
     r.add("aten.exp.default", |a| {
         unary_f32(a, f32::exp, |x| Ok(x.exp()?))
     });
@@ -82,11 +114,12 @@ pub fn register(r: &mut Registry) {
     r.add("aten.erf.default", |a| {
         one(float(&a.tensor("self")?)?.erf()?)
     });
+    // On integers, floor and ceil are the identity (and keep the dtype).
     r.add("aten.floor.default", |a| {
-        one(float(&a.tensor("self")?)?.floor()?)
+        int_or(a, |v| v, |t| Ok(float(t)?.floor()?))
     });
     r.add("aten.ceil.default", |a| {
-        one(float(&a.tensor("self")?)?.ceil()?)
+        int_or(a, |v| v, |t| Ok(float(t)?.ceil()?))
     });
     r.add("aten.where.self", where_self);
     r.add("aten.where.ScalarOther", where_self);
@@ -130,6 +163,26 @@ pub fn register(r: &mut Registry) {
     ] {
         r.add(n, dropout);
     }
+}
+
+/// A unary op that maps int64 tensors element by element with `int` and gives others to
+/// `other`.
+fn int_or(
+    a: &Args,
+    int: fn(i64) -> i64,
+    other: impl Fn(&Tensor) -> OpResult<Tensor>,
+) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    if t.dtype() != DType::I64 {
+        return one(other(&t)?);
+    }
+    let v: Vec<i64> = t
+        .flatten_all()?
+        .to_vec1::<i64>()?
+        .into_iter()
+        .map(int)
+        .collect();
+    one(Tensor::from_vec(v, t.dims(), t.device())?)
 }
 
 /// A float unary op: one pass over a contiguous f32 input (split across threads when large)

@@ -112,6 +112,22 @@ pub fn functional_name(key: &str) -> Option<String> {
     Some(format!("{ns}.{f}{overload}"))
 }
 
+/// Run `kernel` on `args`, turning a panic inside it (a dependency's unimplemented case, a
+/// missed shape check) into an error naming what it said, so that no program brings the
+/// caller down.
+pub fn call(kernel: OpFn, args: &Args) -> OpResult<Outputs> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel(args))).unwrap_or_else(
+        |payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            Err(OpError(format!("the kernel failed: {what}")))
+        },
+    )
+}
+
 /// A node target without its `torch.ops.` prefix.
 pub fn op_key(target: &str) -> &str {
     target.strip_prefix("torch.ops.").unwrap_or(target)

@@ -16,11 +16,13 @@ pub fn register(r: &mut Registry) {
         batch_norm,
     );
     r.add("aten.native_batch_norm.default", batch_norm);
+    r.add("aten._native_batch_norm_legit.no_stats", batch_norm);
     r.add(
         "aten._native_batch_norm_legit_functional.default",
         batch_norm,
     );
     r.add("aten.layer_norm.default", layer_norm);
+    r.add("aten._weight_norm.default", weight_norm);
     r.add("aten.native_layer_norm.default", layer_norm);
     r.add("aten.group_norm.default", group_norm);
     r.add("aten.native_group_norm.default", group_norm);
@@ -36,14 +38,20 @@ fn per_channel(v: &Tensor, rank: usize) -> OpResult<Tensor> {
 fn batch_norm(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let target = a.node().target.as_str();
-    if a.bool_or("training", false)? && !target.contains("no_training") {
-        op_bail!("batch_norm in training mode is not supported (export the model in eval mode)");
-    }
-    let (Some(mean), Some(var)) = (a.opt_tensor("running_mean")?, a.opt_tensor("running_var")?)
-    else {
-        op_bail!("batch_norm without running statistics is not supported");
-    };
+    let training = a.bool_or("training", false)? && !target.contains("no_training");
+    let stats = (a.opt_tensor("running_mean")?, a.opt_tensor("running_var")?);
     let eps = a.float_or("eps", 1e-5)?;
+    let (mean, var) = match stats {
+        // Training mode would update the running statistics: a side effect not run here.
+        _ if training && (stats.0.is_some() || stats.1.is_some()) => {
+            op_bail!("batch_norm in training mode is not supported (export the model in eval mode)")
+        }
+        // Without running statistics, training mode normalizes by the batch's own (a pure
+        // function: NFNet's weight standardization is written this way).
+        (None, None) if training => batch_stats(&x)?,
+        (Some(mean), Some(var)) => (mean, var),
+        _ => op_bail!("batch_norm without running statistics is not supported"),
+    };
     let r = x.rank();
     let inv = per_channel(&var, r)?.affine(1.0, eps)?.sqrt()?.recip()?;
     let mut scale = inv;
@@ -58,13 +66,37 @@ fn batch_norm(a: &Args) -> OpResult<Outputs> {
     if target.contains("aten.batch_norm.") {
         return one(y);
     }
-    // native forms also return (save_mean, save_invstd): empty in inference.
-    let empty = Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+    // native forms also return (save_mean, save_invstd): the batch's in training mode,
+    // empty in inference.
+    let (save_mean, save_invstd) = if training {
+        (mean.clone(), var.affine(1.0, eps)?.sqrt()?.recip()?)
+    } else {
+        let empty = Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+        (empty.clone(), empty)
+    };
     Ok(vec![
         Value::Tensor(y),
-        Value::Tensor(empty.clone()),
-        Value::Tensor(empty),
+        Value::Tensor(save_mean),
+        Value::Tensor(save_invstd),
     ])
+}
+
+/// Per-channel mean and biased variance of `x` [N, C, ...] over every dim but 1.
+fn batch_stats(x: &Tensor) -> OpResult<(Tensor, Tensor)> {
+    if x.rank() < 2 {
+        op_bail!(
+            "batch_norm needs an input of rank at least 2, got {:?}",
+            x.dims()
+        );
+    }
+    let c = x.dims()[1];
+    let per_channel = x.transpose(0, 1)?.contiguous()?.reshape((c, ()))?;
+    if per_channel.dims()[1] == 0 {
+        op_bail!("batch_norm over an empty batch");
+    }
+    let mean = per_channel.mean_keepdim(1)?;
+    let var = per_channel.broadcast_sub(&mean)?.sqr()?.mean(1)?;
+    Ok((mean.squeeze(1)?, var))
 }
 
 /// `x * scale[c] + shift[c]` over channel dim 1, in one pass over contiguous data.
@@ -188,4 +220,24 @@ fn group_norm(a: &Args) -> OpResult<Outputs> {
         ]);
     }
     one(y)
+}
+
+/// `_weight_norm(v, g, dim=0)`: `v * g / ‖v‖`, the 2-norm taken over every dim but `dim`
+/// (over the whole tensor when `dim` is -1, as torch's `norm_except_dim` does).
+fn weight_norm(a: &Args) -> OpResult<Outputs> {
+    let v = float(&a.tensor("v")?)?;
+    let g = float(&a.tensor("g")?)?;
+    let d = a.int_or("dim", 0)?;
+    let sq = v.sqr()?;
+    let norm = if d == -1 {
+        sq.sum_all()?.sqrt()?
+    } else {
+        let keep = super::dim(d, v.rank())?;
+        let mut n = sq;
+        for other in (0..v.rank()).filter(|&i| i != keep) {
+            n = n.sum_keepdim(other)?;
+        }
+        n.sqrt()?
+    };
+    one(v.broadcast_mul(&g.broadcast_div(&norm)?)?)
 }

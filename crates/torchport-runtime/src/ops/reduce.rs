@@ -10,6 +10,7 @@ use crate::value::{one, Args, Outputs, Value};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.mean.dim", mean);
+    r.add("aten.linalg_vector_norm.default", vector_norm);
     r.add("aten.mean.default", mean);
     r.add("aten.sum.dim_IntList", sum);
     r.add("aten.sum.default", sum);
@@ -207,4 +208,33 @@ fn any_dim(a: &Args) -> OpResult<Outputs> {
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     one(reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?)
+}
+
+/// `linalg_vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None)`: the p-norm over
+/// `dim` (every dim when absent); `ord` inf / -inf give max / min |x|, 0 the count of
+/// non-zeros.
+fn vector_norm(a: &Args) -> OpResult<Outputs> {
+    let t = float(&a.tensor("self")?)?;
+    let ord = a.float_or("ord", 2.0)?;
+    let dims = dims_of(a, "dim", t.rank())?;
+    let keep = a.bool_or("keepdim", false)?;
+    let abs = t.abs()?;
+    let r = if ord == f64::INFINITY {
+        reduce(&abs, &dims, keep, |x, d| x.max_keepdim(d))?
+    } else if ord == f64::NEG_INFINITY {
+        reduce(&abs, &dims, keep, |x, d| x.min_keepdim(d))?
+    } else if ord == 0.0 {
+        let nonzero = t.ne(0.0)?.to_dtype(DType::F32)?;
+        reduce(&nonzero, &dims, keep, |x, d| x.sum_keepdim(d))?
+    } else if ord == 2.0 {
+        reduce(&abs.sqr()?, &dims, keep, |x, d| x.sum_keepdim(d))?.sqrt()?
+    } else if ord == 1.0 {
+        reduce(&abs, &dims, keep, |x, d| x.sum_keepdim(d))?
+    } else {
+        reduce(&abs.powf(ord)?, &dims, keep, |x, d| x.sum_keepdim(d))?.powf(1.0 / ord)?
+    };
+    match a.opt_scalar_type("dtype")? {
+        Some(st) => one(crate::dtype::cast(&r, st)?),
+        None => one(r),
+    }
 }

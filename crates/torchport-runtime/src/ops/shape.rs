@@ -33,6 +33,10 @@ pub fn register(r: &mut Registry) {
     r.add("aten.squeeze.dims", squeeze);
     r.add("aten.squeeze.default", squeeze);
     r.add("aten.expand.default", expand);
+    r.add("aten.expand_as.default", |a| {
+        let other = a.tensor("other")?;
+        one(a.tensor("self")?.broadcast_as(other.dims())?)
+    });
     r.add("aten.slice.Tensor", slice);
     r.add("aten.select.int", select);
     r.add("aten.cat.default", cat);

@@ -389,7 +389,8 @@ fn run(schema: &Schema, kernel: OpFn, target: &str, b: Bound) -> Result<Val, Str
         outputs: Vec::new(),
         name: None,
     };
-    let outs = kernel(&Args::new(&node, &b.env)).map_err(|e| format!("{}: {}", schema.key, e.0))?;
+    let outs = crate::ops::call(kernel, &Args::new(&node, &b.env))
+        .map_err(|e| format!("{}: {}", schema.key, e.0))?;
     let mut vals: Vec<Val> = outs.into_iter().map(from_value).collect();
     match schema.returns {
         0 => Ok(Val::None),
