@@ -13,6 +13,8 @@ mod resnet;
 use std::path::PathBuf;
 
 use burn::tensor::Device;
+use torchport::remap::report::{report, TargetTensor};
+use torchport::remap::{self, Context, RuleSet, TensorMeta};
 use torchport_burn::TorchportStore;
 
 const TOL: f64 = 1e-5;
@@ -61,6 +63,42 @@ fn resnet18_matches_timm_with_torchvision_names() {
     let d = rel_diff(&io["logits"], &logits);
     eprintln!("resnet18: max relative diff {d:e}");
     assert!(d <= TOL, "max relative diff {d}");
+}
+
+#[test]
+fn full_size_resnet18_fits_torchvisions_state_dict() {
+    // torchvision's resnet18 saved from the meta device: every name, dtype and shape of the
+    // full model, no data. Matched as `torchport match --preset burn --rules rules.toml` does
+    // (the example's rules, then the `burn` preset's layouts), the full-size Burn model's
+    // parameters are exactly what the file holds.
+    let ckpt = torchport::open(fixture("resnet18_torchvision_meta.pth")).unwrap();
+    let config = resnet::ResNetConfig::from_checkpoint(&ckpt).unwrap();
+    assert_eq!(config, resnet::ResNetConfig::torchvision());
+    let model = config.init(&Device::default());
+    let want: Vec<TargetTensor> = TorchportStore::targets(&model)
+        .iter()
+        .map(|t| TargetTensor::new(t.path(), &t.shape))
+        .collect();
+    let have: Vec<TensorMeta> = ckpt
+        .tensors()
+        .iter()
+        .map(|t| TensorMeta {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let mut rules = RuleSet::new();
+    rules.preset("burn").unwrap();
+    rules.extend(resnet::rules());
+    let ctx = Context {
+        modules: ckpt.modules(),
+        target: Some(&want),
+    };
+    let (after, _) = remap::plan(&rules, &have, &ctx).unwrap();
+    let r = report(&after, &want, &ctx);
+    assert!(r.all_matched(), "{r}");
+    assert_eq!(want.len(), 102);
 }
 
 #[test]
