@@ -46,7 +46,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::default();
     let store = TorchportStore::open(&weights)?.rules(resnet::rules());
     let config = ResNetConfig::from_checkpoint(store.checkpoint())?;
-    println!("{weights}: {config:?}");
+    let size = if config == ResNetConfig::torchvision() {
+        "torchvision's resnet18"
+    } else {
+        "narrow"
+    };
+    println!("{weights}: {size}, {config:?}");
     let model = config.init(&device);
     if let Some(path) = &target_out {
         write_target(&model, path)?;

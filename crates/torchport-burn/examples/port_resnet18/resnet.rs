@@ -144,7 +144,9 @@ impl BasicBlock {
         record(acts, &format!("{name}.conv1"), &y);
         let y = self.bn1.forward(y);
         record(acts, &format!("{name}.bn1"), &y);
-        let y = self.conv2.forward(relu(y));
+        let y = relu(y);
+        record(acts, &format!("{name}.relu"), &y);
+        let y = self.conv2.forward(y);
         record(acts, &format!("{name}.conv2"), &y);
         let y = self.bn2.forward(y);
         record(acts, &format!("{name}.bn2"), &y);
@@ -154,11 +156,14 @@ impl BasicBlock {
                 record(acts, &format!("{name}.downsample.0"), &s);
                 let s = d.bn.forward(s);
                 record(acts, &format!("{name}.downsample.1"), &s);
+                record(acts, &format!("{name}.downsample"), &s);
                 s
             }
             None => x,
         };
+        // torchvision calls the block's one `relu` twice: its second output is `relu#2`.
         let y = relu(y + shortcut);
+        record(acts, &format!("{name}.relu#2"), &y);
         record(acts, name, &y);
         y
     }
@@ -181,7 +186,8 @@ pub struct ResNet18 {
 impl ResNet18 {
     /// Images `[batch, 3, height, width]` to logits `[batch, classes]`. With `acts`, every
     /// layer's output is recorded under torchvision's module name (`layer1.0.bn2`,
-    /// `layer2.0.downsample.0`…) for `tools/compare_activations.py`.
+    /// `layer2.0.downsample.0`…), as `tools/record_activations.py` names them, for
+    /// `tools/compare_activations.py`.
     pub fn forward(&self, x: Tensor<4>, mut acts: Option<&mut Activations>) -> Tensor<2> {
         let acts = &mut acts;
         record(acts, "input", &x);
@@ -189,7 +195,9 @@ impl ResNet18 {
         record(acts, "conv1", &x);
         let x = self.bn1.forward(x);
         record(acts, "bn1", &x);
-        let mut x = self.maxpool.forward(relu(x));
+        let x = relu(x);
+        record(acts, "relu", &x);
+        let mut x = self.maxpool.forward(x);
         record(acts, "maxpool", &x);
         let stages = [&self.layer1, &self.layer2, &self.layer3, &self.layer4];
         for (i, blocks) in stages.into_iter().enumerate() {
@@ -198,8 +206,9 @@ impl ResNet18 {
             }
             record(acts, &format!("layer{}", i + 1), &x);
         }
-        let x = self.avgpool.forward(x).flatten(1, 3);
-        let x = self.fc.forward(x);
+        let x = self.avgpool.forward(x);
+        record(acts, "avgpool", &x);
+        let x = self.fc.forward(x.flatten(1, 3));
         record(acts, "fc", &x);
         record(acts, "output", &x);
         x
