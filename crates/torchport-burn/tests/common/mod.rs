@@ -25,7 +25,12 @@ pub type Io = HashMap<String, Recorded>;
 
 /// Every tensor of NAME.io.safetensors.
 pub fn io(name: &str) -> Io {
-    let bytes = std::fs::read(fixture(&format!("{name}.io.safetensors"))).expect("io file");
+    io_file(&fixture(&format!("{name}.io.safetensors")))
+}
+
+/// Every tensor of a safetensors file of recorded tensors.
+pub fn io_file(path: &std::path::Path) -> Io {
+    let bytes = std::fs::read(path).expect("io file");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
     let mut out = HashMap::new();
     for (n, v) in st.tensors() {
