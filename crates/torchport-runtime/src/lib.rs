@@ -25,6 +25,7 @@ pub mod ops;
 pub mod prepare;
 pub mod program;
 pub mod schema;
+mod subgraphs;
 pub mod torchscript;
 pub mod value;
 mod views;

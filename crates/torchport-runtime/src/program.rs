@@ -62,8 +62,16 @@ pub struct Program {
 /// Every operator `ep` uses, with its count and whether `registry` has a kernel for it,
 /// sorted by operator.
 pub fn op_uses(ep: &ExportedProgram, registry: &Registry) -> Vec<OpUse> {
-    let nodes = ep.graph_module.graph.nodes.iter();
-    tally(nodes.map(|n| (n.target.as_str(), registry.get(&n.target).is_some())))
+    // Wrapper calls count as the ops of the subgraphs they wrap (as the program runs them).
+    let mut g = ep.graph_module.graph.clone();
+    if crate::subgraphs::inline_wrappers(&mut g).is_err() {
+        g = ep.graph_module.graph.clone();
+    }
+    tally(
+        g.nodes
+            .iter()
+            .map(|n| (n.target.as_str(), registry.get(&n.target).is_some())),
+    )
 }
 
 /// Count `(target, supported)` uses by operator key, sorted by operator.
@@ -206,6 +214,7 @@ impl Program {
             }
             weights.insert(arg.name.clone(), t.clone());
         }
+        crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
         crate::views::write_back_view_updates(&mut ep.graph_module.graph);
         crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
         if own_kernels {

@@ -13,7 +13,7 @@ mod compare;
 use compare::{mismatch, numbered};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 9] = [
+const MODELS: [&str; 12] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -25,6 +25,12 @@ const MODELS: [&str; 9] = [
     "tv_swin",
     // Exported with dynamic batch and sequence (2 x 12), run at 3 x 9.
     "hf_bert_dyn",
+    // Linear attention in an `autocast(enabled=False)` block (`wrap_with_autocast`, plain).
+    "timm_efficientvit",
+    // Relative-position buckets computed on int64 tensors (sign, abs, log).
+    "hf_deberta_v2",
+    // A weight-normed positional convolution (`_weight_norm`, plain).
+    "hf_wav2vec2",
 ];
 
 fn fixtures() -> PathBuf {
@@ -75,10 +81,11 @@ fn zoo_models_match_pytorch() {
 }
 
 /// The programs above reach what they are there for: torchvision Swin's plain export updates
-/// views of a tensor read later (which the runtime writes back into it), and the dynamic
-/// BERT's decomposed export computes sizes with SymInt arithmetic.
+/// views of a tensor read later (which the runtime writes back into it), the dynamic BERT's
+/// decomposed export computes sizes with SymInt arithmetic, DeBERTa takes the sign of
+/// integer tensors, wav2vec2 calls `_weight_norm`, and EfficientViT wraps ops in autocast.
 #[test]
-fn zoo_fixtures_exercise_view_updates_and_symint_arithmetic() {
+fn zoo_fixtures_exercise_what_they_are_there_for() {
     let ops = |name: &str| -> Vec<String> {
         Program::ops_of(fixtures().join(name))
             .unwrap()
@@ -88,4 +95,21 @@ fn zoo_fixtures_exercise_view_updates_and_symint_arithmetic() {
     };
     assert!(ops("tv_swin.plain.pt2").contains(&"aten.fill_.Scalar".to_string()));
     assert!(ops("hf_bert_dyn.decomp.pt2").contains(&"_operator.mul".to_string()));
+    assert!(ops("hf_deberta_v2.plain.pt2").contains(&"aten.sign.default".to_string()));
+    assert!(ops("hf_wav2vec2.plain.pt2").contains(&"aten._weight_norm.default".to_string()));
+    // The wrapper is inlined: its subgraph's ops are listed, the wrapper is not.
+    let raw =
+        torchport_runtime::archive::read_program(&fixtures().join("timm_efficientvit.plain.pt2"))
+            .unwrap();
+    let wrappers = raw
+        .graph_module
+        .graph
+        .nodes
+        .iter()
+        .filter(|n| n.target.ends_with("higher_order.wrap_with_autocast"))
+        .count();
+    assert!(wrappers > 0);
+    assert!(!ops("timm_efficientvit.plain.pt2")
+        .iter()
+        .any(|o| o.contains("wrap_with_autocast")));
 }
