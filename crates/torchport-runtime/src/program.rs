@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::RwLock;
 
 use candle_core::{DType, Tensor};
 
@@ -48,7 +49,11 @@ pub struct InputInfo {
 /// A loaded program, ready to run.
 pub struct Program {
     ep: ExportedProgram,
-    weights: HashMap<String, Tensor>,
+    /// Parameters, buffers and constants by placeholder name; buffers the program mutates
+    /// are replaced by their new values after each run.
+    weights: RwLock<HashMap<String, Tensor>>,
+    /// Buffer mutations: (the value computed, the buffer's placeholder name).
+    mutations: Vec<(String, String)>,
     kernels: Vec<Option<OpFn>>,
     unsupported: Vec<String>,
     inputs: Vec<InputInfo>,
@@ -215,14 +220,23 @@ impl Program {
             weights.insert(arg.name.clone(), t.clone());
         }
         crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
-        crate::views::write_back_view_updates(&mut ep.graph_module.graph);
+        let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
         crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
         }
         let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);
-        let outputs = user_outputs(&ep)?;
+        let (outputs, mut mutations) = user_outputs(&ep)?;
+        refuse_input_updates(&ep, &final_names)?;
+        mutations.extend(inplace_buffer_updates(&ep, &final_names));
+        // Values kept to the end of a run: what it returns and the buffers' new values.
+        let mut kept = outputs.clone();
+        kept.extend(mutations.iter().map(|(value, _)| {
+            Argument::AsTensor(crate::schema::TensorArgument {
+                name: value.clone(),
+            })
+        }));
 
         let dim_ranges = dim_ranges(&ep, &inputs);
         let mut kernels = Vec::with_capacity(g.nodes.len());
@@ -235,11 +249,12 @@ impl Program {
             kernels.push(k);
         }
         check_as_strided(g)?;
-        crate::views::check_inplace_views(g, &outputs)?;
-        let frees = last_uses(&ep, &outputs);
+        crate::views::check_inplace_views(g, &kept)?;
+        let frees = last_uses(&ep, &kept);
         Ok(Program {
             ep,
-            weights,
+            weights: RwLock::new(weights),
+            mutations,
             kernels,
             unsupported: unsupported.into_keys().collect(),
             inputs,
@@ -329,7 +344,12 @@ impl Program {
             });
         }
         let mut env: Env = HashMap::with_capacity(self.ep.graph_module.graph.nodes.len() * 2);
-        for (name, t) in &self.weights {
+        for (name, t) in self
+            .weights
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             env.insert(name.clone(), Value::Tensor(t.clone()));
         }
         for (i, (info, t)) in self.inputs.iter().zip(inputs).enumerate() {
@@ -362,6 +382,17 @@ impl Program {
             bind_outputs(node, outs, &mut env).map_err(op_err)?;
             for dead in &self.frees[i] {
                 env.remove(dead);
+            }
+        }
+        if !self.mutations.is_empty() {
+            let mut weights = self.weights.write().unwrap_or_else(|e| e.into_inner());
+            for (value, buffer) in &self.mutations {
+                let Some(Value::Tensor(t)) = env.get(value) else {
+                    return Err(Error::Program(format!(
+                        "the new value '{value}' of a buffer was never computed"
+                    )));
+                };
+                weights.insert(buffer.clone(), t.clone());
             }
         }
         let tv = &g.tensor_values;
@@ -405,7 +436,9 @@ fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
     }
 }
 
-fn user_outputs(ep: &ExportedProgram) -> Result<Vec<Argument>> {
+/// The graph outputs the program returns, and its buffer mutations as (value, buffer
+/// placeholder) pairs.
+fn user_outputs(ep: &ExportedProgram) -> Result<(Vec<Argument>, Vec<(String, String)>)> {
     let g = &ep.graph_module.graph;
     let specs = &ep.graph_module.signature.output_specs;
     if specs.len() != g.outputs.len() {
@@ -416,23 +449,112 @@ fn user_outputs(ep: &ExportedProgram) -> Result<Vec<Argument>> {
         )));
     }
     let mut out = Vec::new();
+    let mut mutations = Vec::new();
     for (spec, arg) in specs.iter().zip(&g.outputs) {
         match spec {
             OutputSpec::UserOutput { .. } => out.push(arg.clone()),
-            // Buffer mutations (e.g. BatchNorm's num_batches_tracked in train mode) do not
-            // change what the program returns; inference ignores them.
-            OutputSpec::BufferMutation { .. } => {}
+            // A buffer's new value (a counter, a running average): it replaces the buffer
+            // after the run, so that the next run reads it, as torch's module would.
+            OutputSpec::BufferMutation { buffer_name, .. } => {
+                let placeholder =
+                    ep.graph_module
+                        .signature
+                        .input_specs
+                        .iter()
+                        .find_map(|i| match i {
+                            InputSpec::Buffer {
+                                arg,
+                                buffer_name: b,
+                                ..
+                            } if b == buffer_name => Some(arg.name.clone()),
+                            _ => None,
+                        });
+                let (Some(placeholder), Argument::AsTensor(value)) = (placeholder, arg) else {
+                    return Err(Error::Program(format!(
+                        "the program updates buffer '{buffer_name}', which it does not take"
+                    )));
+                };
+                mutations.push((value.name.clone(), placeholder));
+            }
+            OutputSpec::UserInputMutation {
+                user_input_name, ..
+            } => {
+                return Err(Error::Program(format!(
+                    "the program updates its input '{user_input_name}' in place; programs \
+                     that mutate their inputs are not supported (clone the input first)"
+                )))
+            }
             OutputSpec::Token { .. } => {
                 return Err(Error::Program("effect tokens are not supported".into()))
             }
             _ => {
                 return Err(Error::Program(
-                    "training outputs (loss, gradients, input mutations) are not supported".into(),
+                    "training outputs (loss, gradients, parameter mutations) are not supported"
+                        .into(),
                 ))
             }
         }
     }
-    Ok(out)
+    Ok((out, mutations))
+}
+
+/// A plain export updates a user input with in-place ops on its placeholder (a decomposed
+/// one declares it, see [`user_outputs`]): refused, as the caller's tensor is not changed.
+fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, String>) -> Result<()> {
+    let g = &ep.graph_module.graph;
+    for spec in &ep.graph_module.signature.input_specs {
+        let InputSpec::UserInput {
+            arg: Argument::AsTensor(t),
+        } = spec
+        else {
+            continue;
+        };
+        let in_place = g.nodes.iter().any(|n| {
+            let key = op_key(&n.target);
+            crate::views::self_name(n) == Some(t.name.as_str())
+                && crate::ops::functional_name(key).is_some()
+                && !crate::views::is_view_op(key)
+        });
+        if in_place || final_names.contains_key(&t.name) {
+            return Err(Error::Program(format!(
+                "the program updates its input '{}' in place; programs that mutate their \
+                 inputs are not supported (clone the input first)",
+                t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Buffers a plain (not decomposed) export updates in place — `self.count += 1` is an
+/// `add_` on the buffer's placeholder, an update through a view is written back by
+/// [`crate::views`] — as (the name holding the new value, the buffer's placeholder).
+fn inplace_buffer_updates(
+    ep: &ExportedProgram,
+    final_names: &HashMap<String, String>,
+) -> Vec<(String, String)> {
+    let g = &ep.graph_module.graph;
+    let mut updates = Vec::new();
+    for spec in &ep.graph_module.signature.input_specs {
+        let InputSpec::Buffer { arg, .. } = spec else {
+            continue;
+        };
+        let name = &arg.name;
+        if let Some(last) = final_names.get(name) {
+            updates.push((last.clone(), name.clone()));
+            continue;
+        }
+        let in_place = g.nodes.iter().any(|n| {
+            let key = op_key(&n.target);
+            crate::views::self_name(n) == Some(name.as_str())
+                && crate::ops::functional_name(key).is_some()
+                && !crate::views::is_view_op(key)
+        });
+        if in_place {
+            updates.push((name.clone(), name.clone()));
+        }
+    }
+    updates
 }
 
 /// Check one user input against the program and convert it to the runtime representation.

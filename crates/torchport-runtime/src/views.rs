@@ -125,7 +125,7 @@ pub(crate) fn check_inplace_views(g: &crate::schema::Graph, outputs: &[Argument]
 }
 
 /// The name of a node's `self` (or `input`) tensor argument.
-fn self_name(node: &Node) -> Option<&str> {
+pub(crate) fn self_name(node: &Node) -> Option<&str> {
     node.inputs
         .iter()
         .find(|a| a.name == "self" || a.name == "input")
@@ -149,10 +149,22 @@ fn tensor_output(node: &Node) -> Option<&str> {
 /// and every later read of a level (and the graph's outputs) reads the updated value. A
 /// base that is itself an alias (a view, or an in-place op's result) is left alone, so that
 /// [`check_inplace_views`] refuses it.
-pub(crate) fn write_back_view_updates(g: &mut Graph) {
+///
+/// Returns, for each value whose reads were renamed, the name that holds its final value
+/// (how a buffer updated through a view gets its new value).
+pub(crate) fn write_back_view_updates(g: &mut Graph) -> HashMap<String, String> {
+    let mut latest: HashMap<String, String> = HashMap::new();
     let mut i = 0;
     while i < g.nodes.len() {
         if let Some((inserted, renames)) = write_back(g, i) {
+            for (old, new) in &renames {
+                let origin = latest
+                    .iter()
+                    .find(|(_, current)| *current == old)
+                    .map(|(o, _)| o.clone())
+                    .unwrap_or_else(|| old.clone());
+                latest.insert(origin, new.clone());
+            }
             let at = i + 1 + inserted.len();
             g.nodes.splice(i + 1..i + 1, inserted);
             for node in &mut g.nodes[at..] {
@@ -173,6 +185,7 @@ pub(crate) fn write_back_view_updates(g: &mut Graph) {
             i += 1;
         }
     }
+    latest
 }
 
 /// For in-place node `i` that updates a view chain read later: make it functional and

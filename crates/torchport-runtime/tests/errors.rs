@@ -292,6 +292,35 @@ fn inplace_update_of_a_view_is_written_back_or_refused() {
 }
 
 #[test]
+fn buffers_updated_in_forward_keep_their_new_values_for_the_next_run() {
+    // `self.calls += 1; self.total.add_(x.sum(0))`: torch's outputs of two successive calls.
+    for flavour in ["plain", "decomp"] {
+        let p = Program::load(fixture(&format!("buffer_mutation.{flavour}.pt2"))).unwrap();
+        for call in 0..2 {
+            let x = read_npy(&fixture(&format!("buffer_mutation.input_{call}.npy"))).unwrap();
+            let want = read_npy(&fixture(&format!("buffer_mutation.output_{call}.npy"))).unwrap();
+            let got = p.run(&[x]).unwrap();
+            let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
+            assert!(
+                diff.to_scalar::<f32>().unwrap() <= 1e-5,
+                "{flavour}, call {call}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_program_that_updates_its_input_is_refused_naming_it() {
+    for file in ["bad_input_mutation.pt2", "bad_input_mutation.decomp.pt2"] {
+        let err = Program::load(fixture(file)).err().unwrap().to_string();
+        assert!(
+            err.contains("updates its input 'x' in place"),
+            "{file}: {err}"
+        );
+    }
+}
+
+#[test]
 fn dynamic_dims_run_within_their_range_and_are_checked() {
     let p = Program::load(fixture("dynamic_batch.plain.pt2")).unwrap();
     let x = read_npy(&fixture("dynamic_batch.input_0.npy")).unwrap();

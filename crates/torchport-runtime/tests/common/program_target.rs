@@ -83,22 +83,28 @@ fn within_budget(ep: &schema::ExportedProgram) -> bool {
     let g = &ep.graph_module.graph;
     let small = |v: i64| (0..=MAX_RUN).contains(&v.abs());
     let declared = g.tensor_values.values().all(|m| {
-        m.sizes.iter().try_fold(1i64, |n, s| match s {
-            SymInt::AsInt(v) if small(*v) => n.checked_mul((*v).max(1)).filter(|&n| small(n)),
-            SymInt::AsInt(_) => None,
-            SymInt::AsExpr(_) => n.checked_mul(2).filter(|&n| small(n)),
-        })
-        .is_some()
+        m.sizes
+            .iter()
+            .try_fold(1i64, |n, s| match s {
+                SymInt::AsInt(v) if small(*v) => n.checked_mul((*v).max(1)).filter(|&n| small(n)),
+                SymInt::AsInt(_) => None,
+                SymInt::AsExpr(_) => n.checked_mul(2).filter(|&n| small(n)),
+            })
+            .is_some()
     });
-    let args = g.nodes.iter().flat_map(|n| &n.inputs).all(|a| match &a.arg {
-        Argument::AsInt(v) => small(*v) || *v == i64::MAX || *v == i64::MIN,
-        Argument::AsInts(v) => v.iter().all(|&v| small(v)),
-        Argument::AsSymInts(v) => v.iter().all(|s| match s {
-            schema::SymIntArgument::AsInt(v) => small(*v),
-            schema::SymIntArgument::AsName(_) => true,
-        }),
-        _ => true,
-    });
+    let args = g
+        .nodes
+        .iter()
+        .flat_map(|n| &n.inputs)
+        .all(|a| match &a.arg {
+            Argument::AsInt(v) => small(*v) || *v == i64::MAX || *v == i64::MIN,
+            Argument::AsInts(v) => v.iter().all(|&v| small(v)),
+            Argument::AsSymInts(v) => v.iter().all(|s| match s {
+                schema::SymIntArgument::AsInt(v) => small(*v),
+                schema::SymIntArgument::AsName(_) => true,
+            }),
+            _ => true,
+        });
     declared && args
 }
 
