@@ -52,8 +52,8 @@ pub struct Program {
     /// Parameters, buffers and constants by placeholder name; buffers the program mutates
     /// are replaced by their new values after each run.
     weights: RwLock<HashMap<String, Tensor>>,
-    /// Buffer mutations: (the value computed, the buffer's placeholder name).
-    mutations: Vec<(String, String)>,
+    /// Buffer mutations, applied after each run.
+    mutations: Vec<BufferUpdate>,
     kernels: Vec<Option<OpFn>>,
     unsupported: Vec<String>,
     inputs: Vec<InputInfo>,
@@ -436,9 +436,11 @@ fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
     }
 }
 
-/// The graph outputs the program returns, and its buffer mutations as (value, buffer
-/// placeholder) pairs.
-fn user_outputs(ep: &ExportedProgram) -> Result<(Vec<Argument>, Vec<(String, String)>)> {
+/// A buffer's update: (the value holding its new contents, the buffer's placeholder name).
+type BufferUpdate = (String, String);
+
+/// The graph outputs the program returns, and its buffer mutations.
+fn user_outputs(ep: &ExportedProgram) -> Result<(Vec<Argument>, Vec<BufferUpdate>)> {
     let g = &ep.graph_module.graph;
     let specs = &ep.graph_module.signature.output_specs;
     if specs.len() != g.outputs.len() {
@@ -532,7 +534,7 @@ fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, Stri
 fn inplace_buffer_updates(
     ep: &ExportedProgram,
     final_names: &HashMap<String, String>,
-) -> Vec<(String, String)> {
+) -> Vec<BufferUpdate> {
     let g = &ep.graph_module.graph;
     let mut updates = Vec::new();
     for spec in &ep.graph_module.signature.input_specs {
