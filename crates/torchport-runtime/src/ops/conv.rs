@@ -68,6 +68,16 @@ impl Act {
         }
     }
 
+    /// The activation applied to a whole f32 tensor.
+    pub(super) fn apply_to(self, t: &Tensor) -> OpResult<Tensor> {
+        if self == Act::None {
+            return Ok(t.clone());
+        }
+        let mut v = super::f32_vec(t)?;
+        self.apply(&mut v);
+        Ok(Tensor::from_vec(v, t.dims(), t.device())?)
+    }
+
     fn apply(self, xs: &mut [f32]) {
         use super::fused::{sigmoid_fast, simd_map_mut};
         match self {
@@ -92,7 +102,44 @@ fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
     Ok(p)
 }
 
+/// The activation fused onto this conv node at load, if any.
+pub(super) fn fused_act(a: &Args) -> OpResult<Act> {
+    Ok(match a.get(FUSED_ACT_ARG) {
+        None => Act::None,
+        Some(crate::schema::Argument::AsString(s)) => match s.as_str() {
+            "relu" => Act::Relu,
+            "silu" => Act::Silu,
+            "hardswish" => Act::Hardswish,
+            other => op_bail!("unknown fused activation '{other}'"),
+        },
+        Some(_) => op_bail!("{FUSED_ACT_ARG} must be a string"),
+    })
+}
+
+/// A plain 2-d convolution of `[N, C, H, W]` by `[O, C / groups, KH, KW]` (no bias, no
+/// activation), for the kernels that build on it (3-d convolution).
+pub(super) fn conv2d_plain(
+    x: &Tensor,
+    w: &Tensor,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+) -> OpResult<Tensor> {
+    let p = Params {
+        stride,
+        padding,
+        dilation,
+        groups,
+        act: Act::None,
+    };
+    conv(x, w, None, &p)
+}
+
 fn conv_nd(a: &Args) -> OpResult<Outputs> {
+    if a.tensor("weight")?.rank() == 5 {
+        return super::volume::conv3d(a);
+    }
     let x = float(&a.tensor("input")?)?;
     let w = float(&a.tensor("weight")?)?;
     let b = a.opt_tensor("bias")?;
@@ -126,16 +173,7 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
         _ => pair(&a.ints_or("padding", &[0])?, "padding", one_d)?,
     };
     let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
-    let act = match a.get(FUSED_ACT_ARG) {
-        None => Act::None,
-        Some(crate::schema::Argument::AsString(s)) => match s.as_str() {
-            "relu" => Act::Relu,
-            "silu" => Act::Silu,
-            "hardswish" => Act::Hardswish,
-            other => op_bail!("unknown fused activation '{other}'"),
-        },
-        Some(_) => op_bail!("{FUSED_ACT_ARG} must be a string"),
-    };
+    let act = fused_act(a)?;
     let p = Params {
         stride,
         padding,

@@ -15,6 +15,7 @@ use crate::value::{Args, Outputs, Scalar, TensorOrScalar};
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod fused;
 pub mod index;
@@ -30,6 +31,7 @@ pub mod sgemm;
 pub mod shape;
 pub mod sort;
 pub mod sym;
+pub mod volume;
 
 /// An op kernel.
 pub type OpFn = fn(&Args) -> OpResult<Outputs>;
@@ -52,6 +54,7 @@ impl Registry {
         activation::register(&mut r);
         attention::register(&mut r);
         conv::register(&mut r);
+        einsum::register(&mut r);
         elementwise::register(&mut r);
         integer::register(&mut r);
         interp::register(&mut r);
@@ -65,6 +68,7 @@ impl Registry {
         pad::register(&mut r);
         sort::register(&mut r);
         sym::register(&mut r);
+        volume::register(&mut r);
         r
     }
 

@@ -22,6 +22,11 @@ pub fn register(r: &mut Registry) {
     r.add("aten.flatten.using_ints", flatten);
     r.add("aten.permute.default", permute);
     r.add("aten.transpose.int", transpose);
+    r.add("aten.swapaxes.default", transpose);
+    r.add("aten.swapdims.default", transpose);
+    r.add("aten.zero.default", |a| {
+        one(a.tensor("self")?.zeros_like()?)
+    });
     r.add("aten.t.default", |a| one(a.tensor("self")?.t()?));
     r.add("aten.numpy_T.default", |a| {
         let t = a.tensor("self")?;
@@ -131,8 +136,14 @@ fn permute(a: &Args) -> OpResult<Outputs> {
 
 fn transpose(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
-    let d0 = dim(a.int("dim0")?, t.rank())?;
-    let d1 = dim(a.int("dim1")?, t.rank())?;
+    // `swapaxes` names its dims axis0 / axis1; `transpose` and `swapdims` dim0 / dim1.
+    let (n0, n1) = if a.has("axis0") {
+        ("axis0", "axis1")
+    } else {
+        ("dim0", "dim1")
+    };
+    let d0 = dim(a.int(n0)?, t.rank())?;
+    let d1 = dim(a.int(n1)?, t.rank())?;
     one(t.transpose(d0, d1)?)
 }
 
