@@ -752,8 +752,15 @@ fn is_contiguous(m: &TensorMeta) -> bool {
         return false;
     }
     let mut expect: i64 = 1;
-    for (size, stride) in m.sizes.iter().zip(&m.strides).rev() {
-        let (Some(size), Some(stride)) = (int(size), int(stride)) else {
+    for (i, (size, stride)) in m.sizes.iter().zip(&m.strides).enumerate().rev() {
+        // A symbolic size is fine in the outermost dim (a dynamic batch): nothing outside it
+        // depends on it, and its stride is the product of the (concrete) sizes inside.
+        let size = match int(size) {
+            Some(s) => s,
+            None if i == 0 => 2,
+            None => return false,
+        };
+        let Some(stride) = int(stride) else {
             return false;
         };
         if size != 1 && stride != expect {

@@ -13,7 +13,7 @@ mod compare;
 use compare::{mismatch, numbered};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 12] = [
+const MODELS: [&str; 13] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -31,6 +31,8 @@ const MODELS: [&str; 12] = [
     "hf_deberta_v2",
     // A weight-normed positional convolution (`_weight_norm`, plain).
     "hf_wav2vec2",
+    // Attention on rank-5 query, key and value (mask units).
+    "timm_hiera",
 ];
 
 fn fixtures() -> PathBuf {

@@ -38,6 +38,9 @@ pub fn attention(
             v.dims()
         );
     }
+    if q.rank() > 4 && !gqa {
+        return attention_flattened(&q, &k, &v, mask, causal, scale);
+    }
     let e = q.dims()[q.rank() - 1];
     let l = q.dims()[q.rank() - 2];
     let s = k.dims()[k.rank() - 2];
@@ -53,6 +56,52 @@ pub fn attention(
     let scores = masked_scores(&q, &k, mask, causal, scale_or_default, l, s)?;
     let p = softmax_dim(&scores, scores.rank() - 1)?;
     mm(&p, &v)
+}
+
+/// Attention over more than one batch dim (`[B1, B2, H, L, E]`, as Hiera's mask-unit
+/// attention has): the batch dims (broadcast between q, k, v and the mask) flattened into
+/// one, run as 4-d, the result shaped back.
+fn attention_flattened(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: Option<f64>,
+) -> OpResult<Tensor> {
+    let r = q.rank();
+    if k.rank() != r || v.rank() != r {
+        op_bail!(
+            "attention with query of rank {r} needs key and value of the same rank, got shapes {:?} and {:?}",
+            k.dims(),
+            v.dims()
+        );
+    }
+    let lead = &q.dims()[..r - 2];
+    let batch: usize = q.dims()[..r - 3].iter().product();
+    let heads = q.dims()[r - 3];
+    let four = |t: &Tensor| -> OpResult<Tensor> {
+        let mut shape = lead.to_vec();
+        shape.extend(&t.dims()[t.rank() - 2..]);
+        let tail = &t.dims()[t.rank() - 2..];
+        Ok(t
+            .broadcast_as(shape)?
+            .contiguous()?
+            .reshape((batch, heads, tail[0], tail[1]))?)
+    };
+    let mask = match mask {
+        Some(m) => {
+            let (l, s) = (q.dims()[r - 2], k.dims()[r - 2]);
+            let mut shape = lead.to_vec();
+            shape.extend([l, s]);
+            Some(m.broadcast_as(shape)?.contiguous()?.reshape((batch, heads, l, s))?)
+        }
+        None => None,
+    };
+    let out = attention(&four(q)?, &four(k)?, &four(v)?, mask.as_ref(), causal, scale, false)?;
+    let mut shape = q.dims()[..r - 1].to_vec();
+    shape.push(out.dims()[3]);
+    Ok(out.reshape(shape)?)
 }
 
 /// `t [..., Hk, S, E]` with its heads repeated to `hq` (grouped-query attention).
