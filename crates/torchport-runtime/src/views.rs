@@ -207,6 +207,10 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
     let mut chain: Vec<(String, usize)> = Vec::new();
     let mut cur = self_name(node)?.to_string();
     while let Some(&j) = producers.get(cur.as_str()) {
+        // A crafted graph may define a name by reading itself: no chain then.
+        if chain.iter().any(|(v, _)| *v == cur) || chain.len() > i {
+            return None;
+        }
         let def = &g.nodes[j];
         if !matches!(op_key(&def.target), "aten.slice.Tensor" | "aten.select.int") {
             break;
