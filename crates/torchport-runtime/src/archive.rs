@@ -103,7 +103,7 @@ pub fn tensor_from_bytes(
             bytes.len()
         ));
     }
-    let e = |e: candle_core::Error| e.to_string();
+    let e = |e: candle_core::Error| crate::error::candle_message(&e);
     let raw = |d: DType| Tensor::from_raw_buffer(bytes, d, shape, &dev).map_err(e);
     Ok(match name {
         "float32" => raw(DType::F32)?,

@@ -92,7 +92,16 @@ pub struct OpError(pub String);
 
 impl From<candle_core::Error> for OpError {
     fn from(e: candle_core::Error) -> Self {
-        OpError(e.to_string())
+        OpError(candle_message(&e))
+    }
+}
+
+/// A candle error's message without the backtrace candle attaches when `RUST_BACKTRACE` is
+/// set (errors stay one line).
+pub fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        e => e.to_string(),
     }
 }
 

@@ -60,7 +60,7 @@ pub fn out_tensor_as(
     };
     match narrow {
         Some((dtype, bytes)) if t.dtype() == DType::I64 => {
-            let e = |e: candle_core::Error| e.to_string();
+            let e = |e: candle_core::Error| crate::error::candle_message(&e);
             let v = t
                 .contiguous()
                 .map_err(e)?
@@ -80,7 +80,7 @@ pub fn out_tensor_as(
 /// A runtime output as an [`OutTensor`] for torchport's writers: the element type numpy can
 /// hold (bfloat16 becomes float32, exactly; u8 tensors flagged `bool` become numpy bool).
 pub fn out_tensor(name: String, t: &Tensor, bool_: bool) -> Result<OutTensor<'static>, String> {
-    let e = |e: candle_core::Error| e.to_string();
+    let e = |e: candle_core::Error| crate::error::candle_message(&e);
     let flat = t.contiguous().map_err(e)?.flatten_all().map_err(e)?;
     fn le<T: Copy, const N: usize>(v: Vec<T>, f: fn(T) -> [u8; N]) -> Vec<u8> {
         v.into_iter().flat_map(f).collect()

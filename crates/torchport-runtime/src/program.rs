@@ -701,7 +701,7 @@ fn bind_outputs(
                     old.dtype()
                 ));
             } else {
-                new.to_dtype(old.dtype()).map_err(|e| e.to_string())?
+                new.to_dtype(old.dtype()).map_err(|e| crate::error::candle_message(&e))?
             };
             env.insert(dst.name.clone(), Value::Tensor(new.clone()));
             env.insert(src.name.clone(), Value::Tensor(new));

@@ -53,7 +53,7 @@ impl From<candle_core::Error> for EvalError {
     fn from(e: candle_core::Error) -> Self {
         EvalError {
             at: None,
-            what: e.to_string(),
+            what: crate::error::candle_message(&e),
         }
     }
 }
