@@ -11,7 +11,7 @@ pub enum Error {
     #[error(transparent)]
     Read(torchport::Error),
     /// The file is not a `.pt2` archive holding one serialized program.
-    #[error("{path}: {what}")]
+    #[error("{}: {}", path.display(), one_line(what))]
     Archive {
         /// The file.
         path: PathBuf,
@@ -19,7 +19,7 @@ pub enum Error {
         what: String,
     },
     /// The program's JSON is invalid or from an unsupported schema version.
-    #[error("{path}: {record} is not a valid exported program: {what}")]
+    #[error("{}: {} is not a valid exported program: {}", path.display(), one_line(record), one_line(what))]
     Schema {
         /// The file.
         path: PathBuf,
@@ -29,13 +29,13 @@ pub enum Error {
         what: String,
     },
     /// The program is well-formed but refers to something it does not define.
-    #[error("invalid program: {0}")]
+    #[error("invalid program: {}", one_line(.0))]
     Program(String),
     /// The program uses operators this runtime does not implement.
-    #[error("the program uses {} unsupported operator(s): {}", .0.len(), .0.join(", "))]
+    #[error("the program uses {} unsupported operator(s): {}", .0.len(), one_line(&.0.join(", ")))]
     UnsupportedOps(Vec<String>),
     /// A weight named by the signature is missing or unusable.
-    #[error("weight '{name}': {what}")]
+    #[error("weight '{}': {}", one_line(name), one_line(what))]
     Weight {
         /// The weight's state_dict name.
         name: String,
@@ -43,7 +43,7 @@ pub enum Error {
         what: String,
     },
     /// The inputs given to `run` do not match the program.
-    #[error("input {index}: {what}")]
+    #[error("input {index}: {}", one_line(what))]
     Input {
         /// Position of the user input.
         index: usize,
@@ -60,7 +60,7 @@ pub enum Error {
     },
     /// A TorchScript archive's code could not be parsed or run: the record and line of the
     /// serialized code, and the construct or failure.
-    #[error("{}: {record}, line {line}: {what}", path.display())]
+    #[error("{}: {}, line {line}: {}", path.display(), one_line(record), one_line(what))]
     Script {
         /// The archive.
         path: PathBuf,
@@ -72,7 +72,7 @@ pub enum Error {
         what: String,
     },
     /// An operator failed.
-    #[error("node '{node}' ({target}): {what}")]
+    #[error("node '{}' ({}): {}", one_line(node), one_line(target), one_line(what))]
     Op {
         /// The node's name.
         node: String,
@@ -81,6 +81,25 @@ pub enum Error {
         /// What went wrong.
         what: String,
     },
+}
+
+/// `s` with control characters (a newline in a crafted program's name) escaped, so that every
+/// error is one line.
+fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        s.into()
+    }
 }
 
 /// Result with the runtime's [`Error`].

@@ -701,7 +701,8 @@ fn bind_outputs(
                     old.dtype()
                 ));
             } else {
-                new.to_dtype(old.dtype()).map_err(|e| crate::error::candle_message(&e))?
+                new.to_dtype(old.dtype())
+                    .map_err(|e| crate::error::candle_message(&e))?
             };
             env.insert(dst.name.clone(), Value::Tensor(new.clone()));
             env.insert(src.name.clone(), Value::Tensor(new));

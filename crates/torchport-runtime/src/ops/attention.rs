@@ -84,8 +84,7 @@ fn attention_flattened(
         let mut shape = lead.to_vec();
         shape.extend(&t.dims()[t.rank() - 2..]);
         let tail = &t.dims()[t.rank() - 2..];
-        Ok(t
-            .broadcast_as(shape)?
+        Ok(t.broadcast_as(shape)?
             .contiguous()?
             .reshape((batch, heads, tail[0], tail[1]))?)
     };
@@ -94,11 +93,23 @@ fn attention_flattened(
             let (l, s) = (q.dims()[r - 2], k.dims()[r - 2]);
             let mut shape = lead.to_vec();
             shape.extend([l, s]);
-            Some(m.broadcast_as(shape)?.contiguous()?.reshape((batch, heads, l, s))?)
+            Some(
+                m.broadcast_as(shape)?
+                    .contiguous()?
+                    .reshape((batch, heads, l, s))?,
+            )
         }
         None => None,
     };
-    let out = attention(&four(q)?, &four(k)?, &four(v)?, mask.as_ref(), causal, scale, false)?;
+    let out = attention(
+        &four(q)?,
+        &four(k)?,
+        &four(v)?,
+        mask.as_ref(),
+        causal,
+        scale,
+        false,
+    )?;
     let mut shape = q.dims()[..r - 1].to_vec();
     shape.push(out.dims()[3]);
     Ok(out.reshape(shape)?)
