@@ -102,6 +102,42 @@ fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
     Ok(p)
 }
 
+/// Refuse a 2-d convolution whose parameters no kernel can compute: zero stride, dilation,
+/// kernel size or groups, channels that do not split into the groups, or a kernel wider
+/// than the padded input.
+fn check_shapes(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<()> {
+    let (cin, cw) = (x.dims()[1], w.dims()[1]);
+    if p.groups == 0 || cw.checked_mul(p.groups) != Some(cin) || w.dims()[0] % p.groups != 0 {
+        op_bail!(
+            "convolution of {cin} input channels by a weight {:?} in {} groups",
+            w.dims(),
+            p.groups
+        );
+    }
+    for d in 0..2 {
+        let (n, k) = (x.dims()[2 + d], w.dims()[2 + d]);
+        if p.stride[d] == 0 || p.dilation[d] == 0 || k == 0 {
+            op_bail!(
+                "convolution stride {:?}, dilation {:?} and kernel {:?} must be positive",
+                p.stride,
+                p.dilation,
+                &w.dims()[2..]
+            );
+        }
+        let span = p.dilation[d].checked_mul(k - 1).and_then(|v| v.checked_add(1));
+        let padded = p.padding[d].checked_mul(2).and_then(|v| v.checked_add(n));
+        if span.is_none() || padded.is_none() || span > padded {
+            op_bail!(
+                "convolution kernel {:?} (dilation {:?}) is larger than the padded input {:?}",
+                &w.dims()[2..],
+                p.dilation,
+                &x.dims()[2..]
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The activation fused onto this conv node at load, if any.
 pub(super) fn fused_act(a: &Args) -> OpResult<Act> {
     Ok(match a.get(FUSED_ACT_ARG) {
@@ -204,6 +240,7 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
             x.dims()
         );
     }
+    check_shapes(&x, &w, p)?;
     let cin = x.dims()[1];
     let (mut bias_done, mut act_done) = (false, false);
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
