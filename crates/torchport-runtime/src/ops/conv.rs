@@ -124,7 +124,9 @@ fn check_shapes(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<()> {
                 &w.dims()[2..]
             );
         }
-        let span = p.dilation[d].checked_mul(k - 1).and_then(|v| v.checked_add(1));
+        let span = p.dilation[d]
+            .checked_mul(k - 1)
+            .and_then(|v| v.checked_add(1));
         let padded = p.padding[d].checked_mul(2).and_then(|v| v.checked_add(n));
         if span.is_none() || padded.is_none() || span > padded {
             op_bail!(

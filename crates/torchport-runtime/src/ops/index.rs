@@ -16,6 +16,8 @@ use crate::value::{one, Args, Outputs};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.index.Tensor", index);
+    r.add("aten.index_put.default", index_put);
+    r.add("aten._index_put_impl.default", index_put);
     r.add("aten.as_strided.default", as_strided);
     r.add("aten.slice_scatter.default", slice_scatter);
     r.add("aten.select_scatter.default", select_scatter);
@@ -82,7 +84,58 @@ fn offsets_of(axes: &[Axis], total: usize) -> OpResult<Vec<i64>> {
 /// `self[indices]` with `None` entries for the dims taken whole.
 fn index(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
-    let given = a.opt_tensors("indices")?;
+    match locate(t.dims(), a.opt_tensors("indices")?)? {
+        None => one(t),
+        Some((offsets, shape)) => one(gather_flat(&t, offsets, shape)?),
+    }
+}
+
+/// `index_put(self, indices, values, accumulate=False)`: `self[indices] = values` (or `+=`,
+/// adding every repeated position), values broadcast to the indexed shape; a new tensor.
+fn index_put(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let values = a.tensor("values")?;
+    let accumulate = a.bool_or("accumulate", false)?;
+    let Some((offsets, shape)) = locate(t.dims(), a.opt_tensors("indices")?)? else {
+        // No index: every element.
+        let v = values.to_dtype(t.dtype())?.broadcast_as(t.dims())?;
+        return one(if accumulate {
+            (t + v)?
+        } else {
+            v.contiguous()?
+        });
+    };
+    let values = values
+        .to_dtype(t.dtype())?
+        .broadcast_as(shape)?
+        .contiguous()?;
+    fn put<T: candle_core::WithDType + std::ops::Add<Output = T>>(
+        t: &Tensor,
+        values: &Tensor,
+        offsets: &[i64],
+        accumulate: bool,
+    ) -> OpResult<Tensor> {
+        let mut out = t.flatten_all()?.to_vec1::<T>()?;
+        let vals = values.flatten_all()?.to_vec1::<T>()?;
+        for (&o, v) in offsets.iter().zip(vals) {
+            let slot = &mut out[o as usize];
+            *slot = if accumulate { *slot + v } else { v };
+        }
+        Ok(Tensor::from_vec(out, t.dims(), t.device())?)
+    }
+    let t = t.contiguous()?;
+    one(match t.dtype() {
+        DType::F32 => put::<f32>(&t, &values, &offsets, accumulate)?,
+        DType::F64 => put::<f64>(&t, &values, &offsets, accumulate)?,
+        DType::I64 => put::<i64>(&t, &values, &offsets, accumulate)?,
+        DType::U8 if !accumulate => put::<u8>(&t, &values, &offsets, false)?,
+        dt => op_bail!("index_put on {dt:?} is not supported"),
+    })
+}
+
+/// Where `self[indices]` reads: the flat offset of each element of the result, and its
+/// shape; `None` when no dim is indexed.
+fn locate(dims: &[usize], given: Vec<Option<Tensor>>) -> OpResult<Option<(Vec<i64>, Vec<usize>)>> {
     // Expand bool masks into one long index per dim they cover (their nonzero positions).
     let mut idx: Vec<Option<Tensor>> = Vec::new();
     for g in given {
@@ -108,14 +161,14 @@ fn index(a: &Args) -> OpResult<Outputs> {
             other => idx.push(other),
         }
     }
-    let dims = t.dims().to_vec();
+    let dims = dims.to_vec();
     if idx.len() > dims.len() {
         op_bail!("{} indices for a tensor of rank {}", idx.len(), dims.len());
     }
     let strides = contiguous_strides(&dims);
     let indexed: Vec<usize> = (0..idx.len()).filter(|&i| idx[i].is_some()).collect();
     let (Some(&first), Some(&last)) = (indexed.first(), indexed.last()) else {
-        return one(t);
+        return Ok(None);
     };
     // Broadcast the index tensors together.
     let mut bshape = Shape::from(());
@@ -172,7 +225,7 @@ fn index(a: &Args) -> OpResult<Outputs> {
         .try_fold(1usize, |n, &d| n.checked_mul(d))
         .ok_or_else(overflow)?;
     let offsets = offsets_of(&axes, total)?;
-    one(gather_flat(&t, offsets, shape)?)
+    Ok(Some((offsets, shape)))
 }
 
 /// `as_strided(self, size, stride, storage_offset)` read from `self`'s contiguous layout

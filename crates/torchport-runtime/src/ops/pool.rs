@@ -1,5 +1,5 @@
-//! Pooling: max_pool2d (with indices, padding, dilation, ceil_mode), avg_pool2d (padding,
-//! ceil_mode, count_include_pad, divisor_override), adaptive_avg_pool2d; direct f32 kernels
+//! Pooling: max_pool2d (with indices, padding, dilation, ceil_mode), avg_pool1d/2d (padding,
+//! ceil_mode, count_include_pad, divisor_override), adaptive_avg_pool2d, adaptive_max_pool2d; direct f32 kernels
 //! that follow ATen's window arithmetic exactly.
 
 use candle_core::Tensor;
@@ -14,6 +14,8 @@ pub fn register(r: &mut Registry) {
     r.add("aten.max_pool2d.default", max_pool);
     r.add("aten.max_pool2d_with_indices.default", max_pool);
     r.add("aten.avg_pool2d.default", avg_pool);
+    r.add("aten.avg_pool1d.default", avg_pool);
+    r.add("aten.adaptive_max_pool2d.default", adaptive_max);
     r.add("aten.adaptive_avg_pool2d.default", adaptive_avg);
     r.add("aten._adaptive_avg_pool2d.default", adaptive_avg);
 }
@@ -224,13 +226,27 @@ fn max_pool_values(
 }
 
 fn avg_pool(a: &Args) -> OpResult<Outputs> {
+    // avg_pool1d runs as 2-d over a height of 1: [N, C, L] -> [N, C, 1, L].
+    let one_d = a.node().target.contains("avg_pool1d");
     let x = float(&a.tensor("self")?)?;
-    let k = two(&a.ints("kernel_size")?, "kernel_size")?;
+    let x = if one_d {
+        x.unsqueeze(x.rank().saturating_sub(1))?
+    } else {
+        x
+    };
+    let pair = |v: &[i64], what: &str, flat: usize| -> OpResult<[usize; 2]> {
+        match (one_d, v) {
+            (true, [l]) => Ok([flat, usize_of(*l, what)?]),
+            (true, _) => op_bail!("{what} {v:?} must have 1 value"),
+            (false, v) => two(v, what),
+        }
+    };
+    let k = pair(&a.ints("kernel_size")?, "kernel_size", 1)?;
     let s = match a.ints_or("stride", &[])? {
         v if v.is_empty() => k,
-        v => two(&v, "stride")?,
+        v => pair(&v, "stride", 1)?,
     };
-    let p = two(&a.ints_or("padding", &[0])?, "padding")?;
+    let p = pair(&a.ints_or("padding", &[0])?, "padding", 0)?;
     let ceil = a.bool_or("ceil_mode", false)?;
     let include_pad = a.bool_or("count_include_pad", true)?;
     let divisor = a.opt_int("divisor_override")?;
@@ -267,8 +283,54 @@ fn avg_pool(a: &Args) -> OpResult<Outputs> {
         }
     }
     let mut shape = lead;
-    shape.extend([oh, ow]);
+    if one_d {
+        shape.push(ow);
+    } else {
+        shape.extend([oh, ow]);
+    }
     one(from_f32(out, &shape)?)
+}
+
+/// `adaptive_max_pool2d(self, output_size)` -> (values, indices into each h x w plane),
+/// windows as adaptive_avg_pool2d's; the first maximum wins, or the last NaN, as in ATen.
+fn adaptive_max(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let o = two(&a.ints("output_size")?, "output_size")?;
+    let (xs, lead, h, w) = planes(&x)?;
+    let (oh, ow) = (o[0], o[1]);
+    if (oh == 0 || ow == 0 || h == 0 || w == 0) && lead.iter().product::<usize>() > 0 {
+        op_bail!("adaptive_max_pool2d needs a non-empty input and output size");
+    }
+    let np: usize = lead.iter().product();
+    let mut vals = Vec::with_capacity(np * oh * ow);
+    let mut idxs = Vec::with_capacity(np * oh * ow);
+    for pl in 0..np {
+        let src = &xs[pl * h * w..][..h * w];
+        for y in 0..oh {
+            let (hs, he) = (y * h / oh, ((y + 1) * h).div_ceil(oh));
+            for xo in 0..ow {
+                let (ws, we) = (xo * w / ow, ((xo + 1) * w).div_ceil(ow));
+                let mut best = (f32::NEG_INFINITY, hs * w + ws);
+                for iy in hs..he {
+                    for ix in ws..we {
+                        let v = src[iy * w + ix];
+                        if v > best.0 || v.is_nan() {
+                            best = (v, iy * w + ix);
+                        }
+                    }
+                }
+                vals.push(best.0);
+                idxs.push(best.1 as i64);
+            }
+        }
+    }
+    let mut shape = lead;
+    shape.extend([oh, ow]);
+    let indices = Tensor::from_vec(idxs, shape.as_slice(), x.device())?;
+    Ok(vec![
+        Value::Tensor(from_f32(vals, &shape)?),
+        Value::Tensor(indices),
+    ])
 }
 
 fn adaptive_avg(a: &Args) -> OpResult<Outputs> {

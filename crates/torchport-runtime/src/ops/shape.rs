@@ -52,6 +52,12 @@ pub fn register(r: &mut Registry) {
     r.add("aten.chunk.default", chunk);
     r.add("aten.unbind.int", unbind);
     r.add("aten.repeat.default", repeat);
+    r.add("aten.repeat_interleave.self_int", repeat_interleave);
+    r.add("aten.repeat_interleave.self_Tensor", repeat_interleave);
+    r.add("aten.repeat_interleave.Tensor", repeat_interleave);
+    r.add("aten.unfold.default", unfold);
+    r.add("aten.eye.default", eye);
+    r.add("aten.eye.m", eye);
     r.add("aten.flip.default", flip);
     r.add("aten.index_select.default", index_select);
     r.add("aten.embedding.default", embedding);
@@ -515,4 +521,107 @@ fn flip(a: &Args) -> OpResult<Outputs> {
         t = t.contiguous()?.index_select(&ids, d)?;
     }
     one(t)
+}
+
+/// `repeat_interleave(self, repeats, dim=None, output_size=None)`: each element (of `dim`,
+/// or of the flattened tensor) repeated `repeats` times — one count for all, or one each.
+fn repeat_interleave(a: &Args) -> OpResult<Outputs> {
+    // `repeat_interleave(repeats)` alone repeats the positions 0, 1, …
+    let t = if a.has("self") {
+        a.tensor("self")?
+    } else {
+        let n = a.tensor("repeats")?.elem_count();
+        Tensor::arange(0i64, n as i64, &a.device())?
+    };
+    let (t, d) = match a.opt_int("dim")? {
+        Some(d) => {
+            let d = dim(d, t.rank())?;
+            (t, d)
+        }
+        None => (t.flatten_all()?, 0),
+    };
+    let n = t.dims().get(d).copied().unwrap_or(1);
+    let counts: Vec<i64> = match a.tensor_or_scalar("repeats")? {
+        crate::value::TensorOrScalar::Tensor(r) => {
+            let v = r.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
+            if v.len() == 1 {
+                vec![v[0]; n]
+            } else {
+                v
+            }
+        }
+        crate::value::TensorOrScalar::Scalar(crate::value::Scalar::Int(c)) => vec![c; n],
+        crate::value::TensorOrScalar::Scalar(s) => {
+            op_bail!("repeat_interleave: repeats {s:?} is not an int")
+        }
+    };
+    if counts.len() != n || counts.iter().any(|&c| c < 0) {
+        op_bail!(
+            "repeat_interleave: {} non-negative repeats needed for a dim of size {n}",
+            n
+        );
+    }
+    let total = counts
+        .iter()
+        .try_fold(0usize, |s, &c| s.checked_add(c as usize));
+    if total.is_none_or(|t| t > (1 << 40)) {
+        op_bail!("repeat_interleave result is too large");
+    }
+    let idx: Vec<i64> = counts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &c)| std::iter::repeat_n(i as i64, c as usize))
+        .collect();
+    let len = idx.len();
+    one(t.index_select(&Tensor::from_vec(idx, len, t.device())?, d)?)
+}
+
+/// `unfold(self, dimension, size, step)`: windows of `size` along `dimension`, every `step`,
+/// as a new last dim (the dim becomes the window count).
+fn unfold(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int("dimension")?, t.rank())?;
+    let size = usize_of(a.int("size")?, "size")?;
+    let step = usize_of(a.int("step")?, "step")?;
+    let n = t.dims().get(d).copied().unwrap_or(1);
+    if step == 0 || size > n {
+        op_bail!("unfold: size {size} and step {step} do not fit a dim of size {n}");
+    }
+    let windows = (n - size) / step + 1;
+    let idx: Vec<i64> = (0..windows)
+        .flat_map(|w| (0..size).map(move |j| (w * step + j) as i64))
+        .collect();
+    let len = idx.len();
+    if t.rank() == 0 {
+        // A 0-d tensor is one window of its one element.
+        return one(t.reshape(1)?);
+    }
+    let g = t.index_select(&Tensor::from_vec(idx, len, t.device())?, d)?;
+    // [.., windows * size, ..] -> [.., windows, size, ..] -> size moved last.
+    let mut shape = g.dims().to_vec();
+    shape.splice(d..=d, [windows, size]);
+    let g = g.reshape(shape)?;
+    let mut perm: Vec<usize> = (0..g.rank()).filter(|&i| i != d + 1).collect();
+    perm.push(d + 1);
+    one(g.permute(perm)?.contiguous()?)
+}
+
+/// `eye(n, m=n, dtype)`: ones on the diagonal.
+fn eye(a: &Args) -> OpResult<Outputs> {
+    let n = usize_of(a.int("n")?, "n")?;
+    let m = match a.opt_int("m")? {
+        Some(m) => usize_of(m, "m")?,
+        None => n,
+    };
+    if n.checked_mul(m).is_none_or(|e| e > (1 << 32)) {
+        op_bail!("eye({n}, {m}) is too large");
+    }
+    let v: Vec<f32> = (0..n * m)
+        .map(|i| f32::from(u8::from(i / m == i % m)))
+        .collect();
+    let t = Tensor::from_vec(v, (n, m), &a.device())?;
+    one(match a.opt_scalar_type("dtype")? {
+        Some(st) => crate::dtype::cast(&t, st)?,
+        None => t,
+    })
 }

@@ -3,7 +3,8 @@
 //! dimensions compute sizes with. Their inputs are positional ints, floats and bools (or
 //! names of earlier such results); each follows Python's semantics: ints stay exact (an
 //! overflow is an error, Python's ints being unbounded), `//` and `%` floor as Python does,
-//! `/` gives a float.
+//! `/` gives a float. Also the checks export records on such values (`_assert_scalar`,
+//! `_assert_async`, `sym_constrain_range[_for_size]`), enforced at run time.
 
 use crate::error::{OpError, OpResult};
 use crate::ops::Registry;
@@ -63,6 +64,47 @@ pub fn register(r: &mut Registry) {
         let pick = a.scalar_at(0)?.as_f64() != 0.0;
         out(a.scalar_at(if pick { 1 } else { 2 })?)
     });
+    // Checks export records on data-dependent sizes: enforced, a failure is an error.
+    r.add("aten._assert_scalar.default", |a| {
+        if a.scalar("self")?.as_f64() == 0.0 {
+            return Err(OpError(format!(
+                "assertion failed: {}",
+                a.str_or("assert_msg", "")?
+            )));
+        }
+        Ok(vec![])
+    });
+    r.add("aten._assert_async.msg", |a| {
+        let t = a.tensor("self")?;
+        let v = t
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec1::<f64>()?;
+        if v.len() != 1 || v[0] == 0.0 {
+            return Err(OpError(format!(
+                "assertion failed: {}",
+                a.str_or("assert_msg", "")?
+            )));
+        }
+        Ok(vec![])
+    });
+    for name in [
+        "aten.sym_constrain_range.default",
+        "aten.sym_constrain_range_for_size.default",
+    ] {
+        r.add(name, |a| {
+            let v = a.scalar("size")?.as_f64();
+            let (lo, hi) = (a.opt_int("min")?, a.opt_int("max")?);
+            if lo.is_some_and(|m| v < m as f64) || hi.is_some_and(|m| v > m as f64) {
+                return Err(OpError(format!(
+                    "value {v} is outside the range [{}, {}] the program was exported for",
+                    lo.map_or("-inf".into(), |m| m.to_string()),
+                    hi.map_or("inf".into(), |m| m.to_string())
+                )));
+            }
+            Ok(vec![])
+        });
+    }
     r.add("torch.sym_max", |a| extreme(a, true));
     r.add("torch.sym_min", |a| extreme(a, false));
 }
