@@ -68,6 +68,19 @@ impl Act {
         }
     }
 
+    /// The activation over a tensor of any float dtype through candle's ops (the float64
+    /// path), by the formulas of the activation kernels' own fallbacks.
+    fn apply_tensor(self, y: &Tensor) -> OpResult<Tensor> {
+        Ok(match self {
+            Act::None => y.clone(),
+            Act::Relu => y.relu()?,
+            Act::Silu => (y * super::activation::sigmoid(y)?)?,
+            Act::Hardswish => {
+                (y * y.affine(1.0, 3.0)?.clamp(0f32, 6f32)?)?.affine(1.0 / 6.0, 0.0)?
+            }
+        })
+    }
+
     fn apply(self, xs: &mut [f32]) {
         use super::fused::{sigmoid_fast, simd_map_mut};
         match self {
@@ -168,12 +181,19 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
     }
     let cin = x.dims()[1];
     let (mut bias_done, mut act_done) = (false, false);
-    let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
+    // float64 skips the f32 kernels (direct depthwise, gemm) for candle's generic conv.
+    let f64 = x.dtype() == DType::F64 || w.dtype() == DType::F64;
+    let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 && !f64 {
         (bias_done, act_done) = (true, true);
         depthwise(&x, &w, b, p)?
     } else if let Some(y) = conv_gemm(&x, &w, b, p)? {
         (bias_done, act_done) = (true, true);
         y
+    } else if one_d {
+        // A 1-d conv through candle's own conv1d (one stride, padding, dilation).
+        let (x1, w1) = (x.squeeze(2)?.contiguous()?, w.squeeze(2)?.contiguous()?);
+        x1.conv1d(&w1, p.padding[1], p.stride[1], p.dilation[1], p.groups)?
+            .unsqueeze(2)?
     } else {
         let mut x = x;
         let [ph, pw] = p.padding;
@@ -197,7 +217,9 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
         Some(b) if !bias_done => y.broadcast_add(&float(b)?.reshape((1, (), 1, 1))?)?,
         _ => y,
     };
-    let y = if p.act != Act::None && !act_done {
+    let y = if p.act != Act::None && !act_done && y.dtype() == DType::F64 {
+        p.act.apply_tensor(&y)?
+    } else if p.act != Act::None && !act_done {
         let mut v = super::f32_vec(&y)?;
         p.act.apply(&mut v);
         from_f32(v, y.dims())?

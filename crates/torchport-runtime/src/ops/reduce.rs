@@ -68,8 +68,17 @@ fn reduce(
     Ok(r.reshape(shape)?)
 }
 
+/// `t` cast to f64 first when the op asks for `dtype=torch.float64` (torch reduces in the
+/// requested dtype).
+fn f64_if_asked(a: &Args, t: Tensor) -> OpResult<Tensor> {
+    match a.opt_scalar_type("dtype")? {
+        Some(crate::dtype::DOUBLE) => super::as_dtype(&t, DType::F64),
+        _ => Ok(t),
+    }
+}
+
 fn mean(a: &Args) -> OpResult<Outputs> {
-    let t = float(&a.tensor("self")?)?;
+    let t = f64_if_asked(a, float(&a.tensor("self")?)?)?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     // Contiguous trailing dims reduce as one flattened axis (one pass, better accuracy).
@@ -95,6 +104,7 @@ fn sum(a: &Args) -> OpResult<Outputs> {
     } else {
         t
     };
+    let t = f64_if_asked(a, t)?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     let r = reduce(&t, &dims, keep, |x, d| x.sum_keepdim(d))?;
@@ -177,6 +187,7 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
         DType::U8 => t.to_dtype(DType::I64)?,
         _ => t,
     };
+    let t = f64_if_asked(a, t)?;
     let r = if t.rank() == 0 {
         // The prefix sum of one element is itself.
         t

@@ -64,6 +64,7 @@ pub fn tensor_scalar(t: &Tensor) -> BResult<f64> {
     Ok(match t.dtype() {
         DType::I64 => flat.to_vec1::<i64>().map_err(e)?[0] as f64,
         DType::U8 => f64::from(flat.to_vec1::<u8>().map_err(e)?[0]),
+        DType::F64 => flat.to_vec1::<f64>().map_err(e)?[0],
         _ => f64::from(
             flat.to_dtype(DType::F32)
                 .map_err(e)?
@@ -461,6 +462,12 @@ fn new_tensor(data: &Val, dtype: Option<&Val>) -> BResult<Val> {
             let mut ints = Vec::with_capacity(flat.len());
             collect_ints(data, &mut ints);
             Tensor::from_vec(ints, shape, &dev)
+        }
+        // Floats asked for as float64 are kept exact (not rounded through f32).
+        _ if matches!(dtype, Some(Val::Int(st))
+            if super::value::dtype_to_program(*st) == Some(crate::dtype::DOUBLE)) =>
+        {
+            Tensor::from_vec(flat.clone(), shape, &dev)
         }
         _ => Tensor::from_vec(
             flat.iter().map(|&x| x as f32).collect::<Vec<_>>(),
