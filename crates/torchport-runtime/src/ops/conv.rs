@@ -610,8 +610,27 @@ fn conv_transpose2d(
         .t()?
         .contiguous()?;
     let cols = wm.broadcast_matmul(&xm)?; // [n, co*kh*kw, h*w]
-    let cols = f32_vec(&cols)?;
-    let mut out = vec![0f32; n * co * oh * ow];
+    let geo = (n, co, [kh, kw], [h, wd], [oh, ow]);
+    if cols.dtype() == DType::F64 {
+        let v = cols.flatten_all()?.to_vec1::<f64>()?;
+        return col2im(&v, geo, stride, padding, dil);
+    }
+    col2im(&f32_vec(&cols)?, geo, stride, padding, dil)
+}
+
+/// `(n, c_out, [kh, kw], [h, w], [oh, ow])` of a transposed convolution.
+type Geometry = (usize, usize, [usize; 2], [usize; 2], [usize; 2]);
+
+/// The scatter half of a transposed convolution: `cols [n, co * kh * kw, h * w]` summed into
+/// the `[n, co, oh, ow]` output, in the element type of `cols` (f32, or f64 for float64).
+fn col2im<T: candle_core::WithDType>(
+    cols: &[T],
+    (n, co, [kh, kw], [h, wd], [oh, ow]): Geometry,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dil: [usize; 2],
+) -> OpResult<Tensor> {
+    let mut out = vec![T::from_f64(0.0); n * co * oh * ow];
     for b in 0..n {
         for c in 0..co {
             let dst = &mut out[(b * co + c) * oh * ow..][..oh * ow];
@@ -634,7 +653,11 @@ fn conv_transpose2d(
             }
         }
     }
-    from_f32(out, &[n, co, oh, ow])
+    Ok(Tensor::from_vec(
+        out,
+        (n, co, oh, ow),
+        &candle_core::Device::Cpu,
+    )?)
 }
 
 #[cfg(test)]

@@ -507,9 +507,9 @@ pub fn call_prim(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops) 
             Val::Bool(b) => {
                 Val::Tensor(Tensor::new(u8::from(*b), &Device::Cpu).map_err(|e| e.to_string())?)
             }
-            Val::Float(f) => {
-                Val::Tensor(Tensor::new(*f as f32, &Device::Cpu).map_err(|e| e.to_string())?)
-            }
+            // A 0-d float64 tensor, as torch's NumToTensor makes (not a wrapped number:
+            // `int_tensor * it` is float64, `f32_tensor * it` stays f32).
+            Val::Float(f) => Val::Tensor(Tensor::new(*f, &Device::Cpu).map_err(|e| e.to_string())?),
             Val::Tensor(t) => Val::Tensor(t.clone()),
             o => return Err(format!("NumToTensor of a {}", o.type_name())),
         },
