@@ -7,7 +7,7 @@ and compared with PyTorch's eager result.
 
     cargo build --release -p torchport-cli
     /work/main/.venv/bin/python benches/opinfo.py [--samples 6] [--binary target/release/torchport]
-        [--no-docs] [--fixtures] [OPINFO_NAME ...]
+        [--no-docs] [--fixtures] [--dtypes float64,...] [OPINFO_NAME ...]
 
 A sample passes when every output has torch's shape and dtype and, for floats,
 max |got - ref| <= tol * max(1, max |ref|) with tol 1e-4 for float32 and 1e-7 for float64
@@ -15,6 +15,9 @@ max |got - ref| <= tol * max(1, max |ref|) with tol 1e-4 for float32 and 1e-7 fo
 torchport exits with an error (unsupported op, a case a kernel refuses), "wrong" otherwise.
 Samples torch itself cannot export or run are not counted, nor decomposed programs whose
 outputs, run by torch itself, do not have eager's shapes (torch's decomposition differs).
+--dtypes (a comma-separated subset of float32, float64, int64, bool) runs only those dtypes;
+such a partial run needs --no-docs and no --fixtures (the table and the fixtures are for the
+full set). Totals of passed / wrong / refused samples per dtype are printed at the end.
 
 The per-operator table (samples passed / tried, by overload, counting every sample whose
 program calls it) is written into docs/RUNTIME.md between the `opinfo:begin` / `opinfo:end`
@@ -203,11 +206,20 @@ def main():
     ap.add_argument("--binary", default=str(ROOT / "target/release/torchport"))
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--fixtures", action="store_true")
+    ap.add_argument("--dtypes", default=",".join(str(d).replace("torch.", "") for d in DTYPES),
+                    help="comma-separated subset of float32,float64,int64,bool")
     a = ap.parse_args()
+    by_name = {str(d).replace("torch.", ""): d for d in DTYPES}
+    want_dtypes = [by_name.get(n.strip()) for n in a.dtypes.split(",") if n.strip()]
+    if None in want_dtypes or not want_dtypes:
+        ap.error(f"--dtypes takes a comma-separated subset of {', '.join(by_name)}")
+    if set(want_dtypes) != set(DTYPES) and (not a.no_docs or a.fixtures):
+        ap.error("a run restricted by --dtypes needs --no-docs and no --fixtures")
     from torch.testing._internal.common_methods_invocations import op_db
 
     reg = registry()
     stats = defaultdict(lambda: {"tried": 0, "passed": 0, "wrong": 0, "refused": 0})
+    per_dtype = defaultdict(lambda: {"passed": 0, "wrong": 0, "refused": 0})
     wrong, refused_why = [], defaultdict(set)
     chosen = {}  # overload -> (priority, files)
     t0 = time.time()
@@ -216,7 +228,7 @@ def main():
     for op in op_db:
         if a.names and op.name not in a.names:
             continue
-        dtypes = [dt for dt in DTYPES if dt in op.supported_dtypes("cpu")]
+        dtypes = [dt for dt in want_dtypes if dt in op.supported_dtypes("cpu")]
         if not a.names and not reaches_registry(op, dtypes, reg):
             continue
         for dt in dtypes:
@@ -273,6 +285,7 @@ def main():
                     else:
                         status, why = "refused", err
                     total += 1
+                    per_dtype[str(dt).replace("torch.", "")][status] += 1
                     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
                     for o in ops:
                         s = stats[o]
@@ -294,7 +307,8 @@ def main():
     never = sorted(reg - covered)
     lines = [BEGIN, "",
              f"{total} single-op programs from torch {torch.__version__.split('+')[0]}'s OpInfo "
-             f"samples (up to {a.samples} per op and dtype; float32, float64, int64, bool; "
+             f"samples (up to {a.samples} per op and dtype; "
+             f"{', '.join(str(d).replace('torch.', '') for d in want_dtypes)}; "
              "plain and decomposed). Per overload: samples passed / tried; wrong answers and "
              "refusals counted apart.", "",
              "| overload | passed / tried | wrong | refused |", "|---|---:|---:|---:|"]
@@ -315,6 +329,9 @@ def main():
     (work / "refused.json").write_text(json.dumps({k: sorted(v) for k, v in refused_why.items()},
                                                   indent=1))
     print(f"refusal reasons: {work / 'refused.json'}", file=sys.stderr)
+    for dn, c in sorted(per_dtype.items()):
+        print(f"{dn}: {c['passed']} passed, {c['wrong']} wrong, {c['refused']} refused",
+              file=sys.stderr)
     if not a.no_docs:
         doc = DOC.read_text()
         if BEGIN in doc:

@@ -109,7 +109,7 @@ pub fn tensor_from_bytes(
         "float32" => raw(DType::F32)?,
         "float16" => raw(DType::F16)?.to_dtype(DType::F32).map_err(e)?,
         "bfloat16" => raw(DType::BF16)?.to_dtype(DType::F32).map_err(e)?,
-        "float64" => raw(DType::F64)?.to_dtype(DType::F32).map_err(e)?,
+        "float64" => raw(DType::F64)?,
         "int64" => raw(DType::I64)?,
         "int32" => raw(DType::I32)?.to_dtype(DType::I64).map_err(e)?,
         "int16" => raw(DType::I16)?.to_dtype(DType::I64).map_err(e)?,

@@ -1,6 +1,7 @@
 //! The runtime's dtype policy over torch `ScalarType` numbers (whose table is the core's,
-//! [`torchport::pt2::scalar_type`], re-exported here): floats compute in f32, integers in
-//! i64, bools as u8 0/1, each mapped to its candle dtype.
+//! [`torchport::pt2::scalar_type`], re-exported here): float64 computes in f64, the other
+//! floats (f16, bf16, f32) in f32, integers in i64, bools as u8 0/1, each mapped to its
+//! candle dtype.
 
 use candle_core::{DType, Tensor};
 
@@ -26,7 +27,9 @@ pub fn is_int(st: ScalarType) -> bool {
 
 /// The candle dtype values of torch dtype `st` are held in while the graph runs.
 pub fn runtime(st: ScalarType) -> OpResult<DType> {
-    if is_float(st) {
+    if st == DOUBLE {
+        Ok(DType::F64)
+    } else if is_float(st) {
         Ok(DType::F32)
     } else if is_int(st) {
         Ok(DType::I64)
@@ -41,6 +44,9 @@ pub fn runtime(st: ScalarType) -> OpResult<DType> {
 /// `!= 0` for bool), returning it in the runtime representation.
 pub fn cast(t: &Tensor, st: ScalarType) -> OpResult<Tensor> {
     Ok(match st {
+        // From f64, round once (f64 -> f32 -> f16 could round twice).
+        HALF if t.dtype() == DType::F64 => t.to_dtype(DType::F16)?.to_dtype(DType::F32)?,
+        BFLOAT16 if t.dtype() == DType::F64 => t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?,
         HALF => t
             .to_dtype(DType::F32)?
             .to_dtype(DType::F16)?
@@ -49,7 +55,8 @@ pub fn cast(t: &Tensor, st: ScalarType) -> OpResult<Tensor> {
             .to_dtype(DType::F32)?
             .to_dtype(DType::BF16)?
             .to_dtype(DType::F32)?,
-        FLOAT | DOUBLE => t.to_dtype(DType::F32)?,
+        FLOAT => t.to_dtype(DType::F32)?,
+        DOUBLE => t.to_dtype(DType::F64)?,
         BOOL => {
             if t.dtype() == DType::U8 {
                 t.clone()
@@ -90,6 +97,7 @@ pub fn of_runtime(d: DType) -> ScalarType {
     match d {
         DType::U8 => BOOL,
         DType::I64 | DType::U32 | DType::I32 | DType::I16 => LONG,
+        DType::F64 => DOUBLE,
         _ => FLOAT,
     }
 }

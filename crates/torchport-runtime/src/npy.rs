@@ -7,8 +7,8 @@ use std::path::Path;
 use candle_core::{DType, Tensor};
 use torchport::{DType as TDType, OutTensor};
 
-/// Read a `.npy` file (through torchport's numpy reader) into a runtime tensor: floats as f32,
-/// integers as i64, bool as u8 0/1.
+/// Read a `.npy` file (through torchport's numpy reader) into a runtime tensor: float64 as f64,
+/// other floats as f32, integers as i64, bool as u8 0/1.
 pub fn read_npy(path: &Path) -> Result<Tensor, String> {
     let mut all = read_arrays(path)?;
     if all.len() != 1 {

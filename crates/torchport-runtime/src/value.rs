@@ -1,7 +1,8 @@
 //! Runtime values and the argument accessor handed to op kernels.
 //!
-//! Representation (the runtime's dtype policy): floating tensors are computed in f32 (f16, bf16
-//! and f64 values are rounded to their declared dtype where the graph casts, then held as f32);
+//! Representation (the runtime's dtype policy): float64 tensors are computed in f64; the other
+//! floating tensors in f32 (f16 and bf16 values are rounded to their declared dtype where the
+//! graph casts, then held as f32);
 //! integer tensors are i64; bool tensors are u8 holding 0/1. [`crate::dtype::ScalarType`] keeps the
 //! torch dtype for outputs.
 

@@ -109,13 +109,14 @@ fn elu_of(x: &Tensor, alpha: f64, scale: f64, input_scale: f64) -> OpResult<Tens
 
 fn hardtanh(a: &Args) -> OpResult<Outputs> {
     let x = a.tensor("self")?;
-    let lo = a.float_or("min_val", -1.0)? as f32;
-    let hi = a.float_or("max_val", 1.0)? as f32;
+    let (lo64, hi64) = (a.float_or("min_val", -1.0)?, a.float_or("max_val", 1.0)?);
+    let (lo, hi) = (lo64 as f32, hi64 as f32);
     let x = float(&x)?;
     if let Some(y) = super::fused::unary(&x, |v| v.max(lo).min(hi)) {
         return one(y);
     }
-    one(x.clamp(lo, hi)?)
+    // Bounds in f64 (candle converts them to x's dtype: the same f32 values for f32 input).
+    one(x.clamp(lo64, hi64)?)
 }
 
 fn gelu(a: &Args) -> OpResult<Outputs> {
@@ -164,12 +165,16 @@ pub fn softmax_dim(x: &Tensor, d: usize) -> OpResult<Tensor> {
 }
 
 fn softmax(a: &Args) -> OpResult<Outputs> {
-    let x = float(&a.tensor("self")?)?;
+    let mut x = float(&a.tensor("self")?)?;
     let d = dim(a.int("dim")?, x.rank())?;
     let target = a.node().target.as_str();
     if let Some(st) = a.opt_scalar_type("dtype")? {
         if !dtype::is_float(st) {
             op_bail!("softmax to dtype {} is not supported", dtype::name(st));
+        }
+        // `dtype=torch.float64` computes in f64 (the input is cast first, as torch does).
+        if st == dtype::DOUBLE {
+            x = super::as_dtype(&x, candle_core::DType::F64)?;
         }
     }
     if d + 1 == x.rank() {

@@ -142,8 +142,11 @@ fn masked_scores(
     s: usize,
 ) -> OpResult<Tensor> {
     let mut scores = mm(q, &k.transpose(k.rank() - 2, k.rank() - 1)?)?.affine(scale, 0.0)?;
+    let dt = scores.dtype();
     let neg_inf = |shape: &[usize]| -> OpResult<Tensor> {
-        Ok(Tensor::new(f32::NEG_INFINITY, &candle_core::Device::Cpu)?.broadcast_as(shape)?)
+        Ok(Tensor::new(f32::NEG_INFINITY, &candle_core::Device::Cpu)?
+            .to_dtype(dt)?
+            .broadcast_as(shape)?)
     };
     if causal {
         let rows = Tensor::arange(0i64, l as i64, &candle_core::Device::Cpu)?.reshape((l, 1))?;

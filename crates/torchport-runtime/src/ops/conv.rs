@@ -68,14 +68,31 @@ impl Act {
         }
     }
 
-    /// The activation applied to a whole f32 tensor.
+    /// The activation applied to a whole tensor: the f32 kernels' pass for f32, candle's
+    /// ops for other float dtypes.
     pub(super) fn apply_to(self, t: &Tensor) -> OpResult<Tensor> {
         if self == Act::None {
             return Ok(t.clone());
         }
+        if t.dtype() != DType::F32 {
+            return self.apply_tensor(t);
+        }
         let mut v = super::f32_vec(t)?;
         self.apply(&mut v);
         Ok(Tensor::from_vec(v, t.dims(), t.device())?)
+    }
+
+    /// The activation over a tensor of any float dtype through candle's ops (the float64
+    /// path), by the formulas of the activation kernels' own fallbacks.
+    fn apply_tensor(self, y: &Tensor) -> OpResult<Tensor> {
+        Ok(match self {
+            Act::None => y.clone(),
+            Act::Relu => y.relu()?,
+            Act::Silu => (y * super::activation::sigmoid(y)?)?,
+            Act::Hardswish => {
+                (y * y.affine(1.0, 3.0)?.clamp(0f32, 6f32)?)?.affine(1.0 / 6.0, 0.0)?
+            }
+        })
     }
 
     fn apply(self, xs: &mut [f32]) {
@@ -107,7 +124,10 @@ fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
 /// than the padded input.
 fn check_shapes(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<()> {
     let (cin, cw) = (x.dims()[1], w.dims()[1]);
-    if p.groups == 0 || cw.checked_mul(p.groups) != Some(cin) || w.dims()[0] % p.groups != 0 {
+    if p.groups == 0
+        || cw.checked_mul(p.groups) != Some(cin)
+        || !w.dims()[0].is_multiple_of(p.groups)
+    {
         op_bail!(
             "convolution of {cin} input channels by a weight {:?} in {} groups",
             w.dims(),
@@ -245,12 +265,19 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
     check_shapes(&x, &w, p)?;
     let cin = x.dims()[1];
     let (mut bias_done, mut act_done) = (false, false);
-    let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 {
+    // float64 skips the f32 kernels (direct depthwise, gemm) for candle's generic conv.
+    let f64 = x.dtype() == DType::F64 || w.dtype() == DType::F64;
+    let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 && !f64 {
         (bias_done, act_done) = (true, true);
         depthwise(&x, &w, b, p)?
     } else if let Some(y) = conv_gemm(&x, &w, b, p)? {
         (bias_done, act_done) = (true, true);
         y
+    } else if one_d {
+        // A 1-d conv through candle's own conv1d (one stride, padding, dilation).
+        let (x1, w1) = (x.squeeze(2)?.contiguous()?, w.squeeze(2)?.contiguous()?);
+        x1.conv1d(&w1, p.padding[1], p.stride[1], p.dilation[1], p.groups)?
+            .unsqueeze(2)?
     } else {
         let mut x = x;
         let [ph, pw] = p.padding;
@@ -274,7 +301,9 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
         Some(b) if !bias_done => y.broadcast_add(&float(b)?.reshape((1, (), 1, 1))?)?,
         _ => y,
     };
-    let y = if p.act != Act::None && !act_done {
+    let y = if p.act != Act::None && !act_done && y.dtype() == DType::F64 {
+        p.act.apply_tensor(&y)?
+    } else if p.act != Act::None && !act_done {
         let mut v = super::f32_vec(&y)?;
         p.act.apply(&mut v);
         from_f32(v, y.dims())?
@@ -665,8 +694,27 @@ fn conv_transpose2d(
         .t()?
         .contiguous()?;
     let cols = wm.broadcast_matmul(&xm)?; // [n, co*kh*kw, h*w]
-    let cols = f32_vec(&cols)?;
-    let mut out = vec![0f32; n * co * oh * ow];
+    let geo = (n, co, [kh, kw], [h, wd], [oh, ow]);
+    if cols.dtype() == DType::F64 {
+        let v = cols.flatten_all()?.to_vec1::<f64>()?;
+        return col2im(&v, geo, stride, padding, dil);
+    }
+    col2im(&f32_vec(&cols)?, geo, stride, padding, dil)
+}
+
+/// `(n, c_out, [kh, kw], [h, w], [oh, ow])` of a transposed convolution.
+type Geometry = (usize, usize, [usize; 2], [usize; 2], [usize; 2]);
+
+/// The scatter half of a transposed convolution: `cols [n, co * kh * kw, h * w]` summed into
+/// the `[n, co, oh, ow]` output, in the element type of `cols` (f32, or f64 for float64).
+fn col2im<T: candle_core::WithDType>(
+    cols: &[T],
+    (n, co, [kh, kw], [h, wd], [oh, ow]): Geometry,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dil: [usize; 2],
+) -> OpResult<Tensor> {
+    let mut out = vec![T::from_f64(0.0); n * co * oh * ow];
     for b in 0..n {
         for c in 0..co {
             let dst = &mut out[(b * co + c) * oh * ow..][..oh * ow];
@@ -689,7 +737,11 @@ fn conv_transpose2d(
             }
         }
     }
-    from_f32(out, &[n, co, oh, ow])
+    Ok(Tensor::from_vec(
+        out,
+        (n, co, oh, ow),
+        &candle_core::Device::Cpu,
+    )?)
 }
 
 #[cfg(test)]

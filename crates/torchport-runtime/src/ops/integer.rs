@@ -76,8 +76,28 @@ pub(super) fn map_i64(
     Ok(Tensor::from_vec(v, shape, &candle_core::Device::Cpu)?)
 }
 
-/// `f` applied elementwise to two f32 tensors, broadcast.
-fn map_f32(l: &Tensor, r: &Tensor, f: impl Fn(f32, f32) -> f32) -> OpResult<Tensor> {
+/// Whether a runtime dtype is a float one (f32, or f64 for float64).
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F64)
+}
+
+/// `f` applied elementwise to two float tensors, broadcast: in f64 (`g`) when either is f64,
+/// else in f32 (`f`).
+fn map_float(
+    l: &Tensor,
+    r: &Tensor,
+    f: impl Fn(f32, f32) -> f32,
+    g: impl Fn(f64, f64) -> f64,
+) -> OpResult<Tensor> {
+    if l.dtype() == DType::F64 || r.dtype() == DType::F64 {
+        let f64_of = |t: &Tensor| super::as_dtype(t, DType::F64);
+        let (l, r) = broadcast2(&f64_of(l)?, &f64_of(r)?)?;
+        let shape = l.dims().to_vec();
+        let lv = l.flatten_all()?.to_vec1::<f64>()?;
+        let rv = r.flatten_all()?.to_vec1::<f64>()?;
+        let v: Vec<f64> = lv.iter().zip(&rv).map(|(&x, &y)| g(x, y)).collect();
+        return Ok(Tensor::from_vec(v, shape, &candle_core::Device::Cpu)?);
+    }
     let (l, r) = broadcast2(&float(l)?, &float(r)?)?;
     let shape = l.dims().to_vec();
     let lv = l.flatten_all()?.to_vec1::<f32>()?;
@@ -155,26 +175,42 @@ fn floor_div_i64(x: i64, y: i64) -> OpResult<i64> {
     })
 }
 
-/// torch's float floor division (`div_floor_floating`): exact where `floor(x / y)` is not.
-fn floor_div_f32(x: f32, y: f32) -> f32 {
-    if y == 0.0 {
-        return x / y;
-    }
-    let m = x % y;
-    let mut d = (x - m) / y;
-    if m != 0.0 && ((y < 0.0) != (m < 0.0)) {
-        d -= 1.0;
-    }
-    if d == 0.0 {
-        return (0.0f32).copysign(x / y);
-    }
-    let f = d.floor();
-    if d - f > 0.5 {
-        f + 1.0
-    } else {
-        f
-    }
+/// torch's float floor division (`div_floor_floating`, exact where `floor(x / y)` is not) and
+/// Python's float modulo (the sign of the divisor), for one float type.
+macro_rules! float_division {
+    ($t:ty, $floor_div:ident, $py_rem:ident) => {
+        fn $floor_div(x: $t, y: $t) -> $t {
+            if y == 0.0 {
+                return x / y;
+            }
+            let m = x % y;
+            let mut d = (x - m) / y;
+            if m != 0.0 && ((y < 0.0) != (m < 0.0)) {
+                d -= 1.0;
+            }
+            if d == 0.0 {
+                return (0.0 as $t).copysign(x / y);
+            }
+            let f = d.floor();
+            if d - f > 0.5 {
+                f + 1.0
+            } else {
+                f
+            }
+        }
+
+        fn $py_rem(x: $t, y: $t) -> $t {
+            let m = x % y;
+            if m != 0.0 && ((y < 0.0) != (m < 0.0)) {
+                m + y
+            } else {
+                m
+            }
+        }
+    };
 }
+float_division!(f32, floor_div_f32, py_rem_f32);
+float_division!(f64, floor_div_f64, py_rem_f64);
 
 /// `div` with `rounding_mode` (None / "trunc" / "floor") and `floor_divide`: integers in i64,
 /// floats in f32.
@@ -186,7 +222,7 @@ fn div_mode(a: &Args) -> OpResult<Outputs> {
     } else {
         a.str_or("rounding_mode", "")?
     };
-    let int = l.dtype() != DType::F32 && r.dtype() != DType::F32;
+    let int = !is_float(l.dtype()) && !is_float(r.dtype());
     match (mode, int) {
         ("", _) => one(float(&l)?.broadcast_div(&float(&r)?)?),
         ("floor", true) => one(map_i64(
@@ -194,7 +230,7 @@ fn div_mode(a: &Args) -> OpResult<Outputs> {
             &r.to_dtype(DType::I64)?,
             floor_div_i64,
         )?),
-        ("floor", false) => one(map_f32(&l, &r, floor_div_f32)?),
+        ("floor", false) => one(map_float(&l, &r, floor_div_f32, floor_div_f64)?),
         ("trunc", true) => one(map_i64(
             &l.to_dtype(DType::I64)?,
             &r.to_dtype(DType::I64)?,
@@ -206,7 +242,12 @@ fn div_mode(a: &Args) -> OpResult<Outputs> {
                 }
             },
         )?),
-        ("trunc", false) => one(map_f32(&l, &r, |x, y| (x / y).trunc())?),
+        ("trunc", false) => one(map_float(
+            &l,
+            &r,
+            |x, y| (x / y).trunc(),
+            |x, y| (x / y).trunc(),
+        )?),
         (m, _) => {
             op_bail!("rounding_mode '{m}' is not supported (torch knows 'trunc' and 'floor')")
         }
@@ -216,15 +257,8 @@ fn div_mode(a: &Args) -> OpResult<Outputs> {
 /// Python's modulo: the result has the sign of the divisor.
 fn remainder(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
-    if l.dtype() == DType::F32 {
-        return one(map_f32(&l, &r, |x, y| {
-            let m = x % y;
-            if m != 0.0 && ((y < 0.0) != (m < 0.0)) {
-                m + y
-            } else {
-                m
-            }
-        })?);
+    if is_float(l.dtype()) {
+        return one(map_float(&l, &r, py_rem_f32, py_rem_f64)?);
     }
     one(map_i64(
         &l.to_dtype(DType::I64)?,
@@ -246,8 +280,8 @@ fn remainder(a: &Args) -> OpResult<Outputs> {
 /// C's fmod: the result has the sign of the dividend.
 fn fmod(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
-    if l.dtype() == DType::F32 {
-        return one(map_f32(&l, &r, |x, y| x % y)?);
+    if is_float(l.dtype()) {
+        return one(map_float(&l, &r, |x, y| x % y, |x, y| x % y)?);
     }
     one(map_i64(
         &l.to_dtype(DType::I64)?,
@@ -291,6 +325,12 @@ fn int_pow(x: i64, e: i64) -> OpResult<i64> {
 /// Float `x ** e` with the fast paths of candle for the common exponents.
 fn float_pow_scalar(t: &Tensor, e: f64) -> OpResult<Tensor> {
     let t = float(t)?;
+    if t.dtype() == DType::F64 {
+        // float64: C pow in f64 (as torch's `std::pow`).
+        let v: Vec<f64> = t.flatten_all()?.to_vec1::<f64>()?;
+        let v: Vec<f64> = v.iter().map(|x| x.powf(e)).collect();
+        return Ok(Tensor::from_vec(v, t.dims(), &candle_core::Device::Cpu)?);
+    }
     // One pass, split across threads; small integer powers as products, as torch computes them.
     let fast = match e {
         2.0 => super::fused::unary(&t, |v| v * v),
@@ -342,26 +382,26 @@ fn pow_tensor_scalar(a: &Args) -> OpResult<Outputs> {
 
 fn pow_tensor_tensor(a: &Args) -> OpResult<Outputs> {
     let (b, e) = operands(a, "self", "exponent")?;
-    if b.dtype() != DType::F32 {
+    if !is_float(b.dtype()) {
         return one(map_i64(
             &b.to_dtype(DType::I64)?,
             &e.to_dtype(DType::I64)?,
             int_pow,
         )?);
     }
-    one(map_f32(&b, &e, f32::powf)?)
+    one(map_float(&b, &e, f32::powf, f64::powf)?)
 }
 
 fn pow_scalar_tensor(a: &Args) -> OpResult<Outputs> {
     let base = a.scalar("self")?;
     let e = a.tensor("exponent")?;
     let (b, e) = binary_operands(&TensorOrScalar::Scalar(base), &TensorOrScalar::Tensor(e))?;
-    if b.dtype() != DType::F32 {
+    if !is_float(b.dtype()) {
         return one(map_i64(
             &b.to_dtype(DType::I64)?,
             &e.to_dtype(DType::I64)?,
             int_pow,
         )?);
     }
-    one(map_f32(&b, &e, f32::powf)?)
+    one(map_float(&b, &e, f32::powf, f64::powf)?)
 }

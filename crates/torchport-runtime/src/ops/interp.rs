@@ -66,6 +66,27 @@ fn area_scale(inp: usize, out: usize, align: bool, scale: Option<f64>) -> f64 {
     }
 }
 
+/// Interpolation matrix [out, inp] for linear resampling along one dim, in f64 (as torch
+/// computes the weights for float64 input).
+fn linear_matrix_f64(inp: usize, out: usize, align: bool, scale: Option<f64>) -> OpResult<Tensor> {
+    let s = area_scale(inp, out, align, scale);
+    let mut m = vec![0f64; out * inp];
+    for o in 0..out {
+        let src = if align {
+            s * o as f64
+        } else {
+            (s * (o as f64 + 0.5) - 0.5).max(0.0)
+        };
+        let i0 = (src.floor() as usize).min(inp - 1);
+        let i1 = if i0 < inp - 1 { i0 + 1 } else { i0 };
+        let l1 = src - i0 as f64;
+        let l0 = 1.0 - l1;
+        m[o * inp + i0] += l0;
+        m[o * inp + i1] += l1;
+    }
+    Ok(Tensor::from_vec(m, (out, inp), &Device::Cpu)?)
+}
+
 /// Interpolation matrix [out, inp] for linear resampling along one dim.
 fn linear_matrix(inp: usize, out: usize, align: bool, scale: Option<f64>) -> OpResult<Tensor> {
     let s = area_scale(inp, out, align, scale) as f32;
@@ -94,8 +115,13 @@ fn bilinear(a: &Args) -> OpResult<Outputs> {
     if h == 0 || w == 0 || oh == 0 || ow == 0 {
         op_bail!("upsample of an empty tensor");
     }
-    let mh = linear_matrix(h, oh, align, sh)?;
-    let mw = linear_matrix(w, ow, align, sw)?;
+    let matrix = if x.dtype() == candle_core::DType::F64 {
+        linear_matrix_f64
+    } else {
+        linear_matrix
+    };
+    let mh = matrix(h, oh, align, sh)?;
+    let mw = matrix(w, ow, align, sw)?;
     // [N,C,H,W] @ mwᵀ -> [N,C,H,ow]; mh @ that -> [N,C,oh,ow].
     let (n, c) = (x.dims()[0], x.dims()[1]);
     let y = x.contiguous()?.reshape((n * c * h, w))?.matmul(&mw.t()?)?;

@@ -169,12 +169,41 @@ pub fn category(d: DType) -> u8 {
     }
 }
 
-/// The runtime dtype of the promotion of `a` and `b`.
+/// The runtime dtype of the promotion of `a` and `b`: within the float category f64 wins
+/// (f32 op f64 is f64, as in torch).
 pub fn promote(a: DType, b: DType) -> DType {
     match category(a).max(category(b)) {
         0 => DType::U8,
         1 => DType::I64,
+        _ if a == DType::F64 || b == DType::F64 => DType::F64,
         _ => DType::F32,
+    }
+}
+
+/// The runtime dtype of the promotion of tensors `a` and `b` by torch's rules for
+/// dimensioned and 0-d tensors: a 0-d tensor only decides the dtype when the other is 0-d
+/// too or when its category is higher (`f32[3] + f64[]` is f32, `i64[3] + f64[]` is f64).
+pub fn promote_tensors(a: &Tensor, b: &Tensor) -> DType {
+    let (da, db) = (a.dtype(), b.dtype());
+    if da == db {
+        return promote(da, db);
+    }
+    let (ca, cb) = (category(da), category(db));
+    match (a.rank() == 0, b.rank() == 0) {
+        (true, false) if ca <= cb => promote(db, db),
+        (false, true) if cb <= ca => promote(da, da),
+        _ => promote(da, db),
+    }
+}
+
+/// The runtime dtype of the promotion of a tensor of dtype `t` with a Python scalar `s`: a
+/// scalar only decides the category when it is of a higher one (`i64 + 1.5` is the default
+/// float dtype, f32), never the width (`f64 + 1.5` stays f64, `f32 + 1.5` stays f32).
+pub fn promote_scalar(t: DType, s: Scalar) -> DType {
+    if category(s.dtype()) > category(t) {
+        s.dtype()
+    } else {
+        promote(t, t)
     }
 }
 
@@ -193,6 +222,7 @@ pub fn scalar_tensor(s: Scalar, d: DType) -> OpResult<Tensor> {
     Ok(match d {
         DType::I64 => Tensor::new(s.as_f64() as i64, &dev)?,
         DType::U8 => Tensor::new(u8::from(s.as_f64() != 0.0), &dev)?,
+        DType::F64 => Tensor::new(s.as_f64(), &dev)?,
         _ => Tensor::new(s.as_f64() as f32, &dev)?,
     })
 }
@@ -200,11 +230,12 @@ pub fn scalar_tensor(s: Scalar, d: DType) -> OpResult<Tensor> {
 /// Two operands promoted to a common dtype, scalars turned into 0-d tensors of that dtype
 /// (a Python scalar does not raise a tensor's category unless it is of a higher one).
 pub fn binary_operands(a: &TensorOrScalar, b: &TensorOrScalar) -> OpResult<(Tensor, Tensor)> {
-    let cat = |x: &TensorOrScalar| match x {
-        TensorOrScalar::Tensor(t) => t.dtype(),
-        TensorOrScalar::Scalar(s) => s.dtype(),
+    let d = match (a, b) {
+        (TensorOrScalar::Tensor(x), TensorOrScalar::Tensor(y)) => promote_tensors(x, y),
+        (TensorOrScalar::Tensor(t), TensorOrScalar::Scalar(s))
+        | (TensorOrScalar::Scalar(s), TensorOrScalar::Tensor(t)) => promote_scalar(t.dtype(), *s),
+        (TensorOrScalar::Scalar(x), TensorOrScalar::Scalar(y)) => promote(x.dtype(), y.dtype()),
     };
-    let d = promote(cat(a), cat(b));
     let mk = |x: &TensorOrScalar| match x {
         TensorOrScalar::Tensor(t) => as_dtype(t, d),
         TensorOrScalar::Scalar(s) => scalar_tensor(*s, d),
@@ -212,9 +243,22 @@ pub fn binary_operands(a: &TensorOrScalar, b: &TensorOrScalar) -> OpResult<(Tens
     Ok((mk(a)?, mk(b)?))
 }
 
-/// Ensure a tensor holds floats (int and bool inputs are converted, as torch's float ops do).
+/// Ensure a tensor holds floats (int and bool inputs are converted to the default f32, as
+/// torch's float ops do; f64 stays f64).
 pub fn float(t: &Tensor) -> OpResult<Tensor> {
-    as_dtype(t, DType::F32)
+    match t.dtype() {
+        DType::F32 | DType::F64 => Ok(t.clone()),
+        _ => Ok(t.to_dtype(DType::F32)?),
+    }
+}
+
+/// Refuse a float64 tensor in a kernel that only computes in f32 (`what` names it), rather
+/// than round its values to f32.
+pub fn no_f64(t: &Tensor, what: &str) -> OpResult<()> {
+    if t.dtype() == DType::F64 {
+        return Err(OpError(format!("{what} does not support float64 tensors")));
+    }
+    Ok(())
 }
 
 /// Sizes of `t` as i64.
@@ -222,8 +266,10 @@ pub fn sizes(t: &Tensor) -> Vec<i64> {
     t.dims().iter().map(|&d| d as i64).collect()
 }
 
-/// Contiguous f32 data of `t` (floats only) as a Vec.
+/// Contiguous f32 data of `t` as a Vec (ints and bools are converted; a float64 tensor is
+/// refused rather than rounded: kernels built on this compute in f32 only).
 pub fn f32_vec(t: &Tensor) -> OpResult<Vec<f32>> {
+    no_f64(t, "this f32 kernel")?;
     Ok(float(t)?.flatten_all()?.to_vec1::<f32>()?)
 }
 

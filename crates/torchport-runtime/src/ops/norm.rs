@@ -104,6 +104,13 @@ fn scale_shift(x: &Tensor, scale: &Tensor, shift: &Tensor) -> OpResult<Tensor> {
     let dims = x.dims().to_vec();
     let c = dims.get(1).copied().unwrap_or(1);
     let inner: usize = dims.iter().skip(2).product();
+    if x.dtype() == candle_core::DType::F64 {
+        // float64 through candle's generic ops, in f64.
+        let f64_of = |t: &Tensor| super::as_dtype(t, candle_core::DType::F64);
+        return Ok(x
+            .broadcast_mul(&f64_of(scale)?)?
+            .broadcast_add(&f64_of(shift)?)?);
+    }
     let (sc, sh) = (super::f32_vec(scale)?, super::f32_vec(shift)?);
     if sc.len() != c || sh.len() != c || dims.len() < 2 {
         return Ok(x.broadcast_mul(scale)?.broadcast_add(shift)?);

@@ -4,7 +4,9 @@
 
 use candle_core::Tensor;
 
-use super::{f32_vec, float, from_f32, usize_of, Registry};
+use candle_core::{DType, WithDType};
+
+use super::{float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs, Value};
@@ -59,8 +61,29 @@ fn pool_len(
     Ok(out as usize)
 }
 
-/// Input as [planes, H, W] f32 data plus its leading dims (N, C or just C).
-fn planes(x: &Tensor) -> OpResult<(Vec<f32>, Vec<usize>, usize, usize)> {
+/// The element types the direct kernels compute in: f32, and f64 for float64 tensors.
+trait Elem: WithDType {
+    const NEG_INF: Self;
+    fn nan(self) -> bool;
+}
+
+impl Elem for f32 {
+    const NEG_INF: f32 = f32::NEG_INFINITY;
+    fn nan(self) -> bool {
+        self.is_nan()
+    }
+}
+
+impl Elem for f64 {
+    const NEG_INF: f64 = f64::NEG_INFINITY;
+    fn nan(self) -> bool {
+        self.is_nan()
+    }
+}
+
+/// Input as [planes, H, W] data of type `T` (f32 for ints and bools too) plus its leading
+/// dims (N, C or just C).
+fn planes<T: Elem>(x: &Tensor) -> OpResult<(Vec<T>, Vec<usize>, usize, usize)> {
     if x.rank() != 3 && x.rank() != 4 {
         op_bail!(
             "2-d pooling expects a 3-d or 4-d input, got shape {:?}",
@@ -69,7 +92,13 @@ fn planes(x: &Tensor) -> OpResult<(Vec<f32>, Vec<usize>, usize, usize)> {
     }
     let r = x.rank();
     let (h, w) = (x.dims()[r - 2], x.dims()[r - 1]);
-    Ok((f32_vec(x)?, x.dims()[..r - 2].to_vec(), h, w))
+    let data = x.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>()?;
+    Ok((data, x.dims()[..r - 2].to_vec(), h, w))
+}
+
+/// A tensor of shape `shape` from kernel output data.
+fn from_vec<T: Elem>(data: Vec<T>, shape: &[usize]) -> OpResult<Tensor> {
+    Ok(Tensor::from_vec(data, shape, &candle_core::Device::Cpu)?)
 }
 
 fn max_pool(a: &Args) -> OpResult<Outputs> {
@@ -88,18 +117,38 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
             return one(y);
         }
     }
-    let (xs, lead, h, w) = planes(&x)?;
+    let (y, it) = if x.dtype() == DType::F64 {
+        max_pool_t::<f64>(&x, k, s, p, d, ceil)?
+    } else {
+        max_pool_t::<f32>(&x, k, s, p, d, ceil)?
+    };
+    if with_indices {
+        return Ok(vec![Value::Tensor(y), Value::Tensor(it)]);
+    }
+    one(y)
+}
+
+/// The general max pooling kernel: values and indices.
+fn max_pool_t<T: Elem>(
+    x: &Tensor,
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [usize; 2],
+    d: [usize; 2],
+    ceil: bool,
+) -> OpResult<(Tensor, Tensor)> {
+    let (xs, lead, h, w) = planes::<T>(x)?;
     let oh = pool_len(h, k[0], p[0], s[0], d[0], ceil)?;
     let ow = pool_len(w, k[1], p[1], s[1], d[1], ceil)?;
     let np: usize = lead.iter().product();
-    let mut out = vec![0f32; np * oh * ow];
+    let mut out = vec![T::from_f64(0.0); np * oh * ow];
     let mut idx = vec![0i64; np * oh * ow];
     // One plane (image, channel) per task.
-    let plane = |pl: usize, out: &mut [f32], idx: &mut [i64]| {
+    let plane = |pl: usize, out: &mut [T], idx: &mut [i64]| {
         let src = &xs[pl * h * w..][..h * w];
         for y in 0..oh {
             for xo in 0..ow {
-                let mut best = f32::NEG_INFINITY;
+                let mut best = T::NEG_INF;
                 let mut bi = -1i64;
                 for i in 0..k[0] {
                     let iy = (y * s[0] + i * d[0]) as isize - p[0] as isize;
@@ -113,10 +162,10 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
                         }
                         let at = iy as usize * w + ix as usize;
                         let v = src[at];
-                        if v > best || v.is_nan() || bi < 0 {
+                        if v > best || v.nan() || bi < 0 {
                             best = v;
                             bi = at as i64;
-                            if v.is_nan() {
+                            if v.nan() {
                                 break;
                             }
                         }
@@ -137,12 +186,9 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
     }
     let mut shape = lead;
     shape.extend([oh, ow]);
-    let y = from_f32(out, &shape)?;
-    if with_indices {
-        let it = Tensor::from_vec(idx, shape.as_slice(), &candle_core::Device::Cpu)?;
-        return Ok(vec![Value::Tensor(y), Value::Tensor(it)]);
-    }
-    one(y)
+    let y = from_vec(out, &shape)?;
+    let it = Tensor::from_vec(idx, shape.as_slice(), &candle_core::Device::Cpu)?;
+    Ok((y, it))
 }
 
 /// The larger of `acc` and `v` as ATen's max pooling takes it: `v` wins when greater or NaN,
@@ -250,11 +296,29 @@ fn avg_pool(a: &Args) -> OpResult<Outputs> {
     let ceil = a.bool_or("ceil_mode", false)?;
     let include_pad = a.bool_or("count_include_pad", true)?;
     let divisor = a.opt_int("divisor_override")?;
-    let (xs, lead, h, w) = planes(&x)?;
+    let y = if x.dtype() == DType::F64 {
+        avg_pool_t::<f64>(&x, k, s, p, ceil, include_pad, divisor)?
+    } else {
+        avg_pool_t::<f32>(&x, k, s, p, ceil, include_pad, divisor)?
+    };
+    one(if one_d { y.squeeze(y.rank() - 2)? } else { y })
+}
+
+/// The average pooling kernel.
+fn avg_pool_t<T: Elem>(
+    x: &Tensor,
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [usize; 2],
+    ceil: bool,
+    include_pad: bool,
+    divisor: Option<i64>,
+) -> OpResult<Tensor> {
+    let (xs, lead, h, w) = planes::<T>(x)?;
     let oh = pool_len(h, k[0], p[0], s[0], 1, ceil)?;
     let ow = pool_len(w, k[1], p[1], s[1], 1, ceil)?;
     let np: usize = lead.iter().product();
-    let mut out = vec![0f32; np * oh * ow];
+    let mut out = vec![T::from_f64(0.0); np * oh * ow];
     for pl in 0..np {
         let src = &xs[pl * h * w..][..h * w];
         for y in 0..oh {
@@ -267,28 +331,24 @@ fn avg_pool(a: &Args) -> OpResult<Outputs> {
                 let we = (ws + k[1] as isize).min((w + p[1]) as isize);
                 let pool_w = we - ws;
                 let (ws, we) = (ws.max(0) as usize, we.min(w as isize) as usize);
-                let mut sum = 0f32;
+                let mut sum = T::from_f64(0.0);
                 for iy in hs..he {
                     for ix in ws..we {
                         sum += src[iy * w + ix];
                     }
                 }
-                let div = match divisor {
-                    Some(d) if d != 0 => d as f32,
-                    _ if include_pad => (pool_h * pool_w) as f32,
-                    _ => ((he.saturating_sub(hs)) * (we.saturating_sub(ws))) as f32,
-                };
+                let div = T::from_f64(match divisor {
+                    Some(d) if d != 0 => d as f64,
+                    _ if include_pad => (pool_h * pool_w) as f64,
+                    _ => ((he.saturating_sub(hs)) * (we.saturating_sub(ws))) as f64,
+                });
                 out[(pl * oh + y) * ow + xo] = sum / div;
             }
         }
     }
     let mut shape = lead;
-    if one_d {
-        shape.push(ow);
-    } else {
-        shape.extend([oh, ow]);
-    }
-    one(from_f32(out, &shape)?)
+    shape.extend([oh, ow]);
+    from_vec(out, &shape)
 }
 
 /// `adaptive_max_pool2d(self, output_size)` -> (values, indices into each h x w plane),
@@ -296,12 +356,22 @@ fn avg_pool(a: &Args) -> OpResult<Outputs> {
 fn adaptive_max(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("self")?)?;
     let o = two(&a.ints("output_size")?, "output_size")?;
-    let (xs, lead, h, w) = planes(&x)?;
+    let (vals, idxs) = if x.dtype() == DType::F64 {
+        adaptive_max_t::<f64>(&x, o)?
+    } else {
+        adaptive_max_t::<f32>(&x, o)?
+    };
+    Ok(vec![Value::Tensor(vals), Value::Tensor(idxs)])
+}
+
+/// The adaptive max pooling kernel: (values, indices).
+fn adaptive_max_t<T: Elem>(x: &Tensor, o: [usize; 2]) -> OpResult<(Tensor, Tensor)> {
+    let (xs, lead, h, w) = planes::<T>(x)?;
     let (oh, ow) = (o[0], o[1]);
-    if (oh == 0 || ow == 0 || h == 0 || w == 0) && lead.iter().product::<usize>() > 0 {
+    let np: usize = lead.iter().product();
+    if np > 0 && (oh == 0 || ow == 0 || h == 0 || w == 0) {
         op_bail!("adaptive_max_pool2d needs a non-empty input and output size");
     }
-    let np: usize = lead.iter().product();
     let mut vals = Vec::with_capacity(np * oh * ow);
     let mut idxs = Vec::with_capacity(np * oh * ow);
     for pl in 0..np {
@@ -310,11 +380,11 @@ fn adaptive_max(a: &Args) -> OpResult<Outputs> {
             let (hs, he) = (y * h / oh, ((y + 1) * h).div_ceil(oh));
             for xo in 0..ow {
                 let (ws, we) = (xo * w / ow, ((xo + 1) * w).div_ceil(ow));
-                let mut best = (f32::NEG_INFINITY, hs * w + ws);
+                let mut best = (T::NEG_INF, hs * w + ws);
                 for iy in hs..he {
                     for ix in ws..we {
                         let v = src[iy * w + ix];
-                        if v > best.0 || v.is_nan() {
+                        if v > best.0 || v.nan() {
                             best = (v, iy * w + ix);
                         }
                     }
@@ -327,16 +397,22 @@ fn adaptive_max(a: &Args) -> OpResult<Outputs> {
     let mut shape = lead;
     shape.extend([oh, ow]);
     let indices = Tensor::from_vec(idxs, shape.as_slice(), x.device())?;
-    Ok(vec![
-        Value::Tensor(from_f32(vals, &shape)?),
-        Value::Tensor(indices),
-    ])
+    Ok((from_vec(vals, &shape)?, indices))
 }
 
 fn adaptive_avg(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("self")?)?;
     let o = two(&a.ints("output_size")?, "output_size")?;
-    let (xs, lead, h, w) = planes(&x)?;
+    one(if x.dtype() == DType::F64 {
+        adaptive_avg_t::<f64>(&x, o)?
+    } else {
+        adaptive_avg_t::<f32>(&x, o)?
+    })
+}
+
+/// The adaptive average pooling kernel.
+fn adaptive_avg_t<T: Elem>(x: &Tensor, o: [usize; 2]) -> OpResult<Tensor> {
+    let (xs, lead, h, w) = planes::<T>(x)?;
     let (oh, ow) = (o[0], o[1]);
     let np: usize = lead.iter().product();
     // Fast path: global pooling is a mean over the plane.
@@ -344,28 +420,28 @@ fn adaptive_avg(a: &Args) -> OpResult<Outputs> {
         let mut shape = lead.clone();
         shape.extend([1, 1]);
         let y = x.reshape((np, h * w))?.mean_keepdim(1)?;
-        return one(y.reshape(shape)?);
+        return Ok(y.reshape(shape)?);
     }
-    let mut out = vec![0f32; np * oh * ow];
+    let mut out = vec![T::from_f64(0.0); np * oh * ow];
     for pl in 0..np {
         let src = &xs[pl * h * w..][..h * w];
         for y in 0..oh {
             let (hs, he) = (y * h / oh, ((y + 1) * h).div_ceil(oh));
             for xo in 0..ow {
                 let (ws, we) = (xo * w / ow, ((xo + 1) * w).div_ceil(ow));
-                let mut sum = 0f32;
+                let mut sum = T::from_f64(0.0);
                 for iy in hs..he {
                     for ix in ws..we {
                         sum += src[iy * w + ix];
                     }
                 }
-                out[(pl * oh + y) * ow + xo] = sum / ((he - hs) * (we - ws)) as f32;
+                out[(pl * oh + y) * ow + xo] = sum / T::from_f64(((he - hs) * (we - ws)) as f64);
             }
         }
     }
     let mut shape = lead;
     shape.extend([oh, ow]);
-    one(from_f32(out, &shape)?)
+    from_vec(out, &shape)
 }
 
 #[cfg(test)]

@@ -69,8 +69,17 @@ fn reduce(
     Ok(r.reshape(shape)?)
 }
 
+/// `t` cast to f64 first when the op asks for `dtype=torch.float64` (torch reduces in the
+/// requested dtype).
+fn f64_if_asked(a: &Args, t: Tensor) -> OpResult<Tensor> {
+    match a.opt_scalar_type("dtype")? {
+        Some(crate::dtype::DOUBLE) => super::as_dtype(&t, DType::F64),
+        _ => Ok(t),
+    }
+}
+
 fn mean(a: &Args) -> OpResult<Outputs> {
-    let t = float(&a.tensor("self")?)?;
+    let t = f64_if_asked(a, float(&a.tensor("self")?)?)?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     // Contiguous trailing dims reduce as one flattened axis (one pass, better accuracy).
@@ -96,6 +105,7 @@ fn sum(a: &Args) -> OpResult<Outputs> {
     } else {
         t
     };
+    let t = f64_if_asked(a, t)?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     let r = reduce(&t, &dims, keep, |x, d| x.sum_keepdim(d))?;
@@ -178,6 +188,7 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
         DType::U8 => t.to_dtype(DType::I64)?,
         _ => t,
     };
+    let t = f64_if_asked(a, t)?;
     let r = if t.rank() == 0 {
         // The prefix sum of one element is itself.
         t
@@ -224,7 +235,7 @@ fn vector_norm(a: &Args) -> OpResult<Outputs> {
     } else if ord == f64::NEG_INFINITY {
         reduce(&abs, &dims, keep, |x, d| x.min_keepdim(d))?
     } else if ord == 0.0 {
-        let nonzero = t.ne(0.0)?.to_dtype(DType::F32)?;
+        let nonzero = t.ne(0.0)?.to_dtype(t.dtype())?;
         reduce(&nonzero, &dims, keep, |x, d| x.sum_keepdim(d))?
     } else if ord == 2.0 {
         reduce(&abs.sqr()?, &dims, keep, |x, d| x.sum_keepdim(d))?.sqrt()?

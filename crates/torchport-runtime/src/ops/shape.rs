@@ -421,7 +421,10 @@ fn arange(a: &Args) -> OpResult<Outputs> {
         op_bail!("arange of {n} elements is too large");
     }
     let n = n as usize;
-    let t = if dtype::is_float(st) {
+    let t = if st == dtype::DOUBLE {
+        let v: Vec<f64> = (0..n).map(|i| s + i as f64 * k).collect();
+        Tensor::from_vec(v, n, &Device::Cpu)?
+    } else if dtype::is_float(st) {
         let v: Vec<f32> = (0..n).map(|i| (s + i as f64 * k) as f32).collect();
         Tensor::from_vec(v, n, &Device::Cpu)?
     } else {

@@ -30,6 +30,16 @@ fn cmp_f32(a: f32, b: f32) -> Ordering {
     }
 }
 
+/// Total order for f64 with NaN greatest.
+fn cmp_f64(a: f64, b: f64) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        _ => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+    }
+}
+
 /// Per row of `t` along `d`, the first `k` positions in sorted order (descending when
 /// `desc`); returns (values, indices) shaped like `t` with `d` of size `k`.
 fn ordered(t: &Tensor, d: usize, k: usize, desc: bool) -> OpResult<(Tensor, Tensor)> {
@@ -56,6 +66,26 @@ fn ordered(t: &Tensor, d: usize, k: usize, desc: bool) -> OpResult<(Tensor, Tens
                 let mut p: Vec<usize> = (0..n).collect();
                 p.sort_by(|&i, &j| {
                     let o = cmp_f32(row[i], row[j]);
+                    if desc {
+                        o.reverse()
+                    } else {
+                        o
+                    }
+                });
+                for &i in p.iter().take(k) {
+                    out.push(row[i]);
+                    idx_out.push(i as i64);
+                }
+            }
+            Tensor::from_vec(out, (rows, k), &candle_core::Device::Cpu)?
+        }
+        DType::F64 => {
+            let v = moved.flatten_all()?.to_vec1::<f64>()?;
+            let mut out = Vec::with_capacity(rows * k);
+            for row in v.chunks(n.max(1)).take(rows) {
+                let mut p: Vec<usize> = (0..n).collect();
+                p.sort_by(|&i, &j| {
+                    let o = cmp_f64(row[i], row[j]);
                     if desc {
                         o.reverse()
                     } else {

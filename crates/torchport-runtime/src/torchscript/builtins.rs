@@ -64,6 +64,7 @@ pub fn tensor_scalar(t: &Tensor) -> BResult<f64> {
     Ok(match t.dtype() {
         DType::I64 => flat.to_vec1::<i64>().map_err(e)?[0] as f64,
         DType::U8 => f64::from(flat.to_vec1::<u8>().map_err(e)?[0]),
+        DType::F64 => flat.to_vec1::<f64>().map_err(e)?[0],
         _ => f64::from(
             flat.to_dtype(DType::F32)
                 .map_err(e)?
@@ -462,6 +463,12 @@ fn new_tensor(data: &Val, dtype: Option<&Val>) -> BResult<Val> {
             collect_ints(data, &mut ints);
             Tensor::from_vec(ints, shape, &dev)
         }
+        // Floats asked for as float64 are kept exact (not rounded through f32).
+        _ if matches!(dtype, Some(Val::Int(st))
+            if super::value::dtype_to_program(*st) == Some(crate::dtype::DOUBLE)) =>
+        {
+            Tensor::from_vec(flat.clone(), shape, &dev)
+        }
         _ => Tensor::from_vec(
             flat.iter().map(|&x| x as f32).collect::<Vec<_>>(),
             shape,
@@ -500,9 +507,9 @@ pub fn call_prim(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops) 
             Val::Bool(b) => {
                 Val::Tensor(Tensor::new(u8::from(*b), &Device::Cpu).map_err(|e| e.to_string())?)
             }
-            Val::Float(f) => {
-                Val::Tensor(Tensor::new(*f as f32, &Device::Cpu).map_err(|e| e.to_string())?)
-            }
+            // A 0-d float64 tensor, as torch's NumToTensor makes (not a wrapped number:
+            // `int_tensor * it` is float64, `f32_tensor * it` stays f32).
+            Val::Float(f) => Val::Tensor(Tensor::new(*f, &Device::Cpu).map_err(|e| e.to_string())?),
             Val::Tensor(t) => Val::Tensor(t.clone()),
             o => return Err(format!("NumToTensor of a {}", o.type_name())),
         },

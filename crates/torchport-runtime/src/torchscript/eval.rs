@@ -766,11 +766,12 @@ pub fn truth(v: &Val) -> EResult<bool> {
     }
 }
 
-/// A runtime tensor for an input (floats as f32, ints as i64, bool/u8 as u8).
+/// A runtime tensor for an input (f64 as f64, other floats as f32, ints as i64, bool/u8 as
+/// u8).
 pub fn input_tensor(t: &Tensor) -> candle_core::Result<Tensor> {
     let t = t.to_device(&Device::Cpu)?;
     match t.dtype() {
-        DType::F16 | DType::BF16 | DType::F64 => t.to_dtype(DType::F32),
+        DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
         DType::U32 | DType::I16 | DType::I32 => t.to_dtype(DType::I64),
         _ => Ok(t),
     }

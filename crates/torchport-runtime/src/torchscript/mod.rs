@@ -301,7 +301,7 @@ impl ScriptProgram {
         let constants = self
             .constants
             .iter()
-            .map(|c| self.value(c))
+            .map(|c| self.value(c).and_then(wrapped_number))
             .collect::<Result<_>>()?;
         let mut interp = Interp::new(&self.code, constants);
         let out = interp
@@ -493,5 +493,18 @@ fn walk_expr(e: &Expr, visit: &mut impl FnMut(&str)) {
             }
         }
         _ => {}
+    }
+}
+
+/// A 0-d float64 tensor among the code's constants is a Python float the tracer recorded (a
+/// wrapped number: torch promotes `int_tensor + CONSTANTS.c0` to float32 and keeps
+/// `f64_tensor * CONSTANTS.c0` exact in float64), so it is handed to the ops as that float.
+fn wrapped_number(v: Val) -> Result<Val> {
+    match v {
+        Val::Tensor(t) if t.rank() == 0 && t.dtype() == candle_core::DType::F64 => t
+            .to_scalar::<f64>()
+            .map(Val::Float)
+            .map_err(|e| Error::Program(format!("a float64 constant: {e}"))),
+        v => Ok(v),
     }
 }

@@ -29,11 +29,16 @@ fn values(t: &Tensor) -> Vec<f64> {
 /// values equal; floats within 1e-4 × max(1, max |ref|), NaN where torch has NaN and the same
 /// infinities.
 pub fn mismatch(got: &Tensor, want: &Tensor) -> Option<String> {
+    mismatch_within(got, want, 1e-4)
+}
+
+/// [`mismatch`] with floats within `rel` × max(1, max |ref|).
+pub fn mismatch_within(got: &Tensor, want: &Tensor, rel: f64) -> Option<String> {
     if got.dims() != want.dims() {
         return Some(format!("shape {:?}, torch {:?}", got.dims(), want.dims()));
     }
     let (g, w) = (values(got), values(want));
-    if want.dtype() != DType::F32 {
+    if !matches!(want.dtype(), DType::F32 | DType::F64) {
         let bad = g.iter().zip(&w).filter(|(a, b)| a != b).count();
         return (bad > 0).then(|| format!("{bad} of {} integer values differ", w.len()));
     }
@@ -41,7 +46,7 @@ pub fn mismatch(got: &Tensor, want: &Tensor) -> Option<String> {
         .iter()
         .filter(|v| v.is_finite())
         .fold(1f64, |m, v| m.max(v.abs()));
-    let tol = 1e-4 * scale;
+    let tol = rel * scale;
     let mut diff = 0f64;
     for (a, b) in g.iter().zip(&w) {
         if b.is_nan() || b.is_infinite() {
