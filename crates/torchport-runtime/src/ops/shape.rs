@@ -370,6 +370,11 @@ fn wrap_indices(idx: &Tensor, len: usize) -> OpResult<Tensor> {
 
 /// `x[..., idx, ...]` along one dim with an index tensor of any shape.
 pub fn take(t: &Tensor, idx: &Tensor, d: usize) -> OpResult<Tensor> {
+    if t.rank() == 0 {
+        // A 0-d tensor indexed along "dim 0" (as torch allows) gives itself, 0-d.
+        wrap_indices(idx, 1)?;
+        return Ok(t.clone());
+    }
     let idx = wrap_indices(idx, t.dims()[d])?;
     let flat = idx.flatten_all()?;
     let picked = t.contiguous()?.index_select(&flat, d)?;
@@ -393,6 +398,10 @@ fn embedding(a: &Args) -> OpResult<Outputs> {
 fn gather(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let d = dim(a.int("dim")?, t.rank())?;
+    if t.rank() == 0 {
+        wrap_indices(&a.tensor("index")?, 1)?;
+        return one(t);
+    }
     let idx = wrap_indices(&a.tensor("index")?, t.dims()[d])?;
     one(t.contiguous()?.gather(&idx.contiguous()?, d)?)
 }
