@@ -20,24 +20,43 @@ pub fn register(r: &mut Registry) {
     r.add("aten.argsort.stable", sort);
 }
 
-/// Total order for f32 with NaN greatest.
-fn cmp_f32(a: f32, b: f32) -> Ordering {
-    match (a.is_nan(), b.is_nan()) {
+/// Total order with NaN greatest (for integers, their own order).
+fn nan_last<T: PartialOrd>(a: &T, b: &T) -> Ordering {
+    #[allow(clippy::eq_op)]
+    let nan = |x: &T| x != x;
+    match (nan(a), nan(b)) {
         (true, true) => Ordering::Equal,
         (true, false) => Ordering::Greater,
         (false, true) => Ordering::Less,
-        _ => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+        _ => a.partial_cmp(b).unwrap_or(Ordering::Equal),
     }
 }
 
-/// Total order for f64 with NaN greatest.
-fn cmp_f64(a: f64, b: f64) -> Ordering {
-    match (a.is_nan(), b.is_nan()) {
-        (true, true) => Ordering::Equal,
-        (true, false) => Ordering::Greater,
-        (false, true) => Ordering::Less,
-        _ => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+/// The first `k` of each row of `v` (`rows` rows of `n`) in sorted order, stable
+/// (descending when `desc`): their values, and their positions appended to `idx_out`.
+fn top_rows<T: candle_core::WithDType>(
+    v: &[T],
+    (rows, n, k): (usize, usize, usize),
+    desc: bool,
+    idx_out: &mut Vec<i64>,
+) -> OpResult<Tensor> {
+    let mut out = Vec::with_capacity(rows * k);
+    for row in v.chunks(n.max(1)).take(rows) {
+        let mut p: Vec<usize> = (0..n).collect();
+        p.sort_by(|&i, &j| {
+            let o = nan_last(&row[i], &row[j]);
+            if desc {
+                o.reverse()
+            } else {
+                o
+            }
+        });
+        for &i in p.iter().take(k) {
+            out.push(row[i]);
+            idx_out.push(i as i64);
+        }
     }
+    Ok(Tensor::from_vec(out, (rows, k), &candle_core::Device::Cpu)?)
 }
 
 /// Per row of `t` along `d`, the first `k` positions in sorted order (descending when
@@ -58,69 +77,14 @@ fn ordered(t: &Tensor, d: usize, k: usize, desc: bool) -> OpResult<(Tensor, Tens
         op_bail!("k ({k}) is larger than the dim's size ({n})");
     }
     let mut idx_out: Vec<i64> = Vec::with_capacity(rows * k);
+    let shape = (rows, n, k);
+    let flat = moved.flatten_all()?;
     let values = match moved.dtype() {
-        DType::F32 => {
-            let v = moved.flatten_all()?.to_vec1::<f32>()?;
-            let mut out = Vec::with_capacity(rows * k);
-            for row in v.chunks(n.max(1)).take(rows) {
-                let mut p: Vec<usize> = (0..n).collect();
-                p.sort_by(|&i, &j| {
-                    let o = cmp_f32(row[i], row[j]);
-                    if desc {
-                        o.reverse()
-                    } else {
-                        o
-                    }
-                });
-                for &i in p.iter().take(k) {
-                    out.push(row[i]);
-                    idx_out.push(i as i64);
-                }
-            }
-            Tensor::from_vec(out, (rows, k), &candle_core::Device::Cpu)?
-        }
-        DType::F64 => {
-            let v = moved.flatten_all()?.to_vec1::<f64>()?;
-            let mut out = Vec::with_capacity(rows * k);
-            for row in v.chunks(n.max(1)).take(rows) {
-                let mut p: Vec<usize> = (0..n).collect();
-                p.sort_by(|&i, &j| {
-                    let o = cmp_f64(row[i], row[j]);
-                    if desc {
-                        o.reverse()
-                    } else {
-                        o
-                    }
-                });
-                for &i in p.iter().take(k) {
-                    out.push(row[i]);
-                    idx_out.push(i as i64);
-                }
-            }
-            Tensor::from_vec(out, (rows, k), &candle_core::Device::Cpu)?
-        }
+        DType::F32 => top_rows(&flat.to_vec1::<f32>()?, shape, desc, &mut idx_out)?,
+        DType::F64 => top_rows(&flat.to_vec1::<f64>()?, shape, desc, &mut idx_out)?,
         dt => {
-            let v = moved
-                .to_dtype(DType::I64)?
-                .flatten_all()?
-                .to_vec1::<i64>()?;
-            let mut out = Vec::with_capacity(rows * k);
-            for row in v.chunks(n.max(1)).take(rows) {
-                let mut p: Vec<usize> = (0..n).collect();
-                p.sort_by(|&i, &j| {
-                    let o = row[i].cmp(&row[j]);
-                    if desc {
-                        o.reverse()
-                    } else {
-                        o
-                    }
-                });
-                for &i in p.iter().take(k) {
-                    out.push(row[i]);
-                    idx_out.push(i as i64);
-                }
-            }
-            Tensor::from_vec(out, (rows, k), &candle_core::Device::Cpu)?.to_dtype(dt)?
+            let v = flat.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+            top_rows(&v, shape, desc, &mut idx_out)?.to_dtype(dt)?
         }
     };
     let indices = Tensor::from_vec(idx_out, (rows, k), &candle_core::Device::Cpu)?;
