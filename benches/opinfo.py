@@ -24,7 +24,8 @@ program calls it) is written into docs/RUNTIME.md between the `opinfo:begin` / `
 markers (never edit it by hand), with every wrong answer listed. --fixtures also writes, for
 each registered overload, its first float32 (else first) plain sample that passed without
 tie-order leniency into
-tests/fixtures/opinfo/ for `crates/torchport-runtime/tests/opinfo.rs`. Needs `expecttest`
+tests/fixtures/opinfo/ for `crates/torchport-runtime/tests/opinfo.rs` (replacing them on a
+full run, adding to them when OpInfo names are given). Needs `expecttest`
 and `hypothesis` (torch's test utilities import them) besides the pinned venv.
 """
 
@@ -340,9 +341,10 @@ def main():
             doc = doc.rstrip() + "\n\n## Operator conformance (OpInfo)\n\n" + table + "\n"
         DOC.write_text(doc)
     if a.fixtures:
-        if FIXTURES.exists():
+        # A full run replaces the fixtures; a run on named OpInfos adds to them.
+        if FIXTURES.exists() and not a.names:
             shutil.rmtree(FIXTURES)
-        FIXTURES.mkdir(parents=True)
+        FIXTURES.mkdir(parents=True, exist_ok=True)
         done = set()
         for o, (_, d, inputs, refs) in sorted(chosen.items()):
             if d in done:

@@ -46,7 +46,7 @@ fn einsum(a: &Args) -> OpResult<Outputs> {
         .iter()
         .zip(&tensors)
         .filter(|(s, _)| s.contains("..."))
-        .map(|(s, t)| t.rank() + 3 - s.chars().count())
+        .map(|(s, t)| (t.rank() + 3).saturating_sub(s.chars().count()))
         .max()
         .unwrap_or(0);
     let ell: Vec<char> = (0..ell_rank)
@@ -99,7 +99,7 @@ fn einsum(a: &Args) -> OpResult<Outputs> {
         acc = contract(acc, right, &needed)?;
     }
     let acc = sum_unneeded(acc, &out)?;
-    // Broadcast ellipsis letters missing from the result (size 1) and order as the output.
+    // In the output's order (a letter no operand kept is an error).
     let perm: Vec<usize> = out
         .iter()
         .map(|c| acc.letters.iter().position(|l| l == c))
