@@ -5,22 +5,21 @@
 //! Its own test binary (the allocator counts everything the binary does), one test, so
 //! nothing else allocates while it measures.
 
-use std::borrow::Cow;
-use std::path::Path;
-
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Lstm, LstmConfig};
 use burn::tensor::{Device, Tensor};
-use torchport::write::{OutputFormat, WriteOptions};
-use torchport::{DType, OutTensor};
+use torchport::DType;
 use torchport_burn::TorchportStore;
 
 #[path = "../../torchport/tests/common/counting_alloc.rs"]
 mod counting_alloc;
 #[path = "../../torchport/tests/common/smaps.rs"]
 mod smaps;
+#[path = "../../torchport/tests/common/synthetic.rs"]
+mod synthetic;
 use counting_alloc::peak;
 use smaps::mapped_resident;
+use synthetic::{model_and_largest, value, write_checkpoint};
 
 /// Width of every layer.
 const D: usize = 256;
@@ -68,48 +67,6 @@ fn pytorch_tensors() -> Vec<(String, Vec<usize>)> {
         t.push((format!("lstm.{n}"), s));
     }
     t
-}
-
-fn value(k: usize, i: usize) -> f32 {
-    ((k * 7919 + i * 31) % 2003) as f32 / 1024.0 - 1.0
-}
-
-/// Write `Net`'s tensors (and `extra`, unused by `Net`) as a torch.save zip of `dtype`.
-fn write_checkpoint(path: &Path, dtype: DType, extra: bool) {
-    let mut specs = pytorch_tensors();
-    if extra {
-        specs.push(("head.weight".into(), vec![16, D]));
-    }
-    let tensors: Vec<OutTensor<'static>> = specs
-        .into_iter()
-        .enumerate()
-        .map(|(k, (name, shape))| {
-            let n: usize = shape.iter().product();
-            let bytes: Vec<u8> = (0..n)
-                .flat_map(|i| match dtype {
-                    DType::F16 => half::f16::from_f32(value(k, i)).to_le_bytes().to_vec(),
-                    _ => value(k, i).to_le_bytes().to_vec(),
-                })
-                .collect();
-            OutTensor::new(name, dtype, shape, move || Ok(Cow::Owned(bytes.clone())))
-        })
-        .collect();
-    torchport::write::write(
-        path,
-        OutputFormat::TorchZip,
-        &tensors,
-        WriteOptions::default(),
-    )
-    .expect("write the checkpoint");
-}
-
-/// Bytes of `Net`'s parameters as float32, and of its largest one.
-fn model_and_largest() -> (usize, usize) {
-    let sizes: Vec<usize> = pytorch_tensors()
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>() * 4)
-        .collect();
-    (sizes.iter().sum(), sizes.iter().copied().max().unwrap_or(0))
 }
 
 /// Calls `val()` on every parameter, so a lazily initialised module materialises its
@@ -178,11 +135,14 @@ fn loading_holds_the_model_plus_one_tensor() {
     let f32_file = dir.join("net.pt");
     let f16_file = dir.join("net-f16.pt");
     let extra_file = dir.join("net-extra.pt");
-    write_checkpoint(&f32_file, DType::F32, false);
-    write_checkpoint(&f16_file, DType::F16, false);
-    write_checkpoint(&extra_file, DType::F32, true);
+    write_checkpoint(&f32_file, DType::F32, pytorch_tensors());
+    write_checkpoint(&f16_file, DType::F16, pytorch_tensors());
+    // `Net`'s tensors and one it does not use.
+    let mut with_extra = pytorch_tensors();
+    with_extra.push(("head.weight".into(), vec![16, D]));
+    write_checkpoint(&extra_file, DType::F32, with_extra);
     let device = Device::default();
-    let (model, largest) = model_and_largest();
+    let (model, largest) = model_and_largest(&pytorch_tensors());
     let bound = model + largest + SLACK;
     let mut rows = Vec::new();
 

@@ -5,22 +5,23 @@
 //! memory-mapped file stays resident afterwards. Its own test binary (the allocator counts
 //! everything the binary does), one test, so nothing else allocates while it measures.
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use candle_core::{DType as CDType, Device, Tensor};
 use candle_nn::{Embedding, Linear};
 use torchport::remap::{Op, Rule, RuleSet};
-use torchport::write::{OutputFormat, WriteOptions};
-use torchport::{DType, OutTensor};
+use torchport::DType;
 use torchport_candle::TorchportBackend;
 
 #[path = "../../torchport/tests/common/counting_alloc.rs"]
 mod counting_alloc;
 #[path = "../../torchport/tests/common/smaps.rs"]
 mod smaps;
+#[path = "../../torchport/tests/common/synthetic.rs"]
+mod synthetic;
 use counting_alloc::peak;
 use smaps::mapped_resident;
+use synthetic::{model_and_largest, value, write_checkpoint};
 
 /// Width of every layer.
 const D: usize = 256;
@@ -42,40 +43,6 @@ fn pytorch_tensors() -> Vec<(String, Vec<usize>)> {
     }
     t.push(("attn.in_proj_weight".into(), vec![3 * D, D]));
     t
-}
-
-fn value(k: usize, i: usize) -> f32 {
-    ((k * 7919 + i * 31) % 2003) as f32 / 1024.0 - 1.0
-}
-
-/// Write the tensors as a torch.save zip of `dtype`.
-fn write_checkpoint(path: &Path, dtype: DType) {
-    let tensors: Vec<OutTensor<'static>> = pytorch_tensors()
-        .into_iter()
-        .enumerate()
-        .map(|(k, (name, shape))| {
-            let n: usize = shape.iter().product();
-            let values: Vec<f64> = (0..n).map(|i| value(k, i) as f64).collect();
-            let bytes = torchport::cast::from_f64(&values, dtype).expect("encode");
-            OutTensor::new(name, dtype, shape, move || Ok(Cow::Owned(bytes.clone())))
-        })
-        .collect();
-    torchport::write::write(
-        path,
-        OutputFormat::TorchZip,
-        &tensors,
-        WriteOptions::default(),
-    )
-    .expect("write the checkpoint");
-}
-
-/// Bytes of the model's parameters as float32, and of its largest one.
-fn model_and_largest() -> (usize, usize) {
-    let sizes: Vec<usize> = pytorch_tensors()
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>() * 4)
-        .collect();
-    (sizes.iter().sum(), sizes.iter().copied().max().unwrap_or(0))
 }
 
 /// The candle model: what a user's model constructor would hold.
@@ -161,9 +128,9 @@ fn building_a_model_holds_the_model_plus_one_tensor() {
     std::fs::create_dir_all(&dir).unwrap();
     let f32_file = dir.join("net.pt");
     let f16_file = dir.join("net-f16.pt");
-    write_checkpoint(&f32_file, DType::F32);
-    write_checkpoint(&f16_file, DType::F16);
-    let (model, largest) = model_and_largest();
+    write_checkpoint(&f32_file, DType::F32, pytorch_tensors());
+    write_checkpoint(&f16_file, DType::F16, pytorch_tensors());
+    let (model, largest) = model_and_largest(&pytorch_tensors());
     let bound = model + largest + SLACK;
     let mut rows = Vec::new();
 
