@@ -1,27 +1,19 @@
 //! `torchport run` and `torchport ops` through the real binary, on the export fixtures.
 
-use crate::util::{root, torchport};
-use torchport_runtime::npy::{read_arrays, read_npy};
+use crate::util::{root, run_model, torchport};
+use torchport_runtime::npy::read_npy;
 
 const EXPORT: &str = "tests/fixtures/export";
 
 #[test]
 fn run_writes_outputs_that_match_torch() {
-    let dir = std::env::temp_dir().join(format!("torchport-run-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("bert.npz");
-    let o = torchport(&[
-        "run",
+    let arrays = run_model(
         &format!("{EXPORT}/bert.decomp.pt2"),
-        "--input",
-        &format!("{EXPORT}/bert.input_0.npy"),
-        "--input",
-        &format!("{EXPORT}/bert.input_1.npy"),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let arrays = read_arrays(&out).unwrap();
+        &[
+            format!("{EXPORT}/bert.input_0.npy"),
+            format!("{EXPORT}/bert.input_1.npy"),
+        ],
+    );
     let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["output_0", "output_1"]);
     for (i, (_, got)) in arrays.iter().enumerate() {
@@ -30,7 +22,6 @@ fn run_writes_outputs_that_match_torch() {
         let diff = (got - &want).unwrap().abs().unwrap().max_all().unwrap();
         assert!(diff.to_scalar::<f32>().unwrap() < 1e-4, "output_{i}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

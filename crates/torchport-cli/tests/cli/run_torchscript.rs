@@ -2,28 +2,19 @@
 //! real binary, on the fixtures of tests/fixtures/gen/gen_torchscript.py.
 
 use torchport_runtime::candle_core::DType;
-use torchport_runtime::npy::{read_arrays, read_npy};
+use torchport_runtime::npy::read_npy;
 
-use crate::util::{root, torchport};
+use crate::util::{root, run_model, torchport};
 
 const TS: &str = "tests/fixtures/torchscript";
 
 /// The scripted LSTM tagger: float logits within tolerance, its int64 argmax exactly.
 #[test]
 fn run_torchscript_matches_torch() {
-    let dir = std::env::temp_dir().join(format!("torchport-run-ts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("lstm.npz");
-    let o = torchport(&[
-        "run",
+    let arrays = run_model(
         &format!("{TS}/scripted_lstm.pt"),
-        "--input",
-        &format!("{TS}/scripted_lstm.input_0.npy"),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let arrays = read_arrays(&out).unwrap();
+        &[format!("{TS}/scripted_lstm.input_0.npy")],
+    );
     let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["output_0", "output_1"]);
     let want0 = read_npy(&root().join(format!("{TS}/scripted_lstm.output_0.npy"))).unwrap();
@@ -40,7 +31,6 @@ fn run_torchscript_matches_torch() {
         arrays[1].1.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
         want1.flatten_all().unwrap().to_vec1::<i64>().unwrap()
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

@@ -33,3 +33,28 @@ pub fn assert_exit(o: &Output, code: i32) {
         text(&o.stderr)
     );
 }
+
+/// `torchport run MODEL --input I… --output OUT.npz` (paths relative to the repository
+/// root); asserts success and returns the npz's arrays, in order.
+pub fn run_model(
+    model: &str,
+    inputs: &[String],
+) -> Vec<(String, torchport_runtime::candle_core::Tensor)> {
+    let tag = Path::new(model)
+        .file_stem()
+        .and_then(OsStr::to_str)
+        .unwrap_or("model");
+    let dir = std::env::temp_dir().join(format!("torchport-run-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out.npz");
+    let mut args = vec!["run".to_string(), model.to_string()];
+    for i in inputs {
+        args.extend(["--input".to_string(), i.clone()]);
+    }
+    args.extend(["--output".to_string(), out.to_str().unwrap().to_string()]);
+    let o = torchport(&args);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let arrays = torchport_runtime::npy::read_arrays(&out).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    arrays
+}
