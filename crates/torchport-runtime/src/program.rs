@@ -80,7 +80,7 @@ pub fn op_uses(ep: &ExportedProgram, registry: &Registry) -> Vec<OpUse> {
 }
 
 /// Count `(target, supported)` uses by operator key, sorted by operator.
-fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUse> {
+pub(crate) fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUse> {
     let mut m: BTreeMap<String, (usize, bool)> = BTreeMap::new();
     for (target, supported) in uses {
         m.entry(op_key(target).to_string())
@@ -500,6 +500,17 @@ fn user_outputs(ep: &ExportedProgram) -> Result<(Vec<Argument>, Vec<BufferUpdate
     Ok((out, mutations))
 }
 
+/// Whether a node of `g` updates the value `name` in place (an in-place op other than a view
+/// op, with `name` as its `self`).
+fn updated_in_place(g: &crate::schema::Graph, name: &str) -> bool {
+    g.nodes.iter().any(|n| {
+        let key = op_key(&n.target);
+        crate::views::self_name(n) == Some(name)
+            && crate::ops::functional_name(key).is_some()
+            && !crate::views::is_view_op(key)
+    })
+}
+
 /// A plain export updates a user input with in-place ops on its placeholder (a decomposed
 /// one declares it, see [`user_outputs`]): refused, as the caller's tensor is not changed.
 fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, String>) -> Result<()> {
@@ -511,13 +522,7 @@ fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, Stri
         else {
             continue;
         };
-        let in_place = g.nodes.iter().any(|n| {
-            let key = op_key(&n.target);
-            crate::views::self_name(n) == Some(t.name.as_str())
-                && crate::ops::functional_name(key).is_some()
-                && !crate::views::is_view_op(key)
-        });
-        if in_place || final_names.contains_key(&t.name) {
+        if updated_in_place(g, &t.name) || final_names.contains_key(&t.name) {
             return Err(Error::Program(format!(
                 "the program updates its input '{}' in place; programs that mutate their \
                  inputs are not supported (clone the input first)",
@@ -546,13 +551,7 @@ fn inplace_buffer_updates(
             updates.push((last.clone(), name.clone()));
             continue;
         }
-        let in_place = g.nodes.iter().any(|n| {
-            let key = op_key(&n.target);
-            crate::views::self_name(n) == Some(name.as_str())
-                && crate::ops::functional_name(key).is_some()
-                && !crate::views::is_view_op(key)
-        });
-        if in_place {
+        if updated_in_place(g, name) {
             updates.push((name.clone(), name.clone()));
         }
     }

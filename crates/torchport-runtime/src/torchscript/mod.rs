@@ -25,7 +25,7 @@ pub mod scalars;
 pub mod value;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -221,7 +221,7 @@ impl ScriptProgram {
     /// `PackedSequence` path).
     pub fn ops(&self) -> Vec<OpUse> {
         let ops = aten::Ops::get();
-        let mut m: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+        let mut uses: Vec<(String, bool)> = Vec::new();
         let mut visit = |name: &str| {
             let (key, ok) = if let Some(op) = name
                 .strip_prefix("torch.")
@@ -236,18 +236,12 @@ impl ScriptProgram {
             } else {
                 return;
             };
-            m.entry(key).or_insert((0, ok)).0 += 1;
+            uses.push((key, ok));
         };
         for f in self.code.bodies() {
             walk_stmts(&f.body, &mut visit);
         }
-        m.into_iter()
-            .map(|(op, (count, supported))| OpUse {
-                op,
-                count,
-                supported,
-            })
-            .collect()
+        crate::program::tally(uses.iter().map(|(k, ok)| (k.as_str(), *ok)))
     }
 
     /// Operators the code calls that the runtime lacks (see [`ScriptProgram::ops`]); `run`
