@@ -198,6 +198,17 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
         return None;
     }
     let out = tensor_output(node)?.to_string();
+    // Most in-place ops (a `relu_` on a conv's output) update no view: leave those before
+    // building the maps below, so that a graph of many in-place ops loads in linear time.
+    let mutated = self_name(node)?;
+    let made_by_view = g.nodes[..i]
+        .iter()
+        .rev()
+        .find(|n| tensor_output(n) == Some(mutated))
+        .is_some_and(|n| matches!(op_key(&n.target), "aten.slice.Tensor" | "aten.select.int"));
+    if !made_by_view {
+        return None;
+    }
     let producers: HashMap<&str, usize> = g.nodes[..i]
         .iter()
         .enumerate()
