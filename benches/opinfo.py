@@ -102,7 +102,7 @@ def tie_order_only(got, refs, inputs):
     """True when every output that differs is an int64 index tensor that picks elements equal
     to those torch's indices pick: gathering some input along some axis at torchport's
     indices and at torch's gives the same values (torch leaves the order of equal elements
-    open, e.g. in topk, sort, argsort and max.dim)."""
+    open, e.g. in topk, sort, argsort, max.dim and kthvalue; a dropped dim is put back)."""
     for g, r in zip(got, refs):
         if compare(g, r) is None:
             continue
@@ -112,16 +112,21 @@ def tie_order_only(got, refs, inputs):
         same = False
         for x in inputs:
             x = np_of(x)
-            if x.ndim != g.ndim:
-                continue
             for ax in range(x.ndim):
-                if any(x.shape[d] != g.shape[d] for d in range(x.ndim) if d != ax):
+                # Indices along `ax`, with the dim kept or dropped (max.dim, kthvalue).
+                if g.ndim == x.ndim:
+                    gi, wi = g, want
+                elif g.ndim + 1 == x.ndim:
+                    gi, wi = np.expand_dims(g, ax), np.expand_dims(want, ax)
+                else:
+                    continue
+                if any(x.shape[d] != gi.shape[d] for d in range(x.ndim) if d != ax):
                     continue
                 n = x.shape[ax]
-                if g.size and (g.min() < 0 or g.max() >= n or want.min() < 0 or want.max() >= n):
+                if gi.size and (gi.min() < 0 or gi.max() >= n or wi.min() < 0 or wi.max() >= n):
                     continue
-                if np.array_equal(np.take_along_axis(x, g, axis=ax),
-                                  np.take_along_axis(x, want, axis=ax), equal_nan=True):
+                if np.array_equal(np.take_along_axis(x, gi, axis=ax),
+                                  np.take_along_axis(x, wi, axis=ax), equal_nan=True):
                     same = True
         if not same:
             return False

@@ -156,6 +156,49 @@ def text_model(kind):
     if kind == "clip_text":
         return T.CLIPTextModel(T.CLIPTextConfig(vocab_size=1000, max_position_embeddings=32,
                                                 **SMALL))
+    if kind == "mixtral":
+        return T.MixtralModel(T.MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
+                                              **DECODER))
+    if kind == "qwen2_moe":
+        return T.Qwen2MoeModel(T.Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2,
+                                                moe_intermediate_size=64,
+                                                shared_expert_intermediate_size=64, **DECODER))
+    if kind == "qwen3":
+        return T.Qwen3Model(T.Qwen3Config(head_dim=16, **DECODER))
+    if kind == "olmo":
+        return T.OlmoModel(T.OlmoConfig(pad_token_id=0, **DECODER))
+    if kind == "stablelm":
+        return T.StableLmModel(T.StableLmConfig(**DECODER))
+    if kind == "granite":
+        return T.GraniteModel(T.GraniteConfig(**DECODER))
+    if kind == "starcoder2":
+        return T.Starcoder2Model(T.Starcoder2Config(**DECODER))
+    if kind == "gemma2":
+        return T.Gemma2Model(T.Gemma2Config(head_dim=16, sliding_window=8, **DECODER))
+    if kind == "bloom":
+        return T.BloomModel(T.BloomConfig(vocab_size=1000, hidden_size=64, n_layer=2, n_head=4,
+                                          use_cache=False))
+    if kind == "opt":
+        return T.OPTModel(T.OPTConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, ffn_dim=128, word_embed_proj_dim=64,
+                                      max_position_embeddings=64, use_cache=False))
+    if kind == "falcon":
+        return T.FalconModel(T.FalconConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, use_cache=False))
+    if kind == "gpt_neox":
+        return T.GPTNeoXModel(T.GPTNeoXConfig(vocab_size=1000, max_position_embeddings=64,
+                                              use_cache=False, **SMALL))
+    if kind == "mobilebert":
+        return T.MobileBertModel(T.MobileBertConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, embedding_size=32, intra_bottleneck_size=32,
+            true_hidden_size=32, num_feedforward_networks=2))
+    if kind == "convbert":
+        return T.ConvBertModel(T.ConvBertConfig(vocab_size=1000, embedding_size=32, **SMALL))
+    if kind == "xlm_roberta":
+        return T.XLMRobertaModel(T.XLMRobertaConfig(vocab_size=1000, **SMALL))
+    if kind == "mpnet":
+        return T.MPNetModel(T.MPNetConfig(vocab_size=1000, **SMALL))
     raise ValueError(kind)
 
 
@@ -209,6 +252,24 @@ def hf_other(kind):
                                    conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
                                    num_conv_pos_embedding_groups=4, **SMALL)
             return T.Wav2Vec2Model(cfg), (torch.randn(1, 4000),)
+        if kind == "hubert":
+            cfg = T.HubertConfig(conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
+                                 conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+                                 num_conv_pos_embedding_groups=4, **SMALL)
+            return T.HubertModel(cfg), (torch.randn(1, 4000),)
+        if kind == "dinov2":
+            cfg = T.Dinov2Config(image_size=56, patch_size=14, **SMALL)
+            return T.Dinov2Model(cfg), image(1, 56)
+        if kind == "swin":
+            cfg = T.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1],
+                               num_heads=[2, 4], window_size=4)
+            return T.SwinModel(cfg), image(1, 64)
+        if kind == "convnext":
+            cfg = T.ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
+            return T.ConvNextModel(cfg), image(1, 64)
+        if kind == "mobilevit":
+            cfg = T.MobileViTConfig(image_size=64)
+            return T.MobileViTModel(cfg), image(1, 64)
         raise ValueError(kind)
 
     return make
@@ -346,6 +407,50 @@ MODELS = {
     "timm_convnext_atto_dynbatch": dyn_batch(tm("convnext_atto", 64), 64),
     "timm_vit_tiny_dynbatch": dyn_batch(tm("vit_tiny_patch16_224")),
     "timm_resnet18d_predict": predict_tm("resnet18d", 64),
+    "timm_cspdarknet53": tm("cspdarknet53", 64),
+    "timm_darknet53": tm("darknet53", 64),
+    "timm_gernet_s": tm("gernet_s", 64),
+    "timm_nf_resnet26": tm("nf_resnet26", 64),
+    "timm_resnetv2_50x1_bit": tm("resnetv2_50x1_bit", 64),
+    "timm_botnet26t_256": tm("botnet26t_256", 256),
+    "timm_halonet26t": tm("halonet26t", 256),
+    "timm_lambda_resnet26t": tm("lambda_resnet26t", 256),
+    "timm_coat_lite_tiny": tm("coat_lite_tiny"),
+    "timm_mobileone_s0": tm("mobileone_s0", 64),
+    "timm_efficientformerv2_s0": tm("efficientformerv2_s0"),
+    "timm_fbnetc_100": tm("fbnetc_100", 64),
+    "timm_tinynet_a": tm("tinynet_a", 64),
+    "timm_dpn68": tm("dpn68", 64),
+    "timm_xception41": tm("xception41", 96),
+    "timm_inception_v4": tm("inception_v4", 96),
+    "timm_selecsls42b": tm("selecsls42b", 64),
+    "timm_starnet_s1": tm("starnet_s1", 64),
+    "timm_ghostnetv2_100": tm("ghostnetv2_100", 64),
+    "timm_repghostnet_050": tm("repghostnet_050", 64),
+    "timm_nest_tiny": tm("nest_tiny"),
+    "timm_gcvit_xxtiny": tm("gcvit_xxtiny"),
+    "timm_mvitv2_tiny": tm("mvitv2_tiny"),
+    "timm_vit_relpos_small_patch16_224": tm("vit_relpos_small_patch16_224", depth=2),
+    "timm_deit3_small_patch16_224": tm("deit3_small_patch16_224", depth=2),
+    "timm_levit_conv_128s": tm("levit_conv_128s"),
+    "timm_skresnet18": tm("skresnet18", 64),
+    "timm_regnetz_b16": tm("regnetz_b16", 64),
+    "timm_gcresnet33ts": tm("gcresnet33ts", 64),
+    "timm_inception_resnet_v2": tm("inception_resnet_v2", 96),
+    "timm_volo_d1_224": tm("volo_d1_224"),
+    "timm_tnt_s_patch16_224": tm("tnt_s_patch16_224"),
+    "timm_crossvit_tiny_240": tm("crossvit_tiny_240", 240),
+    "timm_twins_svt_small": tm("twins_svt_small"),
+    "timm_efficientvit_m0": tm("efficientvit_m0"),
+    "timm_repvit_m0_9": tm("repvit_m0_9", 64),
+    "timm_tf_efficientnet_b0": tm("tf_efficientnet_b0", 64),
+    "timm_swinv2_cr_tiny_ns_224": tm("swinv2_cr_tiny_ns_224"),
+    "timm_convformer_s18": tm("convformer_s18", 64),
+    "timm_mambaout_femto": tm("mambaout_femto", 64),
+    "timm_resnet50_gn": tm("resnet50_gn", 64),
+    "timm_visformer_tiny": tm("visformer_tiny"),
+    "timm_nextvit_small": tm("nextvit_small"),
+    "timm_vit_small_patch14_dinov2": tm("vit_small_patch14_dinov2", 70, img_size=70, depth=2),
     # transformers (tiny configs), text with an attention mask
     "hf_bert_mask": hf("bert"),
     "hf_roberta_mask": hf("roberta"),
@@ -368,12 +473,33 @@ MODELS = {
     "hf_llama_dyn": hf_dyn("llama"),
     "hf_t5_encoder_dyn": hf_dyn("t5_encoder"),
     "hf_bert_token_predict": predict_hf_tokens(),
+    "hf_mixtral_mask": hf("mixtral"),
+    "hf_qwen2_moe_mask": hf("qwen2_moe"),
+    "hf_qwen3_mask": hf("qwen3"),
+    "hf_olmo_mask": hf("olmo"),
+    "hf_stablelm_mask": hf("stablelm"),
+    "hf_granite_mask": hf("granite"),
+    "hf_starcoder2_mask": hf("starcoder2"),
+    "hf_gemma2_mask": hf("gemma2"),
+    "hf_bloom_mask": hf("bloom"),
+    "hf_opt_mask": hf("opt"),
+    "hf_falcon_mask": hf("falcon"),
+    "hf_gpt_neox_mask": hf("gpt_neox"),
+    "hf_mobilebert_mask": hf("mobilebert"),
+    "hf_convbert_mask": hf("convbert"),
+    "hf_xlm_roberta_mask": hf("xlm_roberta"),
+    "hf_mpnet_mask": hf("mpnet"),
     # transformers vision and audio
     "hf_vit": hf_other("vit"),
     "hf_clip_vision": hf_other("clip_vision"),
     "hf_segformer": hf_other("segformer"),
     "hf_whisper_encoder": hf_other("whisper_encoder"),
     "hf_wav2vec2": hf_other("wav2vec2"),
+    "hf_hubert": hf_other("hubert"),
+    "hf_dinov2": hf_other("dinov2"),
+    "hf_swin": hf_other("swin"),
+    "hf_convnext": hf_other("convnext"),
+    "hf_mobilevit": hf_other("mobilevit"),
 }
 
 
@@ -387,7 +513,8 @@ def leaves(out):
 def calibrate_batch_norms(model, inputs, batches=3):
     """Give batch norms the running statistics of the activations they see, as a trained
     model's are: a few forward passes in training mode over random batches of 4 shaped like
-    the float inputs, averaged (momentum None), then affine parameters drawn near (1, 0).
+    the float inputs, averaged (momentum None), variances kept at or above 1e-3, then affine
+    parameters drawn near (1, 0).
     With random statistics instead, activations grow layer after layer in deep CNNs, and the
     comparison measures how the model amplifies float rounding rather than the runtime.
     Models without batch norms, or with non-float inputs, are left as they are."""
@@ -404,6 +531,9 @@ def calibrate_batch_norms(model, inputs, batches=3):
         model(*[torch.randn(4, *x.shape[1:], generator=g) for x in inputs])
     model.eval()
     for m in norms:
+        # A channel the random batches left (nearly) constant would divide by ~0 and blow
+        # up everything after it (HF MobileViT: a variance of 1e-18, then inf).
+        m.running_var.clamp_(min=1e-3)
         if m.affine:
             m.weight.copy_(1 + 0.1 * torch.randn(m.weight.shape, generator=g))
             m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))

@@ -268,6 +268,48 @@ fn crafted_programs_fail_cleanly_instead_of_panicking() {
 }
 
 #[test]
+fn crafted_arguments_of_reductions_and_activations_are_refused() {
+    let arg =
+        |name: &str, value: &str| format!(r#"{{"arg": {value}, "kind": 1, "name": "{name}"}}"#);
+    let x = arg("self", r#"{"as_tensor": {"name": "linear"}}"#);
+    let with = |extra: &[String]| {
+        let mut v = vec![x.clone()];
+        v.extend(extra.iter().cloned());
+        format!("[{}]", v.join(", "))
+    };
+    // kthvalue with k outside 1..=3 (the linear layer's 3 outputs).
+    for k in [0, 4] {
+        let err = run_tiny_with(
+            "torch.ops.aten.kthvalue.default",
+            &with(&[arg("k", &format!(r#"{{"as_int": {k}}}"#))]),
+        );
+        assert!(err.contains("out of range for a dim of size 3"), "{err}");
+    }
+    // glu halves an odd dim.
+    let err = run_tiny_with("torch.ops.aten.glu.default", &with(&[]));
+    assert!(err.contains("its size 3 is odd"), "{err}");
+    // rms_norm over a shape that is not the input's last dims.
+    let err = run_tiny_with(
+        "torch.ops.aten.rms_norm.default",
+        &with(&[arg("normalized_shape", r#"{"as_ints": [5]}"#)])
+            .replace(r#""name": "self""#, r#""name": "input""#),
+    );
+    assert!(
+        err.contains("last dims [5] of an input of shape [2, 3]"),
+        "{err}"
+    );
+    // prelu with a weight for 4 channels on 3.
+    let err = run_tiny_with(
+        "torch.ops.aten.prelu.default",
+        &with(&[arg("weight", r#"{"as_tensor": {"name": "p_0_weight"}}"#)]),
+    );
+    assert!(
+        err.contains("does not match input of shape [2, 3]"),
+        "{err}"
+    );
+}
+
+#[test]
 fn inplace_update_of_a_view_is_written_back_or_refused() {
     // `y[:, :2] += 1` on `y = x * 2`: both flavours give torch's result.
     let x = read_npy(&fixture("inplace_view.input_0.npy")).unwrap();

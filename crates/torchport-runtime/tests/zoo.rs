@@ -13,7 +13,7 @@ mod compare;
 use compare::{mismatch, numbered};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 13] = [
+const MODELS: [&str; 14] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -33,6 +33,8 @@ const MODELS: [&str; 13] = [
     "hf_wav2vec2",
     // Attention on rank-5 query, key and value (mask units).
     "timm_hiera",
+    // Mixture of experts: routing by histc, experts through transformers' grouped product.
+    "hf_mixtral",
 ];
 
 fn fixtures() -> PathBuf {
@@ -85,7 +87,8 @@ fn zoo_models_match_pytorch() {
 /// The programs above reach what they are there for: torchvision Swin's plain export updates
 /// views of a tensor read later (which the runtime writes back into it), the dynamic BERT's
 /// decomposed export computes sizes with SymInt arithmetic, DeBERTa takes the sign of
-/// integer tensors, wav2vec2 calls `_weight_norm`, and EfficientViT wraps ops in autocast.
+/// integer tensors, wav2vec2 calls `_weight_norm`, EfficientViT wraps ops in autocast, and
+/// Mixtral routes tokens with histc to transformers' grouped product.
 #[test]
 fn zoo_fixtures_exercise_what_they_are_there_for() {
     let ops = |name: &str| -> Vec<String> {
@@ -99,6 +102,13 @@ fn zoo_fixtures_exercise_what_they_are_there_for() {
     assert!(ops("hf_bert_dyn.decomp.pt2").contains(&"_operator.mul".to_string()));
     assert!(ops("hf_deberta_v2.plain.pt2").contains(&"aten.sign.default".to_string()));
     assert!(ops("hf_wav2vec2.plain.pt2").contains(&"aten._weight_norm.default".to_string()));
+    let moe = ops("hf_mixtral.plain.pt2");
+    for op in [
+        "transformers.grouped_mm_fallback.default",
+        "aten.histc.default",
+    ] {
+        assert!(moe.contains(&op.to_string()), "{op}: {moe:?}");
+    }
     // The wrapper is inlined: its subgraph's ops are listed, the wrapper is not.
     let raw =
         torchport_runtime::archive::read_program(&fixtures().join("timm_efficientvit.plain.pt2"))

@@ -17,6 +17,8 @@ pub fn register(r: &mut Registry) {
     for n in [
         "aten.sub.Tensor",
         "aten.sub.Scalar",
+        "aten.subtract.Tensor",
+        "aten.subtract.Scalar",
         "aten.rsub.Scalar",
         "aten.rsub.Tensor",
     ] {
@@ -24,6 +26,8 @@ pub fn register(r: &mut Registry) {
     }
     r.add("aten.mul.Tensor", mul);
     r.add("aten.mul.Scalar", mul);
+    r.add("aten.multiply.Tensor", mul);
+    r.add("aten.multiply.Scalar", mul);
     r.add("aten.div.Tensor", div);
     r.add("aten.div.Scalar", div);
     r.add("aten.maximum.default", maximum);

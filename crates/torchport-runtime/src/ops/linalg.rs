@@ -1,5 +1,5 @@
 //! Matrix products: linear, addmm, mm, bmm, matmul (with torch's 1-d and broadcasting rules),
-//! baddbmm. Integer (int64) products are computed exactly, with int64's wrapping arithmetic
+//! baddbmm, and transformers' grouped (mixture-of-experts) product. Integer (int64) products are computed exactly, with int64's wrapping arithmetic
 //! as torch does; floats go through the f32 GEMM.
 
 use candle_core::{DType, Shape, Tensor};
@@ -33,6 +33,47 @@ pub fn register(r: &mut Registry) {
         one(matmul(&a.tensor("self")?, &a.tensor("other")?)?)
     });
     r.add("aten.baddbmm.default", addmm);
+    // transformers' mixture-of-experts product (its CPU and float32 path): `torch.ops.
+    // transformers.grouped_mm_fallback(input, weight, offs)`.
+    r.add("transformers.grouped_mm_fallback.default", grouped_mm);
+}
+
+/// `grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E])`: the rows of `input`
+/// sorted by expert, rows `offs[i-1]..offs[i]` multiplied by `weight[i]`; rows past the last
+/// offset are zeros, as in transformers' definition.
+fn grouped_mm(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let w = super::as_dtype(&a.tensor("weight")?, x.dtype())?;
+    let offs = a.tensor("offs")?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    let (s, k) = x.dims2()?;
+    let (e, wk, n) = w.dims3()?;
+    if wk != k || offs.len() != e {
+        op_bail!(
+            "grouped_mm of input {:?}, weight {:?} and {} offsets",
+            x.dims(),
+            w.dims(),
+            offs.len()
+        );
+    }
+    let mut parts = Vec::new();
+    let mut start = 0usize;
+    for (i, &end) in offs.iter().enumerate() {
+        let end = usize::try_from(end).ok().filter(|&v| v >= start && v <= s);
+        let Some(end) = end else {
+            op_bail!("grouped_mm: offsets {offs:?} are not non-decreasing within 0..={s}");
+        };
+        if end > start {
+            parts.push(mm(&x.narrow(0, start, end - start)?, &w.get(i)?)?);
+        }
+        start = end;
+    }
+    if start < s {
+        parts.push(Tensor::zeros((s - start, n), x.dtype(), x.device())?);
+    }
+    if parts.is_empty() {
+        return one(Tensor::zeros((0, n), x.dtype(), x.device())?);
+    }
+    one(Tensor::cat(&parts, 0)?)
 }
 
 /// `a @ b` for operands of rank >= 2 with broadcast batch dims (floats; two int64 operands
@@ -54,10 +95,33 @@ pub fn mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     };
     match prod(&a, &b) {
         Ok(r) => Ok(r),
-        // candle's gemm takes only some stridings (e.g. not a transposed batch of heads):
-        // retry on contiguous copies; a real shape error repeats and is reported.
-        Err(_) => Ok(prod(&a.contiguous()?, &b.contiguous()?)?),
+        // candle's gemm takes only some stridings (e.g. not a transposed batch of heads, nor
+        // some rank-5 batches with one row): retry on contiguous copies with the batch dims
+        // broadcast and folded into one; a real shape error repeats and is reported.
+        Err(_) => batched_3d(&a, &b),
     }
+}
+
+/// `a [.., n, k] @ b [.., k, p]` with the batch dims broadcast, as one rank-3 product on
+/// contiguous copies.
+fn batched_3d(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let (ra, rb) = (a.rank(), b.rank());
+    let (n, k, p) = (a.dims()[ra - 2], a.dims()[ra - 1], b.dims()[rb - 1]);
+    if b.dims()[rb - 2] != k {
+        op_bail!("matrix product of shapes {:?} and {:?}", a.dims(), b.dims());
+    }
+    let batch = candle_core::Shape::from(&a.dims()[..ra - 2])
+        .broadcast_shape_binary_op(&candle_core::Shape::from(&b.dims()[..rb - 2]), "matmul")?;
+    let mut sa = batch.dims().to_vec();
+    sa.extend([n, k]);
+    let mut sb = batch.dims().to_vec();
+    sb.extend([k, p]);
+    let count = batch.elem_count();
+    let a3 = a.broadcast_as(sa)?.contiguous()?.reshape((count, n, k))?;
+    let b3 = b.broadcast_as(sb)?.contiguous()?.reshape((count, k, p))?;
+    let mut out = batch.dims().to_vec();
+    out.extend([n, p]);
+    Ok(a3.matmul(&b3)?.reshape(out)?)
 }
 
 /// The exact int64 product of `a` `[.., n, k]` and `b` `[.., k, p]` (batch dims broadcast),

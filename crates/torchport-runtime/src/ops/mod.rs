@@ -13,6 +13,7 @@ use crate::error::{OpError, OpResult};
 use crate::value::{Args, Outputs, Scalar, TensorOrScalar};
 
 pub mod activation;
+pub mod activation_more;
 pub mod attention;
 pub mod conv;
 pub mod einsum;
@@ -22,14 +23,17 @@ pub mod index;
 pub mod integer;
 pub mod interp;
 pub mod linalg;
+pub mod math;
 pub mod norm;
 pub mod pad;
 pub mod pool;
 pub mod reduce;
 pub mod rnn;
+pub mod search;
 pub mod sgemm;
 pub mod shape;
 pub mod sort;
+pub mod stats;
 pub mod sym;
 pub mod volume;
 
@@ -52,6 +56,7 @@ impl Registry {
     pub fn with_all_ops() -> Self {
         let mut r = Registry::new();
         activation::register(&mut r);
+        activation_more::register(&mut r);
         attention::register(&mut r);
         conv::register(&mut r);
         einsum::register(&mut r);
@@ -59,14 +64,17 @@ impl Registry {
         integer::register(&mut r);
         interp::register(&mut r);
         linalg::register(&mut r);
+        math::register(&mut r);
         norm::register(&mut r);
         pool::register(&mut r);
         reduce::register(&mut r);
         rnn::register(&mut r);
+        search::register(&mut r);
         shape::register(&mut r);
         index::register(&mut r);
         pad::register(&mut r);
         sort::register(&mut r);
+        stats::register(&mut r);
         sym::register(&mut r);
         volume::register(&mut r);
         r

@@ -1,5 +1,5 @@
 //! Normalization: batch_norm (inference), layer_norm, group_norm, in both their composite and
-//! `native_*` (core ATen) forms.
+//! `native_*` (core ATen) forms; instance_norm, rms_norm, and `_weight_norm`.
 
 use candle_core::Tensor;
 
@@ -26,6 +26,8 @@ pub fn register(r: &mut Registry) {
     r.add("aten.native_layer_norm.default", layer_norm);
     r.add("aten.group_norm.default", group_norm);
     r.add("aten.native_group_norm.default", group_norm);
+    r.add("aten.instance_norm.default", instance_norm);
+    r.add("aten.rms_norm.default", rms_norm);
 }
 
 /// Reshape a per-channel vector [C] to broadcast over [N, C, ...] of rank `rank`.
@@ -247,4 +249,82 @@ fn weight_norm(a: &Args) -> OpResult<Outputs> {
         n.sqrt()?
     };
     one(v.broadcast_mul(&g.broadcast_div(&norm)?)?)
+}
+
+/// `instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum,
+/// eps, cudnn_enabled)`: each (image, channel) plane normalized by its own statistics, then
+/// the per-channel affine; with `use_input_stats` false, the running statistics as batch norm
+/// in inference. Using the input's statistics while running ones are given would update
+/// them (training mode), a side effect not run here.
+fn instance_norm(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let eps = a.float_or("eps", 1e-5)?;
+    let running = (a.opt_tensor("running_mean")?, a.opt_tensor("running_var")?);
+    let dims = x.dims().to_vec();
+    if dims.len() < 2 {
+        op_bail!("instance_norm needs an input of rank at least 2, got {dims:?}");
+    }
+    let r = dims.len();
+    let mut y = if a.bool_or("use_input_stats", true)? {
+        if running.0.is_some() || running.1.is_some() {
+            op_bail!("instance_norm with running statistics in training mode is not supported (export the model in eval mode)");
+        }
+        if dims[2..].iter().product::<usize>() == 0 {
+            op_bail!("instance_norm over empty planes");
+        }
+        let planes = x.reshape((dims[0] * dims[1], ()))?;
+        normalize_last(&planes, 1, eps)?
+            .0
+            .reshape(dims.as_slice())?
+    } else {
+        let (Some(mean), Some(var)) = running else {
+            op_bail!("instance_norm without input statistics needs running_mean and running_var");
+        };
+        let inv = per_channel(&var, r)?.affine(1.0, eps)?.sqrt()?.recip()?;
+        x.broadcast_sub(&per_channel(&mean, r)?)?
+            .broadcast_mul(&inv)?
+    };
+    if let Some(w) = a.opt_tensor("weight")? {
+        y = y.broadcast_mul(&per_channel(&w, r)?)?;
+    }
+    if let Some(b) = a.opt_tensor("bias")? {
+        y = y.broadcast_add(&per_channel(&b, r)?)?;
+    }
+    one(y)
+}
+
+/// `rms_norm(input, normalized_shape, weight=None, eps=None)`: `x / sqrt(mean(x²) + eps)`
+/// over the last dims, times `weight`; `eps` defaults to the dtype's machine epsilon, as in
+/// torch.
+fn rms_norm(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let shape = a.ints("normalized_shape")?;
+    let (k, r) = (shape.len(), x.rank());
+    if k > r
+        || k == 0
+        || !x.dims()[r - k..]
+            .iter()
+            .zip(&shape)
+            .all(|(&d, &s)| d as i64 == s)
+    {
+        op_bail!(
+            "rms_norm over the last dims {shape:?} of an input of shape {:?}",
+            x.dims()
+        );
+    }
+    let eps = match a.opt_float("eps")? {
+        Some(e) => e,
+        None if x.dtype() == candle_core::DType::F64 => f64::EPSILON,
+        None => f32::EPSILON as f64,
+    };
+    let mut flat: Vec<usize> = x.dims()[..r - k].to_vec();
+    flat.push(x.dims()[r - k..].iter().product());
+    let xf = x.reshape(flat)?;
+    let ms = xf.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+    let inv = ms.affine(1.0, eps)?.sqrt()?.recip()?;
+    let mut y = xf.broadcast_mul(&inv)?.reshape(x.shape())?;
+    if let Some(w) = a.opt_tensor("weight")? {
+        y = y.broadcast_mul(&super::as_dtype(&w, y.dtype())?)?;
+    }
+    one(y)
 }

@@ -1,4 +1,5 @@
-//! Reductions: mean, sum, amax/amin, max/min along a dim, var, cumsum, argmax, any/all.
+//! Reductions: mean, sum, amax/amin, aminmax, max/min along a dim, cumsum, argmax/argmin,
+//! any/all, the vector norm.
 
 use candle_core::{DType, Tensor};
 
@@ -18,10 +19,13 @@ pub fn register(r: &mut Registry) {
     r.add("aten.amin.default", amax);
     r.add("aten.max.dim", max_dim);
     r.add("aten.min.dim", max_dim);
-    r.add("aten.var.correction", var);
-    r.add("aten.var.dim", var);
     r.add("aten.cumsum.default", cumsum);
     r.add("aten.argmax.default", argmax);
+    r.add("aten.argmin.default", argmax);
+    r.add("aten.aminmax.default", aminmax);
+    r.add("aten.all.default", all);
+    r.add("aten.all.dim", all);
+    r.add("aten.all.dims", all);
     r.add("aten.any.dim", any_dim);
     r.add("aten.any.dims", any_dim);
     r.add("aten.any.default", |a| {
@@ -31,7 +35,7 @@ pub fn register(r: &mut Registry) {
 }
 
 /// Absolute dims from an optional `int[]?` (None or empty means all dims).
-fn dims_of(a: &Args, name: &str, rank: usize) -> OpResult<Vec<usize>> {
+pub(super) fn dims_of(a: &Args, name: &str, rank: usize) -> OpResult<Vec<usize>> {
     let mut v = match a.opt_ints(name)? {
         Some(v) if !v.is_empty() => v
             .iter()
@@ -46,12 +50,16 @@ fn dims_of(a: &Args, name: &str, rank: usize) -> OpResult<Vec<usize>> {
 
 /// Reduce `t` over `dims` with `f` (a keepdim reduction over one dim), then drop the reduced
 /// dims unless `keep`.
-fn reduce(
+pub(super) fn reduce(
     t: &Tensor,
     dims: &[usize],
     keep: bool,
     f: impl Fn(&Tensor, usize) -> candle_core::Result<Tensor>,
 ) -> OpResult<Tensor> {
+    if t.rank() == 0 {
+        // A 0-d tensor reduced over its one implicit dim is itself.
+        return Ok(t.clone());
+    }
     let mut r = t.clone();
     for &d in dims {
         r = f(&r, d)?;
@@ -131,6 +139,9 @@ fn max_dim(a: &Args) -> OpResult<Outputs> {
     let d = dim(a.int("dim")?, t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     let is_min = a.node().target.contains("min");
+    if t.rank() == 0 {
+        return Ok(vec![Value::Tensor(t), Value::Tensor(zero_index()?)]);
+    }
     let (v, i) = if is_min {
         (t.min_keepdim(d)?, t.argmin_keepdim(d)?)
     } else {
@@ -145,9 +156,18 @@ fn max_dim(a: &Args) -> OpResult<Outputs> {
     Ok(vec![Value::Tensor(v), Value::Tensor(i)])
 }
 
+/// The index of a 0-d tensor's one element.
+fn zero_index() -> OpResult<Tensor> {
+    Ok(Tensor::new(0i64, &candle_core::Device::Cpu)?)
+}
+
 fn argmax(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let keep = a.bool_or("keepdim", false)?;
+    if t.rank() == 0 {
+        return one(zero_index()?);
+    }
+    let rank = t.rank();
     let (t, d) = match a.opt_int("dim")? {
         Some(d) => {
             let d = dim(d, t.rank())?;
@@ -155,30 +175,21 @@ fn argmax(a: &Args) -> OpResult<Outputs> {
         }
         None => (t.flatten_all()?, 0),
     };
-    let i = t.argmax_keepdim(d)?.to_dtype(DType::I64)?;
-    one(if keep { i } else { i.squeeze(d)? })
-}
-
-fn var(a: &Args) -> OpResult<Outputs> {
-    let t = float(&a.tensor("self")?)?;
-    let dims = dims_of(a, "dim", t.rank())?;
-    let keep = a.bool_or("keepdim", false)?;
-    let correction = if a.has("correction") {
-        a.float("correction")?
-    } else if a.bool_or("unbiased", true)? {
-        1.0
+    let i = if a.node().target.contains("argmin") {
+        t.argmin_keepdim(d)?
     } else {
-        0.0
+        t.argmax_keepdim(d)?
     };
-    let n: usize = dims.iter().map(|&d| t.dims()[d]).product();
-    let m = reduce(&t, &dims, true, |x, d| x.mean_keepdim(d))?;
-    let sq = t.broadcast_sub(&m)?.sqr()?;
-    let s = reduce(&sq, &dims, keep, |x, d| x.sum_keepdim(d))?;
-    let denom = n as f64 - correction;
-    if denom <= 0.0 {
-        op_bail!("var over {n} elements with correction {correction}");
+    let i = i.to_dtype(DType::I64)?;
+    if a.opt_int("dim")?.is_none() {
+        // Over everything: 0-d, or with keepdim every dim of size 1.
+        return one(if keep {
+            i.reshape(vec![1usize; rank])?
+        } else {
+            i.reshape(())?
+        });
     }
-    one(s.affine(1.0 / denom, 0.0)?)
+    one(if keep { i } else { i.squeeze(d)? })
 }
 
 fn cumsum(a: &Args) -> OpResult<Outputs> {
@@ -248,4 +259,48 @@ fn vector_norm(a: &Args) -> OpResult<Outputs> {
         Some(st) => one(crate::dtype::cast(&r, st)?),
         None => one(r),
     }
+}
+
+/// `all(self, dim, keepdim)`: whether every element along `dim` (all dims when absent) is
+/// non-zero, as bool.
+fn all(a: &Args) -> OpResult<Outputs> {
+    let t = super::elementwise::to_mask(&a.tensor("self")?)?;
+    let dims = if super::op_key(&a.node().target) == "aten.all.dim" {
+        vec![dim(a.int("dim")?, t.rank())?]
+    } else {
+        dims_of(a, "dim", t.rank())?
+    };
+    let keep = a.bool_or("keepdim", false)?;
+    if t.rank() > 0 && dims.iter().any(|&d| t.dims()[d] == 0) {
+        // Over an empty dim every row is vacuously true.
+        let shape: Vec<usize> = (0..t.rank())
+            .filter(|i| keep || !dims.contains(i))
+            .map(|i| if dims.contains(&i) { 1 } else { t.dims()[i] })
+            .collect();
+        return one(Tensor::ones(shape, DType::U8, t.device())?);
+    }
+    one(reduce(&t, &dims, keep, |x, d| x.min_keepdim(d))?)
+}
+
+/// `aminmax(self, dim=None, keepdim=False)`: (min, max) over `dim`, or over everything.
+fn aminmax(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let keep = a.bool_or("keepdim", false)?;
+    let (t, dims) = match a.opt_int("dim")? {
+        Some(d) => {
+            let d = dim(d, t.rank())?;
+            (t, vec![d])
+        }
+        None if keep => {
+            let r = t.rank();
+            (t, (0..r).collect())
+        }
+        None => (t.flatten_all()?, vec![0]),
+    };
+    if t.elem_count() == 0 {
+        op_bail!("aminmax of an empty tensor");
+    }
+    let lo = reduce(&t, &dims, keep, |x, d| x.min_keepdim(d))?;
+    let hi = reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?;
+    Ok(vec![Value::Tensor(lo), Value::Tensor(hi)])
 }

@@ -75,6 +75,17 @@ pub fn register(r: &mut Registry) {
     r.add("aten.full_like.default", full_like);
     r.add("aten.zeros_like.default", full_like);
     r.add("aten.ones_like.default", full_like);
+    // Uninitialized memory in torch; programs overwrite it, so zeros are as good.
+    for n in [
+        "aten.empty.memory_format",
+        "aten.empty_permuted.default",
+        "aten.empty_strided.default",
+        "aten.new_empty.default",
+        "aten.new_empty_strided.default",
+    ] {
+        r.add(n, full);
+    }
+    r.add("aten.empty_like.default", full_like);
     r.add("aten.triu.default", triu_tril);
     r.add("aten.tril.default", triu_tril);
     r.add("aten.sym_size.int", |a| {
@@ -464,7 +475,7 @@ fn full(a: &Args) -> OpResult<Outputs> {
             .map(|&s| usize_of(s, "a size"))
             .collect::<OpResult<_>>()?
     };
-    let v = if target.contains("zeros") {
+    let v = if target.contains("zeros") || target.contains("empty") {
         Scalar::Int(0)
     } else if target.contains("ones") {
         Scalar::Int(1)
@@ -477,7 +488,9 @@ fn full(a: &Args) -> OpResult<Outputs> {
     if st.is_none() && target.contains("new_") {
         st = Some(dtype::of_runtime(a.tensor("self")?.dtype()));
     }
-    if st.is_none() && (target.contains("zeros") || target.contains("ones")) {
+    if st.is_none()
+        && (target.contains("zeros") || target.contains("ones") || target.contains("empty"))
+    {
         st = Some(dtype::FLOAT);
     }
     if st.is_none() && target.contains("scalar_tensor") {
@@ -489,7 +502,7 @@ fn full(a: &Args) -> OpResult<Outputs> {
 fn full_like(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let target = a.node().target.as_str();
-    let v = if target.contains("zeros") {
+    let v = if target.contains("zeros") || target.contains("empty") {
         Scalar::Int(0)
     } else if target.contains("ones") {
         Scalar::Int(1)
@@ -585,7 +598,9 @@ fn repeat_interleave(a: &Args) -> OpResult<Outputs> {
         .flat_map(|(i, &c)| std::iter::repeat_n(i as i64, c as usize))
         .collect();
     let len = idx.len();
-    one(t.index_select(&Tensor::from_vec(idx, len, t.device())?, d)?)
+    one(t
+        .contiguous()?
+        .index_select(&Tensor::from_vec(idx, len, t.device())?, d)?)
 }
 
 /// `unfold(self, dimension, size, step)`: windows of `size` along `dimension`, every `step`,
@@ -608,7 +623,9 @@ fn unfold(a: &Args) -> OpResult<Outputs> {
         // A 0-d tensor is one window of its one element.
         return one(t.reshape(1)?);
     }
-    let g = t.index_select(&Tensor::from_vec(idx, len, t.device())?, d)?;
+    let g = t
+        .contiguous()?
+        .index_select(&Tensor::from_vec(idx, len, t.device())?, d)?;
     // [.., windows * size, ..] -> [.., windows, size, ..] -> size moved last.
     let mut shape = g.dims().to_vec();
     shape.splice(d..=d, [windows, size]);

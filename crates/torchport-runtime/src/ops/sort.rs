@@ -1,4 +1,4 @@
-//! Ordering along a dim: `topk`, `sort`, `argsort`. NaN orders above every number, as in
+//! Ordering along a dim: `topk`, `sort`, `argsort`, `kthvalue`, `median`. NaN orders above every number, as in
 //! torch; equal values keep their original order (torch's CPU kernels are stable for these
 //! sizes).
 
@@ -18,6 +18,82 @@ pub fn register(r: &mut Registry) {
     r.add("aten.sort.stable", sort);
     r.add("aten.argsort.default", sort);
     r.add("aten.argsort.stable", sort);
+    r.add("aten.kthvalue.default", |a| {
+        let k = a.int("k")?;
+        order_stat(a, a.int_or("dim", -1)?, |_| usize::try_from(k - 1).ok())
+    });
+    r.add("aten.median.dim", |a| {
+        order_stat(a, a.int("dim")?, median_of)
+    });
+    r.add("aten.median.default", |a| {
+        let t = a.tensor("self")?.flatten_all()?;
+        let (v, _) = order_stat_of(&t, 0, median_of)?;
+        Ok(vec![Value::Tensor(v.reshape(())?)])
+    });
+}
+
+/// The lower median's position in a sorted row, or its first NaN's (torch's median
+/// propagates NaN).
+fn median_of(row: &[f64]) -> Option<usize> {
+    let first_nan = row.iter().position(|v| v.is_nan());
+    Some(first_nan.unwrap_or(row.len().checked_sub(1)? / 2))
+}
+
+/// `(values, indices)` of the element at position `pos(sorted row)` of each row along `dim`
+/// in ascending order (NaN last), the dim dropped unless `keepdim`.
+fn order_stat(a: &Args, d: i64, pos: impl Fn(&[f64]) -> Option<usize>) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(d, t.rank())?;
+    let (v, i) = order_stat_of(&t, d, pos)?;
+    let keep = a.bool_or("keepdim", false)? || t.rank() == 0;
+    let (v, i) = if keep {
+        (v, i)
+    } else {
+        (v.squeeze(d)?, i.squeeze(d)?)
+    };
+    Ok(vec![Value::Tensor(v), Value::Tensor(i)])
+}
+
+/// [`order_stat`] on a tensor, keeping the dim (size 1).
+fn order_stat_of(
+    t: &Tensor,
+    d: usize,
+    pos: impl Fn(&[f64]) -> Option<usize>,
+) -> OpResult<(Tensor, Tensor)> {
+    let rank = t.rank();
+    let n = if rank == 0 { 1 } else { t.dims()[d] };
+    let (v, i) = ordered(t, d, n, false)?;
+    let (v, i) = if rank == 0 {
+        (v.reshape(1)?, i.reshape(1)?)
+    } else {
+        (v, i)
+    };
+    let last = v.rank() - 1;
+    let moved = v.transpose(d, last)?.contiguous()?;
+    let vals = moved
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    let mut picks = Vec::with_capacity(vals.len() / n.max(1));
+    for row in vals.chunks(n.max(1)) {
+        match pos(row) {
+            Some(p) if p < row.len() => picks.push(p as i64),
+            _ => op_bail!("the position asked for is out of range for a dim of size {n}"),
+        }
+    }
+    let mut shape = moved.dims().to_vec();
+    shape[last] = 1;
+    let idx = Tensor::from_vec(picks, shape, &candle_core::Device::Cpu)?
+        .transpose(d, last)?
+        .contiguous()?;
+    let (v, i) = (
+        v.contiguous()?.gather(&idx, d)?,
+        i.contiguous()?.gather(&idx, d)?,
+    );
+    if rank == 0 {
+        return Ok((v.reshape(())?, i.reshape(())?));
+    }
+    Ok((v, i))
 }
 
 /// Total order with NaN greatest (for integers, their own order).

@@ -1,0 +1,131 @@
+//! Data-dependent selection: `masked_select` (a 1-d result as long as the mask's count) and
+//! the bucket searches `bucketize` and `searchsorted` (over one sorted sequence, or one per
+//! row).
+
+use candle_core::{DType, Tensor};
+
+use super::elementwise::{broadcast2, to_mask};
+use super::{promote_tensors, Registry};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs, TensorOrScalar};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    r.add("aten.masked_select.default", masked_select);
+    r.add("aten.bucketize.Tensor", |a| {
+        let right = a.bool_or("right", false)?;
+        buckets(a, &a.tensor("boundaries")?, "self", right)
+    });
+    r.add("aten.searchsorted.Tensor", |a| {
+        let mut seq = a.tensor("sorted_sequence")?;
+        if let Some(sorter) = a.opt_tensor("sorter")? {
+            if sorter.dims() != seq.dims() || seq.rank() == 0 {
+                op_bail!(
+                    "searchsorted: sorter of shape {:?} for a sequence of shape {:?}",
+                    sorter.dims(),
+                    seq.dims()
+                );
+            }
+            let m = seq.dims()[seq.rank() - 1] as i64;
+            let s = sorter.to_dtype(DType::I64)?;
+            if s.flatten_all()?
+                .to_vec1::<i64>()?
+                .iter()
+                .any(|&i| i < 0 || i >= m)
+            {
+                op_bail!("searchsorted: sorter index out of range for a dim of size {m}");
+            }
+            seq = seq.contiguous()?.gather(&s.contiguous()?, seq.rank() - 1)?;
+        }
+        let right = a.bool_or("right", false)? || a.str_or("side", "left")? == "right";
+        buckets(a, &seq, "self", right)
+    });
+}
+
+/// The elements of `self` where the (broadcast) mask is true, in order, as a 1-d tensor.
+fn masked_select(a: &Args) -> OpResult<Outputs> {
+    let (t, m) = broadcast2(&a.tensor("self")?, &to_mask(&a.tensor("mask")?)?)?;
+    let keep: Vec<u8> = m.flatten_all()?.to_vec1::<u8>()?;
+    let idx: Vec<i64> = (0..keep.len() as i64)
+        .filter(|&i| keep[i as usize] != 0)
+        .collect();
+    let n = idx.len();
+    let idx = Tensor::from_vec(idx, n, &candle_core::Device::Cpu)?;
+    one(t.flatten_all()?.index_select(&idx, 0)?)
+}
+
+/// For each value of the argument `values`, the number of elements of its row of the sorted
+/// `boundaries` below it (`right`: at or below it): the insertion point that keeps the row
+/// sorted. A 1-d `boundaries` serves every value; otherwise its leading dims match the
+/// values' and each row of values searches its own row. NaN sorts above every number, as in
+/// torch. int64 results (int32 when `out_int32`, held as i64).
+fn buckets(a: &Args, boundaries: &Tensor, values: &str, right: bool) -> OpResult<Outputs> {
+    let v = match a.tensor_or_scalar(values)? {
+        TensorOrScalar::Tensor(t) => t,
+        TensorOrScalar::Scalar(s) => super::scalar_tensor(s, s.dtype())?,
+    };
+    let br = boundaries.rank();
+    if br == 0 {
+        op_bail!("the sorted sequence must have at least one dim");
+    }
+    let m = boundaries.dims()[br - 1];
+    let (rows, per_row) = if br == 1 {
+        (1, v.elem_count())
+    } else if v.rank() == br && v.dims()[..br - 1] == boundaries.dims()[..br - 1] {
+        let k = v.dims()[br - 1];
+        (v.elem_count().checked_div(k).unwrap_or(0), k)
+    } else {
+        op_bail!(
+            "sorted sequence of shape {:?} and values of shape {:?}: leading dims differ",
+            boundaries.dims(),
+            v.dims()
+        );
+    };
+    let d = promote_tensors(&v, boundaries);
+    let mut out = Vec::with_capacity(v.elem_count());
+    if d == DType::I64 {
+        // Integers compare exactly as i64 (f64 would merge values above 2^53).
+        let ints = |t: &Tensor| -> OpResult<Vec<i64>> {
+            Ok(t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?)
+        };
+        let (b, x) = (ints(boundaries)?, ints(&v)?);
+        for r in 0..rows {
+            let row = &b[r * m..(r + 1) * m];
+            for x in &x[r * per_row..(r + 1) * per_row] {
+                out.push(row.partition_point(|b| if right { b <= x } else { b < x }) as i64);
+            }
+        }
+    } else {
+        let exact = |t: &Tensor| -> OpResult<Vec<f64>> {
+            Ok(super::as_dtype(t, DType::F64)?
+                .flatten_all()?
+                .to_vec1::<f64>()?)
+        };
+        let (b, x) = (exact(boundaries)?, exact(&v)?);
+        let below = |b: f64, x: f64| -> bool {
+            match (b.is_nan(), x.is_nan()) {
+                (true, _) => false,
+                (false, true) => true,
+                _ if right => b <= x,
+                _ => b < x,
+            }
+        };
+        for r in 0..rows {
+            let row = &b[r * m..(r + 1) * m];
+            for &x in &x[r * per_row..(r + 1) * per_row] {
+                out.push(row.partition_point(|&b| below(b, x)) as i64);
+            }
+        }
+    }
+    finish(a, out, v.dims())
+}
+
+fn finish(a: &Args, r: Vec<i64>, dims: &[usize]) -> OpResult<Outputs> {
+    let t = Tensor::from_vec(r, dims, &candle_core::Device::Cpu)?;
+    if a.bool_or("out_int32", false)? {
+        // int32 is held as i64 in the runtime, exact for these small counts.
+        return one(crate::dtype::cast(&t, crate::dtype::INT)?);
+    }
+    one(t)
+}
