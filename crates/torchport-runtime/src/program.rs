@@ -99,7 +99,7 @@ pub(crate) fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUs
 impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
-        let (ep, payloads) = crate::archive::read(path.as_ref())?;
+        let (ep, payloads) = read_for_build(path.as_ref())?;
         Program::from_parts(ep, payloads)
     }
 
@@ -118,7 +118,7 @@ impl Program {
     /// # Ok::<(), torchport_runtime::Error>(())
     /// ```
     pub fn load_with_registry(path: impl AsRef<Path>, registry: &Registry) -> Result<Program> {
-        let (ep, payloads) = crate::archive::read(path.as_ref())?;
+        let (ep, payloads) = read_for_build(path.as_ref())?;
         Program::from_parts_with_registry(ep, payloads, registry)
     }
 
@@ -219,6 +219,9 @@ impl Program {
             }
             weights.insert(arg.name.clone(), t.clone());
         }
+        // The weights now held only by `weights`: a rewrite that replaces one (a folded
+        // convolution, a transposed Linear weight) frees the old copy at once.
+        drop(payloads);
         crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
         let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
         crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
@@ -419,6 +422,30 @@ impl Program {
             })
             .collect()
     }
+}
+
+/// The program of the archive at `path` and its weights, decoded for [`Program::build`]: the
+/// weights its Linear layers read transposed (as [`crate::prepare::transposed_weights`]
+/// finds them in the graph the build rewrites) are decoded straight into that layout, which
+/// spares the build a second copy of them.
+fn read_for_build(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
+    let (ckpt, ep) = crate::archive::open(path)?;
+    let mut g = ep.graph_module.graph.clone();
+    crate::subgraphs::inline_wrappers(&mut g)?;
+    crate::views::write_back_view_updates(&mut g);
+    let fqns: HashMap<&str, &str> = ep
+        .graph_module
+        .signature
+        .input_specs
+        .iter()
+        .filter_map(|s| s.weight().map(|(arg, fqn)| (arg.name.as_str(), fqn)))
+        .collect();
+    let transposed = crate::prepare::transposed_weights(&g, |n| fqns.contains_key(n))
+        .into_iter()
+        .filter_map(|n| fqns.get(n).map(|f| f.to_string()))
+        .collect();
+    let payloads = crate::archive::decode(&ckpt, &transposed)?;
+    Ok((ep, payloads))
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
