@@ -48,10 +48,7 @@ fn transposed_read(node: &Node, input: &str) -> bool {
 /// The weights (graph input names for which `is_weight` holds) that every reader of `graph`
 /// reads transposed: those [`pretranspose_linear_weights`] re-lays out when they are 2-d
 /// f32. `Program::load` asks before decoding the weights, to decode these transposed at once.
-pub fn transposed_weights<'g>(
-    graph: &'g Graph,
-    is_weight: impl Fn(&str) -> bool,
-) -> HashSet<&'g str> {
+pub fn transposed_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> HashSet<&str> {
     let mut ok: HashSet<&str> = HashSet::new();
     let mut bad: HashSet<&str> = HashSet::new();
     for node in &graph.nodes {
