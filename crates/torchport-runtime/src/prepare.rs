@@ -272,8 +272,24 @@ fn readers_and_producers(graph: &Graph) -> (HashMap<String, usize>, HashMap<Stri
 /// or without a bias, norms with or without affine parameters. Returns how many were folded;
 /// weights nothing reads any more are dropped.
 pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+    fold_batch_norms_with(graph, weights, false)
+}
+
+/// [`fold_batch_norms`]; `in_place`: the caller owns every tensor of `weights` (nothing
+/// outside it holds one, as for the weights `Program::load` decodes), so a conv weight that
+/// only the folded conv reads, under one name, is scaled in place instead of copied.
+pub(crate) fn fold_batch_norms_with(
+    graph: &mut Graph,
+    weights: &mut HashMap<String, Tensor>,
+    in_place: bool,
+) -> usize {
     use crate::schema::{NamedArgument, TensorArgument};
     let (readers, producer) = readers_and_producers(graph);
+    // How many names each tensor is bound to (a tensor under two names is shared).
+    let mut names_of: HashMap<candle_core::TensorId, usize> = HashMap::new();
+    for t in weights.values() {
+        *names_of.entry(t.id()).or_default() += 1;
+    }
     let mut dropped: HashSet<usize> = HashSet::new();
     let mut folded = 0;
     for i in 0..graph.nodes.len() {
@@ -345,15 +361,6 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
         let bias: Vec<f32> = (0..co)
             .map(|c| ((cb[c] - mean[c]) * scale[c] + beta[c]) as f32)
             .collect();
-        let Some(wv) = scale_channels(w, &scale) else {
-            continue;
-        };
-        let (Ok(new_w), Ok(new_b)) = (
-            Tensor::from_vec(wv, w.shape(), w.device()),
-            Tensor::from_vec(bias, co, w.device()),
-        ) else {
-            continue;
-        };
         let (wn, bname) = (
             format!("{out}__folded_weight"),
             format!("{out}__folded_bias"),
@@ -361,6 +368,24 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
         if weights.contains_key(&wn) || weights.contains_key(&bname) {
             continue;
         }
+        let Ok(new_b) = Tensor::from_vec(bias, co, w.device()) else {
+            continue;
+        };
+        let sole = in_place
+            && readers.get(w_name) == Some(&1)
+            && names_of.get(&w.id()) == Some(&1)
+            && w.is_contiguous();
+        let new_w = if sole && w.inplace_op1(&ScaleChannels(&scale)).is_ok() {
+            w.clone()
+        } else {
+            let Some(wv) = scale_channels(w, &scale) else {
+                continue;
+            };
+            let Ok(t) = Tensor::from_vec(wv, w.shape(), w.device()) else {
+                continue;
+            };
+            t
+        };
         weights.insert(wn.clone(), new_w);
         weights.insert(bname.clone(), new_b);
         // Free the old weight now if this conv was its only reader (rather than at the end,
@@ -435,6 +460,43 @@ fn scale_channels(w: &Tensor, scale: &[f64]) -> Option<Vec<f32>> {
             .ok()
             .and_then(|t| t.to_vec1::<f32>().ok())
             .map(|v| mul(&v)),
+    }
+}
+
+/// Multiplies each output channel `c` of a contiguous f32 weight by `scale[c]` in place, as
+/// [`scale_channels`] computes it.
+struct ScaleChannels<'a>(&'a [f64]);
+
+impl candle_core::InplaceOp1 for ScaleChannels<'_> {
+    fn name(&self) -> &'static str {
+        "scale-channels"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        use rayon::prelude::*;
+        let (candle_core::CpuStorage::F32(v), Some((start, end))) =
+            (storage, layout.contiguous_offsets())
+        else {
+            return Err(candle_core::Error::Msg(
+                "not a contiguous f32 tensor".into(),
+            ));
+        };
+        let w = &mut v[start..end];
+        let per = w.len() / self.0.len().max(1);
+        if per > 0 {
+            w.par_chunks_mut(per)
+                .zip(self.0.par_iter())
+                .for_each(|(o, &s)| {
+                    for o in o {
+                        *o = (f64::from(*o) * s) as f32;
+                    }
+                });
+        }
+        Ok(())
     }
 }
 

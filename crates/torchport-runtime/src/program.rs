@@ -100,7 +100,7 @@ impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
         let (ep, payloads) = read_for_build(path.as_ref())?;
-        Program::from_parts(ep, payloads)
+        Program::build(ep, payloads, &Registry::with_all_ops(), true, true)
     }
 
     /// [`Program::load`] with the kernels of `registry` instead of this crate's own: start
@@ -119,13 +119,13 @@ impl Program {
     /// ```
     pub fn load_with_registry(path: impl AsRef<Path>, registry: &Registry) -> Result<Program> {
         let (ep, payloads) = read_for_build(path.as_ref())?;
-        Program::from_parts_with_registry(ep, payloads, registry)
+        Program::build(ep, payloads, registry, false, true)
     }
 
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
     pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
-        Program::build(ep, payloads, &Registry::with_all_ops(), true)
+        Program::build(ep, payloads, &Registry::with_all_ops(), true, false)
     }
 
     /// [`Program::from_parts`] with the kernels of `registry` (see
@@ -138,16 +138,19 @@ impl Program {
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
     ) -> Result<Program> {
-        Program::build(ep, payloads, registry, false)
+        Program::build(ep, payloads, registry, false, false)
     }
 
     /// Bind the weights, rewrite the graph for speed, and look up every node's kernel.
     /// `own_kernels`: `registry` is this crate's, so kernel-specific fusions apply.
+    /// `owned`: nothing outside `payloads` holds its tensors (they were decoded by the load),
+    /// so a rewrite may change one in place.
     fn build(
         mut ep: ExportedProgram,
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
         own_kernels: bool,
+        owned: bool,
     ) -> Result<Program> {
         let g = &ep.graph_module.graph;
         let specs = &ep.graph_module.signature.input_specs;
@@ -224,7 +227,7 @@ impl Program {
         drop(payloads);
         crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
         let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
-        crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
+        crate::prepare::fold_batch_norms_with(&mut ep.graph_module.graph, &mut weights, owned);
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
         }
