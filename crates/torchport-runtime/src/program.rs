@@ -443,9 +443,17 @@ fn read_for_build(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tenso
         .iter()
         .filter_map(|s| s.weight().map(|(arg, fqn)| (arg.name.as_str(), fqn)))
         .collect();
-    let transposed = crate::prepare::transposed_weights(&g, |n| fqns.contains_key(n))
+    let wanted = crate::prepare::transposed_weights(&g, |n| fqns.contains_key(n));
+    // A weight bound to several placeholders is decoded transposed only if all of them
+    // read it so (each would otherwise get a strided view where it expects a plain tensor).
+    let mut votes: HashMap<&str, bool> = HashMap::new();
+    for (name, fqn) in &fqns {
+        *votes.entry(fqn).or_insert(true) &= wanted.contains(name);
+    }
+    let transposed = votes
         .into_iter()
-        .filter_map(|n| fqns.get(n).map(|f| f.to_string()))
+        .filter(|&(_, all)| all)
+        .map(|(fqn, _)| fqn.to_string())
         .collect();
     let payloads = crate::archive::decode(&ckpt, &transposed)?;
     Ok((ep, payloads))
