@@ -19,6 +19,8 @@ process CPU time per run (all threads; on a busy machine wall time mostly measur
 processes, CPU time much less; at 2+ threads torch's OpenMP workers spin while waiting, which
 counts as CPU time).
 --binary picks another run_timing build (e.g. a copy of the one before a change).
+Load time against the time to read the archive, and peak memory against torch's, are
+benches/load_bench.py's (same models and exports).
 """
 
 import argparse

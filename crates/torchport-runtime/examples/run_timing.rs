@@ -3,9 +3,17 @@
 //! ```sh
 //! cargo run --release -p torchport-runtime --example run_timing -- MODEL.pt2 X.npy [Y.npy ...] --runs 20
 //! ```
-//! Prints one JSON line: {"load_ms", "median_ms", "min_ms", "cpu_ms", "runs"}; cpu_ms is the
-//! process's CPU time (all threads, from /proc/self/stat, 10 ms ticks) per timed run, which a
-//! busy machine inflates less than wall time. Threads: RAYON_NUM_THREADS.
+//! Prints one JSON line: {"load_ms", "load_cpu_ms", "read_ms", "read_fresh_ms", "file_mb", "load_rss_mb",
+//! "peak_rss_mb", "median_ms", "min_ms", "cpu_ms", "runs"}; cpu_ms is the process's CPU time
+//! (all threads, from /proc/self/stat, 10 ms ticks) per timed run, which a busy machine
+//! inflates less than wall time; load_cpu_ms is that of `Program::load`. read_ms is the time to
+//! read the whole archive (`cat FILE > /dev/null`: 1 MiB chunks into one reused buffer) from
+//! a warm page cache, measured before the load (after one read that warms the cache): the
+//! baseline the load time is compared with; read_fresh_ms that of `std::fs::read` (the whole
+//! file into newly allocated memory, which the kernel must map page by page, as a load must
+//! for the weights it keeps), measured at the end. load_rss_mb is the process's resident memory
+//! right after the load, peak_rss_mb its peak (VmHWM) at the end: load and all runs
+//! (Linux; NaN elsewhere). Threads: RAYON_NUM_THREADS.
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr).
 
 use std::time::Instant;
@@ -23,9 +31,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = args
         .first()
         .ok_or("usage: run_timing MODEL.pt2 INPUT.npy... [--runs N]")?;
+    let (read_ms, file_bytes) = {
+        read_all(model.as_ref())?; // warm the page cache
+        let t = Instant::now();
+        let n = read_all(model.as_ref())?;
+        (t.elapsed().as_secs_f64() * 1e3, n)
+    };
+    let cpu_load0 = cpu_ticks();
     let t0 = Instant::now();
     let program = Program::load(model)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let load_cpu_ms = match (cpu_load0, cpu_ticks()) {
+        (Some(a), Some(b)) => (b - a) as f64 * 10.0,
+        _ => f64::NAN,
+    };
+    let load_rss_mb = proc_status_mb("VmRSS:");
     let inputs = args[1..]
         .iter()
         .map(|p| read_npy(p.as_ref()))
@@ -55,8 +75,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    let peak_rss_mb = proc_status_mb("VmHWM:");
+    // After the peak is taken: this read holds the whole file in memory at once.
+    let read_fresh_ms = {
+        let t = Instant::now();
+        let bytes = std::fs::read(model)?;
+        std::hint::black_box(&bytes);
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let file_mb = file_bytes as f64 / 1e6;
     println!(
-        "{{\"load_ms\": {load_ms:.2}, \"median_ms\": {:.3}, \"min_ms\": {:.3}, \"cpu_ms\": {cpu_ms:.1}, \"runs\": {runs}}}",
+        "{{\"load_ms\": {load_ms:.2}, \"load_cpu_ms\": {load_cpu_ms:.1}, \"read_ms\": {read_ms:.2}, \"read_fresh_ms\": {read_fresh_ms:.2}, \"file_mb\": {file_mb:.1}, \"load_rss_mb\": {load_rss_mb:.1}, \"peak_rss_mb\": {peak_rss_mb:.1}, \"median_ms\": {:.3}, \"min_ms\": {:.3}, \"cpu_ms\": {cpu_ms:.1}, \"runs\": {runs}}}",
         times[times.len() / 2],
         times[0]
     );
@@ -70,4 +99,31 @@ fn cpu_ticks() -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split(' ').collect();
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Read the whole file in 1 MiB chunks into one reused buffer (what `cat FILE > /dev/null`
+/// does); returns the number of bytes read.
+fn read_all(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        match f.read(&mut buf)? {
+            0 => return Ok(n),
+            k => n += k as u64,
+        }
+    }
+}
+
+/// A `kB` field of /proc/self/status (`VmRSS:`, `VmHWM:`) in MB; NaN where there is none.
+fn proc_status_mb(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb * 1024.0 / 1e6)
 }

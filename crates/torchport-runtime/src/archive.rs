@@ -2,10 +2,11 @@
 //! refusing any other format): its one serialized program (`Checkpoint::programs`, parsed into
 //! the core's IR), the parameters and persistent buffers (`Checkpoint::tensors`) and the tensor
 //! constants (`Checkpoint::constants`: lifted tensors, non-persistent buffers), converted to the
-//! runtime's tensors for `Program::from_parts`. The conversion of contiguous little-endian
+//! runtime's tensors for `Program::from_parts` (each copied once out of the memory map, in
+//! parallel, releasing the map's pages as it goes). The conversion of contiguous little-endian
 //! bytes to a runtime tensor ([`tensor_from_bytes`]) is also what `npy.rs` reads arrays with.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
@@ -17,13 +18,40 @@ use crate::schema::{self, ExportedProgram};
 /// The program of the `.pt2` archive at `path`, and its weights and constants by state_dict
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
+    let (ckpt, ep) = open(path)?;
+    let payloads = decode(&ckpt, &HashSet::new())?;
+    Ok((ep, payloads))
+}
+
+/// The opened archive and its program; the weights are decoded later by [`decode`], once
+/// the caller knows the layout each should have.
+pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
     let ckpt = open_pt2(path)?;
     let ep = program(path, &ckpt)?;
-    let mut payloads = HashMap::new();
-    for t in ckpt.tensors().iter().chain(ckpt.constants()) {
-        payloads.insert(t.name.clone(), tensor(&ckpt, t)?);
-    }
-    Ok((ep, payloads))
+    Ok((ckpt, ep))
+}
+
+/// Every weight and constant of `ckpt` by state_dict or constant name, decoded in parallel,
+/// each copied once out of the memory-mapped archive, whose pages are then released (so that
+/// the load does not hold the archive and the decoded weights in memory at once). A 2-d
+/// float32 tensor named in `transposed` is stored as its contiguous transpose and handed
+/// back as the transpose (`.t()`) of that: the same logical values, laid out as a matmul
+/// reading it transposed wants them (see [`crate::prepare`]).
+pub(crate) fn decode(
+    ckpt: &Checkpoint,
+    transposed: &HashSet<String>,
+) -> Result<HashMap<String, Tensor>> {
+    use rayon::prelude::*;
+    let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
+    let decoded = infos
+        .par_iter()
+        .map(|t| {
+            let x = tensor(ckpt, t, transposed.contains(&t.name))?;
+            ckpt.release(t);
+            Ok((t.name.clone(), x))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(decoded.into_iter().collect())
 }
 
 /// The program of the `.pt2` archive at `path`, without decoding its weights or constants.
@@ -67,14 +95,26 @@ fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram> {
     })
 }
 
-/// One tensor of the checkpoint as a runtime tensor.
-fn tensor(ckpt: &Checkpoint, t: &TensorInfo) -> Result<Tensor> {
+/// One tensor of the checkpoint as a runtime tensor; `transpose`: a 2-d float32 tensor is
+/// stored transposed (see [`decode`]).
+fn tensor(ckpt: &Checkpoint, t: &TensorInfo, transpose: bool) -> Result<Tensor> {
     let werr = |what: String| Error::Weight {
         name: t.name.clone(),
         what,
     };
     let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
-    tensor_from_bytes(&bytes, t.dtype.name(), &t.shape).map_err(werr)
+    let name = t.dtype.name();
+    if transpose && name == "float32" {
+        if let [n, k] = t.shape[..] {
+            if n.checked_mul(k).and_then(|e| e.checked_mul(4)) == Some(bytes.len()) {
+                let data = crate::prepare::transpose_le_f32(&bytes, n, k);
+                return Tensor::from_vec(data, (k, n), &Device::Cpu)
+                    .and_then(|x| x.t())
+                    .map_err(|e| werr(crate::error::candle_message(&e)));
+            }
+        }
+    }
+    tensor_from_bytes(&bytes, name, &t.shape).map_err(werr)
 }
 
 /// A runtime tensor from contiguous little-endian bytes of torch dtype `name`
@@ -106,7 +146,7 @@ pub fn tensor_from_bytes(
     let e = |e: candle_core::Error| crate::error::candle_message(&e);
     let raw = |d: DType| Tensor::from_raw_buffer(bytes, d, shape, &dev).map_err(e);
     Ok(match name {
-        "float32" => raw(DType::F32)?,
+        "float32" => Tensor::from_vec(le_f32s(bytes), shape, &dev).map_err(e)?,
         "float16" => raw(DType::F16)?.to_dtype(DType::F32).map_err(e)?,
         "bfloat16" => raw(DType::BF16)?.to_dtype(DType::F32).map_err(e)?,
         "float64" => raw(DType::F64)?,
@@ -124,4 +164,21 @@ pub fn tensor_from_bytes(
         }
         _ => return Err(unsupported()),
     })
+}
+
+/// Little-endian f32 bytes as f32 values, converted in parallel in 1 MiB stretches (one pass
+/// over the bytes; a large zeroed vector comes as fresh pages from the kernel, so its
+/// values are written once, here).
+fn le_f32s(bytes: &[u8]) -> Vec<f32> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 18;
+    let mut out = vec![0f32; bytes.len() / 4];
+    out.par_chunks_mut(CHUNK)
+        .zip(bytes.par_chunks(CHUNK * 4))
+        .for_each(|(d, s)| {
+            for (o, c) in d.iter_mut().zip(s.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        });
+    out
 }

@@ -45,30 +45,16 @@ fn transposed_read(node: &Node, input: &str) -> bool {
     }
 }
 
-/// Re-lay out, in place, the 2-d f32 weights (by graph input name) that every reader of
-/// `graph` reads transposed. Returns how many were changed.
-pub fn pretranspose_linear_weights(graph: &Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+/// The weights (graph input names for which `is_weight` holds) that every reader of `graph`
+/// reads transposed: those [`pretranspose_linear_weights`] re-lays out when they are 2-d
+/// f32. `Program::load` asks before decoding the weights, to decode these transposed at once.
+pub fn transposed_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> HashSet<&str> {
     let mut ok: HashSet<&str> = HashSet::new();
     let mut bad: HashSet<&str> = HashSet::new();
     for node in &graph.nodes {
         for a in &node.inputs {
-            let names: Vec<&str> = match &a.arg {
-                Argument::AsTensor(t) => vec![t.name.as_str()],
-                Argument::AsTensors(ts) => ts.iter().map(|t| t.name.as_str()).collect(),
-                Argument::AsOptionalTensors(ts) => ts
-                    .iter()
-                    .filter_map(|t| match t {
-                        crate::schema::OptionalTensorArgument::AsTensor(t) => Some(t.name.as_str()),
-                        crate::schema::OptionalTensorArgument::AsNone(_) => None,
-                    })
-                    .collect(),
-                Argument::AsOptionalTensor(crate::schema::OptionalTensorArgument::AsTensor(t)) => {
-                    vec![t.name.as_str()]
-                }
-                _ => continue,
-            };
-            for n in names {
-                if !weights.contains_key(n) {
+            for n in tensor_names(&a.arg) {
+                if !is_weight(n) {
                     continue;
                 }
                 if matches!(&a.arg, Argument::AsTensor(_)) && transposed_read(node, &a.name) {
@@ -85,12 +71,25 @@ pub fn pretranspose_linear_weights(graph: &Graph, weights: &mut HashMap<String, 
             bad.insert(t.name.as_str());
         }
     }
+    ok.retain(|n| !bad.contains(n));
+    ok
+}
+
+/// Re-lay out, in place, the 2-d f32 weights (by graph input name) that every reader of
+/// `graph` reads transposed. Returns how many are so laid out, counting those that already
+/// were (decoded transposed by `Program::load`, see [`transposed_weights`]).
+pub fn pretranspose_linear_weights(graph: &Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+    let names = transposed_weights(graph, |n| weights.contains_key(n));
     let mut changed = 0;
-    for name in ok.difference(&bad) {
-        let Some(w) = weights.get(*name) else {
+    for name in names {
+        let Some(w) = weights.get(name) else {
             continue;
         };
         if w.rank() != 2 || w.dtype() != DType::F32 {
+            continue;
+        }
+        if !w.is_contiguous() && w.t().is_ok_and(|t| t.is_contiguous()) {
+            changed += 1;
             continue;
         }
         let relaid = match transpose_f32(w) {
@@ -98,41 +97,72 @@ pub fn pretranspose_linear_weights(graph: &Graph, weights: &mut HashMap<String, 
             None => w.t().and_then(|t| t.contiguous()).and_then(|t| t.t()),
         };
         if let Ok(r) = relaid {
-            weights.insert((*name).to_string(), r);
+            weights.insert(name.to_string(), r);
             changed += 1;
         }
     }
     changed
 }
 
-/// The contiguous transpose `[k, n]` of a contiguous 2-d f32 tensor `[n, k]`, copied in 64 x 64
-/// tiles (candle's strided copy goes element by element), bands of output rows in parallel.
+/// The contiguous transpose `[k, n]` of a contiguous 2-d f32 tensor `[n, k]`.
 fn transpose_f32(w: &Tensor) -> Option<Tensor> {
-    use rayon::prelude::*;
-    const T: usize = 64;
     let (n, k) = w.dims2().ok()?;
     let out = crate::ops::fused::with_f32(w, |src| {
-        let mut dst = vec![0f32; n * k];
-        if n == 0 || k == 0 {
-            return dst;
+        transpose_with(n, k, |start, row| {
+            row.copy_from_slice(&src[start..start + row.len()]);
+        })
+    })?;
+    Tensor::from_vec(out, (k, n), w.device()).ok()
+}
+
+/// The transpose `[k, n]` (row-major) of the row-major `[n, k]` f32 matrix held in `bytes`
+/// as little-endian values (`n * k * 4` bytes, as the caller checked): a weight decoded
+/// straight from the archive into the layout [`pretranspose_linear_weights`] would give it.
+pub fn transpose_le_f32(bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+    transpose_with(n, k, |start, row| {
+        let src = &bytes[start * 4..(start + row.len()) * 4];
+        for (o, c) in row.iter_mut().zip(src.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
-        // dst[j, i] = src[i, j]; each task owns T rows of dst (T columns of src).
-        dst.par_chunks_mut(T * n).enumerate().for_each(|(band, d)| {
-            let j0 = band * T;
+    })
+}
+
+/// The transpose `[k, n]` of a row-major `[n, k]` f32 matrix, whose elements from flat index
+/// `start` on `load(start, row)` writes into `row`. Bands of 256 output rows in parallel; in
+/// each, 64 x 64 tiles: 64 stretches of source rows are loaded into a small buffer (reads
+/// along the rows), then written out transposed (writes along the output rows).
+fn transpose_with(n: usize, k: usize, load: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    use rayon::prelude::*;
+    const T: usize = 64;
+    const BAND: usize = 4 * T;
+    let mut dst = vec![0f32; n * k];
+    if n == 0 || k == 0 {
+        return dst;
+    }
+    // Each task owns BAND rows of dst (BAND columns of src).
+    dst.par_chunks_mut(BAND * n)
+        .enumerate()
+        .for_each(|(band, d)| {
+            let j0 = band * BAND;
             let rows = d.len() / n;
+            let mut tile = vec![0f32; T * T];
             for i0 in (0..n).step_by(T) {
-                let i1 = (i0 + T).min(n);
-                for jj in 0..rows {
-                    let drow = &mut d[jj * n..][i0..i1];
-                    for (o, i) in drow.iter_mut().zip(i0..i1) {
-                        *o = src[i * k + j0 + jj];
+                let iw = T.min(n - i0);
+                for jb in (0..rows).step_by(T) {
+                    let jw = T.min(rows - jb);
+                    for ii in 0..iw {
+                        load((i0 + ii) * k + j0 + jb, &mut tile[ii * T..ii * T + jw]);
+                    }
+                    for jj in 0..jw {
+                        let drow = &mut d[(jb + jj) * n + i0..][..iw];
+                        for (ii, o) in drow.iter_mut().enumerate() {
+                            *o = tile[ii * T + jj];
+                        }
                     }
                 }
             }
         });
-        dst
-    })?;
-    Tensor::from_vec(out, (k, n), w.device()).ok()
+    dst
 }
 
 /// Names of the tensors `arg` reads.
@@ -242,8 +272,24 @@ fn readers_and_producers(graph: &Graph) -> (HashMap<String, usize>, HashMap<Stri
 /// or without a bias, norms with or without affine parameters. Returns how many were folded;
 /// weights nothing reads any more are dropped.
 pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+    fold_batch_norms_with(graph, weights, false)
+}
+
+/// [`fold_batch_norms`]; `in_place`: the caller owns every tensor of `weights` (nothing
+/// outside it holds one, as for the weights `Program::load` decodes), so a conv weight that
+/// only the folded conv reads, under one name, is scaled in place instead of copied.
+pub(crate) fn fold_batch_norms_with(
+    graph: &mut Graph,
+    weights: &mut HashMap<String, Tensor>,
+    in_place: bool,
+) -> usize {
     use crate::schema::{NamedArgument, TensorArgument};
     let (readers, producer) = readers_and_producers(graph);
+    // How many names each tensor is bound to (a tensor under two names is shared).
+    let mut names_of: HashMap<candle_core::TensorId, usize> = HashMap::new();
+    for t in weights.values() {
+        *names_of.entry(t.id()).or_default() += 1;
+    }
     let mut dropped: HashSet<usize> = HashSet::new();
     let mut folded = 0;
     for i in 0..graph.nodes.len() {
@@ -315,21 +361,6 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
         let bias: Vec<f32> = (0..co)
             .map(|c| ((cb[c] - mean[c]) * scale[c] + beta[c]) as f32)
             .collect();
-        let Some(wv) = w.flatten_all().ok().and_then(|t| t.to_vec1::<f32>().ok()) else {
-            continue;
-        };
-        let per = wv.len() / co.max(1);
-        let wv: Vec<f32> = wv
-            .iter()
-            .enumerate()
-            .map(|(e, &v)| (f64::from(v) * scale[e / per.max(1)]) as f32)
-            .collect();
-        let (Ok(new_w), Ok(new_b)) = (
-            Tensor::from_vec(wv, w.shape(), w.device()),
-            Tensor::from_vec(bias, co, w.device()),
-        ) else {
-            continue;
-        };
         let (wn, bname) = (
             format!("{out}__folded_weight"),
             format!("{out}__folded_bias"),
@@ -337,8 +368,32 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
         if weights.contains_key(&wn) || weights.contains_key(&bname) {
             continue;
         }
+        let Ok(new_b) = Tensor::from_vec(bias, co, w.device()) else {
+            continue;
+        };
+        let sole = in_place
+            && readers.get(w_name) == Some(&1)
+            && names_of.get(&w.id()) == Some(&1)
+            && w.is_contiguous();
+        let new_w = if sole && w.inplace_op1(&ScaleChannels(&scale)).is_ok() {
+            w.clone()
+        } else {
+            let Some(wv) = scale_channels(w, &scale) else {
+                continue;
+            };
+            let Ok(t) = Tensor::from_vec(wv, w.shape(), w.device()) else {
+                continue;
+            };
+            t
+        };
         weights.insert(wn.clone(), new_w);
         weights.insert(bname.clone(), new_b);
+        // Free the old weight now if this conv was its only reader (rather than at the end,
+        // which would hold every folded convolution's weight twice).
+        if readers.get(w_name) == Some(&1) {
+            let w_name = w_name.to_string();
+            weights.remove(&w_name);
+        }
         let conv = &mut graph.nodes[j];
         let tensor = |name: String| Argument::AsTensor(TensorArgument { name });
         for a in conv.inputs.iter_mut() {
@@ -376,6 +431,73 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
         weights.retain(|name, _| read.contains(name));
     }
     folded
+}
+
+/// `w` (f32, `[co, ...]`, `scale.len() == co`) with each output channel `c` multiplied by
+/// `scale[c]` (in f64, rounded to f32), as a new vector: one pass over a contiguous weight,
+/// channels in parallel.
+fn scale_channels(w: &Tensor, scale: &[f64]) -> Option<Vec<f32>> {
+    use rayon::prelude::*;
+    let per = w.elem_count() / scale.len().max(1);
+    let mul = |src: &[f32]| {
+        let mut out = vec![0f32; src.len()];
+        if per > 0 {
+            out.par_chunks_mut(per)
+                .zip(src.par_chunks(per))
+                .zip(scale.par_iter())
+                .for_each(|((o, x), &s)| {
+                    for (o, &v) in o.iter_mut().zip(x) {
+                        *o = (f64::from(v) * s) as f32;
+                    }
+                });
+        }
+        out
+    };
+    match crate::ops::fused::with_f32(w, mul) {
+        Some(v) => Some(v),
+        None => w
+            .flatten_all()
+            .ok()
+            .and_then(|t| t.to_vec1::<f32>().ok())
+            .map(|v| mul(&v)),
+    }
+}
+
+/// Multiplies each output channel `c` of a contiguous f32 weight by `scale[c]` in place, as
+/// [`scale_channels`] computes it.
+struct ScaleChannels<'a>(&'a [f64]);
+
+impl candle_core::InplaceOp1 for ScaleChannels<'_> {
+    fn name(&self) -> &'static str {
+        "scale-channels"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        use rayon::prelude::*;
+        let (candle_core::CpuStorage::F32(v), Some((start, end))) =
+            (storage, layout.contiguous_offsets())
+        else {
+            return Err(candle_core::Error::Msg(
+                "not a contiguous f32 tensor".into(),
+            ));
+        };
+        let w = &mut v[start..end];
+        let per = w.len() / self.0.len().max(1);
+        if per > 0 {
+            w.par_chunks_mut(per)
+                .zip(self.0.par_iter())
+                .for_each(|(o, &s)| {
+                    for o in o {
+                        *o = (f64::from(*o) * s) as f32;
+                    }
+                });
+        }
+        Ok(())
+    }
 }
 
 /// Fold a relu, silu or hardswish (or its in-place form) that is the only reader of a
@@ -426,4 +548,37 @@ pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
         !dropped.contains(&(at - 1))
     });
     fused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiled transposes (from a tensor and from little-endian bytes) against candle's own
+    /// strided copy, on sizes that cross the 64-element tiles and the 256-row bands unevenly.
+    #[test]
+    fn tiled_transposes_match_candles_copy() {
+        for (n, k) in [(1, 1), (3, 300), (300, 70), (257, 129), (64, 256)] {
+            let v: Vec<f32> = (0..n * k).map(|i| i as f32 * 0.5 - 7.0).collect();
+            let w = Tensor::from_vec(v.clone(), (n, k), &candle_core::Device::Cpu).unwrap();
+            let want: Vec<f32> = w
+                .t()
+                .unwrap()
+                .contiguous()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let from_tensor = transpose_f32(&w).unwrap();
+            assert_eq!(from_tensor.dims(), &[k, n]);
+            assert_eq!(
+                from_tensor.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                want,
+                "{n}x{k}"
+            );
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            assert_eq!(transpose_le_f32(&bytes, n, k), want, "{n}x{k} from bytes");
+        }
+    }
 }

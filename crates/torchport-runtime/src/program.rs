@@ -99,8 +99,8 @@ pub(crate) fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUs
 impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
-        let (ep, payloads) = crate::archive::read(path.as_ref())?;
-        Program::from_parts(ep, payloads)
+        let (ep, payloads) = read_for_build(path.as_ref())?;
+        Program::build(ep, payloads, &Registry::with_all_ops(), true, true)
     }
 
     /// [`Program::load`] with the kernels of `registry` instead of this crate's own: start
@@ -118,14 +118,14 @@ impl Program {
     /// # Ok::<(), torchport_runtime::Error>(())
     /// ```
     pub fn load_with_registry(path: impl AsRef<Path>, registry: &Registry) -> Result<Program> {
-        let (ep, payloads) = crate::archive::read(path.as_ref())?;
-        Program::from_parts_with_registry(ep, payloads, registry)
+        let (ep, payloads) = read_for_build(path.as_ref())?;
+        Program::build(ep, payloads, registry, false, true)
     }
 
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
     pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
-        Program::build(ep, payloads, &Registry::with_all_ops(), true)
+        Program::build(ep, payloads, &Registry::with_all_ops(), true, false)
     }
 
     /// [`Program::from_parts`] with the kernels of `registry` (see
@@ -138,16 +138,19 @@ impl Program {
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
     ) -> Result<Program> {
-        Program::build(ep, payloads, registry, false)
+        Program::build(ep, payloads, registry, false, false)
     }
 
     /// Bind the weights, rewrite the graph for speed, and look up every node's kernel.
     /// `own_kernels`: `registry` is this crate's, so kernel-specific fusions apply.
+    /// `owned`: nothing outside `payloads` holds its tensors (they were decoded by the load),
+    /// so a rewrite may change one in place.
     fn build(
         mut ep: ExportedProgram,
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
         own_kernels: bool,
+        owned: bool,
     ) -> Result<Program> {
         let g = &ep.graph_module.graph;
         let specs = &ep.graph_module.signature.input_specs;
@@ -219,9 +222,12 @@ impl Program {
             }
             weights.insert(arg.name.clone(), t.clone());
         }
+        // The weights now held only by `weights`: a rewrite that replaces one (a folded
+        // convolution, a transposed Linear weight) frees the old copy at once.
+        drop(payloads);
         crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
         let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
-        crate::prepare::fold_batch_norms(&mut ep.graph_module.graph, &mut weights);
+        crate::prepare::fold_batch_norms_with(&mut ep.graph_module.graph, &mut weights, owned);
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
         }
@@ -419,6 +425,38 @@ impl Program {
             })
             .collect()
     }
+}
+
+/// The program of the archive at `path` and its weights, decoded for [`Program::build`]: the
+/// weights its Linear layers read transposed (as [`crate::prepare::transposed_weights`]
+/// finds them in the graph the build rewrites) are decoded straight into that layout, which
+/// spares the build a second copy of them.
+fn read_for_build(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
+    let (ckpt, ep) = crate::archive::open(path)?;
+    let mut g = ep.graph_module.graph.clone();
+    crate::subgraphs::inline_wrappers(&mut g)?;
+    crate::views::write_back_view_updates(&mut g);
+    let fqns: HashMap<&str, &str> = ep
+        .graph_module
+        .signature
+        .input_specs
+        .iter()
+        .filter_map(|s| s.weight().map(|(arg, fqn)| (arg.name.as_str(), fqn)))
+        .collect();
+    let wanted = crate::prepare::transposed_weights(&g, |n| fqns.contains_key(n));
+    // A weight bound to several placeholders is decoded transposed only if all of them
+    // read it so (each would otherwise get a strided view where it expects a plain tensor).
+    let mut votes: HashMap<&str, bool> = HashMap::new();
+    for (name, fqn) in &fqns {
+        *votes.entry(fqn).or_insert(true) &= wanted.contains(name);
+    }
+    let transposed = votes
+        .into_iter()
+        .filter(|&(_, all)| all)
+        .map(|(fqn, _)| fqn.to_string())
+        .collect();
+    let payloads = crate::archive::decode(&ckpt, &transposed)?;
+    Ok((ep, payloads))
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {

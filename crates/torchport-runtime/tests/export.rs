@@ -139,3 +139,42 @@ fn bnfold_folds_only_foldable_norms() {
         assert_eq!(relus(&p.ops()), 0, "{flavour}: relus left after fusing");
     }
 }
+
+/// `Program::from_parts` folds batch norms into copies: the tensors its caller handed over
+/// (and still holds) keep their values, while `Program::load`, which owns the weights it
+/// decodes, may scale them in place. Both programs give torch's outputs (the `bnfold` test).
+#[test]
+fn from_parts_leaves_callers_weights_alone() {
+    let path = fixtures().join("bnfold.plain.pt2");
+    let (ep, payloads) = torchport_runtime::archive::read(&path).unwrap();
+    let kept: Vec<(String, Tensor)> = payloads
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let before: Vec<Vec<f32>> = kept
+        .iter()
+        .map(|(_, t)| {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        })
+        .collect();
+    let p = Program::from_parts(ep, payloads).unwrap();
+    assert!(p
+        .ops()
+        .iter()
+        .all(|o| o.op != "aten.batch_norm.default" || o.count == 2));
+    for ((name, t), want) in kept.iter().zip(&before) {
+        let got: Vec<f32> = t
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(&got, want, "{name} changed by from_parts");
+    }
+}
