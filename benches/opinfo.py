@@ -7,7 +7,7 @@ and compared with PyTorch's eager result.
 
     cargo build --release -p torchport-cli
     /work/main/.venv/bin/python benches/opinfo.py [--samples 6] [--binary target/release/torchport]
-        [--no-docs] [--fixtures] [--dtypes float64,...] [OPINFO_NAME ...]
+        [--no-docs] [--fixtures] [--dtypes float64,...] [--jobs N] [OPINFO_NAME ...]
 
 A sample passes when every output has torch's shape and dtype and, for floats,
 max |got - ref| <= tol * max(1, max |ref|) with tol 1e-4 for float32 and 1e-7 for float64
@@ -17,7 +17,8 @@ Samples torch itself cannot export or run are not counted, nor decomposed progra
 outputs, run by torch itself, do not have eager's shapes (torch's decomposition differs).
 --dtypes (a comma-separated subset of float32, float64, int64, bool) runs only those dtypes;
 such a partial run needs --no-docs and no --fixtures (the table and the fixtures are for the
-full set). Totals of passed / wrong / refused samples per dtype are printed at the end.
+full set). --jobs N runs N OpInfos at a time in worker processes (same results, merged in
+op_db's order). Totals of passed / wrong / refused samples per dtype are printed at the end.
 
 The per-operator table (samples passed / tried, by overload, counting every sample whose
 program calls it) is written into docs/RUNTIME.md between the `opinfo:begin` / `opinfo:end`
@@ -31,6 +32,7 @@ and `hypothesis` (torch's test utilities import them) besides the pinned venv.
 
 import argparse
 import json
+import multiprocessing
 import re
 import shutil
 import subprocess
@@ -205,6 +207,101 @@ def describe(inputs):
     return ", ".join(f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}" for x in inputs)
 
 
+def run_op(index):
+    """Every sample of the OpInfo `op_db[index]` (in a worker process with --jobs): its
+    per-overload and per-dtype counts, wrong answers, refusal reasons and fixture
+    candidates, and how many samples ran."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    a, want_dtypes, reg, work = JOB
+    op = op_db[index]
+    stats = defaultdict(lambda: {"tried": 0, "passed": 0, "wrong": 0, "refused": 0})
+    per_dtype = defaultdict(lambda: {"passed": 0, "wrong": 0, "refused": 0})
+    wrong, refused_why = [], defaultdict(set)
+    chosen = {}  # overload -> (priority, files)
+    total = 0
+    out = (op.name, {}, {}, [], {}, {}, 0)
+    dtypes = [dt for dt in want_dtypes if dt in op.supported_dtypes("cpu")]
+    if not a.names and not reaches_registry(op, dtypes, reg):
+        return out
+    for dt in dtypes:
+        try:
+            samples = list(op.sample_inputs("cpu", dt, requires_grad=False))[: a.samples]
+        except Exception:
+            continue
+        for si, sample in enumerate(samples):
+            m, inputs = module_for(op.op, sample)
+            if not inputs:
+                continue
+            try:
+                with torch.no_grad():
+                    ref = m(*inputs)
+                refs, _ = pytree.tree_flatten(ref)
+                if not refs or not all(isinstance(r, torch.Tensor) for r in refs):
+                    continue
+                if any(r.dtype == torch.bfloat16 or r.is_complex() for r in refs):
+                    continue
+                ep = torch.export.export(m, inputs)
+            except Exception:
+                continue
+            seen_ops = None
+            for flavour in ("plain", "decomp"):
+                try:
+                    e = ep if flavour == "plain" else ep.run_decompositions()
+                    ops = graph_ops(e)
+                except Exception:
+                    continue
+                if ops == seen_ops:
+                    continue  # decomposing changed nothing: the same program again
+                seen_ops = ops
+                if not ops or not any(functional(o) in reg or o in reg for o in ops):
+                    continue
+                if flavour == "decomp" and not same_shapes(e, inputs, refs):
+                    continue  # torch's own decomposition disagrees with eager
+                d = work / f"{op.name}.{op.variant_test_name}.{dt}.{si}.{flavour}".replace("/", "_")
+                d.mkdir(parents=True, exist_ok=True)
+                pt2 = d / "model.pt2"
+                try:
+                    torch.export.save(e, pt2)
+                except Exception:
+                    continue
+                got, err = run_torchport(a.binary, pt2, inputs, d)
+                if err is None:
+                    whys = [compare(g, r) for g, r in zip(got, refs)]
+                    if len(got) != len(refs):
+                        whys = [f"{len(got)} outputs, torch {len(refs)}"]
+                    why = next((w for w in whys if w), None)
+                    strict = why is None
+                    if why and len(got) == len(refs) and tie_order_only(got, refs, inputs):
+                        why = None
+                    status = "passed" if why is None else "wrong"
+                else:
+                    status, why = "refused", err
+                total += 1
+                per_dtype[str(dt).replace("torch.", "")][status] += 1
+                name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+                for o in ops:
+                    s = stats[o]
+                    s["tried"] += 1
+                    s[status] += 1
+                    if status == "refused":
+                        refused_why[o].add(why[:120])
+                if status == "wrong":
+                    wrong.append((name, str(dt).replace("torch.", ""), flavour,
+                                  describe(inputs), ", ".join(ops), why))
+                if status == "passed" and strict and flavour == "plain" and a.fixtures:
+                    prio = 0 if dt == torch.float32 else 1
+                    for o in ops:
+                        if o in reg and (o not in chosen or chosen[o][0] > prio):
+                            chosen[o] = (prio, d, inputs, refs)
+    # Plain dicts: the result is pickled back from the worker.
+    return (op.name, {o: dict(c) for o, c in stats.items()},
+            {d: dict(c) for d, c in per_dtype.items()}, wrong, dict(refused_why), chosen, total)
+
+
+JOB = None  # (args, dtypes, registry, work dir), set before the workers fork
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("names", nargs="*")
@@ -212,6 +309,7 @@ def main():
     ap.add_argument("--binary", default=str(ROOT / "target/release/torchport"))
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--fixtures", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="OpInfos run in parallel processes")
     ap.add_argument("--dtypes", default=",".join(str(d).replace("torch.", "") for d in DTYPES),
                     help="comma-separated subset of float32,float64,int64,bool")
     a = ap.parse_args()
@@ -231,83 +329,32 @@ def main():
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="opinfo-"))
     total = 0
-    for op in op_db:
-        if a.names and op.name not in a.names:
-            continue
-        dtypes = [dt for dt in want_dtypes if dt in op.supported_dtypes("cpu")]
-        if not a.names and not reaches_registry(op, dtypes, reg):
-            continue
-        for dt in dtypes:
-            try:
-                samples = list(op.sample_inputs("cpu", dt, requires_grad=False))[: a.samples]
-            except Exception:
-                continue
-            for si, sample in enumerate(samples):
-                m, inputs = module_for(op.op, sample)
-                if not inputs:
-                    continue
-                try:
-                    with torch.no_grad():
-                        ref = m(*inputs)
-                    refs, _ = pytree.tree_flatten(ref)
-                    if not refs or not all(isinstance(r, torch.Tensor) for r in refs):
-                        continue
-                    if any(r.dtype == torch.bfloat16 or r.is_complex() for r in refs):
-                        continue
-                    ep = torch.export.export(m, inputs)
-                except Exception:
-                    continue
-                seen_ops = None
-                for flavour in ("plain", "decomp"):
-                    try:
-                        e = ep if flavour == "plain" else ep.run_decompositions()
-                        ops = graph_ops(e)
-                    except Exception:
-                        continue
-                    if ops == seen_ops:
-                        continue  # decomposing changed nothing: the same program again
-                    seen_ops = ops
-                    if not ops or not any(functional(o) in reg or o in reg for o in ops):
-                        continue
-                    if flavour == "decomp" and not same_shapes(e, inputs, refs):
-                        continue  # torch's own decomposition disagrees with eager
-                    d = work / f"{op.name}.{op.variant_test_name}.{dt}.{si}.{flavour}".replace("/", "_")
-                    d.mkdir(parents=True, exist_ok=True)
-                    pt2 = d / "model.pt2"
-                    try:
-                        torch.export.save(e, pt2)
-                    except Exception:
-                        continue
-                    got, err = run_torchport(a.binary, pt2, inputs, d)
-                    if err is None:
-                        whys = [compare(g, r) for g, r in zip(got, refs)]
-                        if len(got) != len(refs):
-                            whys = [f"{len(got)} outputs, torch {len(refs)}"]
-                        why = next((w for w in whys if w), None)
-                        strict = why is None
-                        if why and len(got) == len(refs) and tie_order_only(got, refs, inputs):
-                            why = None
-                        status = "passed" if why is None else "wrong"
-                    else:
-                        status, why = "refused", err
-                    total += 1
-                    per_dtype[str(dt).replace("torch.", "")][status] += 1
-                    name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
-                    for o in ops:
-                        s = stats[o]
-                        s["tried"] += 1
-                        s[status] += 1
-                        if status == "refused":
-                            refused_why[o].add(why[:120])
-                    if status == "wrong":
-                        wrong.append((name, str(dt).replace("torch.", ""), flavour,
-                                      describe(inputs), ", ".join(ops), why))
-                    if status == "passed" and strict and flavour == "plain" and a.fixtures:
-                        prio = 0 if dt == torch.float32 else 1
-                        for o in ops:
-                            if o in reg and (o not in chosen or chosen[o][0] > prio):
-                                chosen[o] = (prio, d, inputs, refs)
-        print(f"{op.name}: {total} samples run, {time.time() - t0:.0f} s", file=sys.stderr)
+    global JOB
+    JOB = (a, want_dtypes, reg, work)
+    picked = [i for i, op in enumerate(op_db) if not a.names or op.name in a.names]
+    if a.jobs > 1:
+        pool = multiprocessing.get_context("fork").Pool(a.jobs)
+        results = pool.imap(run_op, picked)
+    else:
+        pool, results = None, map(run_op, picked)
+    for name, o_stats, o_dtype, o_wrong, o_why, o_chosen, n in results:
+        total += n
+        for o, c in o_stats.items():
+            for k, v in c.items():
+                stats[o][k] += v
+        for dn, c in o_dtype.items():
+            for k, v in c.items():
+                per_dtype[dn][k] += v
+        wrong += o_wrong
+        for o, w in o_why.items():
+            refused_why[o] |= w
+        for o, c in o_chosen.items():
+            if o not in chosen or chosen[o][0] > c[0]:
+                chosen[o] = c
+        if n:
+            print(f"{name}: {total} samples run, {time.time() - t0:.0f} s", file=sys.stderr)
+    if pool:
+        pool.close()
 
     covered = {o for o in stats} | {functional(o) for o in stats}
     never = sorted(reg - covered)
