@@ -223,7 +223,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A window larger than the padded input, and too much padding, are errors.
+    /// A crafted kernel size, a window larger than the padded input, and too much padding
+    /// are errors.
     #[test]
     fn bad_windows_are_refused() {
         let x = Tensor::zeros((1, 1, 2, 2, 2), DType::F32, &Device::Cpu).unwrap();
@@ -242,6 +243,8 @@ mod tests {
             .0
         };
         let e = run(1 << 40, 0);
+        assert!(e.contains("kernel_size 1099511627776 is too large"), "{e}");
+        let e = run(5, 0);
         assert!(e.contains("larger than the padded input"), "{e}");
         let e = run(2, 2);
         assert!(e.contains("at most half of the kernel"), "{e}");

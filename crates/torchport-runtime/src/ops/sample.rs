@@ -1,7 +1,8 @@
-//! Sampling at given coordinates: `grid_sampler` / `grid_sampler_2d` (F.grid_sample on 4-d
-//! inputs: bilinear, nearest and bicubic; zeros, border and reflection padding;
-//! align_corners both ways) and `affine_grid_generator` (F.affine_grid, 2-d and 3-d),
-//! following ATen's CPU kernels' coordinate arithmetic in the tensor's float type.
+//! Sampling at given coordinates: `grid_sampler` / `grid_sampler_2d` / `grid_sampler_3d`
+//! (F.grid_sample; on 4-d inputs bilinear, nearest and bicubic, on 5-d inputs trilinear and
+//! nearest; zeros, border and reflection padding; align_corners both ways) and
+//! `affine_grid_generator` (F.affine_grid, 2-d and 3-d), following ATen's CPU kernels'
+//! coordinate arithmetic in the tensor's float type.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -14,6 +15,7 @@ use crate::value::{one, Args, Outputs};
 pub fn register(r: &mut Registry) {
     r.add("aten.grid_sampler.default", grid_sampler);
     r.add("aten.grid_sampler_2d.default", grid_sampler);
+    r.add("aten.grid_sampler_3d.default", grid_sampler);
     r.add("aten.affine_grid_generator.default", affine_grid);
 }
 
@@ -111,7 +113,7 @@ fn grid_sampler(a: &Args) -> OpResult<Outputs> {
     let x = a.tensor("input")?;
     let g = a.tensor("grid")?;
     if x.rank() == 5 {
-        op_bail!("grid_sampler on a 5-d (volumetric) input is not supported");
+        return grid_sampler_3d(a, &x, &g);
     }
     if x.rank() != 4 || g.rank() != 4 || g.dims()[3] != 2 || g.dims()[0] != x.dims()[0] {
         op_bail!(
@@ -158,6 +160,123 @@ fn grid_sampler(a: &Args) -> OpResult<Outputs> {
     } else {
         sample::<f32>(&x, &g, mode, axes)?
     })
+}
+
+/// The volumetric form: `[N, C, D, H, W]` sampled at an `[N, D', H', W', 3]` grid
+/// (trilinear or nearest; ATen has no bicubic here).
+fn grid_sampler_3d(a: &Args, x: &Tensor, g: &Tensor) -> OpResult<Outputs> {
+    if g.rank() != 5 || g.dims()[4] != 3 || g.dims()[0] != x.dims()[0] {
+        op_bail!(
+            "3-d grid_sampler expects an [N, D, H, W, 3] grid of the input's batch, got {:?} and {:?}",
+            x.dims(),
+            g.dims()
+        );
+    }
+    let mode = a.int("interpolation_mode")?;
+    if !(0..=1).contains(&mode) {
+        op_bail!("3-d grid_sampler interpolation_mode {mode} is not supported");
+    }
+    let padding = match a.int("padding_mode")? {
+        0 => Padding::Zeros,
+        1 => Padding::Border,
+        2 => Padding::Reflection,
+        p => op_bail!("grid_sampler padding_mode {p} is not supported"),
+    };
+    let align = a.bool_or("align_corners", false)?;
+    if x.dtype() != g.dtype() || !matches!(x.dtype(), DType::F32 | DType::F64) {
+        op_bail!(
+            "grid_sampler expects float input and grid of one dtype, got {:?} and {:?}",
+            x.dtype(),
+            g.dtype()
+        );
+    }
+    let (n, c) = (x.dims()[0], x.dims()[1]);
+    let mut shape = vec![n, c];
+    shape.extend(&g.dims()[1..4]);
+    result_numel(&shape, "grid_sampler")?;
+    let axes = [2, 3, 4].map(|i| Axis {
+        size: x.dims()[i],
+        padding,
+        align,
+    });
+    one(if x.dtype() == DType::F64 {
+        sample3d::<f64>(x, g, mode, axes, &shape)?
+    } else {
+        sample3d::<f32>(x, g, mode, axes, &shape)?
+    })
+}
+
+/// Sample every channel of each volume at its grid's points.
+fn sample3d<T: Real>(
+    x: &Tensor,
+    g: &Tensor,
+    mode: i64,
+    [az, ay, ax]: [Axis; 3],
+    shape: &[usize],
+) -> OpResult<Tensor> {
+    let (n, c) = (shape[0], shape[1]);
+    let points = shape[2] * shape[3] * shape[4];
+    let (d, h, w) = (az.size, ay.size, ax.size);
+    let xs = x.contiguous()?.flatten_all()?.to_vec1::<T>()?;
+    let gs = g.contiguous()?.flatten_all()?.to_vec1::<T>()?;
+    let mut out = vec![T::zero(); n * c * points];
+    let mut taps: Vec<(usize, T)> = Vec::with_capacity(8);
+    for b in 0..n {
+        for p in 0..points {
+            let at = (b * points + p) * 3;
+            let f = [
+                az.pad(az.unnormalize(gs[at + 2])),
+                ay.pad(ay.unnormalize(gs[at + 1])),
+                ax.pad(ax.unnormalize(gs[at])),
+            ];
+            taps.clear();
+            if mode == 1 {
+                let r = f.map(|v| v.round_even().to_f64());
+                if let (Some(z), Some(y), Some(xx)) =
+                    (az.inside(r[0]), ay.inside(r[1]), ax.inside(r[2]))
+                {
+                    taps.push(((z * h + y) * w + xx, T::one()));
+                }
+            } else {
+                let lo = f.map(|v| v.floor());
+                let frac = [f[0] - lo[0], f[1] - lo[1], f[2] - lo[2]];
+                let lo = lo.map(|v| v.to_f64());
+                for dz in 0..2 {
+                    for dy in 0..2 {
+                        for dx in 0..2 {
+                            let wt = |k: usize, up: usize| {
+                                if up == 1 {
+                                    frac[k]
+                                } else {
+                                    T::one() - frac[k]
+                                }
+                            };
+                            let (z, y, xx) = (
+                                az.inside(lo[0] + dz as f64),
+                                ay.inside(lo[1] + dy as f64),
+                                ax.inside(lo[2] + dx as f64),
+                            );
+                            if let (Some(z), Some(y), Some(xx)) = (z, y, xx) {
+                                taps.push((
+                                    (z * h + y) * w + xx,
+                                    wt(0, dz) * wt(1, dy) * wt(2, dx),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            for ch in 0..c {
+                let src = &xs[(b * c + ch) * d * h * w..][..d * h * w];
+                let mut acc = T::zero();
+                for &(i, wt) in &taps {
+                    acc += src[i] * wt;
+                }
+                out[(b * c + ch) * points + p] = acc;
+            }
+        }
+    }
+    Ok(Tensor::from_vec(out, shape, &Device::Cpu)?)
 }
 
 /// Sample every channel of each image at its grid's points.
@@ -318,8 +437,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A crafted grid size is refused before anything is allocated; a 5-d grid_sampler
-    /// input is refused by name.
+    /// A crafted grid size is refused before anything is allocated; a 5-d input needs a
+    /// 3-d grid.
     #[test]
     fn crafted_sizes_are_refused() {
         let theta = Tensor::zeros((1, 2, 3), DType::F32, &Device::Cpu).unwrap();
@@ -336,7 +455,7 @@ mod tests {
         .unwrap_err();
         assert!(err.0.contains("is too large"), "{}", err.0);
         let x = Tensor::zeros((1, 1, 2, 2, 2), DType::F32, &Device::Cpu).unwrap();
-        let g = Tensor::zeros((1, 2, 2, 2, 3), DType::F32, &Device::Cpu).unwrap();
+        let g = Tensor::zeros((1, 2, 2, 2, 2), DType::F32, &Device::Cpu).unwrap();
         let err = super::super::run_node(
             register,
             "aten.grid_sampler.default",
@@ -351,7 +470,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            err.0.contains("5-d (volumetric) input is not supported"),
+            err.0.contains("expects an [N, D, H, W, 3] grid"),
             "{}",
             err.0
         );

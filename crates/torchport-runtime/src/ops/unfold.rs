@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{f32_vec, float, result_numel, usize_of, window_param, Registry};
+use super::{f32_vec, float, result_numel, window_param, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
@@ -116,13 +116,16 @@ fn col2im(a: &Args) -> OpResult<Outputs> {
     let b = Blocks::read(a)?;
     let out = a.ints("output_size")?;
     let [oh, ow] = match out.as_slice() {
-        [h, w] => [usize_of(*h, "output_size")?, usize_of(*w, "output_size")?],
+        [h, w] => [
+            window_param(*h, "output_size")?,
+            window_param(*w, "output_size")?,
+        ],
         v => op_bail!("output_size {v:?} must have 2 values"),
     };
     let (n, rows, l) = x.dims3()?;
     let kk = b.k[0] * b.k[1];
     let (bh, bw) = (b.count(0, oh)?, b.count(1, ow)?);
-    if rows % kk != 0 || l != bh * bw {
+    if rows % kk != 0 || Some(l) != bh.checked_mul(bw) {
         op_bail!(
             "col2im input of shape {:?} does not match kernel {:?} and {bh}x{bw} blocks of output {oh}x{ow}",
             x.dims(),
@@ -147,31 +150,41 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A crafted fold output size is refused (its block count does not match, or the result
-    /// is too large) instead of allocated; a kernel larger than the input is an error.
+    /// A crafted fold output size is refused (its block count does not match the input)
+    /// instead of allocated; a crafted stride is refused; a kernel larger than the input is
+    /// an error.
     #[test]
     fn crafted_sizes_are_refused() {
         let cols = Tensor::zeros((1, 4, 1), DType::F32, &Device::Cpu).unwrap();
         let ints = |v: &[i64]| json!({ "as_ints": v });
-        let args = |out: &[i64], k: &[i64]| {
+        let args = |out: &[i64], k: &[i64], s: i64| {
             vec![
                 ("self", json!({"as_tensor": {"name": "c"}})),
                 ("output_size", ints(out)),
                 ("kernel_size", ints(k)),
                 ("dilation", ints(&[1, 1])),
                 ("padding", ints(&[0, 0])),
-                ("stride", ints(&[1 << 40, 1 << 40])),
+                ("stride", ints(&[s, s])),
             ]
         };
         let run = |target: &str, a: &[(&str, serde_json::Value)]| {
-            super::super::run_node(register, target, a, &[("c", cols.clone())]).unwrap_err()
+            super::super::run_node(register, target, a, &[("c", cols.clone())])
+                .unwrap_err()
+                .0
         };
-        let err = run("aten.col2im.default", &args(&[1 << 40, 1 << 40], &[2, 2]));
-        assert!(err.0.contains("is too large"), "{}", err.0);
-        let mut a = args(&[2, 2], &[2, 2]);
+        let big = 1i64 << 40;
+        let e = run(
+            "aten.col2im.default",
+            &args(&[1 << 30, 1 << 30], &[2, 2], 1),
+        );
+        assert!(e.contains("does not match kernel"), "{e}");
+        let e = run("aten.col2im.default", &args(&[big, 2], &[2, 2], 1));
+        assert!(e.contains("output_size 1099511627776 is too large"), "{e}");
+        let e = run("aten.col2im.default", &args(&[2, 2], &[2, 2], big));
+        assert!(e.contains("stride 1099511627776 is too large"), "{e}");
+        let mut a = args(&[2, 2], &[5, 5], 1);
         a.remove(1);
-        a[1].1 = ints(&[5, 5]);
-        let err = run("aten.im2col.default", &a);
-        assert!(err.0.contains("larger than the padded input"), "{}", err.0);
+        let e = run("aten.im2col.default", &a);
+        assert!(e.contains("larger than the padded input"), "{e}");
     }
 }

@@ -2,11 +2,11 @@
 //! sum over the kernel's depth of 2-d convolutions of depth slices, `conv_transpose3d` (and
 //! transposed `convolution` with a 5-d weight; groups, per-dim stride, padding, output
 //! padding, dilation) as a direct scatter of each input voxel through the kernel, and
-//! `adaptive_avg_pool3d`.
+//! `adaptive_avg_pool3d` (f32, f64 for float64).
 
 use candle_core::{DType, Tensor};
 
-use super::{f32_vec, float, result_numel, usize_of, window_param, Real, Registry};
+use super::{float, result_numel, usize_of, window_param, Real, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
@@ -269,13 +269,25 @@ fn adaptive_avg_pool3d(a: &Args) -> OpResult<Outputs> {
             x.dims()
         );
     }
+    let mut shape = x.dims()[..x.rank() - 3].to_vec();
+    shape.extend(o);
+    result_numel(&shape, "adaptive_avg_pool3d")?;
+    one(if x.dtype() == DType::F64 {
+        adaptive_avg_t::<f64>(&x, o)?
+    } else {
+        adaptive_avg_t::<f32>(&x, o)?
+    })
+}
+
+/// The adaptive average pooling kernel in `T` (f32, or f64 for float64).
+fn adaptive_avg_t<T: Real>(x: &Tensor, o: [usize; 3]) -> OpResult<Tensor> {
     let r = x.rank();
     let (lead, [d, h, w]) = (
         &x.dims()[..r - 3],
         [x.dims()[r - 3], x.dims()[r - 2], x.dims()[r - 1]],
     );
     let planes: usize = lead.iter().product();
-    let xs = f32_vec(&x.contiguous()?)?;
+    let xs = x.contiguous()?.flatten_all()?.to_vec1::<T>()?;
     let range = |i: usize, n: usize, m: usize| (i * n / m, ((i + 1) * n).div_ceil(m));
     let mut out = Vec::with_capacity(planes * o[0] * o[1] * o[2]);
     for p in 0..planes {
@@ -286,20 +298,22 @@ fn adaptive_avg_pool3d(a: &Args) -> OpResult<Outputs> {
                 let (h0, h1) = range(oh, h, o[1]);
                 for ow in 0..o[2] {
                     let (w0, w1) = range(ow, w, o[2]);
-                    let mut sum = 0f32;
+                    let mut sum = T::zero();
                     for z in d0..d1 {
                         for y in h0..h1 {
-                            sum += src[(z * h + y) * w + w0..][..w1 - w0].iter().sum::<f32>();
+                            for v in &src[(z * h + y) * w + w0..][..w1 - w0] {
+                                sum += *v;
+                            }
                         }
                     }
-                    out.push(sum / ((d1 - d0) * (h1 - h0) * (w1 - w0)).max(1) as f32);
+                    out.push(sum / T::from_f64(((d1 - d0) * (h1 - h0) * (w1 - w0)).max(1) as f64));
                 }
             }
         }
     }
     let mut shape = lead.to_vec();
     shape.extend(o);
-    one(Tensor::from_vec(out, shape, x.device())?)
+    Ok(Tensor::from_vec(out, shape, x.device())?)
 }
 
 #[cfg(test)]
