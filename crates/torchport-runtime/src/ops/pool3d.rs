@@ -1,7 +1,8 @@
 //! 3-d pooling on `[N, C, D, H, W]` or `[C, D, H, W]`: `max_pool3d` and
 //! `max_pool3d_with_indices` (padding, dilation, ceil_mode; indices into each D·H·W volume)
-//! and `avg_pool3d` (padding, ceil_mode, count_include_pad, divisor_override), direct kernels
-//! with ATen's window arithmetic, in f32 (f64 for float64).
+//! `avg_pool3d` (padding, ceil_mode, count_include_pad, divisor_override) and
+//! `adaptive_max_pool3d` (values and indices), direct kernels with ATen's window arithmetic, in
+//! f32 (f64 for float64).
 
 use candle_core::{DType, Device, Tensor};
 
@@ -16,6 +17,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.max_pool3d.default", max_pool3d);
     r.add("aten.max_pool3d_with_indices.default", max_pool3d);
     r.add("aten.avg_pool3d.default", avg_pool3d);
+    r.add("aten.adaptive_max_pool3d.default", adaptive_max_pool3d);
 }
 
 /// A `[d, h, w]` parameter given as one int or three.
@@ -216,6 +218,81 @@ fn avg_t<T: Real>(
     let mut shape = lead.to_vec();
     shape.extend([od, oh, ow]);
     Ok(Tensor::from_vec(out, shape, &Device::Cpu)?)
+}
+
+/// `adaptive_max_pool3d(self, output_size)` -> (values, indices into each D·H·W volume):
+/// cell `i` of a dim of `n` covers `floor(i·n/o) .. ceil((i+1)·n/o)`; the first maximum wins,
+/// or the last NaN.
+fn adaptive_max_pool3d(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?.contiguous()?;
+    let o = triple(&a.ints("output_size")?, "output_size")?;
+    if !(4..=5).contains(&x.rank()) {
+        op_bail!(
+            "adaptive_max_pool3d expects a 4-d or 5-d input, got shape {:?}",
+            x.dims()
+        );
+    }
+    let r = x.rank();
+    let inp = [x.dims()[r - 3], x.dims()[r - 2], x.dims()[r - 1]];
+    let lead = x.dims()[..r - 3].to_vec();
+    if inp.contains(&0) || o.contains(&0) {
+        op_bail!(
+            "adaptive_max_pool3d needs non-empty input and output sizes, got {inp:?} and {o:?}"
+        );
+    }
+    let mut shape = lead.clone();
+    shape.extend(o);
+    result_numel(&shape, "adaptive_max_pool3d")?;
+    let (y, i) = if x.dtype() == DType::F64 {
+        adaptive_max_t::<f64>(&x, inp, o, &shape)?
+    } else {
+        adaptive_max_t::<f32>(&x, inp, o, &shape)?
+    };
+    Ok(vec![Value::Tensor(y), Value::Tensor(i)])
+}
+
+fn adaptive_max_t<T: Real>(
+    x: &Tensor,
+    [id, ih, iw]: [usize; 3],
+    [od, oh, ow]: [usize; 3],
+    shape: &[usize],
+) -> OpResult<(Tensor, Tensor)> {
+    let xs = x.flatten_all()?.to_vec1::<T>()?;
+    let vol = id * ih * iw;
+    let np = xs.len() / vol;
+    let range = |i: usize, n: usize, m: usize| (i * n / m, ((i + 1) * n).div_ceil(m));
+    let mut vals = Vec::with_capacity(np * od * oh * ow);
+    let mut idxs = Vec::with_capacity(np * od * oh * ow);
+    for pl in 0..np {
+        let src = &xs[pl * vol..][..vol];
+        for z in 0..od {
+            let (z0, z1) = range(z, id, od);
+            for y in 0..oh {
+                let (y0, y1) = range(y, ih, oh);
+                for xo in 0..ow {
+                    let (x0, x1) = range(xo, iw, ow);
+                    let mut best = (-T::INF, (z0 * ih + y0) * iw + x0);
+                    for tz in z0..z1 {
+                        for ty in y0..y1 {
+                            for tx in x0..x1 {
+                                let at = (tz * ih + ty) * iw + tx;
+                                let v = src[at];
+                                if v > best.0 || v.is_nan() {
+                                    best = (v, at);
+                                }
+                            }
+                        }
+                    }
+                    vals.push(best.0);
+                    idxs.push(best.1 as i64);
+                }
+            }
+        }
+    }
+    Ok((
+        Tensor::from_vec(vals, shape, &Device::Cpu)?,
+        Tensor::from_vec(idxs, shape, &Device::Cpu)?,
+    ))
 }
 
 #[cfg(test)]
