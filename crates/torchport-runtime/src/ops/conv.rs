@@ -244,6 +244,9 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
 
 fn convolution(a: &Args) -> OpResult<Outputs> {
     if a.bool_or("transposed", false)? {
+        if a.tensor("weight")?.rank() == 5 {
+            return super::volume::conv_transpose3d(a);
+        }
         return conv_transpose(a);
     }
     conv_nd(a)
@@ -703,11 +706,11 @@ fn conv_transpose2d(
 }
 
 /// `(n, c_out, [kh, kw], [h, w], [oh, ow])` of a transposed convolution.
-type Geometry = (usize, usize, [usize; 2], [usize; 2], [usize; 2]);
+pub(super) type Geometry = (usize, usize, [usize; 2], [usize; 2], [usize; 2]);
 
 /// The scatter half of a transposed convolution: `cols [n, co * kh * kw, h * w]` summed into
 /// the `[n, co, oh, ow]` output, in the element type of `cols` (f32, or f64 for float64).
-fn col2im<T: candle_core::WithDType>(
+pub(super) fn col2im<T: candle_core::WithDType>(
     cols: &[T],
     (n, co, [kh, kw], [h, wd], [oh, ow]): Geometry,
     stride: [usize; 2],

@@ -1,149 +1,310 @@
-//! Resampling: upsample_nearest2d and upsample_bilinear2d (align_corners both ways, sizes or
-//! scale factors), following ATen's source-index arithmetic. Bilinear is separable, so it runs
-//! as two small matrix products with the interpolation matrices.
+//! Resampling over 1, 2 or 3 trailing dims, following ATen's source-index arithmetic:
+//! `upsample_nearest{1,2,3}d`, `_upsample_nearest_exact{1,2,3}d` (any dtype, a gather per
+//! axis), `upsample_linear1d`, `upsample_bilinear2d`, `upsample_trilinear3d` and
+//! `upsample_bicubic2d` (A = -0.75, clamped taps), align_corners both ways, given sizes or
+//! scale factors (`.vec` and `.default` overloads).
+//!
+//! Linear and cubic resampling are separable: each axis gets, per output index, its taps
+//! (input index, weight) as ATen computes them in the tensor's float type, and the axes are
+//! applied one after another, last first (the order of ATen's nested interpolation).
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
-use super::{float, usize_of, Registry};
+use super::{float, result_numel, usize_of, Real, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
-    r.add("aten.upsample_bilinear2d.vec", bilinear);
-    r.add("aten.upsample_bilinear2d.default", bilinear);
-    r.add("aten.upsample_nearest2d.vec", nearest);
-    r.add("aten.upsample_nearest2d.default", nearest);
+    for name in [
+        "aten.upsample_nearest1d.vec",
+        "aten.upsample_nearest1d.default",
+        "aten.upsample_nearest2d.vec",
+        "aten.upsample_nearest2d.default",
+        "aten.upsample_nearest3d.vec",
+        "aten.upsample_nearest3d.default",
+        "aten._upsample_nearest_exact1d.vec",
+        "aten._upsample_nearest_exact1d.default",
+        "aten._upsample_nearest_exact2d.vec",
+        "aten._upsample_nearest_exact2d.default",
+        "aten._upsample_nearest_exact3d.vec",
+        "aten._upsample_nearest_exact3d.default",
+        "aten.upsample_linear1d.vec",
+        "aten.upsample_linear1d.default",
+        "aten.upsample_bilinear2d.vec",
+        "aten.upsample_bilinear2d.default",
+        "aten.upsample_trilinear3d.vec",
+        "aten.upsample_trilinear3d.default",
+        "aten.upsample_bicubic2d.vec",
+        "aten.upsample_bicubic2d.default",
+    ] {
+        r.add(name, upsample);
+    }
 }
 
-/// Output sizes and the optional user scale factors of an upsample call.
-fn sizes(a: &Args, x: &Tensor) -> OpResult<([usize; 2], [Option<f64>; 2])> {
-    if x.rank() != 4 {
+/// How one axis maps output indices to input positions.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Nearest,
+    NearestExact,
+    Linear,
+    Cubic,
+}
+
+/// The scale-factor argument names of a `.default` overload with `nd` resampled dims.
+fn scale_names(nd: usize) -> &'static [&'static str] {
+    match nd {
+        1 => &["scales"],
+        2 => &["scales_h", "scales_w"],
+        _ => &["scales_d", "scales_h", "scales_w"],
+    }
+}
+
+/// `upsample_*` for the mode and rank its name gives.
+fn upsample(a: &Args) -> OpResult<Outputs> {
+    let target = a.node().target.as_str();
+    let mode = if target.contains("nearest_exact") {
+        Mode::NearestExact
+    } else if target.contains("nearest") {
+        Mode::Nearest
+    } else if target.contains("bicubic") {
+        Mode::Cubic
+    } else {
+        Mode::Linear
+    };
+    let nd = if target.contains("1d") {
+        1
+    } else if target.contains("2d") {
+        2
+    } else {
+        3
+    };
+    let x = a.tensor(if a.has("input") { "input" } else { "self" })?;
+    if x.rank() != nd + 2 {
         op_bail!(
-            "2-d upsampling expects a 4-d input, got shape {:?}",
+            "{nd}-d upsampling expects a {}-d input, got shape {:?}",
+            nd + 2,
             x.dims()
         );
     }
-    let (h, w) = (x.dims()[2], x.dims()[3]);
-    let input_name = if a.has("input") { "input" } else { "self" };
-    let _ = input_name;
-    let scales = match a.opt_floats("scale_factors")? {
-        Some(s) if s.len() == 2 => [Some(s[0]), Some(s[1])],
-        Some(s) => op_bail!("scale_factors {s:?} must have 2 values"),
-        None => [a.opt_float("scales_h")?, a.opt_float("scales_w")?],
+    let inp = x.dims()[2..].to_vec();
+    let scales: Vec<Option<f64>> = match a.opt_floats("scale_factors")? {
+        Some(s) if s.len() == nd => s.into_iter().map(Some).collect(),
+        Some(s) => op_bail!("scale_factors {s:?} must have {nd} values"),
+        None => scale_names(nd)
+            .iter()
+            .map(|n| a.opt_float(n))
+            .collect::<OpResult<_>>()?,
     };
-    let out = match a.opt_ints("output_size")? {
-        Some(v) if v.len() == 2 => [
-            usize_of(v[0], "output size")?,
-            usize_of(v[1], "output size")?,
-        ],
-        Some(v) => op_bail!("output_size {v:?} must have 2 values"),
-        None => match scales {
-            [Some(sh), Some(sw)] => [
-                (h as f64 * sh).floor() as usize,
-                (w as f64 * sw).floor() as usize,
-            ],
-            _ => op_bail!("upsample needs output_size or scale_factors"),
-        },
+    let out: Vec<usize> = match a.opt_ints("output_size")? {
+        Some(v) if v.len() == nd => v
+            .iter()
+            .map(|&o| usize_of(o, "output size"))
+            .collect::<OpResult<_>>()?,
+        Some(v) => op_bail!("output_size {v:?} must have {nd} values"),
+        None => inp
+            .iter()
+            .zip(&scales)
+            .map(|(&n, s)| match s {
+                Some(s) if s.is_finite() && *s > 0.0 && n as f64 * s < 1e15 => {
+                    Ok((n as f64 * s) as usize)
+                }
+                _ => {
+                    op_bail!("upsample needs output_size or positive scale_factors, got {scales:?}")
+                }
+            })
+            .collect::<OpResult<_>>()?,
     };
-    Ok((out, scales))
+    if inp.contains(&0) || out.contains(&0) {
+        op_bail!("upsample needs non-empty input and output sizes, got {inp:?} and {out:?}");
+    }
+    let mut shape = x.dims()[..2].to_vec();
+    shape.extend(&out);
+    result_numel(&shape, "upsample")?;
+    let align = a.bool_or("align_corners", false)?;
+    if matches!(mode, Mode::Nearest | Mode::NearestExact) {
+        let mut y = x.contiguous()?;
+        for (k, ((&i, &o), &s)) in inp.iter().zip(&out).zip(&scales).enumerate() {
+            let idx: Vec<i64> = (0..o).map(|j| nearest(mode, j, i, o, s)).collect();
+            y = y.index_select(&Tensor::from_vec(idx, o, &Device::Cpu)?, k + 2)?;
+        }
+        return one(y);
+    }
+    let x = float(&x)?;
+    let y = if x.dtype() == DType::F64 {
+        separable::<f64>(&x, mode, align, &out, &scales)?
+    } else {
+        separable::<f32>(&x, mode, align, &out, &scales)?
+    };
+    one(y)
 }
 
-/// ATen's `area_pixel_compute_scale`.
-fn area_scale(inp: usize, out: usize, align: bool, scale: Option<f64>) -> f64 {
+/// ATen's `nearest_idx` / `nearest_exact_idx`: the scale in f32 whatever the dtype.
+fn nearest(mode: Mode, o: usize, inp: usize, out: usize, scale: Option<f64>) -> i64 {
+    let s = match scale {
+        Some(s) if s > 0.0 => (1.0 / s) as f32,
+        _ => inp as f32 / out as f32,
+    };
+    let last = inp as i64 - 1;
+    if mode == Mode::NearestExact {
+        return (((o as f64 + 0.5) * s as f64) as f32)
+            .floor()
+            .min(last as f32) as i64;
+    }
+    if out == inp {
+        o as i64
+    } else if out == 2 * inp {
+        (o >> 1) as i64
+    } else {
+        ((o as f32 * s).floor() as i64).min(last)
+    }
+}
+
+/// Per output index of one axis: `n` taps of (input index, weight).
+struct Taps<T> {
+    n: usize,
+    idx: Vec<usize>,
+    w: Vec<T>,
+}
+
+/// ATen's `area_pixel_compute_scale` in the tensor's float type.
+fn area_scale<T: Real>(inp: usize, out: usize, align: bool, scale: Option<f64>) -> T {
     if align {
         if out > 1 {
-            (inp as f64 - 1.0) / (out as f64 - 1.0)
+            T::from_f64((inp - 1) as f64) / T::from_f64((out - 1) as f64)
         } else {
-            0.0
+            T::zero()
         }
     } else {
         match scale {
-            Some(s) if s > 0.0 => 1.0 / s,
-            _ => inp as f64 / out as f64,
+            Some(s) if s > 0.0 => T::from_f64(1.0 / s),
+            _ => T::from_f64(inp as f64) / T::from_f64(out as f64),
         }
     }
 }
 
-/// Interpolation matrix [out, inp] for linear resampling along one dim, in f64 (as torch
-/// computes the weights for float64 input).
-fn linear_matrix_f64(inp: usize, out: usize, align: bool, scale: Option<f64>) -> OpResult<Tensor> {
-    let s = area_scale(inp, out, align, scale);
-    let mut m = vec![0f64; out * inp];
+/// ATen's `guard_index_and_lambda`: the floor index (at most `inp - 1`) and the fraction,
+/// clamped to [0, 1].
+fn guard<T: Real>(src: T, inp: usize) -> (i64, T) {
+    let i = (src.floor().to_f64() as i64).min(inp as i64 - 1);
+    let mut l = src - T::from_f64(i as f64);
+    if l < T::zero() {
+        l = T::zero();
+    }
+    if l > T::one() {
+        l = T::one();
+    }
+    (i, l)
+}
+
+/// The taps of one axis for linear (2) or cubic (4) resampling.
+fn taps<T: Real>(mode: Mode, inp: usize, out: usize, align: bool, scale: Option<f64>) -> Taps<T> {
+    let s: T = area_scale(inp, out, align, scale);
+    let half = T::from_f64(0.5);
+    let n = if mode == Mode::Cubic { 4 } else { 2 };
+    let (mut idx, mut w) = (Vec::with_capacity(out * n), Vec::with_capacity(out * n));
     for o in 0..out {
+        let of = T::from_f64(o as f64);
         let src = if align {
-            s * o as f64
+            s * of
         } else {
-            (s * (o as f64 + 0.5) - 0.5).max(0.0)
+            s * (of + half) - half
         };
-        let i0 = (src.floor() as usize).min(inp - 1);
-        let i1 = if i0 < inp - 1 { i0 + 1 } else { i0 };
-        let l1 = src - i0 as f64;
-        let l0 = 1.0 - l1;
-        m[o * inp + i0] += l0;
-        m[o * inp + i1] += l1;
-    }
-    Ok(Tensor::from_vec(m, (out, inp), &Device::Cpu)?)
-}
-
-/// Interpolation matrix [out, inp] for linear resampling along one dim.
-fn linear_matrix(inp: usize, out: usize, align: bool, scale: Option<f64>) -> OpResult<Tensor> {
-    let s = area_scale(inp, out, align, scale) as f32;
-    let mut m = vec![0f32; out * inp];
-    for o in 0..out {
-        let src = if align {
-            s * o as f32
+        if mode == Mode::Linear {
+            if inp == out && !align {
+                idx.extend([o, o]);
+                w.extend([T::one(), T::zero()]);
+                continue;
+            }
+            let src = if src < T::zero() { T::zero() } else { src };
+            let (i0, l1) = guard(src, inp);
+            let i0 = i0.max(0) as usize;
+            let i1 = if i0 < inp - 1 { i0 + 1 } else { i0 };
+            idx.extend([i0, i1]);
+            w.extend([T::one() - l1, l1]);
         } else {
-            (s * (o as f32 + 0.5) - 0.5).max(0.0)
-        };
-        let i0 = (src.floor() as usize).min(inp - 1);
-        let i1 = if i0 < inp - 1 { i0 + 1 } else { i0 };
-        let l1 = src - i0 as f32;
-        let l0 = 1.0 - l1;
-        m[o * inp + i0] += l0;
-        m[o * inp + i1] += l1;
+            let (i, t) = guard(src, inp);
+            let a = T::from_f64(-0.75);
+            let (two, three, four, five, eight) = (
+                T::from_f64(2.0),
+                T::from_f64(3.0),
+                T::from_f64(4.0),
+                T::from_f64(5.0),
+                T::from_f64(8.0),
+            );
+            let near = |x: T| ((a + two) * x - (a + three)) * x * x + T::one();
+            let far = |x: T| ((a * x - five * a) * x + eight * a) * x - four * a;
+            let one = T::one();
+            w.extend([far(t + one), near(t), near(one - t), far(two - t)]);
+            for j in 0..4 {
+                idx.push((i - 1 + j).clamp(0, inp as i64 - 1) as usize);
+            }
+        }
     }
-    Ok(Tensor::from_vec(m, (out, inp), &Device::Cpu)?)
+    Taps { n, idx, w }
 }
 
-fn bilinear(a: &Args) -> OpResult<Outputs> {
-    let x = float(&a.tensor(if a.has("input") { "input" } else { "self" })?)?;
-    let align = a.bool_or("align_corners", false)?;
-    let ([oh, ow], [sh, sw]) = sizes(a, &x)?;
-    let (h, w) = (x.dims()[2], x.dims()[3]);
-    if h == 0 || w == 0 || oh == 0 || ow == 0 {
-        op_bail!("upsample of an empty tensor");
+/// Linear or cubic resampling of the trailing dims of `x` to `out`, one axis at a time.
+fn separable<T: Real>(
+    x: &Tensor,
+    mode: Mode,
+    align: bool,
+    out: &[usize],
+    scales: &[Option<f64>],
+) -> OpResult<Tensor> {
+    use rayon::prelude::*;
+    let mut shape = x.dims().to_vec();
+    let mut data = x.flatten_all()?.to_vec1::<T>()?;
+    let nd = out.len();
+    for k in (0..nd).rev() {
+        let ax = k + 2;
+        let (inp, o) = (shape[ax], out[k]);
+        let t: Taps<T> = taps(mode, inp, o, align, scales[k]);
+        let outer: usize = shape[..ax].iter().product();
+        let inner: usize = shape[ax + 1..].iter().product();
+        let mut next = vec![T::zero(); outer * o * inner];
+        if inner > 0 {
+            next.par_chunks_mut(o * inner)
+                .zip(data.par_chunks(inp * inner))
+                .for_each(|(dst, src)| {
+                    for j in 0..o {
+                        let row = &mut dst[j * inner..][..inner];
+                        for q in 0..t.n {
+                            let (i, w) = (t.idx[j * t.n + q], t.w[j * t.n + q]);
+                            for (d, &s) in row.iter_mut().zip(&src[i * inner..][..inner]) {
+                                *d += w * s;
+                            }
+                        }
+                    }
+                });
+        }
+        data = next;
+        shape[ax] = o;
     }
-    let matrix = if x.dtype() == candle_core::DType::F64 {
-        linear_matrix_f64
-    } else {
-        linear_matrix
-    };
-    let mh = matrix(h, oh, align, sh)?;
-    let mw = matrix(w, ow, align, sw)?;
-    // [N,C,H,W] @ mwᵀ -> [N,C,H,ow]; mh @ that -> [N,C,oh,ow].
-    let (n, c) = (x.dims()[0], x.dims()[1]);
-    let y = x.contiguous()?.reshape((n * c * h, w))?.matmul(&mw.t()?)?;
-    let y = y.reshape((n * c, h, ow))?;
-    let y = mh.broadcast_left(n * c)?.matmul(&y)?;
-    one(y.reshape((n, c, oh, ow))?)
+    Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
 }
 
-fn nearest(a: &Args) -> OpResult<Outputs> {
-    let x = a.tensor(if a.has("input") { "input" } else { "self" })?;
-    let ([oh, ow], [sh, sw]) = sizes(a, &x)?;
-    let (h, w) = (x.dims()[2], x.dims()[3]);
-    let idx = |inp: usize, out: usize, scale: Option<f64>| -> OpResult<Tensor> {
-        let s = area_scale(inp, out, false, scale) as f32;
-        let v: Vec<i64> = (0..out)
-            .map(|o| ((o as f32 * s).floor() as i64).min(inp as i64 - 1))
-            .collect();
-        Ok(Tensor::from_vec(v, out, &Device::Cpu)?)
-    };
-    let y = x
-        .contiguous()?
-        .index_select(&idx(h, oh, sh)?, 2)?
-        .index_select(&idx(w, ow, sw)?, 3)?;
-    one(y)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A crafted output size is refused before anything is allocated.
+    #[test]
+    fn huge_output_size_is_refused() {
+        let x = Tensor::zeros((1, 1, 2, 2), DType::F32, &Device::Cpu).unwrap();
+        let err = super::super::run_node(
+            register,
+            "aten.upsample_bicubic2d.vec",
+            &[
+                ("input", json!({"as_tensor": {"name": "x"}})),
+                ("output_size", json!({"as_ints": [1 << 30, 1 << 30]})),
+                ("align_corners", json!({"as_bool": false})),
+            ],
+            &[("x", x)],
+        )
+        .unwrap_err();
+        assert!(err.0.contains("is too large"), "{}", err.0);
+    }
 }

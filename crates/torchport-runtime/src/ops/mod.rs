@@ -16,6 +16,7 @@ pub mod activation;
 pub mod activation_more;
 pub mod attention;
 pub mod conv;
+pub mod distance;
 pub mod einsum;
 pub mod elementwise;
 pub mod fused;
@@ -27,14 +28,19 @@ pub mod math;
 pub mod norm;
 pub mod pad;
 pub mod pool;
+pub mod pool3d;
+pub mod rearrange;
 pub mod reduce;
 pub mod rnn;
+pub mod sample;
+pub mod scatter;
 pub mod search;
 pub mod sgemm;
 pub mod shape;
 pub mod sort;
 pub mod stats;
 pub mod sym;
+pub mod unfold;
 pub mod volume;
 
 /// An op kernel.
@@ -67,6 +73,12 @@ impl Registry {
         math::register(&mut r);
         norm::register(&mut r);
         pool::register(&mut r);
+        rearrange::register(&mut r);
+        sample::register(&mut r);
+        scatter::register(&mut r);
+        pool3d::register(&mut r);
+        unfold::register(&mut r);
+        distance::register(&mut r);
         reduce::register(&mut r);
         rnn::register(&mut r);
         search::register(&mut r);
@@ -165,6 +177,15 @@ pub fn dim(d: i64, rank: usize) -> OpResult<usize> {
 /// A non-negative int argument as usize.
 pub fn usize_of(v: i64, what: &str) -> OpResult<usize> {
     usize::try_from(v).map_err(|_| OpError(format!("{what} must be non-negative, got {v}")))
+}
+
+/// A window parameter (kernel size, stride, padding, dilation) as usize, refused when negative
+/// or beyond 2³¹ so that the window arithmetic on it cannot overflow.
+pub fn window_param(v: i64, what: &str) -> OpResult<usize> {
+    if v > i64::from(i32::MAX) {
+        return Err(OpError(format!("{what} {v} is too large")));
+    }
+    usize_of(v, what)
 }
 
 /// The category of a runtime dtype in the type-promotion lattice: bool (0) < int (1) <
@@ -286,9 +307,99 @@ pub fn from_f32(data: Vec<f32>, shape: &[usize]) -> OpResult<Tensor> {
     Ok(Tensor::from_vec(data, shape, &candle_core::Device::Cpu)?)
 }
 
+/// The most elements a kernel allocates for one result (2³¹, 8 GiB of f32): a crafted size
+/// beyond it is refused instead of attempted.
+pub const MAX_RESULT_ELEMS: usize = 1 << 31;
+
+/// The element count of a result of shape `shape` made by `what`, refused when it overflows
+/// or exceeds [`MAX_RESULT_ELEMS`].
+pub fn result_numel(shape: &[usize], what: &str) -> OpResult<usize> {
+    match shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if n <= MAX_RESULT_ELEMS => Ok(n),
+        _ => Err(OpError(format!(
+            "{what}: a result of shape {shape:?} is too large"
+        ))),
+    }
+}
+
+/// The float element types kernels compute in: f32, and f64 for float64 tensors.
+pub trait Real: candle_core::WithDType + std::ops::Neg<Output = Self> {
+    /// Positive infinity.
+    const INF: Self;
+    /// The largest integer not above `self`.
+    fn floor(self) -> Self;
+    /// The absolute value.
+    fn abs(self) -> Self;
+    /// The square root.
+    fn sqrt(self) -> Self;
+    /// `self` to the power `p`.
+    fn powf(self, p: Self) -> Self;
+    /// Whether `self` is NaN.
+    fn is_nan(self) -> bool;
+    /// The nearest integer, ties to even (C's `nearbyint`).
+    fn round_even(self) -> Self;
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const INF: $t = <$t>::INFINITY;
+            fn floor(self) -> $t {
+                <$t>::floor(self)
+            }
+            fn abs(self) -> $t {
+                <$t>::abs(self)
+            }
+            fn sqrt(self) -> $t {
+                <$t>::sqrt(self)
+            }
+            fn powf(self, p: $t) -> $t {
+                <$t>::powf(self, p)
+            }
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn round_even(self) -> $t {
+                <$t>::round_ties_even(self)
+            }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
 /// Reject an argument that the runtime does not implement.
 pub fn unsupported(what: &str) -> OpError {
     OpError(format!("{what} is not supported"))
+}
+
+/// Run the kernel registered for `target` by `register` on a node whose inputs are
+/// `args` (`(schema name, JSON argument)`), tensors named in them read from `tensors`
+/// (unit tests of kernels on crafted arguments).
+#[cfg(test)]
+pub(crate) fn run_node(
+    register: fn(&mut Registry),
+    target: &str,
+    args: &[(&str, serde_json::Value)],
+    tensors: &[(&str, Tensor)],
+) -> OpResult<Outputs> {
+    let inputs: Vec<serde_json::Value> = args
+        .iter()
+        .map(|(n, a)| serde_json::json!({"name": n, "arg": a, "kind": 1}))
+        .collect();
+    let node: crate::schema::Node = serde_json::from_value(serde_json::json!({
+        "target": target, "inputs": inputs,
+        "outputs": [{"as_tensor": {"name": "out"}}], "metadata": {}
+    }))
+    .unwrap();
+    let env: crate::value::Env = tensors
+        .iter()
+        .map(|(n, t)| (n.to_string(), crate::value::Value::Tensor(t.clone())))
+        .collect();
+    let mut r = Registry::new();
+    register(&mut r);
+    let f = r.get(target).expect("registered");
+    call(f, &crate::value::Args::new(&node, &env))
 }
 
 /// The largest absolute difference between two f32 tensors of one shape (unit tests).

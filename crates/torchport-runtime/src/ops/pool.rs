@@ -1,6 +1,8 @@
-//! Pooling: max_pool2d (with indices, padding, dilation, ceil_mode), avg_pool1d/2d (padding,
-//! ceil_mode, count_include_pad, divisor_override), adaptive_avg_pool2d, adaptive_max_pool2d; direct f32 kernels
-//! that follow ATen's window arithmetic exactly.
+//! Pooling: max_pool1d/2d (with indices, padding, dilation, ceil_mode), avg_pool1d/2d
+//! (padding, ceil_mode, count_include_pad, divisor_override), adaptive_avg_pool1d/2d,
+//! adaptive_max_pool1d/2d; direct f32 (f64 for float64) kernels that follow ATen's window
+//! arithmetic exactly. A 1-d pool runs as the 2-d one over a height of 1 (kernel, stride 1,
+//! no padding there), which gives the same windows, values and indices.
 
 use candle_core::Tensor;
 
@@ -15,11 +17,46 @@ use crate::value::{one, Args, Outputs, Value};
 pub fn register(r: &mut Registry) {
     r.add("aten.max_pool2d.default", max_pool);
     r.add("aten.max_pool2d_with_indices.default", max_pool);
+    r.add("aten.max_pool1d.default", max_pool);
+    r.add("aten.max_pool1d_with_indices.default", max_pool);
     r.add("aten.avg_pool2d.default", avg_pool);
     r.add("aten.avg_pool1d.default", avg_pool);
     r.add("aten.adaptive_max_pool2d.default", adaptive_max);
+    r.add("aten.adaptive_max_pool1d.default", adaptive_max);
+    r.add("aten.adaptive_avg_pool1d.default", adaptive_avg);
     r.add("aten.adaptive_avg_pool2d.default", adaptive_avg);
     r.add("aten._adaptive_avg_pool2d.default", adaptive_avg);
+}
+
+/// A `[h, w]` parameter of a 2-d pool, or of a 1-d pool run as 2-d over a height of 1
+/// (`one_d`: one value for the width, `flat` for the height).
+fn pair(one_d: bool, v: &[i64], what: &str, flat: usize) -> OpResult<[usize; 2]> {
+    match (one_d, v) {
+        (true, [l]) => Ok([flat, usize_of(*l, what)?]),
+        (true, _) => op_bail!("{what} {v:?} must have 1 value"),
+        (false, v) => two(v, what),
+    }
+}
+
+/// The input of a 1-d pool (`[N, C, L]` or `[C, L]`) as 2-d over a height of 1; a 2-d pool's
+/// as it is.
+fn input_2d(a: &Args, one_d: bool) -> OpResult<Tensor> {
+    let x = float(&a.tensor("self")?)?;
+    if !one_d {
+        return Ok(x);
+    }
+    if x.rank() != 2 && x.rank() != 3 {
+        op_bail!(
+            "1-d pooling expects a 2-d or 3-d input, got shape {:?}",
+            x.dims()
+        );
+    }
+    Ok(x.unsqueeze(x.rank() - 1)?)
+}
+
+/// A 2-d pool's result back to 1-d (the unit height dropped) for a 1-d pool.
+fn output_1d(y: Tensor, one_d: bool) -> OpResult<Tensor> {
+    Ok(if one_d { y.squeeze(y.rank() - 2)? } else { y })
 }
 
 fn two(v: &[i64], what: &str) -> OpResult<[usize; 2]> {
@@ -31,7 +68,7 @@ fn two(v: &[i64], what: &str) -> OpResult<[usize; 2]> {
 }
 
 /// Output length of a pooling window along one dim (ATen's `pooling_output_shape`).
-fn pool_len(
+pub(super) fn pool_len(
     len: usize,
     k: usize,
     pad: usize,
@@ -102,19 +139,21 @@ fn from_vec<T: Elem>(data: Vec<T>, shape: &[usize]) -> OpResult<Tensor> {
 }
 
 fn max_pool(a: &Args) -> OpResult<Outputs> {
-    let x = float(&a.tensor("self")?)?;
-    let k = two(&a.ints("kernel_size")?, "kernel_size")?;
+    // max_pool1d runs as 2-d over a height of 1: [N, C, L] -> [N, C, 1, L].
+    let one_d = a.node().target.contains("pool1d");
+    let x = input_2d(a, one_d)?;
+    let k = pair(one_d, &a.ints("kernel_size")?, "kernel_size", 1)?;
     let s = match a.ints_or("stride", &[])? {
         v if v.is_empty() => k,
-        v => two(&v, "stride")?,
+        v => pair(one_d, &v, "stride", 1)?,
     };
-    let p = two(&a.ints_or("padding", &[0])?, "padding")?;
-    let d = two(&a.ints_or("dilation", &[1])?, "dilation")?;
+    let p = pair(one_d, &a.ints_or("padding", &[0])?, "padding", 0)?;
+    let d = pair(one_d, &a.ints_or("dilation", &[1])?, "dilation", 1)?;
     let ceil = a.bool_or("ceil_mode", false)?;
     let with_indices = a.node().target.contains("with_indices");
     if !with_indices {
         if let Some(y) = max_pool_values(&x, k, s, p, d, ceil)? {
-            return one(y);
+            return one(output_1d(y, one_d)?);
         }
     }
     let (y, it) = if x.dtype() == DType::F64 {
@@ -122,6 +161,7 @@ fn max_pool(a: &Args) -> OpResult<Outputs> {
     } else {
         max_pool_t::<f32>(&x, k, s, p, d, ceil)?
     };
+    let (y, it) = (output_1d(y, one_d)?, output_1d(it, one_d)?);
     if with_indices {
         return Ok(vec![Value::Tensor(y), Value::Tensor(it)]);
     }
@@ -274,25 +314,13 @@ fn max_pool_values(
 fn avg_pool(a: &Args) -> OpResult<Outputs> {
     // avg_pool1d runs as 2-d over a height of 1: [N, C, L] -> [N, C, 1, L].
     let one_d = a.node().target.contains("avg_pool1d");
-    let x = float(&a.tensor("self")?)?;
-    let x = if one_d {
-        x.unsqueeze(x.rank().saturating_sub(1))?
-    } else {
-        x
-    };
-    let pair = |v: &[i64], what: &str, flat: usize| -> OpResult<[usize; 2]> {
-        match (one_d, v) {
-            (true, [l]) => Ok([flat, usize_of(*l, what)?]),
-            (true, _) => op_bail!("{what} {v:?} must have 1 value"),
-            (false, v) => two(v, what),
-        }
-    };
-    let k = pair(&a.ints("kernel_size")?, "kernel_size", 1)?;
+    let x = input_2d(a, one_d)?;
+    let k = pair(one_d, &a.ints("kernel_size")?, "kernel_size", 1)?;
     let s = match a.ints_or("stride", &[])? {
         v if v.is_empty() => k,
-        v => pair(&v, "stride", 1)?,
+        v => pair(one_d, &v, "stride", 1)?,
     };
-    let p = pair(&a.ints_or("padding", &[0])?, "padding", 0)?;
+    let p = pair(one_d, &a.ints_or("padding", &[0])?, "padding", 0)?;
     let ceil = a.bool_or("ceil_mode", false)?;
     let include_pad = a.bool_or("count_include_pad", true)?;
     let divisor = a.opt_int("divisor_override")?;
@@ -301,7 +329,7 @@ fn avg_pool(a: &Args) -> OpResult<Outputs> {
     } else {
         avg_pool_t::<f32>(&x, k, s, p, ceil, include_pad, divisor)?
     };
-    one(if one_d { y.squeeze(y.rank() - 2)? } else { y })
+    one(output_1d(y, one_d)?)
 }
 
 /// The average pooling kernel.
@@ -354,14 +382,18 @@ fn avg_pool_t<T: Elem>(
 /// `adaptive_max_pool2d(self, output_size)` -> (values, indices into each h x w plane),
 /// windows as adaptive_avg_pool2d's; the first maximum wins, or the last NaN, as in ATen.
 fn adaptive_max(a: &Args) -> OpResult<Outputs> {
-    let x = float(&a.tensor("self")?)?;
-    let o = two(&a.ints("output_size")?, "output_size")?;
+    let one_d = a.node().target.contains("pool1d");
+    let x = input_2d(a, one_d)?;
+    let o = pair(one_d, &a.ints("output_size")?, "output_size", 1)?;
     let (vals, idxs) = if x.dtype() == DType::F64 {
         adaptive_max_t::<f64>(&x, o)?
     } else {
         adaptive_max_t::<f32>(&x, o)?
     };
-    Ok(vec![Value::Tensor(vals), Value::Tensor(idxs)])
+    Ok(vec![
+        Value::Tensor(output_1d(vals, one_d)?),
+        Value::Tensor(output_1d(idxs, one_d)?),
+    ])
 }
 
 /// The adaptive max pooling kernel: (values, indices).
@@ -401,13 +433,17 @@ fn adaptive_max_t<T: Elem>(x: &Tensor, o: [usize; 2]) -> OpResult<(Tensor, Tenso
 }
 
 fn adaptive_avg(a: &Args) -> OpResult<Outputs> {
-    let x = float(&a.tensor("self")?)?;
-    let o = two(&a.ints("output_size")?, "output_size")?;
-    one(if x.dtype() == DType::F64 {
-        adaptive_avg_t::<f64>(&x, o)?
-    } else {
-        adaptive_avg_t::<f32>(&x, o)?
-    })
+    let one_d = a.node().target.contains("pool1d");
+    let x = input_2d(a, one_d)?;
+    let o = pair(one_d, &a.ints("output_size")?, "output_size", 1)?;
+    one(output_1d(
+        if x.dtype() == DType::F64 {
+            adaptive_avg_t::<f64>(&x, o)?
+        } else {
+            adaptive_avg_t::<f32>(&x, o)?
+        },
+        one_d,
+    )?)
 }
 
 /// The adaptive average pooling kernel.

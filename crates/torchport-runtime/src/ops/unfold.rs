@@ -1,0 +1,190 @@
+//! Sliding blocks: `im2col` (F.unfold: every kernel-sized block of a padded `[N, C, H, W]`
+//! input as a column, any dtype, one gather) and `col2im` (F.fold: the columns summed back
+//! into the image, in f32 or f64, the scatter half of a transposed convolution).
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{f32_vec, float, result_numel, window_param, Registry};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs};
+
+/// Register the kernels of this family.
+pub fn register(r: &mut Registry) {
+    r.add("aten.im2col.default", im2col);
+    r.add("aten.col2im.default", col2im);
+}
+
+/// An `int[2]` argument (one value is used for both dims).
+fn pair(a: &Args, name: &str) -> OpResult<[usize; 2]> {
+    match a.ints(name)?.as_slice() {
+        [x] => Ok([window_param(*x, name)?; 2]),
+        [h, w] => Ok([window_param(*h, name)?, window_param(*w, name)?]),
+        v => op_bail!("{name} {v:?} must have 2 values"),
+    }
+}
+
+/// Kernel, dilation, padding and stride of an unfold or fold.
+struct Blocks {
+    k: [usize; 2],
+    d: [usize; 2],
+    p: [usize; 2],
+    s: [usize; 2],
+}
+
+impl Blocks {
+    fn read(a: &Args) -> OpResult<Self> {
+        let b = Blocks {
+            k: pair(a, "kernel_size")?,
+            d: pair(a, "dilation")?,
+            p: pair(a, "padding")?,
+            s: pair(a, "stride")?,
+        };
+        if b.k.contains(&0) || b.d.contains(&0) || b.s.contains(&0) {
+            op_bail!("kernel_size, dilation and stride must be positive");
+        }
+        Ok(b)
+    }
+
+    /// The number of block positions along dim `i` of an image of `len`.
+    fn count(&self, i: usize, len: usize) -> OpResult<usize> {
+        let span = self.d[i] * (self.k[i] - 1) + 1;
+        let padded = len + 2 * self.p[i];
+        if padded < span {
+            op_bail!("the block (span {span}) is larger than the padded input ({padded})");
+        }
+        Ok((padded - span) / self.s[i] + 1)
+    }
+}
+
+/// `im2col(self, kernel_size, dilation, padding, stride)`: `[N, C, H, W]` (or `[C, H, W]`)
+/// → `[N, C·kh·kw, L]`.
+fn im2col(a: &Args) -> OpResult<Outputs> {
+    let x = a.tensor("self")?;
+    let unbatched = x.rank() == 3;
+    let x = if unbatched { x.unsqueeze(0)? } else { x };
+    if x.rank() != 4 {
+        op_bail!(
+            "im2col expects a 3-d or 4-d input, got shape {:?}",
+            x.dims()
+        );
+    }
+    let b = Blocks::read(a)?;
+    let (n, c, h, w) = x.dims4()?;
+    let (bh, bw) = (b.count(0, h)?, b.count(1, w)?);
+    let (kh, kw) = (b.k[0], b.k[1]);
+    result_numel(&[n, c, kh, kw, bh, bw], "im2col")?;
+    let x = x
+        .pad_with_zeros(2, b.p[0], b.p[0])?
+        .pad_with_zeros(3, b.p[1], b.p[1])?
+        .contiguous()?;
+    let (hp, wp) = (h + 2 * b.p[0], w + 2 * b.p[1]);
+    let mut off = Vec::with_capacity(n * c * kh * kw * bh * bw);
+    for plane in 0..n * c {
+        for i in 0..kh {
+            for j in 0..kw {
+                for y in 0..bh {
+                    for xx in 0..bw {
+                        let (r, col) = (y * b.s[0] + i * b.d[0], xx * b.s[1] + j * b.d[1]);
+                        off.push(((plane * hp + r) * wp + col) as i64);
+                    }
+                }
+            }
+        }
+    }
+    let len = off.len();
+    let idx = Tensor::from_vec(off, len, &Device::Cpu)?;
+    let y = x
+        .flatten_all()?
+        .index_select(&idx, 0)?
+        .reshape((n, c * kh * kw, bh * bw))?;
+    one(if unbatched { y.squeeze(0)? } else { y })
+}
+
+/// `col2im(self, output_size, kernel_size, dilation, padding, stride)`: `[N, C·kh·kw, L]`
+/// (or unbatched) → `[N, C, H, W]`, overlapping blocks summed.
+fn col2im(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("self")?)?;
+    let unbatched = x.rank() == 2;
+    let x = if unbatched { x.unsqueeze(0)? } else { x };
+    if x.rank() != 3 {
+        op_bail!(
+            "col2im expects a 2-d or 3-d input, got shape {:?}",
+            x.dims()
+        );
+    }
+    let b = Blocks::read(a)?;
+    let out = a.ints("output_size")?;
+    let [oh, ow] = match out.as_slice() {
+        [h, w] => [
+            window_param(*h, "output_size")?,
+            window_param(*w, "output_size")?,
+        ],
+        v => op_bail!("output_size {v:?} must have 2 values"),
+    };
+    let (n, rows, l) = x.dims3()?;
+    let kk = b.k[0] * b.k[1];
+    let (bh, bw) = (b.count(0, oh)?, b.count(1, ow)?);
+    if rows % kk != 0 || Some(l) != bh.checked_mul(bw) {
+        op_bail!(
+            "col2im input of shape {:?} does not match kernel {:?} and {bh}x{bw} blocks of output {oh}x{ow}",
+            x.dims(),
+            b.k
+        );
+    }
+    let c = rows / kk;
+    result_numel(&[n, c, oh, ow], "col2im")?;
+    let geo = (n, c, b.k, [bh, bw], [oh, ow]);
+    let x = x.contiguous()?;
+    let y = if x.dtype() == DType::F64 {
+        let v = x.flatten_all()?.to_vec1::<f64>()?;
+        super::conv::col2im(&v, geo, b.s, b.p, b.d)?
+    } else {
+        super::conv::col2im(&f32_vec(&x)?, geo, b.s, b.p, b.d)?
+    };
+    one(if unbatched { y.squeeze(0)? } else { y })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A crafted fold output size is refused (its block count does not match the input)
+    /// instead of allocated; a crafted stride is refused; a kernel larger than the input is
+    /// an error.
+    #[test]
+    fn crafted_sizes_are_refused() {
+        let cols = Tensor::zeros((1, 4, 1), DType::F32, &Device::Cpu).unwrap();
+        let ints = |v: &[i64]| json!({ "as_ints": v });
+        let args = |out: &[i64], k: &[i64], s: i64| {
+            vec![
+                ("self", json!({"as_tensor": {"name": "c"}})),
+                ("output_size", ints(out)),
+                ("kernel_size", ints(k)),
+                ("dilation", ints(&[1, 1])),
+                ("padding", ints(&[0, 0])),
+                ("stride", ints(&[s, s])),
+            ]
+        };
+        let run = |target: &str, a: &[(&str, serde_json::Value)]| {
+            super::super::run_node(register, target, a, &[("c", cols.clone())])
+                .unwrap_err()
+                .0
+        };
+        let big = 1i64 << 40;
+        let e = run(
+            "aten.col2im.default",
+            &args(&[1 << 30, 1 << 30], &[2, 2], 1),
+        );
+        assert!(e.contains("does not match kernel"), "{e}");
+        let e = run("aten.col2im.default", &args(&[big, 2], &[2, 2], 1));
+        assert!(e.contains("output_size 1099511627776 is too large"), "{e}");
+        let e = run("aten.col2im.default", &args(&[2, 2], &[2, 2], big));
+        assert!(e.contains("stride 1099511627776 is too large"), "{e}");
+        let mut a = args(&[2, 2], &[5, 5], 1);
+        a.remove(1);
+        let e = run("aten.im2col.default", &a);
+        assert!(e.contains("larger than the padded input"), "{e}");
+    }
+}
