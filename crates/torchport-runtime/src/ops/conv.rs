@@ -201,6 +201,9 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let w = float(&a.tensor("weight")?)?;
     let b = a.opt_tensor("bias")?;
+    // An unbatched input ([C, L] or [C, H, W]) runs as a batch of one.
+    let unbatched = x.rank() + 1 == w.rank();
+    let x = if unbatched { x.unsqueeze(0)? } else { x };
     let one_d = w.rank() == 3;
     let mut stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
     let mut dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
@@ -617,6 +620,9 @@ fn conv_transpose(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let w = float(&a.tensor("weight")?)?;
     let b = a.opt_tensor("bias")?;
+    // An unbatched input ([C, L] or [C, H, W]) runs as a batch of one.
+    let unbatched = x.rank() + 1 == w.rank();
+    let x = if unbatched { x.unsqueeze(0)? } else { x };
     let one_d = w.rank() == 3;
     let (x, w) = if one_d {
         (x.unsqueeze(2)?, w.unsqueeze(2)?)
@@ -628,15 +634,33 @@ fn conv_transpose(a: &Args) -> OpResult<Outputs> {
     let out_pad = pair(&a.ints_or("output_padding", &[0])?, "output_padding", one_d)?;
     let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
     let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
-    if groups != 1 {
-        op_bail!("conv_transpose with groups = {groups} is not supported");
+    let ci = x.dims().get(1).copied().unwrap_or(0);
+    if groups == 0 || !ci.is_multiple_of(groups) || w.dims()[0] != ci {
+        op_bail!(
+            "conv_transpose of {ci} input channels by a weight {:?} in {groups} groups",
+            w.dims()
+        );
     }
-    let y = conv_transpose2d(&x, &w, stride, padding, out_pad, dilation)?;
+    // Groups: each slice of input channels through its slice of the weight (whose dim 1 is
+    // the group's output channels), the outputs side by side.
+    let per = ci / groups;
+    let ys = (0..groups)
+        .map(|g| {
+            let xg = x.narrow(1, g * per, per)?;
+            let wg = w.narrow(0, g * per, per)?;
+            conv_transpose2d(&xg, &wg, stride, padding, out_pad, dilation)
+        })
+        .collect::<OpResult<Vec<_>>>()?;
+    let y = match ys.as_slice() {
+        [one] => one.clone(),
+        _ => Tensor::cat(&ys, 1)?,
+    };
     let y = match b {
         Some(b) => y.broadcast_add(&float(&b)?.reshape((1, (), 1, 1))?)?,
         None => y,
     };
-    one(if one_d { y.squeeze(2)? } else { y })
+    let y = if one_d { y.squeeze(2)? } else { y };
+    one(if unbatched { y.squeeze(0)? } else { y })
 }
 
 /// Transposed 2-d convolution, written out directly (scatter of each input pixel through the
