@@ -53,14 +53,27 @@ def tv(name, size=224, **kw):
     return make
 
 
-def tv_video(name):
+def tv_video(name, frames=4, size=56):
     """A torchvision video model on a short clip (3-d convolutions and pools)."""
 
     def make():
         import torchvision
 
         m = torchvision.models.get_model(name, weights=None, num_classes=10)
-        return m, (torch.randn(1, 3, 4, 56, 56),)
+        return m, (torch.randn(1, 3, frames, size, size),)
+
+    return make
+
+
+def tv_flow(name):
+    """A torchvision optical-flow model on two frames (grid sampling, correlation volumes);
+    its outputs are the flow estimates of every refinement step."""
+
+    def make():
+        import torchvision
+
+        m = torchvision.models.get_model(name, weights=None)
+        return m, (torch.randn(1, 3, 128, 128), torch.randn(1, 3, 128, 128))
 
     return make
 
@@ -351,6 +364,11 @@ MODELS = {
                                 num_classes=5),
     "tv_r3d_18": tv_video("r3d_18"),
     "tv_r2plus1d_18": tv_video("r2plus1d_18"),
+    "tv_mc3_18": tv_video("mc3_18"),
+    "tv_s3d": tv_video("s3d", frames=16, size=224),
+    "tv_swin3d_t": tv_video("swin3d_t", frames=4, size=64),
+    "tv_mvit_v2_s": tv_video("mvit_v2_s", frames=16, size=224),
+    "tv_raft_small": tv_flow("raft_small"),
     # timm
     "timm_resnet18d": tm("resnet18d"),
     "timm_resnest14d": tm("resnest14d", 64),

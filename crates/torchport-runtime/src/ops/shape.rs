@@ -1,6 +1,6 @@
 //! Views and layout: view/reshape/flatten, permute/transpose, (un)squeeze, expand, slice,
-//! select, cat/stack, split/chunk/unbind, repeat, indexing (index, index_select, embedding,
-//! gather), and tensor factories (arange, full, zeros/ones, triu/tril, sym_size).
+//! select, cat/stack, split/tensor_split/chunk/unbind, repeat, indexing (index, index_select, embedding,
+//! gather), and tensor factories (arange, linspace, meshgrid, full, zeros/ones, triu/tril, sym_size).
 
 use candle_core::{DType, Device, Tensor, D};
 
@@ -49,6 +49,26 @@ pub fn register(r: &mut Registry) {
     r.add("aten.stack.default", stack);
     r.add("aten.split.Tensor", split);
     r.add("aten.split_with_sizes.default", split);
+    r.add("aten.tensor_split.indices", tensor_split);
+    r.add("aten.tensor_split.sections", tensor_split);
+    r.add("aten.tensor_split.tensor_indices_or_sections", tensor_split);
+    // `.item()`: a one-element tensor's value as a SymInt / SymFloat / SymBool.
+    r.add("aten._local_scalar_dense.default", |a| {
+        let t = a.tensor("self")?;
+        if t.elem_count() != 1 {
+            op_bail!("item() of a tensor of {} elements", t.elem_count());
+        }
+        let t = t.flatten_all()?;
+        Ok(vec![match t.dtype() {
+            DType::U8 => Value::Bool(t.to_vec1::<u8>()?[0] != 0),
+            DType::I64 => Value::Int(t.to_vec1::<i64>()?[0]),
+            _ => Value::Float(t.to_dtype(DType::F64)?.to_vec1::<f64>()?[0]),
+        }])
+    });
+    // Every tensor the runtime holds starts at its storage's beginning, as torch's fresh ones.
+    r.add("aten.sym_storage_offset.default", |_| {
+        Ok(vec![Value::Int(0)])
+    });
     r.add("aten.chunk.default", chunk);
     r.add("aten.unbind.int", unbind);
     r.add("aten.repeat.default", repeat);
@@ -65,6 +85,9 @@ pub fn register(r: &mut Registry) {
     r.add("aten.arange.default", arange);
     r.add("aten.arange.start", arange);
     r.add("aten.arange.start_step", arange);
+    r.add("aten.linspace.default", linspace);
+    r.add("aten.meshgrid.default", meshgrid);
+    r.add("aten.meshgrid.indexing", meshgrid);
     r.add("aten.full.default", full);
     r.add("aten.zeros.default", full);
     r.add("aten.ones.default", full);
@@ -306,6 +329,49 @@ fn split(a: &Args) -> OpResult<Outputs> {
     split_into(&t, d, &sizes)
 }
 
+/// `tensor_split(self, indices | sections, dim=0)`: pieces between the indices (as Python
+/// slices: negative ones count from the end, all clamped to the dim), or `sections` pieces
+/// whose sizes differ by at most one, the larger first.
+fn tensor_split(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let d = dim(a.int_or("dim", 0)?, t.rank())?;
+    let len = t.dims().get(d).copied().unwrap_or(1);
+    // The tensor form: a 0-d tensor of sections or a 1-d tensor of indices.
+    let given = if a.has("tensor_indices_or_sections") {
+        let v = a.tensor("tensor_indices_or_sections")?;
+        let ints = v.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
+        Some((v.rank() == 0, ints))
+    } else {
+        None
+    };
+    let sizes: Vec<usize> = if a.has("sections") || given.as_ref().is_some_and(|g| g.0) {
+        let n = match &given {
+            Some((_, v)) => usize_of(v[0], "sections")?,
+            None => usize_of(a.int("sections")?, "sections")?,
+        };
+        if n == 0 || n > 1 << 24 {
+            op_bail!("tensor_split into {n} sections");
+        }
+        (0..n).map(|i| len / n + usize::from(i < len % n)).collect()
+    } else {
+        let mut sizes = Vec::new();
+        let mut prev = 0usize;
+        let indices = match given {
+            Some((_, v)) => v,
+            None => a.ints("indices")?,
+        };
+        for i in indices {
+            let i = if i < 0 { i + len as i64 } else { i };
+            let i = (i.clamp(0, len as i64) as usize).max(prev);
+            sizes.push(i - prev);
+            prev = i;
+        }
+        sizes.push(len - prev);
+        sizes
+    };
+    split_into(&t, d, &sizes)
+}
+
 fn split_into(t: &Tensor, d: usize, sizes: &[usize]) -> OpResult<Outputs> {
     let mut out = Vec::with_capacity(sizes.len());
     let mut start = 0;
@@ -415,6 +481,64 @@ fn gather(a: &Args) -> OpResult<Outputs> {
     }
     let idx = wrap_indices(&a.tensor("index")?, t.dims()[d])?;
     one(t.contiguous()?.gather(&idx.contiguous()?, d)?)
+}
+
+/// `linspace(start, end, steps, dtype)`: `steps` evenly spaced values, filled from both ends
+/// as torch does (the first half `start + i·step`, the second `end - (steps-1-i)·step`).
+fn linspace(a: &Args) -> OpResult<Outputs> {
+    let (s, e) = (a.scalar("start")?.as_f64(), a.scalar("end")?.as_f64());
+    let n = a.int("steps")?;
+    if !(0..=1 << 30).contains(&n) {
+        op_bail!("linspace of {n} steps");
+    }
+    let n = n as usize;
+    let st = a.opt_scalar_type("dtype")?.unwrap_or(dtype::FLOAT);
+    let step = if n > 1 { (e - s) / (n - 1) as f64 } else { 0.0 };
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            if i < n / 2 {
+                s + i as f64 * step
+            } else {
+                e - (n - 1 - i) as f64 * step
+            }
+        })
+        .collect();
+    let t = Tensor::from_vec(v, n, &Device::Cpu)?;
+    one(dtype::cast(&t, st)?)
+}
+
+/// `meshgrid(tensors, indexing="ij")`: the 0-d or 1-d inputs expanded over the grid of all
+/// their sizes ("xy" swaps the first two dims).
+fn meshgrid(a: &Args) -> OpResult<Outputs> {
+    let ts = a.tensors("tensors")?;
+    let xy = match a.str_or("indexing", "ij")? {
+        "ij" => false,
+        "xy" => true,
+        m => op_bail!("meshgrid indexing '{m}'"),
+    };
+    if ts.iter().any(|t| t.rank() > 1) {
+        op_bail!("meshgrid takes 0-d or 1-d tensors");
+    }
+    let mut sizes: Vec<usize> = ts.iter().map(|t| t.elem_count()).collect();
+    if xy && sizes.len() >= 2 {
+        sizes.swap(0, 1);
+    }
+    let out = ts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut at = i;
+            if xy && sizes.len() >= 2 && i < 2 {
+                at = 1 - i;
+            }
+            let mut shape = vec![1usize; sizes.len()];
+            shape[at] = t.elem_count();
+            Ok(t.reshape(shape)?
+                .broadcast_as(sizes.as_slice())?
+                .contiguous()?)
+        })
+        .collect::<OpResult<Vec<_>>>()?;
+    Ok(vec![Value::Tensors(out)])
 }
 
 fn arange(a: &Args) -> OpResult<Outputs> {
