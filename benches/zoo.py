@@ -265,6 +265,32 @@ def hf_other(kind):
                                    conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
                                    num_conv_pos_embedding_groups=4, **SMALL)
             return T.Wav2Vec2Model(cfg), (torch.randn(1, 4000),)
+        if kind == "t5":
+            cfg = T.T5Config(vocab_size=1000, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                             num_heads=4, use_cache=False, decoder_start_token_id=0)
+            inputs = text_inputs(1000)
+            inputs["decoder_input_ids"] = inputs["input_ids"][:, :7]
+            return T.T5Model(cfg), inputs
+        if kind == "bart":
+            cfg = T.BartConfig(vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
+                               encoder_attention_heads=4, decoder_attention_heads=4,
+                               encoder_ffn_dim=128, decoder_ffn_dim=128,
+                               max_position_embeddings=64, use_cache=False)
+            return T.BartModel(cfg), text_inputs(1000)
+        if kind == "yolos":
+            cfg = T.YolosConfig(image_size=[64, 64], patch_size=16, num_detection_tokens=10,
+                                **SMALL)
+            return T.YolosForObjectDetection(cfg), image(1, 64)
+        if kind == "dpt":
+            cfg = T.DPTConfig(image_size=64, patch_size=16, hidden_size=64, num_hidden_layers=4,
+                              num_attention_heads=4, intermediate_size=128,
+                              backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[16, 32, 64, 64],
+                              fusion_hidden_size=32)
+            return T.DPTForDepthEstimation(cfg), image(1, 64)
+        if kind == "mamba":
+            cfg = T.MambaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                                state_size=8, use_cache=False)
+            return T.MambaModel(cfg), {"input_ids": text_inputs(1000)["input_ids"]}
         if kind == "hubert":
             cfg = T.HubertConfig(conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
                                  conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
@@ -469,6 +495,12 @@ MODELS = {
     "timm_visformer_tiny": tm("visformer_tiny"),
     "timm_nextvit_small": tm("nextvit_small"),
     "timm_vit_small_patch14_dinov2": tm("vit_small_patch14_dinov2", 70, img_size=70, depth=2),
+    "timm_samvit_base_patch16": tm("samvit_base_patch16", 64, img_size=64, depth=2),
+    "timm_vit_base_patch16_siglip_224": tm("vit_base_patch16_siglip_224", depth=2),
+    "timm_efficientnet_lite0": tm("efficientnet_lite0", 64),
+    "timm_fastvit_mci0": tm("fastvit_mci0", 64),
+    "timm_ecaresnet26t": tm("ecaresnet26t", 64),
+    "timm_seresnext26d_32x4d": tm("seresnext26d_32x4d", 64),
     # transformers (tiny configs), text with an attention mask
     "hf_bert_mask": hf("bert"),
     "hf_roberta_mask": hf("roberta"),
@@ -518,6 +550,11 @@ MODELS = {
     "hf_swin": hf_other("swin"),
     "hf_convnext": hf_other("convnext"),
     "hf_mobilevit": hf_other("mobilevit"),
+    "hf_t5_mask": hf_other("t5"),
+    "hf_bart_mask": hf_other("bart"),
+    "hf_yolos": hf_other("yolos"),
+    "hf_dpt": hf_other("dpt"),
+    "hf_mamba": hf_other("mamba"),
 }
 
 

@@ -1,8 +1,10 @@
 //! Resampling over 1, 2 or 3 trailing dims, following ATen's source-index arithmetic:
 //! `upsample_nearest{1,2,3}d`, `_upsample_nearest_exact{1,2,3}d` (any dtype, a gather per
 //! axis), `upsample_linear1d`, `upsample_bilinear2d`, `upsample_trilinear3d` and
-//! `upsample_bicubic2d` (A = -0.75, clamped taps), align_corners both ways, given sizes or
-//! scale factors (`.vec` and `.default` overloads).
+//! `upsample_bicubic2d` (A = -0.75, clamped taps), the antialiased
+//! `_upsample_bilinear2d_aa` / `_upsample_bicubic2d_aa` (A = -0.5, the filter widened by the
+//! downscaling factor, weights normalized), align_corners both ways, given sizes or scale
+//! factors (`.vec` and `.default` overloads).
 //!
 //! Linear and cubic resampling are separable: each axis gets, per output index, its taps
 //! (input index, weight) as ATen computes them in the tensor's float type, and the axes are
@@ -38,6 +40,10 @@ pub fn register(r: &mut Registry) {
         "aten.upsample_trilinear3d.default",
         "aten.upsample_bicubic2d.vec",
         "aten.upsample_bicubic2d.default",
+        "aten._upsample_bilinear2d_aa.vec",
+        "aten._upsample_bilinear2d_aa.default",
+        "aten._upsample_bicubic2d_aa.vec",
+        "aten._upsample_bicubic2d_aa.default",
     ] {
         r.add(name, upsample);
     }
@@ -50,6 +56,8 @@ enum Mode {
     NearestExact,
     Linear,
     Cubic,
+    /// Antialiased (`_aa`): the linear (2) or cubic (4) filter over `support` taps.
+    Antialias(usize),
 }
 
 /// The scale-factor argument names of a `.default` overload with `nd` resampled dims.
@@ -64,7 +72,9 @@ fn scale_names(nd: usize) -> &'static [&'static str] {
 /// `upsample_*` for the mode and rank its name gives.
 fn upsample(a: &Args) -> OpResult<Outputs> {
     let target = a.node().target.as_str();
-    let mode = if target.contains("nearest_exact") {
+    let mode = if target.contains("_aa.") {
+        Mode::Antialias(if target.contains("bicubic") { 4 } else { 2 })
+    } else if target.contains("nearest_exact") {
         Mode::NearestExact
     } else if target.contains("nearest") {
         Mode::Nearest
@@ -198,8 +208,69 @@ fn guard<T: Real>(src: T, inp: usize) -> (i64, T) {
     (i, l)
 }
 
+/// ATen's antialiasing filters: the triangle (`size` 2) or Keys' cubic with A = -0.5.
+fn aa_filter<T: Real>(size: usize, x: T) -> T {
+    let x = if x < T::zero() { T::zero() - x } else { x };
+    let (one, two) = (T::one(), T::from_f64(2.0));
+    if size == 2 {
+        return if x < one { one - x } else { T::zero() };
+    }
+    let a = T::from_f64(-0.5);
+    if x < one {
+        ((a + two) * x - (a + T::from_f64(3.0))) * x * x + one
+    } else if x < two {
+        ((a * x - T::from_f64(5.0) * a) * x + T::from_f64(8.0) * a) * x - T::from_f64(4.0) * a
+    } else {
+        T::zero()
+    }
+}
+
+/// The taps of one axis for antialiased resampling as ATen computes them: each output's
+/// window centred at `scale (o + 0.5)`, `size / 2 · max(scale, 1)` wide each way, its filter
+/// weights (the filter stretched by the scale when downsampling) normalized to sum to 1;
+/// windows shorter than the widest are padded with zero weights.
+fn aa_taps<T: Real>(
+    size: usize,
+    inp: usize,
+    out: usize,
+    align: bool,
+    scale: Option<f64>,
+) -> Taps<T> {
+    let s: T = area_scale(inp, out, align, scale);
+    let one = T::one();
+    let half = T::from_f64(0.5);
+    let wide = s >= one;
+    let support = T::from_f64(size as f64 * 0.5) * if wide { s } else { one };
+    let inv = if wide { one / s } else { one };
+    let n = (support.to_f64().ceil() as usize) * 2 + 1;
+    let (mut idx, mut w) = (vec![0usize; out * n], vec![T::zero(); out * n]);
+    for o in 0..out {
+        let center = s * (T::from_f64(o as f64) + half);
+        let lo = ((center - support + half).to_f64() as i64).max(0);
+        let hi = ((center + support + half).to_f64() as i64).min(inp as i64);
+        let len = (hi - lo).clamp(0, n as i64) as usize;
+        let mut total = T::zero();
+        for j in 0..len {
+            let x = (T::from_f64((j as i64 + lo) as f64) - center + half) * inv;
+            let v = aa_filter(size, x);
+            idx[o * n + j] = lo as usize + j;
+            w[o * n + j] = v;
+            total = total + v;
+        }
+        if total != T::zero() {
+            for v in &mut w[o * n..o * n + len] {
+                *v = *v / total;
+            }
+        }
+    }
+    Taps { n, idx, w }
+}
+
 /// The taps of one axis for linear (2) or cubic (4) resampling.
 fn taps<T: Real>(mode: Mode, inp: usize, out: usize, align: bool, scale: Option<f64>) -> Taps<T> {
+    if let Mode::Antialias(size) = mode {
+        return aa_taps(size, inp, out, align, scale);
+    }
     let s: T = area_scale(inp, out, align, scale);
     let half = T::from_f64(0.5);
     let n = if mode == Mode::Cubic { 4 } else { 2 };
