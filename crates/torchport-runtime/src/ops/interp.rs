@@ -255,11 +255,11 @@ fn aa_taps<T: Real>(
             let v = aa_filter(size, x);
             idx[o * n + j] = lo as usize + j;
             w[o * n + j] = v;
-            total = total + v;
+            total += v;
         }
         if total != T::zero() {
             for v in &mut w[o * n..o * n + len] {
-                *v = *v / total;
+                *v /= total;
             }
         }
     }
