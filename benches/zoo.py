@@ -291,6 +291,60 @@ def hf_other(kind):
             cfg = T.MambaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
                                 state_size=8, use_cache=False)
             return T.MambaModel(cfg), {"input_ids": text_inputs(1000)["input_ids"]}
+        if kind == "modernbert":
+            cfg = T.ModernBertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=3,
+                                     num_attention_heads=4, intermediate_size=128,
+                                     global_attn_every_n_layers=2, local_attention=8,
+                                     pad_token_id=0)
+            return T.ModernBertModel(cfg), text_inputs(1000)
+        if kind == "clip":
+            cfg = T.CLIPConfig(text_config=dict(vocab_size=1000, max_position_embeddings=32,
+                                                **SMALL),
+                               vision_config=dict(image_size=32, patch_size=8, **SMALL),
+                               projection_dim=32)
+            inputs = text_inputs(1000)
+            inputs["pixel_values"] = torch.randn(2, 3, 32, 32)
+            return T.CLIPModel(cfg), inputs
+        if kind == "siglip":
+            cfg = T.SiglipConfig(text_config=dict(vocab_size=1000, max_position_embeddings=32,
+                                                  **SMALL),
+                                 vision_config=dict(image_size=32, patch_size=8, **SMALL))
+            inputs = {"input_ids": text_inputs(1000)["input_ids"],
+                      "pixel_values": torch.randn(2, 3, 32, 32)}
+            return T.SiglipModel(cfg), inputs
+        if kind == "whisper":
+            cfg = T.WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4,
+                                  encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                                  max_source_positions=32, max_target_positions=32,
+                                  vocab_size=1000, pad_token_id=0, bos_token_id=1,
+                                  eos_token_id=2, decoder_start_token_id=1, use_cache=False)
+            return T.WhisperModel(cfg), {"input_features": torch.randn(1, 16, 64),
+                                         "decoder_input_ids": torch.tensor([[1, 5, 9, 3]])}
+        if kind == "beit":
+            cfg = T.BeitConfig(image_size=64, patch_size=16, use_relative_position_bias=True,
+                               **SMALL)
+            return T.BeitModel(cfg), image(1, 64)
+        if kind == "levit":
+            return T.LevitModel(T.LevitConfig(image_size=64)), image(1, 64)
+        if kind == "mobilenet_v2":
+            return T.MobileNetV2Model(T.MobileNetV2Config(image_size=64)), image(1, 64)
+        if kind == "convnextv2":
+            cfg = T.ConvNextV2Config(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
+            return T.ConvNextV2Model(cfg), image(1, 64)
+        if kind == "swinv2":
+            cfg = T.Swinv2Config(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1],
+                                 num_heads=[2, 4], window_size=4)
+            return T.Swinv2Model(cfg), image(1, 64)
+        if kind == "detr":
+            cfg = T.DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False,
+                               backbone_config=T.ResNetConfig(hidden_sizes=[8, 16, 32, 64],
+                                                              depths=[1, 1, 1, 1],
+                                                              out_features=["stage4"]),
+                               d_model=32, encoder_layers=1, decoder_layers=1,
+                               encoder_attention_heads=2, decoder_attention_heads=2,
+                               encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10)
+            return T.DetrForObjectDetection(cfg), image(1, 64)
         if kind == "hubert":
             cfg = T.HubertConfig(conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
                                  conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
@@ -555,6 +609,16 @@ MODELS = {
     "hf_yolos": hf_other("yolos"),
     "hf_dpt": hf_other("dpt"),
     "hf_mamba": hf_other("mamba"),
+    "hf_modernbert_mask": hf_other("modernbert"),
+    "hf_clip_mask": hf_other("clip"),
+    "hf_siglip": hf_other("siglip"),
+    "hf_whisper": hf_other("whisper"),
+    "hf_beit": hf_other("beit"),
+    "hf_levit": hf_other("levit"),
+    "hf_mobilenet_v2": hf_other("mobilenet_v2"),
+    "hf_convnextv2": hf_other("convnextv2"),
+    "hf_swinv2": hf_other("swinv2"),
+    "hf_detr": hf_other("detr"),
 }
 
 

@@ -13,7 +13,7 @@ mod compare;
 use compare::{mismatch, numbered};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 14] = [
+const MODELS: [&str; 15] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -35,6 +35,8 @@ const MODELS: [&str; 14] = [
     "timm_hiera",
     // Mixture of experts: routing by histc, experts through transformers' grouped product.
     "hf_mixtral",
+    // Padded query rows that attend to nothing (zeros, not NaN).
+    "hf_modernbert",
 ];
 
 fn fixtures() -> PathBuf {

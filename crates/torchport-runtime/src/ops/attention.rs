@@ -54,8 +54,19 @@ pub fn attention(
         v = repeat_heads(&v, hq)?;
     }
     let scores = masked_scores(&q, &k, mask, causal, scale_or_default, l, s)?;
-    let p = softmax_dim(&scores, scores.rank() - 1)?;
-    mm(&p, &v)
+    mm(&safe_softmax(&scores)?, &v)
+}
+
+/// Softmax over the last dim, with rows that are all -inf (attending to nothing) giving
+/// zeros instead of NaN, as torch's attention does.
+fn safe_softmax(scores: &Tensor) -> OpResult<Tensor> {
+    let last = scores.rank() - 1;
+    let p = softmax_dim(scores, last)?;
+    let dead = scores
+        .max_keepdim(last)?
+        .eq(f64::NEG_INFINITY)?
+        .broadcast_as(p.shape())?;
+    Ok(dead.where_cond(&p.zeros_like()?, &p)?)
 }
 
 /// Attention over more than one batch dim (`[B1, B2, H, L, E]`, as Hiera's mask-unit
@@ -322,6 +333,12 @@ fn fused_attention(
                             row[i + 1..].fill(f32::NEG_INFINITY);
                         }
                         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        if m == f32::NEG_INFINITY {
+                            // A row that attends to nothing gives zeros (torch's safe
+                            // softmax), not NaN.
+                            row.fill(0.0);
+                            continue;
+                        }
                         let mut sum = 0f32;
                         for x in row.iter_mut() {
                             *x = (*x - m).exp();
