@@ -367,3 +367,39 @@ mod int_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// A rank-5 batch of one-row products that candle's own matmul refuses (lambda
+    /// networks' content lambdas) is computed through the rank-3 fallback, equal to a plain
+    /// triple loop.
+    #[test]
+    fn batches_candle_refuses_go_through_the_rank3_fallback() {
+        let (bs, k, p) = ([1usize, 4, 256], 16, 64);
+        let nb: usize = bs.iter().product();
+        let av: Vec<f32> = (0..nb * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+        let bv: Vec<f32> = (0..nb * k * p)
+            .map(|i| ((i * 5 % 11) as f32) - 5.0)
+            .collect();
+        let a = Tensor::from_vec(av.clone(), (1, 4, 256, 1, k), &Device::Cpu).unwrap();
+        let b = Tensor::from_vec(bv.clone(), (1, 4, 256, k, p), &Device::Cpu).unwrap();
+        assert!(
+            a.broadcast_matmul(&b).is_err(),
+            "candle now takes this layout: the test no longer reaches the fallback"
+        );
+        let got = mm(&a, &b).unwrap();
+        assert_eq!(got.dims(), &[1, 4, 256, 1, p]);
+        let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for batch in 0..nb {
+            for j in 0..p {
+                let want: f32 = (0..k)
+                    .map(|i| av[batch * k + i] * bv[(batch * k + i) * p + j])
+                    .sum();
+                assert_eq!(got[batch * p + j], want, "batch {batch}, column {j}");
+            }
+        }
+    }
+}
