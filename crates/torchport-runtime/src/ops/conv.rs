@@ -1,7 +1,9 @@
 //! Convolutions: conv1d/conv2d/convolution (grouped, depthwise, asymmetric padding) and
 //! conv_transpose2d. Dense convs unfold the input (im2col) and run one gemm per image;
 //! grouped convs go through candle's tiled im2col + gemm; depthwise convs (groups == in
-//! channels) use a direct kernel, which is far faster than one gemm per channel.
+//! channels) use a direct kernel, which is far faster than one gemm per channel: the padded
+//! input plane split into its stride phases, so that every tap, for any stride and dilation,
+//! is one long unit-stride multiply-add (see `PlaneGeometry`).
 
 use candle_core::{DType, Tensor, D};
 
@@ -525,94 +527,135 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
         None => None,
     };
     let mut out = vec![0f32; n * co * oh * ow];
-    let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
-    let plane = |(bo, dst): (usize, &mut [f32])| {
-        let (b, oc) = (bo / co, bo % co);
-        if let Some(bias) = &bias {
-            dst.fill(bias[oc]);
-        }
-        let ic = oc / m;
-        let src = &xs[(b * c + ic) * h * wd..][..h * wd];
-        let ker = &ws[oc * kh * kw..][..kh * kw];
-        if p.stride == [1, 1] {
-            depthwise_plane_s1(dst, src, ker, [h, wd], [kh, kw], [oh, ow], p);
-            return;
-        }
-        for i in 0..kh {
-            for j in 0..kw {
-                let kv = ker[i * kw + j];
-                let di = (i * p.dilation[0]) as isize - ph;
-                let dj = (j * p.dilation[1]) as isize - pw;
-                for y in 0..oh {
-                    let iy = (y * p.stride[0]) as isize + di;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
-                    }
-                    let row = &src[iy as usize * wd..][..wd];
-                    let drow = &mut dst[y * ow..][..ow];
-                    // Valid output columns: 0 <= xo * stride + dj < wd.
-                    let sx = p.stride[1] as isize;
-                    let x0 = if dj >= 0 { 0 } else { (-dj + sx - 1) / sx };
-                    let last = wd as isize - 1 - dj;
-                    let x1 = if last < 0 {
-                        0
-                    } else {
-                        (last / sx + 1).min(ow as isize)
-                    };
-                    if x1 > x0 {
-                        let s0 = (x0 * sx + dj) as usize;
-                        let (x0, x1) = (x0 as usize, x1 as usize);
-                        simd_axpy(&mut drow[x0..x1], &row[s0..], p.stride[1], kv);
-                    }
-                }
-            }
-        }
-    };
     if oh * ow > 0 {
-        out.par_chunks_mut(oh * ow)
-            .enumerate()
-            .for_each(|(i, dst)| {
-                plane((i, &mut *dst));
+        let geo = PlaneGeometry::new([h, wd], [kh, kw], [oh, ow], p);
+        out.par_chunks_mut(oh * ow).enumerate().for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(phases, wide), (i, dst)| {
+                let (b, oc) = (i / co, i % co);
+                let src = &xs[(b * c + oc / m) * h * wd..][..h * wd];
+                let ker = &ws[oc * kh * kw..][..kh * kw];
+                let b0 = bias.as_ref().map_or(0., |bias| bias[oc]);
+                depthwise_plane(dst, src, ker, b0, &geo, phases, wide);
                 p.act.apply(dst);
-            });
+            },
+        );
     }
     from_f32(out, &[n, co, oh, ow])
 }
 
-/// One stride-1 depthwise plane as `kh * kw` long contiguous updates: the input is copied
-/// into a zero-padded `[h + 2 ph, w + 2 pw]` plane, and each tap adds its weight times that
-/// plane, shifted by the tap's offset, to an output laid out at the padded width (a tap is
-/// then one run over the whole plane, which vectorises, instead of one short run per row);
-/// the valid columns are copied out at the end. `dst` holds the bias (or zeros) on entry.
-fn depthwise_plane_s1(
+/// The layout [`depthwise_plane`] works in, the same for every plane of one convolution.
+///
+/// The input plane, zero-padded to `[hp, wp]`, is split into `sy * sx` phase planes of
+/// `[hq, wq] = [ceil(hp / sy), ceil(wp / sx)]`: phase `(ry, rx)` holds the padded elements
+/// `(a * sy + ry, b * sx + rx)` at `(a, b)`. Output `(y, x)` reads, for tap `(i, j)`, the
+/// padded element `(y * sy + i * dy, x * sx + j * dx)`; with `i * dy = qy * sy + ry` and
+/// `j * dx = qx * sx + rx` that is element `(y + qy, x + qx)` of phase `(ry, rx)`. So, with
+/// the output laid out at the phase width `wq`, each tap adds its weight times one
+/// contiguous run of one phase plane (offset `qy * wq + qx`) to one contiguous run of the
+/// output: a unit-stride multiply-add for any stride and dilation (stride 1 has a single
+/// phase, the padded plane itself).
+struct PlaneGeometry {
+    h: usize,
+    wd: usize,
+    oh: usize,
+    ow: usize,
+    pad: [usize; 2],
+    stride: [usize; 2],
+    /// Phase-plane height and width.
+    hq: usize,
+    wq: usize,
+    /// Phases that some tap reads, as `(ry, rx)`, in slot order.
+    used: Vec<[usize; 2]>,
+    /// Per tap (row-major like the kernel): the start of its run in the phase buffer.
+    tap_start: Vec<usize>,
+}
+
+impl PlaneGeometry {
+    fn new([h, wd]: [usize; 2], [kh, kw]: [usize; 2], [oh, ow]: [usize; 2], p: &Params) -> Self {
+        let [sy, sx] = p.stride.map(|s| s.max(1));
+        let [dy, dx] = p.dilation;
+        let (hp, wp) = (h + 2 * p.padding[0], wd + 2 * p.padding[1]);
+        let (hq, wq) = (hp.div_ceil(sy), wp.div_ceil(sx));
+        // For each phase `ry * sx + rx`, its slot in the phase buffer once a tap reads it.
+        let mut slot = vec![None; sy * sx];
+        let mut used = Vec::new();
+        let mut tap_start = Vec::with_capacity(kh * kw);
+        for i in 0..kh {
+            for j in 0..kw {
+                let (qy, ry) = ((i * dy) / sy, (i * dy) % sy);
+                let (qx, rx) = ((j * dx) / sx, (j * dx) % sx);
+                let s = *slot[ry * sx + rx].get_or_insert_with(|| {
+                    used.push([ry, rx]);
+                    used.len() - 1
+                });
+                tap_start.push(s * hq * wq + qy * wq + qx);
+            }
+        }
+        PlaneGeometry {
+            h,
+            wd,
+            oh,
+            ow,
+            pad: p.padding,
+            stride: [sy, sx],
+            hq,
+            wq,
+            used,
+            tap_start,
+        }
+    }
+}
+
+/// One depthwise plane (any stride, padding and dilation) as `kh * kw` long contiguous
+/// multiply-adds over the phase planes of [`PlaneGeometry`], then the valid `ow` columns of
+/// each `wq`-wide output row copied into `dst`. `phases` and `wide` are scratch buffers
+/// reused across planes. The runs stay in bounds: a valid output `(y, x)` reads phase element
+/// `(y + qy, x + qx)` with `x + qx < wq` and `y + qy < hq` (its padded coordinates are inside
+/// the padded plane), so the run of a tap, `(oh - 1) * wq + ow` long from `qy * wq + qx`, ends
+/// inside its phase; the columns `ow..wq` of a row are scratch that is never copied out.
+fn depthwise_plane(
     dst: &mut [f32],
     src: &[f32],
     ker: &[f32],
-    [h, wd]: [usize; 2],
-    [kh, kw]: [usize; 2],
-    [oh, ow]: [usize; 2],
-    p: &Params,
+    bias: f32,
+    g: &PlaneGeometry,
+    phases: &mut Vec<f32>,
+    wide: &mut Vec<f32>,
 ) {
-    let (ph, pw) = (p.padding[0], p.padding[1]);
-    let (hp, wp) = (h + 2 * ph, wd + 2 * pw);
-    let mut pad = vec![0f32; hp * wp];
-    for (y, row) in src.chunks(wd.max(1)).enumerate().take(h) {
-        pad[(y + ph) * wp + pw..][..wd].copy_from_slice(row);
-    }
-    let mut wide = vec![0f32; oh * wp];
-    for (y, row) in dst.chunks(ow.max(1)).enumerate().take(oh) {
-        wide[y * wp..][..ow].copy_from_slice(row);
-    }
-    // The last element any tap needs: (oh - 1) * wp + ow - 1 past its offset.
-    let len = (oh - 1) * wp + ow;
-    for i in 0..kh {
-        for j in 0..kw {
-            let off = i * p.dilation[0] * wp + j * p.dilation[1];
-            simd_axpy(&mut wide[..len], &pad[off..off + len], 1, ker[i * kw + j]);
+    let ([sy, sx], [ph, pw]) = (g.stride, g.pad);
+    let (hq, wq) = (g.hq, g.wq);
+    phases.clear();
+    phases.resize(g.used.len() * hq * wq, 0.);
+    for (s, &[ry, rx]) in g.used.iter().enumerate() {
+        let phase = &mut phases[s * hq * wq..][..hq * wq];
+        // Phase columns b whose padded column b * sx + rx is an input column (>= pw, < pw + wd).
+        let b0 = pw.saturating_sub(rx).div_ceil(sx);
+        let b1 = (pw + g.wd).saturating_sub(rx).div_ceil(sx).min(wq);
+        if b1 <= b0 {
+            continue;
+        }
+        let c0 = b0 * sx + rx - pw;
+        for (a, prow) in phase.chunks_mut(wq).enumerate() {
+            let r = a * sy + ry;
+            if r < ph || r - ph >= g.h {
+                continue;
+            }
+            let row = &src[(r - ph) * g.wd..][..g.wd];
+            prow[b0..b1]
+                .iter_mut()
+                .zip(row[c0..].iter().step_by(sx))
+                .for_each(|(d, &v)| *d = v);
         }
     }
-    for (y, row) in dst.chunks_mut(ow.max(1)).enumerate().take(oh) {
-        row.copy_from_slice(&wide[y * wp..][..ow]);
+    let len = (g.oh - 1) * wq + g.ow;
+    wide.clear();
+    wide.resize(len, bias);
+    for (&k, &start) in ker.iter().zip(&g.tap_start) {
+        simd_axpy(wide, &phases[start..start + len], 1, k);
+    }
+    for (y, row) in dst.chunks_mut(g.ow).enumerate().take(g.oh) {
+        row.copy_from_slice(&wide[y * wq..][..g.ow]);
     }
 }
 
@@ -850,6 +893,79 @@ mod tests {
             assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
             let diff = crate::ops::max_abs_diff(&got, &want);
             assert!(diff < 1e-4, "{xs:?} {ws:?} groups {groups}: {diff}");
+        }
+    }
+
+    /// The phase-plane depthwise kernel (`depthwise`) on uneven sizes against candle's grouped
+    /// conv2d (im2col, a different algorithm) for one stride, padding and dilation per case,
+    /// and against the dense gemm path (`conv_gemm`, one channel at a time) for different
+    /// strides, paddings and dilations per dim: strides 1-3, multiplier 1 and 2, taps that
+    /// fall wholly in the padding, kernels as wide as the padded input, a bias.
+    #[test]
+    fn depthwise_phase_planes_match_other_paths() {
+        let dev = Device::Cpu;
+        // (input, multiplier, kernel, stride, padding, dilation)
+        type Case = (
+            [usize; 4],
+            usize,
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+        );
+        let cases: [Case; 12] = [
+            ([2, 3, 11, 9], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
+            ([1, 4, 12, 13], 1, [5, 5], [2, 2], [2, 2], [1, 1]),
+            ([1, 2, 10, 7], 2, [3, 3], [3, 3], [1, 1], [1, 1]),
+            ([2, 3, 13, 14], 1, [5, 5], [3, 3], [2, 2], [2, 2]),
+            ([1, 2, 9, 9], 1, [3, 3], [2, 2], [0, 0], [2, 2]),
+            ([1, 3, 6, 5], 1, [3, 3], [2, 2], [4, 4], [3, 3]),
+            ([1, 2, 4, 4], 1, [5, 5], [3, 3], [1, 1], [1, 1]),
+            ([1, 2, 8, 8], 1, [1, 1], [2, 2], [0, 0], [1, 1]),
+            // Per-dim strides, paddings and dilations (the gemm path is the reference).
+            ([1, 3, 11, 10], 1, [3, 5], [2, 3], [1, 2], [1, 1]),
+            ([2, 2, 9, 12], 2, [5, 3], [3, 1], [2, 0], [1, 2]),
+            ([1, 2, 7, 15], 1, [3, 3], [1, 2], [0, 3], [2, 3]),
+            ([1, 1, 5, 6], 1, [2, 4], [2, 3], [0, 1], [3, 1]),
+        ];
+        for (xs, m, [kh, kw], stride, padding, dilation) in cases {
+            let c = xs[1];
+            let x = Tensor::randn(0f32, 1., xs.to_vec(), &dev).unwrap();
+            let w = Tensor::randn(0f32, 1., (c * m, 1, kh, kw), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1., c * m, &dev).unwrap();
+            let p = Params {
+                stride,
+                padding,
+                dilation,
+                groups: c,
+                act: Act::None,
+            };
+            let got = depthwise(&x, &w, Some(&b), &p).unwrap();
+            let want =
+                if stride[0] == stride[1] && padding[0] == padding[1] && dilation[0] == dilation[1]
+                {
+                    x.conv2d(&w, padding[0], stride[0], dilation[0], c).unwrap()
+                } else {
+                    let dense = Params { groups: 1, ..p };
+                    let per_channel: Vec<Tensor> = (0..c)
+                        .map(|ic| {
+                            let xc = x.narrow(1, ic, 1).unwrap().contiguous().unwrap();
+                            let wc = w.narrow(0, ic * m, m).unwrap().contiguous().unwrap();
+                            conv_gemm(&xc, &wc, None, &dense)
+                                .unwrap()
+                                .expect("gemm path applies")
+                        })
+                        .collect();
+                    Tensor::cat(&per_channel, 1).unwrap()
+                }
+                .broadcast_add(&b.reshape((1, (), 1, 1)).unwrap())
+                .unwrap();
+            assert_eq!(got.dims(), want.dims(), "{xs:?} k {kh}x{kw}");
+            let diff = crate::ops::max_abs_diff(&got, &want);
+            assert!(
+                diff < 1e-4,
+                "{xs:?} m {m} k {kh}x{kw} stride {stride:?} pad {padding:?} dil {dilation:?}: {diff}"
+            );
         }
     }
 
