@@ -205,7 +205,7 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
     let b = a.opt_tensor("bias")?;
     // An unbatched input ([C, L] or [C, H, W]) runs as a batch of one.
     let unbatched = x.rank() + 1 == w.rank();
-    let x = if unbatched { x.unsqueeze(0)? } else { x };
+    let mut x = if unbatched { x.unsqueeze(0)? } else { x };
     let one_d = w.rank() == 3;
     let mut stride = pair(&a.ints_or("stride", &[1])?, "stride", one_d)?;
     let mut dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", one_d)?;
@@ -222,13 +222,18 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
                 "same" => {
                     let k = &w.dims()[2..];
                     let (kh, kw) = if one_d { (1, k[0]) } else { (k[0], k[1]) };
-                    if stride != [1, 1]
-                        || (kh - 1) * dilation[0] % 2 == 1
-                        || (kw - 1) * dilation[1] % 2 == 1
-                    {
-                        op_bail!("padding='same' is supported only for stride 1 and odd effective kernels");
+                    if stride != [1, 1] {
+                        op_bail!("padding='same' needs stride 1 (as in torch)");
                     }
-                    [(kh - 1) * dilation[0] / 2, (kw - 1) * dilation[1] / 2]
+                    let (th, tw) = ((kh - 1) * dilation[0], (kw - 1) * dilation[1]);
+                    // An odd total goes one more at the end, as torch pads it.
+                    if th % 2 == 1 {
+                        x = x.pad_with_zeros(2, 0, 1)?;
+                    }
+                    if tw % 2 == 1 {
+                        x = x.pad_with_zeros(x.rank() - 1, 0, 1)?;
+                    }
+                    [th / 2, tw / 2]
                 }
                 p => op_bail!("padding '{p}' is not supported"),
             }
@@ -244,7 +249,8 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
         groups,
         act,
     };
-    one(conv(&x, &w, b.as_ref(), &p)?)
+    let y = conv(&x, &w, b.as_ref(), &p)?;
+    one(if unbatched { y.squeeze(0)? } else { y })
 }
 
 fn convolution(a: &Args) -> OpResult<Outputs> {
@@ -255,6 +261,60 @@ fn convolution(a: &Args) -> OpResult<Outputs> {
         return conv_transpose(a);
     }
     conv_nd(a)
+}
+
+/// A convolution with its own stride and dilation per dim (which candle's conv2d does not
+/// take), any dtype: the padded input's windows gathered into columns `[N, C·kh·kw, oh·ow]`
+/// and each group's weight rows multiplied with its columns. Shapes are checked by the
+/// caller (`check_shapes`).
+fn conv_by_columns(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Tensor> {
+    let (n, c, h, wd) = x.dims4()?;
+    let (o, cg, kh, kw) = w.dims4()?;
+    let [ph, pw] = p.padding;
+    let (hp, wp) = (h + 2 * ph, wd + 2 * pw);
+    let span = |k: usize, d: usize| d * (k - 1) + 1;
+    if hp < span(kh, p.dilation[0]) || wp < span(kw, p.dilation[1]) {
+        op_bail!(
+            "convolution kernel larger than the padded input {:?}",
+            [hp, wp]
+        );
+    }
+    let oh = (hp - span(kh, p.dilation[0])) / p.stride[0] + 1;
+    let ow = (wp - span(kw, p.dilation[1])) / p.stride[1] + 1;
+    super::result_numel(&[n, c, kh, kw, oh, ow], "convolution")?;
+    let xp = x
+        .pad_with_zeros(2, ph, ph)?
+        .pad_with_zeros(3, pw, pw)?
+        .contiguous()?;
+    let mut off = Vec::with_capacity(n * c * kh * kw * oh * ow);
+    for plane in 0..n * c {
+        for i in 0..kh {
+            for j in 0..kw {
+                for y in 0..oh {
+                    let r = y * p.stride[0] + i * p.dilation[0];
+                    for q in 0..ow {
+                        let col = q * p.stride[1] + j * p.dilation[1];
+                        off.push(((plane * hp + r) * wp + col) as i64);
+                    }
+                }
+            }
+        }
+    }
+    let len = off.len();
+    let cols = xp
+        .flatten_all()?
+        .index_select(&Tensor::from_vec(off, len, &candle_core::Device::Cpu)?, 0)?
+        .reshape((n, c * kh * kw, oh * ow))?;
+    let (groups, og, k) = (p.groups, o / p.groups, cg * kh * kw);
+    let w2 = w.contiguous()?.reshape((o, k))?;
+    let parts = (0..groups)
+        .map(|g| {
+            let wg = w2.narrow(0, g * og, og)?.unsqueeze(0)?;
+            let cg = cols.narrow(1, g * k, k)?.contiguous()?;
+            Ok(wg.broadcast_matmul(&cg)?)
+        })
+        .collect::<OpResult<Vec<_>>>()?;
+    Ok(Tensor::cat(&parts, 1)?.reshape((n, o, oh, ow))?)
 }
 
 fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tensor> {
@@ -286,6 +346,8 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
         let (x1, w1) = (x.squeeze(2)?.contiguous()?, w.squeeze(2)?.contiguous()?);
         x1.conv1d(&w1, p.padding[1], p.stride[1], p.dilation[1], p.groups)?
             .unsqueeze(2)?
+    } else if p.stride[0] != p.stride[1] || p.dilation[0] != p.dilation[1] {
+        conv_by_columns(&x, &w, p)?
     } else {
         let mut x = x;
         let [ph, pw] = p.padding;
@@ -295,13 +357,6 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
             x = x.pad_with_zeros(2, ph, ph)?.pad_with_zeros(3, pw, pw)?;
             0
         };
-        if p.stride[0] != p.stride[1] || p.dilation[0] != p.dilation[1] {
-            op_bail!(
-                "convolution with different strides or dilations per dim is not supported (stride {:?}, dilation {:?})",
-                p.stride,
-                p.dilation
-            );
-        }
         x.contiguous()?
             .conv2d(&w.contiguous()?, pad, p.stride[0], p.dilation[0], p.groups)?
     };
