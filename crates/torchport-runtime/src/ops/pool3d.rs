@@ -7,7 +7,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::pool::pool_len;
-use super::{float, result_numel, window_param, Real, Registry};
+use super::volume::triple;
+use super::{float, result_numel, Real, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs, Value};
@@ -18,19 +19,6 @@ pub fn register(r: &mut Registry) {
     r.add("aten.max_pool3d_with_indices.default", max_pool3d);
     r.add("aten.avg_pool3d.default", avg_pool3d);
     r.add("aten.adaptive_max_pool3d.default", adaptive_max_pool3d);
-}
-
-/// A `[d, h, w]` parameter given as one int or three.
-fn triple(v: &[i64], what: &str) -> OpResult<[usize; 3]> {
-    Ok(match v {
-        [x] => [window_param(*x, what)?; 3],
-        [d, h, w] => [
-            window_param(*d, what)?,
-            window_param(*h, what)?,
-            window_param(*w, what)?,
-        ],
-        _ => op_bail!("{what} {v:?} must have 1 or 3 values"),
-    })
 }
 
 /// The window parameters of a 3-d pool.

@@ -67,14 +67,17 @@ pub(super) fn reduce(
     if keep {
         return Ok(r);
     }
-    let shape: Vec<usize> = t
-        .dims()
+    Ok(r.reshape(without(t.dims(), dims))?)
+}
+
+/// `shape` with the `dims` left out (a reduction's result shape without keepdim).
+pub(super) fn without(shape: &[usize], dims: &[usize]) -> Vec<usize> {
+    shape
         .iter()
         .enumerate()
         .filter(|(i, _)| !dims.contains(i))
         .map(|(_, &s)| s)
-        .collect();
-    Ok(r.reshape(shape)?)
+        .collect()
 }
 
 /// `t` cast to f64 first when the op asks for `dtype=torch.float64` (torch reduces in the

@@ -126,20 +126,7 @@ fn grid_sampler(a: &Args) -> OpResult<Outputs> {
     if !(0..=2).contains(&mode) {
         op_bail!("grid_sampler interpolation_mode {mode} is not supported");
     }
-    let padding = match a.int("padding_mode")? {
-        0 => Padding::Zeros,
-        1 => Padding::Border,
-        2 => Padding::Reflection,
-        p => op_bail!("grid_sampler padding_mode {p} is not supported"),
-    };
-    let align = a.bool_or("align_corners", false)?;
-    if x.dtype() != g.dtype() || !matches!(x.dtype(), DType::F32 | DType::F64) {
-        op_bail!(
-            "grid_sampler expects float input and grid of one dtype, got {:?} and {:?}",
-            x.dtype(),
-            g.dtype()
-        );
-    }
+    let (padding, align) = padding_and_align(a, &x, &g)?;
     let (n, c, h, w) = x.dims4()?;
     let (oh, ow) = (g.dims()[1], g.dims()[2]);
     result_numel(&[n, c, oh, ow], "grid_sampler")?;
@@ -164,6 +151,25 @@ fn grid_sampler(a: &Args) -> OpResult<Outputs> {
 
 /// The volumetric form: `[N, C, D, H, W]` sampled at an `[N, D', H', W', 3]` grid
 /// (trilinear or nearest; ATen has no bicubic here).
+/// The padding mode and align_corners of a grid_sampler node, with its input and grid
+/// checked to be floats of one dtype.
+fn padding_and_align(a: &Args, x: &Tensor, g: &Tensor) -> OpResult<(Padding, bool)> {
+    let padding = match a.int("padding_mode")? {
+        0 => Padding::Zeros,
+        1 => Padding::Border,
+        2 => Padding::Reflection,
+        p => op_bail!("grid_sampler padding_mode {p} is not supported"),
+    };
+    if x.dtype() != g.dtype() || !matches!(x.dtype(), DType::F32 | DType::F64) {
+        op_bail!(
+            "grid_sampler expects float input and grid of one dtype, got {:?} and {:?}",
+            x.dtype(),
+            g.dtype()
+        );
+    }
+    Ok((padding, a.bool_or("align_corners", false)?))
+}
+
 fn grid_sampler_3d(a: &Args, x: &Tensor, g: &Tensor) -> OpResult<Outputs> {
     if g.rank() != 5 || g.dims()[4] != 3 || g.dims()[0] != x.dims()[0] {
         op_bail!(
@@ -176,20 +182,7 @@ fn grid_sampler_3d(a: &Args, x: &Tensor, g: &Tensor) -> OpResult<Outputs> {
     if !(0..=1).contains(&mode) {
         op_bail!("3-d grid_sampler interpolation_mode {mode} is not supported");
     }
-    let padding = match a.int("padding_mode")? {
-        0 => Padding::Zeros,
-        1 => Padding::Border,
-        2 => Padding::Reflection,
-        p => op_bail!("grid_sampler padding_mode {p} is not supported"),
-    };
-    let align = a.bool_or("align_corners", false)?;
-    if x.dtype() != g.dtype() || !matches!(x.dtype(), DType::F32 | DType::F64) {
-        op_bail!(
-            "grid_sampler expects float input and grid of one dtype, got {:?} and {:?}",
-            x.dtype(),
-            g.dtype()
-        );
-    }
+    let (padding, align) = padding_and_align(a, x, g)?;
     let (n, c) = (x.dims()[0], x.dims()[1]);
     let mut shape = vec![n, c];
     shape.extend(&g.dims()[1..4]);

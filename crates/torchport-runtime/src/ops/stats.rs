@@ -84,14 +84,7 @@ fn logsumexp(a: &Args) -> OpResult<Outputs> {
     if keep {
         return one(r);
     }
-    let shape: Vec<usize> = t
-        .dims()
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !dims.contains(i))
-        .map(|(_, &s)| s)
-        .collect();
-    one(r.reshape(shape)?)
+    one(r.reshape(super::reduce::without(t.dims(), &dims))?)
 }
 
 /// `t` with `d` moved last, contiguous, as its values, the moved shape and the row length.

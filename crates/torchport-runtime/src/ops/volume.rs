@@ -21,7 +21,7 @@ pub fn register(r: &mut Registry) {
 }
 
 /// A `[d, h, w]` parameter given as one int or three.
-fn triple(v: &[i64], what: &str) -> OpResult<[usize; 3]> {
+pub(super) fn triple(v: &[i64], what: &str) -> OpResult<[usize; 3]> {
     Ok(match v {
         [x] => [window_param(*x, what)?; 3],
         [d, h, w] => [
@@ -29,7 +29,7 @@ fn triple(v: &[i64], what: &str) -> OpResult<[usize; 3]> {
             window_param(*h, what)?,
             window_param(*w, what)?,
         ],
-        _ => op_bail!("{what} {v:?} has the wrong length for a 3-d convolution"),
+        _ => op_bail!("{what} {v:?} must have 1 or 3 values"),
     })
 }
 
