@@ -252,14 +252,37 @@ fn operands(a: &Args, x: &str, y: &str) -> OpResult<(Tensor, Tensor)> {
 fn alpha_scaled(a: &Args, t: Tensor) -> OpResult<Tensor> {
     match a.scalar_or("alpha", Scalar::Int(1))? {
         Scalar::Int(1) => Ok(t),
-        s => Ok(t.broadcast_mul(&scalar_tensor(s, t.dtype())?)?),
+        s => {
+            let k = scalar_tensor(s, t.dtype())?;
+            match wrapping_i64(&t, &k, i64::wrapping_mul)? {
+                Some(y) => Ok(y),
+                None => Ok(t.broadcast_mul(&k)?),
+            }
+        }
     }
+}
+
+/// `f` of two int64 tensors, broadcast, with wrapping overflow as torch's int64 kernels
+/// (candle's own int64 arithmetic panics on overflow where overflow checks are on); `None`
+/// unless both are int64.
+fn wrapping_i64(l: &Tensor, r: &Tensor, f: fn(i64, i64) -> i64) -> OpResult<Option<Tensor>> {
+    if l.dtype() != DType::I64 || r.dtype() != DType::I64 {
+        return Ok(None);
+    }
+    let (l, r) = broadcast2(l, r)?;
+    let x = l.flatten_all()?.to_vec1::<i64>()?;
+    let y = r.flatten_all()?.to_vec1::<i64>()?;
+    let v: Vec<i64> = x.iter().zip(&y).map(|(&p, &q)| f(p, q)).collect();
+    Ok(Some(Tensor::from_vec(v, l.dims(), l.device())?))
 }
 
 fn add(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
     let r = alpha_scaled(a, r)?;
     if let Some(y) = fused::binary(&l, &r, BinOp::Add) {
+        return one(y);
+    }
+    if let Some(y) = wrapping_i64(&l, &r, i64::wrapping_add)? {
         return one(y);
     }
     one(l.broadcast_add(&r)?)
@@ -276,6 +299,9 @@ fn sub(a: &Args) -> OpResult<Outputs> {
     if let Some(t) = fused::binary(x, y, BinOp::Sub) {
         return one(t);
     }
+    if let Some(t) = wrapping_i64(x, y, i64::wrapping_sub)? {
+        return one(t);
+    }
     if a.node().target.contains("rsub") {
         one(r.broadcast_sub(&l)?)
     } else {
@@ -286,6 +312,9 @@ fn sub(a: &Args) -> OpResult<Outputs> {
 fn mul(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
     if let Some(y) = fused::binary(&l, &r, BinOp::Mul) {
+        return one(y);
+    }
+    if let Some(y) = wrapping_i64(&l, &r, i64::wrapping_mul)? {
         return one(y);
     }
     one(l.broadcast_mul(&r)?)
@@ -418,4 +447,44 @@ pub fn want_float(t: &Tensor, what: &str) -> OpResult<()> {
         return Err(OpError(format!("{what} must be a float tensor")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod wrap_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// int64 add, sub, mul (and add's alpha) wrap on overflow as torch's int64 kernels do
+    /// (`torch.tensor([2**63 - 1]) + 1` is `-2**63`), never panic.
+    #[test]
+    fn int64_arithmetic_wraps() {
+        let t = |v: Vec<i64>| Tensor::new(v.as_slice(), &candle_core::Device::Cpu).unwrap();
+        let x = t(vec![i64::MAX, i64::MIN, 5]);
+        let y = t(vec![1, 1, 3]);
+        let run = |target: &str, extra: Vec<(&str, serde_json::Value)>| {
+            let mut args = vec![
+                ("self", json!({"as_tensor": {"name": "x"}})),
+                ("other", json!({"as_tensor": {"name": "y"}})),
+            ];
+            args.extend(extra);
+            let out = super::super::run_node(
+                register,
+                target,
+                &args,
+                &[("x", x.clone()), ("y", y.clone())],
+            )
+            .unwrap();
+            match &out[0] {
+                crate::value::Value::Tensor(t) => t.to_vec1::<i64>().unwrap(),
+                _ => panic!("not a tensor"),
+            }
+        };
+        assert_eq!(run("aten.add.Tensor", vec![]), [i64::MIN, i64::MIN + 1, 8]);
+        assert_eq!(run("aten.sub.Tensor", vec![]), [i64::MAX - 1, i64::MAX, 2]);
+        assert_eq!(run("aten.mul.Tensor", vec![]), [i64::MAX, i64::MIN, 15]);
+        assert_eq!(
+            run("aten.add.Tensor", vec![("alpha", json!({"as_int": 2}))]),
+            [i64::MAX.wrapping_add(2), i64::MIN + 2, 11]
+        );
+    }
 }
