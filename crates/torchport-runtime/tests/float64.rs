@@ -14,7 +14,7 @@ use torchport_runtime::{Program, ScriptProgram};
 #[path = "common/compare.rs"]
 #[allow(dead_code)]
 mod compare;
-use compare::{mismatch_within, numbered};
+use compare::{numbered, output_mismatches};
 
 /// Every model gen_f64.py writes; the test fails if one is missing.
 const MODELS: [&str; 3] = ["tv_mobilenet_v3_small", "hf_bert_mask", "promotion"];
@@ -29,16 +29,8 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/f64")
 }
 
-/// Compare one run's outputs with torch's; a failure description per problem.
+/// Compare one run's outputs with torch's, dtypes first; a failure description per problem.
 fn check(name: &str, got: &[Tensor], want: &[Tensor], failures: &mut Vec<String>) {
-    if got.len() != want.len() {
-        failures.push(format!(
-            "{name}: {} outputs, torch {}",
-            got.len(),
-            want.len()
-        ));
-        return;
-    }
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if g.dtype() != w.dtype() {
             failures.push(format!(
@@ -46,17 +38,15 @@ fn check(name: &str, got: &[Tensor], want: &[Tensor], failures: &mut Vec<String>
                 g.dtype(),
                 w.dtype()
             ));
-            continue;
         }
-        let rel = if w.dtype() == DType::F64 {
+    }
+    failures.extend(output_mismatches(name, got, want, |w| {
+        if w.dtype() == DType::F64 {
             REL
         } else {
             REL_F32
-        };
-        if let Some(m) = mismatch_within(g, w, rel) {
-            failures.push(format!("{name}: output {i}: {m}"));
         }
-    }
+    }));
 }
 
 #[test]

@@ -11,7 +11,7 @@ use torchport_runtime::{Error, ScriptProgram};
 
 #[path = "common/compare.rs"]
 mod compare;
-use compare::{mismatch, numbered};
+use compare::{numbered, output_mismatches};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/torchscript")
@@ -24,12 +24,8 @@ fn check_with(model: &str, inputs: &[Tensor], want: &[Tensor]) {
     let got = program
         .run(inputs)
         .unwrap_or_else(|e| panic!("{model}: {e}"));
-    assert_eq!(got.len(), want.len(), "{model}: number of outputs");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        if let Some(why) = mismatch(g, w) {
-            panic!("{model} output {i}: {why}");
-        }
-    }
+    let failures = output_mismatches(model, &got, want, |_| 1e-4);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 fn check(model: &str) {

@@ -10,7 +10,7 @@ use torchport_runtime::Program;
 
 #[path = "common/compare.rs"]
 mod compare;
-use compare::{mismatch, numbered};
+use compare::{numbered, output_mismatches};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
 const MODELS: [&str; 15] = [
@@ -67,19 +67,7 @@ fn zoo_models_match_pytorch() {
                 }
             };
             ran += 1;
-            if got.len() != want.len() {
-                failures.push(format!(
-                    "{name}: {} outputs, torch {}",
-                    got.len(),
-                    want.len()
-                ));
-                continue;
-            }
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                if let Some(why) = mismatch(g, w) {
-                    failures.push(format!("{name} output {i}: {why}"));
-                }
-            }
+            failures.extend(output_mismatches(&name, &got, &want, |_| 1e-4));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

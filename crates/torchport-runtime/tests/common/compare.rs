@@ -25,14 +25,33 @@ fn values(t: &Tensor) -> Vec<f64> {
         .unwrap()
 }
 
-/// Why `got` differs from torch's `want`, if it does: shapes must be equal; integer and bool
-/// values equal; floats within 1e-4 × max(1, max |ref|), NaN where torch has NaN and the same
-/// infinities.
-pub fn mismatch(got: &Tensor, want: &Tensor) -> Option<String> {
-    mismatch_within(got, want, 1e-4)
+/// Every way a run's outputs `got` differ from torch's `want`, each led by `name`: a different
+/// count, else each output's [`mismatch_within`] at the tolerance `rel(want)` gives it.
+pub fn output_mismatches(
+    name: &str,
+    got: &[Tensor],
+    want: &[Tensor],
+    rel: impl Fn(&Tensor) -> f64,
+) -> Vec<String> {
+    if got.len() != want.len() {
+        return vec![format!(
+            "{name}: {} outputs, torch {}",
+            got.len(),
+            want.len()
+        )];
+    }
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .filter_map(|(i, (g, w))| {
+            mismatch_within(g, w, rel(w)).map(|why| format!("{name} output {i}: {why}"))
+        })
+        .collect()
 }
 
-/// [`mismatch`] with floats within `rel` × max(1, max |ref|).
+/// Why `got` differs from torch's `want`, if it does: shapes must be equal; integer and bool
+/// values equal; floats within `rel` × max(1, max |ref|) (1e-4 in most tests), NaN where torch
+/// has NaN and the same infinities.
 pub fn mismatch_within(got: &Tensor, want: &Tensor, rel: f64) -> Option<String> {
     if got.dims() != want.dims() {
         return Some(format!("shape {:?}, torch {:?}", got.dims(), want.dims()));
