@@ -265,46 +265,19 @@ fn convolution(a: &Args) -> OpResult<Outputs> {
 
 /// A convolution with its own stride and dilation per dim (which candle's conv2d does not
 /// take), any dtype: the padded input's windows gathered into columns `[N, C·kh·kw, oh·ow]`
-/// and each group's weight rows multiplied with its columns. Shapes are checked by the
-/// caller (`check_shapes`).
+/// (`unfold::columns`, as F.unfold) and each group's weight rows multiplied with its
+/// columns. Shapes are checked by the caller (`check_shapes`).
 fn conv_by_columns(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Tensor> {
-    let (n, c, h, wd) = x.dims4()?;
+    let n = x.dims()[0];
     let (o, cg, kh, kw) = w.dims4()?;
-    let [ph, pw] = p.padding;
-    let (hp, wp) = (h + 2 * ph, wd + 2 * pw);
-    let span = |k: usize, d: usize| d * (k - 1) + 1;
-    if hp < span(kh, p.dilation[0]) || wp < span(kw, p.dilation[1]) {
-        op_bail!(
-            "convolution kernel larger than the padded input {:?}",
-            [hp, wp]
-        );
-    }
-    let oh = (hp - span(kh, p.dilation[0])) / p.stride[0] + 1;
-    let ow = (wp - span(kw, p.dilation[1])) / p.stride[1] + 1;
-    super::result_numel(&[n, c, kh, kw, oh, ow], "convolution")?;
-    let xp = x
-        .pad_with_zeros(2, ph, ph)?
-        .pad_with_zeros(3, pw, pw)?
-        .contiguous()?;
-    let mut off = Vec::with_capacity(n * c * kh * kw * oh * ow);
-    for plane in 0..n * c {
-        for i in 0..kh {
-            for j in 0..kw {
-                for y in 0..oh {
-                    let r = y * p.stride[0] + i * p.dilation[0];
-                    for q in 0..ow {
-                        let col = q * p.stride[1] + j * p.dilation[1];
-                        off.push(((plane * hp + r) * wp + col) as i64);
-                    }
-                }
-            }
-        }
-    }
-    let len = off.len();
-    let cols = xp
-        .flatten_all()?
-        .index_select(&Tensor::from_vec(off, len, &candle_core::Device::Cpu)?, 0)?
-        .reshape((n, c * kh * kw, oh * ow))?;
+    let blocks = super::unfold::Blocks {
+        k: [kh, kw],
+        d: p.dilation,
+        p: p.padding,
+        s: p.stride,
+    };
+    let (oh, ow) = (blocks.count(0, x.dims()[2])?, blocks.count(1, x.dims()[3])?);
+    let cols = super::unfold::columns(x, &blocks)?;
     let (groups, og, k) = (p.groups, o / p.groups, cg * kh * kw);
     let w2 = w.contiguous()?.reshape((o, k))?;
     let parts = (0..groups)

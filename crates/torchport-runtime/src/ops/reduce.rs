@@ -208,17 +208,7 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
         t
     } else if t.dtype() == DType::I64 {
         // Exact integer prefix sums (candle's cumsum goes through a float matmul).
-        let moved = t.transpose(d, t.rank() - 1)?.contiguous()?;
-        let len = moved.dims()[moved.rank() - 1];
-        let mut v = moved.flatten_all()?.to_vec1::<i64>()?;
-        if len > 0 {
-            for row in v.chunks_mut(len) {
-                for i in 1..row.len() {
-                    row[i] = row[i].wrapping_add(row[i - 1]);
-                }
-            }
-        }
-        Tensor::from_vec(v, moved.shape(), &candle_core::Device::Cpu)?.transpose(d, t.rank() - 1)?
+        super::stats::scan_rows(&t, d, i64::wrapping_add, 0)?
     } else {
         t.cumsum(d)?
     };

@@ -151,8 +151,8 @@ fn fold_rows<T: candle_core::WithDType>(
     })
 }
 
-/// The running product of each row along `d`.
-fn scan_rows<T: candle_core::WithDType>(
+/// The running `f` (product, sum, …) of each row along `d`.
+pub(super) fn scan_rows<T: candle_core::WithDType>(
     t: &Tensor,
     d: usize,
     f: fn(T, T) -> T,

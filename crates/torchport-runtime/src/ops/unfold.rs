@@ -24,12 +24,12 @@ fn pair(a: &Args, name: &str) -> OpResult<[usize; 2]> {
     }
 }
 
-/// Kernel, dilation, padding and stride of an unfold or fold.
-struct Blocks {
-    k: [usize; 2],
-    d: [usize; 2],
-    p: [usize; 2],
-    s: [usize; 2],
+/// Kernel, dilation, padding and stride of an unfold or fold (or a convolution's windows).
+pub(super) struct Blocks {
+    pub(super) k: [usize; 2],
+    pub(super) d: [usize; 2],
+    pub(super) p: [usize; 2],
+    pub(super) s: [usize; 2],
 }
 
 impl Blocks {
@@ -47,7 +47,7 @@ impl Blocks {
     }
 
     /// The number of block positions along dim `i` of an image of `len`.
-    fn count(&self, i: usize, len: usize) -> OpResult<usize> {
+    pub(super) fn count(&self, i: usize, len: usize) -> OpResult<usize> {
         let span = self.d[i] * (self.k[i] - 1) + 1;
         let padded = len + 2 * self.p[i];
         if padded < span {
@@ -69,7 +69,13 @@ fn im2col(a: &Args) -> OpResult<Outputs> {
             x.dims()
         );
     }
-    let b = Blocks::read(a)?;
+    let y = columns(&x, &Blocks::read(a)?)?;
+    one(if unbatched { y.squeeze(0)? } else { y })
+}
+
+/// Every block of `x` `[N, C, H, W]` (zero-padded) as a column: `[N, C·kh·kw, L]`, L the
+/// block positions row by row (one gather; any dtype).
+pub(super) fn columns(x: &Tensor, b: &Blocks) -> OpResult<Tensor> {
     let (n, c, h, w) = x.dims4()?;
     let (bh, bw) = (b.count(0, h)?, b.count(1, w)?);
     let (kh, kw) = (b.k[0], b.k[1]);
@@ -94,11 +100,9 @@ fn im2col(a: &Args) -> OpResult<Outputs> {
     }
     let len = off.len();
     let idx = Tensor::from_vec(off, len, &Device::Cpu)?;
-    let y = x
-        .flatten_all()?
+    Ok(x.flatten_all()?
         .index_select(&idx, 0)?
-        .reshape((n, c * kh * kw, bh * bw))?;
-    one(if unbatched { y.squeeze(0)? } else { y })
+        .reshape((n, c * kh * kw, bh * bw))?)
 }
 
 /// `col2im(self, output_size, kernel_size, dilation, padding, stride)`: `[N, C·kh·kw, L]`
