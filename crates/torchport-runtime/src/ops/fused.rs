@@ -517,7 +517,8 @@ fn operand<'a>(t: &Tensor, d: &'a [f32], out: &[usize]) -> Option<Operand<'a>> {
 }
 
 /// `a op b` with torch broadcasting for f32 operands in the common simple layouts (same
-/// shape, a scalar, or a trailing-dims operand such as a bias), in one pass; `None` otherwise.
+/// shape, a scalar, a trailing-dims operand such as a bias, or a leading-dims one such as a
+/// channel scale, on either side), in one pass; `None` otherwise.
 pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
     if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return None;
@@ -530,51 +531,86 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
     let y = with_f32(a, |ad| {
         with_f32(b, |bd| {
             let (oa, ob) = (operand(a, ad, out.dims())?, operand(b, bd, out.dims())?);
-            if !matches!(oa, Operand::Full(_)) && !matches!(ob, Operand::Full(_)) {
-                return None; // e.g. [3, 1] + [1, 4]: neither has the output's shape.
+            // One operand has the output's shape; `flip` when it is the right-hand one.
+            let (full, other, flip) = match (oa, ob) {
+                (Operand::Full(x), o) => (x, o, false),
+                (o, Operand::Full(y)) => (y, o, true),
+                _ => return None, // e.g. [3, 1] + [1, 4]: neither has the output's shape.
+            };
+            // Each (op, side) pair is its own instance, so `f` inlines into the loops.
+            macro_rules! sides {
+                ($f:expr) => {
+                    if flip {
+                        apply(n, full, &other, |x, s| $f(s, x))
+                    } else {
+                        apply(n, full, &other, |x, s| $f(x, s))
+                    }
+                };
             }
             Some(match op {
-                BinOp::Add => apply(n, &oa, &ob, |x, y| x + y),
-                BinOp::Sub => apply(n, &oa, &ob, |x, y| x - y),
-                BinOp::Mul => apply(n, &oa, &ob, |x, y| x * y),
-                BinOp::Div => apply(n, &oa, &ob, |x, y| x / y),
+                BinOp::Add => sides!(|l: f32, r: f32| l + r),
+                BinOp::Sub => sides!(|l: f32, r: f32| l - r),
+                BinOp::Mul => sides!(|l: f32, r: f32| l * r),
+                BinOp::Div => sides!(|l: f32, r: f32| l / r),
             })
         })?
     })??;
     Tensor::from_vec(y, out, a.device()).ok()
 }
 
-fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-    let at = |i: usize, o: &Operand| match o {
-        Operand::Full(d) => d[i],
-        Operand::Scalar(s) => *s,
-        Operand::Rows(d) => d[i % d.len()],
-        Operand::Blocks(d, inner) => d[i / inner],
-    };
+/// `f(full[i], other at i)` for every output element `i` (`n` of them, `full.len() == n`),
+/// in chunks across threads when large.
+fn apply(n: usize, full: &[f32], other: &Operand, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
     let mut out = vec![0f32; n];
-    let chunk = |start: usize, o: &mut [f32]| match (a, b) {
-        (Operand::Full(x), Operand::Full(y)) => {
-            let (x, y) = (&x[start..start + o.len()], &y[start..start + o.len()]);
-            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+    if n >= PAR_MIN {
+        out.par_chunks_mut(8192)
+            .enumerate()
+            .for_each(|(c, o)| simd(|| apply_chunk(c * 8192, o, full, other, &f)));
+    } else {
+        simd(|| apply_chunk(0, &mut out, full, other, &f));
+    }
+    out
+}
+
+/// The output elements `start..start + o.len()` of [`apply`]: runs that read a contiguous
+/// slice or one value of `other`, each a plain loop the compiler vectorises. Always inlined,
+/// so that it is compiled inside [`simd`]'s wider instruction set.
+#[inline(always)]
+fn apply_chunk(
+    start: usize,
+    o: &mut [f32],
+    full: &[f32],
+    other: &Operand,
+    f: &impl Fn(f32, f32) -> f32,
+) {
+    let len = o.len();
+    let x = &full[start..start + len];
+    match *other {
+        Operand::Full(y) => {
+            for ((o, &x), &y) in o.iter_mut().zip(x).zip(&y[start..start + len]) {
                 *o = f(x, y);
             }
         }
-        (Operand::Full(x), Operand::Scalar(s)) => {
-            let len = o.len();
-            for (o, &x) in o.iter_mut().zip(&x[start..start + len]) {
-                *o = f(x, *s);
+        Operand::Scalar(s) => {
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = f(x, s);
             }
         }
-        (Operand::Scalar(s), Operand::Full(y)) => {
-            let len = o.len();
-            for (o, &y) in o.iter_mut().zip(&y[start..start + len]) {
-                *o = f(*s, y);
+        Operand::Rows(d) => {
+            // Element i reads d[i % d.len()]: runs up to the end of each repeat of `d`.
+            let mut k = 0;
+            while k < len {
+                let at = (start + k) % d.len();
+                let run = (d.len() - at).min(len - k);
+                let (o, x, d) = (&mut o[k..k + run], &x[k..k + run], &d[at..at + run]);
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(d) {
+                    *o = f(x, y);
+                }
+                k += run;
             }
         }
-        (Operand::Full(x), Operand::Blocks(d, inner)) => {
+        Operand::Blocks(d, inner) => {
             // Runs of `inner` elements share one value of the block operand.
-            let len = o.len();
-            let x = &x[start..start + len];
             let mut k = 0;
             while k < len {
                 let i = start + k;
@@ -586,20 +622,7 @@ fn apply(n: usize, a: &Operand, b: &Operand, f: impl Fn(f32, f32) -> f32 + Sync)
                 k += run;
             }
         }
-        _ => {
-            for (k, o) in o.iter_mut().enumerate() {
-                *o = f(at(start + k, a), at(start + k, b));
-            }
-        }
-    };
-    if n >= PAR_MIN {
-        out.par_chunks_mut(8192)
-            .enumerate()
-            .for_each(|(c, o)| simd(|| chunk(c * 8192, o)));
-    } else {
-        simd(|| chunk(0, &mut out));
     }
-    out
 }
 
 /// `max(x, 0)` of a contiguous f32 tensor, split across threads when large.
@@ -668,6 +691,21 @@ mod tests {
                     a.dims(),
                     b.dims()
                 );
+            }
+        }
+        // Large enough to run in chunks across threads, with rows and blocks (odd lengths)
+        // that chunk boundaries cut: exactly candle's result, operands on either side.
+        let big = t(&[3, 7, 61, 67]);
+        for small in [
+            t(&[67]),
+            t(&[61, 67]),
+            t(&[3, 7, 1, 1]),
+            t(&[3, 7, 61, 1]),
+            t(&[]),
+        ] {
+            for (x, y) in [(&big, &small), (&small, &big)] {
+                let got = binary(x, y, BinOp::Div).expect("fast path applies");
+                assert!(close(&got, &x.broadcast_div(y).unwrap()), "{:?}", y.dims());
             }
         }
         // A channel scale broadcast over the batch too is left to candle.
