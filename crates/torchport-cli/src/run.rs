@@ -55,6 +55,9 @@ fn spinner(args: &Args) -> Option<ProgressBar> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    // Freed intermediate buffers are recycled for later nodes instead of being returned to
+    // the kernel and faulted in again (a one-shot process: keeping them costs nothing).
+    torchport_runtime::retain_freed_memory();
     let bar = spinner(args);
     let result = load_and_run(args, bar.as_ref());
     if let Some(b) = &bar {

@@ -13,7 +13,8 @@
 //! file into newly allocated memory, which the kernel must map page by page, as a load must
 //! for the weights it keeps), measured at the end. load_rss_mb is the process's resident memory
 //! right after the load, peak_rss_mb its peak (VmHWM) at the end: load and all runs
-//! (Linux; NaN elsewhere). Threads: RAYON_NUM_THREADS.
+//! (Linux; NaN elsewhere). Threads: RAYON_NUM_THREADS. Calls `retain_freed_memory` first, as
+//! the CLI does (TORCHPORT_RETURN_FREED=1 skips it, for comparison).
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr).
 
 use std::time::Instant;
@@ -37,6 +38,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let n = read_all(model.as_ref())?;
         (t.elapsed().as_secs_f64() * 1e3, n)
     };
+    // As the `torchport run` CLI does: freed buffers are recycled, not faulted in anew.
+    if std::env::var_os("TORCHPORT_RETURN_FREED").is_none() {
+        torchport_runtime::retain_freed_memory();
+    }
     let cpu_load0 = cpu_ticks();
     let t0 = Instant::now();
     let program = Program::load(model)?;

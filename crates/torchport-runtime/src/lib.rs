@@ -16,6 +16,7 @@
 //! registry, one file per op family), [`Program`] (weights + interpreter). Before running,
 //! every node is checked and the complete list of unsupported operators is reported.
 
+mod allocator;
 pub mod archive;
 pub mod dtype;
 mod dynamic_dims;
@@ -30,6 +31,7 @@ pub mod torchscript;
 pub mod value;
 mod views;
 
+pub use allocator::retain_freed_memory;
 pub use error::{Error, Result};
 pub use ops::Registry;
 pub use program::{InputInfo, OpTime, OpUse, Program};

@@ -1,0 +1,38 @@
+//! Keeping freed tensor memory in the process for the next tensors.
+//!
+//! A program run allocates a new buffer for nearly every node's output and frees it after its
+//! last use. With glibc's default settings, buffers of more than a few hundred KiB are mapped
+//! from the kernel and unmapped on free, so every such output is zero-filled page by page on
+//! first touch: on batch-8 CNNs that was a quarter of the run time (BENCHMARKS.md, issue 14).
+//! [`retain_freed_memory`] is opt-in because it changes the whole process's allocator, not
+//! just this crate's: the `torchport` CLI calls it; a program embedding the runtime decides
+//! for itself.
+
+/// Allocations below this many bytes come from the allocator's heap (and go back to it when
+/// freed) instead of being mapped from the kernel each time.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: i32 = 1 << 30;
+
+/// Asks the C allocator to keep freed memory for reuse instead of returning it to the kernel,
+/// so that a run's buffers are recycled rather than faulted in anew. Returns whether it
+/// applied: true with glibc (Linux), false elsewhere (where nothing changes).
+///
+/// The process's resident memory then stays near its peak after a run instead of dropping
+/// back; the peak itself is not raised. Threads other than the main one can still map
+/// single allocations over glibc's per-thread heap size (64 MiB) from the kernel.
+pub fn retain_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `mallopt` only sets two of glibc's allocation thresholds; it takes the
+        // allocator's own lock and may be called at any time from any thread.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
