@@ -542,7 +542,6 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
     let m = co / c;
     let oh = out_len(h, kh, p.padding[0], p.stride[0], p.dilation[0])?;
     let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
-    let xs = f32_vec(x)?;
     let ws = f32_vec(w)?;
     let bias = match bias {
         Some(b) => match small_f32(b, co) {
@@ -557,17 +556,24 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
     let mut out = vec![0f32; n * co * oh * ow];
     if oh * ow > 0 {
         let geo = PlaneGeometry::new([h, wd], [kh, kw], [oh, ow], p);
-        out.par_chunks_mut(oh * ow).enumerate().for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(phases, wide), (i, dst)| {
-                let (b, oc) = (i / co, i % co);
-                let src = &xs[(b * c + oc / m) * h * wd..][..h * wd];
-                let ker = &ws[oc * kh * kw..][..kh * kw];
-                let b0 = bias.as_ref().map_or(0., |bias| bias[oc]);
-                depthwise_plane(dst, src, ker, b0, &geo, phases, wide);
-                p.act.apply(dst);
-            },
-        );
+        let planes = |out: &mut [f32], xs: &[f32]| {
+            out.par_chunks_mut(oh * ow).enumerate().for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(phases, wide), (i, dst)| {
+                    let (b, oc) = (i / co, i % co);
+                    let src = &xs[(b * c + oc / m) * h * wd..][..h * wd];
+                    let ker = &ws[oc * kh * kw..][..kh * kw];
+                    let b0 = bias.as_ref().map_or(0., |bias| bias[oc]);
+                    depthwise_plane(dst, src, ker, b0, &geo, phases, wide);
+                    p.act.apply(dst);
+                },
+            )
+        };
+        // The input is read in place when it is contiguous f32, copied otherwise.
+        let x = x.contiguous()?;
+        if with_f32(&x, |xs| planes(&mut out, xs)).is_none() {
+            planes(&mut out, &f32_vec(&x)?);
+        }
     }
     from_f32(out, &[n, co, oh, ow])
 }
