@@ -2,7 +2,7 @@
 //! tanh), leaky_relu, elu, softmax/log_softmax. In-place variants (`relu_`) share the kernel;
 //! the interpreter rebinds the mutated input.
 
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
 use super::{dim, float, Registry};
 use crate::dtype;
@@ -166,7 +166,19 @@ pub fn softmax_dim(x: &Tensor, d: usize) -> OpResult<Tensor> {
 
 fn softmax(a: &Args) -> OpResult<Outputs> {
     let mut x = float(&a.tensor("self")?)?;
+    // A 0-d tensor is its own single row (softmax 1, log-softmax 0).
+    let scalar = x.rank() == 0;
+    if scalar {
+        x = x.reshape(1)?;
+    }
     let d = dim(a.int("dim")?, x.rank())?;
+    let y = softmax_of(a, x, d)?;
+    one(if scalar { y.reshape(())? } else { y })
+}
+
+/// `softmax` (or `log_softmax`, by the node's target) of `x` along `d`, in its dtype
+/// argument's dtype.
+fn softmax_of(a: &Args, mut x: Tensor, d: usize) -> OpResult<Tensor> {
     let target = a.node().target.as_str();
     if let Some(st) = a.opt_scalar_type("dtype")? {
         if !dtype::is_float(st) {
@@ -177,22 +189,21 @@ fn softmax(a: &Args) -> OpResult<Outputs> {
             x = super::as_dtype(&x, candle_core::DType::F64)?;
         }
     }
+    if x.elem_count() == 0 {
+        return Ok(x);
+    }
     if d + 1 == x.rank() {
         if let Some(y) = super::fused::softmax_last(&x, target.contains("log_softmax")) {
-            return one(y);
+            return Ok(y);
         }
     }
     if target.contains("log_softmax") {
         let m = x.max_keepdim(d)?;
         let xc = x.broadcast_sub(&m)?;
         let lse = xc.exp()?.sum_keepdim(d)?.log()?;
-        return one(xc.broadcast_sub(&lse)?);
+        return Ok(xc.broadcast_sub(&lse)?);
     }
-    if d + 1 == x.rank() {
-        return one(softmax_dim(&x, x.rank() - 1)?);
-    }
-    let _ = D::Minus1;
-    one(softmax_dim(&x, d)?)
+    softmax_dim(&x, d)
 }
 
 #[cfg(test)]

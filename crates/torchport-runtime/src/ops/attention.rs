@@ -332,21 +332,16 @@ fn fused_attention(
                         if causal && i + 1 < s {
                             row[i + 1..].fill(f32::NEG_INFINITY);
                         }
-                        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        if m == f32::NEG_INFINITY {
-                            // A row that attends to nothing gives zeros (torch's safe
-                            // softmax), not NaN.
-                            row.fill(0.0);
-                            continue;
-                        }
-                        let mut sum = 0f32;
-                        for x in row.iter_mut() {
-                            *x = (*x - m).exp();
-                            sum += *x;
-                        }
-                        for x in row.iter_mut() {
-                            *x /= sum;
-                        }
+                        super::fused::simd(|| {
+                            let m = super::fused::row_max(row);
+                            if m == f32::NEG_INFINITY {
+                                // A row that attends to nothing gives zeros (torch's safe
+                                // softmax), not NaN.
+                                row.fill(0.0);
+                            } else {
+                                super::fused::softmax_row(row, m);
+                            }
+                        });
                     }
                     sgemm(
                         rows,

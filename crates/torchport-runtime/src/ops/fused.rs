@@ -240,7 +240,13 @@ pub fn layer_norm(
     };
     let rows = x.elem_count() / n;
     let (y, stats) = with_f32(x, |xs| {
-        let stats: Vec<(f32, f32)> = xs.chunks(n).map(|r| row_stats(r, eps)).collect();
+        let stats: Vec<(f32, f32)> = if xs.len() >= PAR_MIN {
+            xs.par_chunks(n)
+                .map(|r| simd(|| row_stats(r, eps)))
+                .collect()
+        } else {
+            simd(|| xs.chunks(n).map(|r| row_stats(r, eps)).collect())
+        };
         let y = map_rows(xs, n, |row, xr, yr| {
             let (mean, rstd) = stats[row];
             for (i, (o, &v)) in yr.iter_mut().zip(xr).enumerate() {
@@ -264,20 +270,76 @@ pub fn layer_norm(
     Some((y, mean, rstd))
 }
 
-/// Mean and 1/sqrt(var + eps) of one row (population variance, two passes).
+/// Mean and 1/sqrt(var + eps) of one row (population variance, two passes, sums in f64).
+#[inline(always)]
 fn row_stats(r: &[f32], eps: f64) -> (f32, f32) {
     let len = r.len() as f64;
-    let mean = (r.iter().map(|&v| f64::from(v)).sum::<f64>() / len) as f32;
-    let var = r
-        .iter()
-        .map(|&v| {
-            let d = f64::from(v - mean);
-            d * d
-        })
-        .sum::<f64>()
-        / len;
+    let mean = (lane_sum(r, f64::from) / len) as f32;
+    let var = lane_sum(r, |v| {
+        let d = f64::from(v - mean);
+        d * d
+    }) / len;
     let rstd = 1.0 / ((var as f32) + eps as f32).sqrt();
     (mean, rstd)
+}
+
+/// Lanes of the vectorised row reductions below.
+const LANES: usize = 16;
+
+/// The f64 sum of `f` over `r`, in [`LANES`] interleaved partial sums (which the compiler
+/// can vectorise; one running sum is a chain of dependent adds).
+#[inline(always)]
+fn lane_sum(r: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0f64; LANES];
+    let chunks = r.chunks_exact(LANES);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    acc.iter().sum::<f64>() + tail
+}
+
+/// The largest element of `r` (NaNs ignored, as `f32::max` does), `-inf` when empty.
+#[inline(always)]
+pub fn row_max(r: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = r.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = a.max(v);
+        }
+    }
+    acc.iter().copied().fold(tail, f32::max)
+}
+
+/// `row` replaced by `exp(x - m) / Σ exp(x - m)` (softmax, with `m` the row's max) with
+/// [`exp_fast`]; terms below `e^-87.3` count as 0. An all `-inf` row (`m = -inf`) becomes NaN,
+/// as in torch's softmax. Inline into a [`simd`] call to get its vector instructions.
+#[inline(always)]
+pub fn softmax_row(row: &mut [f32], m: f32) {
+    for x in row.iter_mut() {
+        let d = *x - m;
+        *x = if d < -87.3 { 0.0 } else { exp_fast(d) };
+    }
+    let mut acc = [0f32; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    let sum = acc.iter().sum::<f32>() + tail;
+    for x in row.iter_mut() {
+        *x /= sum;
+    }
 }
 
 /// Softmax (or log-softmax) over the last dim of a contiguous f32 tensor.
@@ -289,7 +351,7 @@ pub fn softmax_last(x: &Tensor, log: bool) -> Option<Tensor> {
     let y = with_f32(x, |xs| {
         map_rows(xs, n, |_, xr, yr| {
             // Rows that are all -inf give NaN, as in torch.
-            let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m = row_max(xr);
             if log {
                 let s: f32 = xr.iter().map(|&v| (v - m).exp()).sum();
                 let lse = s.ln();
@@ -297,15 +359,8 @@ pub fn softmax_last(x: &Tensor, log: bool) -> Option<Tensor> {
                     *o = (v - m) - lse;
                 }
             } else {
-                let mut s = 0f32;
-                for (o, &v) in yr.iter_mut().zip(xr) {
-                    let e = (v - m).exp();
-                    *o = e;
-                    s += e;
-                }
-                for o in yr.iter_mut() {
-                    *o /= s;
-                }
+                yr.copy_from_slice(xr);
+                softmax_row(yr, m);
             }
         })
     })?;
