@@ -14,7 +14,7 @@
 //! for the weights it keeps), measured at the end. load_rss_mb is the process's resident memory
 //! right after the load, peak_rss_mb its peak (VmHWM) at the end: load and all runs
 //! (Linux; NaN elsewhere). Threads: RAYON_NUM_THREADS. Calls `retain_freed_memory` first, as
-//! the CLI does (TORCHPORT_RETURN_FREED=1 skips it, for comparison).
+//! the CLI does (with TORCHPORT_RETURN_FREED set, to any value, it does not: for comparison).
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr).
 
 use std::time::Instant;
