@@ -286,37 +286,40 @@ fn row_stats(r: &[f32], eps: f64) -> (f32, f32) {
 /// Lanes of the vectorised row reductions below.
 const LANES: usize = 16;
 
-/// The f64 sum of `f` over `r`, in [`LANES`] interleaved partial sums (which the compiler
-/// can vectorise; one running sum is a chain of dependent adds).
+/// `combine` over `map` of every element of `r`, in [`LANES`] interleaved partial results
+/// (which the compiler can vectorise; one running result is a chain of dependent steps),
+/// starting from `init`.
 #[inline(always)]
-fn lane_sum(r: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut acc = [0f64; LANES];
+fn lane_fold<T: Copy>(
+    r: &[f32],
+    init: T,
+    map: impl Fn(f32) -> T,
+    combine: impl Fn(T, T) -> T,
+) -> T {
+    let mut acc = [init; LANES];
     let chunks = r.chunks_exact(LANES);
-    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(init, |t, &v| combine(t, map(v)));
     for c in chunks {
         for (a, &v) in acc.iter_mut().zip(c) {
-            *a += f(v);
+            *a = combine(*a, map(v));
         }
     }
-    acc.iter().sum::<f64>() + tail
+    acc.iter().fold(tail, |t, &a| combine(t, a))
+}
+
+/// The f64 sum of `f` over `r` (see [`lane_fold`]).
+#[inline(always)]
+fn lane_sum(r: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    lane_fold(r, 0.0, f, |a, b| a + b)
 }
 
 /// The largest element of `r` (NaNs ignored, as `f32::max` does), `-inf` when empty.
 #[inline(always)]
 pub fn row_max(r: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let chunks = r.chunks_exact(LANES);
-    let tail = chunks
-        .remainder()
-        .iter()
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a = a.max(v);
-        }
-    }
-    acc.iter().copied().fold(tail, f32::max)
+    lane_fold(r, f32::NEG_INFINITY, |v| v, f32::max)
 }
 
 /// `row` replaced by `exp(x - m) / Σ exp(x - m)` (softmax, with `m` the row's max) with
@@ -328,15 +331,7 @@ pub fn softmax_row(row: &mut [f32], m: f32) {
         let d = *x - m;
         *x = if d < -87.3 { 0.0 } else { exp_fast(d) };
     }
-    let mut acc = [0f32; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += v;
-        }
-    }
-    let sum = acc.iter().sum::<f32>() + tail;
+    let sum = lane_fold(row, 0f32, |v| v, |a, b| a + b);
     for x in row.iter_mut() {
         *x /= sum;
     }
@@ -582,7 +577,6 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
         .shape()
         .broadcast_shape_binary_op(b.shape(), "binary")
         .ok()?;
-    let n = out.elem_count();
     let y = with_f32(a, |ad| {
         with_f32(b, |bd| {
             let (oa, ob) = (operand(a, ad, out.dims())?, operand(b, bd, out.dims())?);
@@ -596,9 +590,9 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
             macro_rules! sides {
                 ($f:expr) => {
                     if flip {
-                        apply(n, full, &other, |x, s| $f(s, x))
+                        apply(full, &other, |x, s| $f(s, x))
                     } else {
-                        apply(n, full, &other, |x, s| $f(x, s))
+                        apply(full, &other, |x, s| $f(x, s))
                     }
                 };
             }
@@ -613,11 +607,11 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
     Tensor::from_vec(y, out, a.device()).ok()
 }
 
-/// `f(full[i], other at i)` for every output element `i` (`n` of them, `full.len() == n`),
-/// in chunks across threads when large.
-fn apply(n: usize, full: &[f32], other: &Operand, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-    let mut out = vec![0f32; n];
-    if n >= PAR_MIN {
+/// `f(full[i], other at i)` for every output element `i` (as many as `full` has), in chunks
+/// across threads when large.
+fn apply(full: &[f32], other: &Operand, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    let mut out = vec![0f32; full.len()];
+    if out.len() >= PAR_MIN {
         out.par_chunks_mut(8192)
             .enumerate()
             .for_each(|(c, o)| simd(|| apply_chunk(c * 8192, o, full, other, &f)));
