@@ -1,9 +1,10 @@
 //! Keeping freed tensor memory in the process for the next tensors.
 //!
 //! A program run allocates a new buffer for nearly every node's output and frees it after its
-//! last use. With glibc's default settings, buffers of more than a few hundred KiB are mapped
-//! from the kernel and unmapped on free, so every such output is zero-filled page by page on
-//! first touch: on batch-8 CNNs that was a quarter of the run time (BENCHMARKS.md, issue 14).
+//! last use. With glibc's default settings large buffers are mapped from the kernel and
+//! unmapped on free, and freed memory at the top of the heap is given back, so many outputs
+//! are zero-filled page by page on first touch: on EfficientNet-B0 at batch 8 that was a
+//! quarter of the run time (BENCHMARKS.md, issue 14).
 //! [`retain_freed_memory`] is opt-in because it changes the whole process's allocator, not
 //! just this crate's: the `torchport` CLI calls it; a program embedding the runtime decides
 //! for itself.
@@ -18,8 +19,7 @@ const MMAP_THRESHOLD: i32 = 1 << 30;
 /// applied: true with glibc (Linux), false elsewhere (where nothing changes).
 ///
 /// The process's resident memory then stays near its peak after a run instead of dropping
-/// back; the peak itself is not raised. Threads other than the main one can still map
-/// single allocations over glibc's per-thread heap size (64 MiB) from the kernel.
+/// back. The peak was not raised on the models measured (EfficientNet-B0, ResNet-18).
 pub fn retain_freed_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
