@@ -520,8 +520,8 @@ fn im2col(
     cols
 }
 
-/// Output length of a convolution along one dim.
-fn out_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize) -> OpResult<usize> {
+/// Output length of a convolution (or of an unfold's block positions) along one dim.
+pub(super) fn out_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize) -> OpResult<usize> {
     let eff = dil * (k - 1) + 1;
     let padded = len + 2 * pad;
     if padded < eff || stride == 0 {

@@ -48,12 +48,7 @@ impl Blocks {
 
     /// The number of block positions along dim `i` of an image of `len`.
     pub(super) fn count(&self, i: usize, len: usize) -> OpResult<usize> {
-        let span = self.d[i] * (self.k[i] - 1) + 1;
-        let padded = len + 2 * self.p[i];
-        if padded < span {
-            op_bail!("the block (span {span}) is larger than the padded input ({padded})");
-        }
-        Ok((padded - span) / self.s[i] + 1)
+        super::conv::out_len(len, self.k[i], self.p[i], self.s[i], self.d[i])
     }
 }
 
