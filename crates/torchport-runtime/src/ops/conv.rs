@@ -521,7 +521,13 @@ fn im2col(
 }
 
 /// Output length of a convolution (or of an unfold's block positions) along one dim.
-pub(super) fn out_len(len: usize, k: usize, pad: usize, stride: usize, dil: usize) -> OpResult<usize> {
+pub(super) fn out_len(
+    len: usize,
+    k: usize,
+    pad: usize,
+    stride: usize,
+    dil: usize,
+) -> OpResult<usize> {
     let eff = dil * (k - 1) + 1;
     let padded = len + 2 * pad;
     if padded < eff || stride == 0 {
