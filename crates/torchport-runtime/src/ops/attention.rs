@@ -306,42 +306,45 @@ fn fused_attention(
                     if !ok {
                         return false;
                     }
-                    for (ri, row) in sc.chunks_mut(s).enumerate() {
-                        let i = r0 + ri;
-                        if let Some((md, ml)) = &fmask {
-                            let st = ml.stride();
-                            let base = ml.start_offset() + bi * st[0] + h * st[1] + i * st[2];
-                            for (j, x) in row.iter_mut().enumerate() {
-                                match md.get(base + j * st[3]) {
-                                    Some(m) => *x += m,
-                                    None => return false,
+                    // Masks, the causal limit and the softmax, in one pass over the rows
+                    // compiled for the wider vector instructions.
+                    let rows_ok = super::fused::simd(
+                        #[inline(always)]
+                        || {
+                            for (ri, row) in sc.chunks_mut(s).enumerate() {
+                                let i = r0 + ri;
+                                if let Some((md, ml)) = &fmask {
+                                    if !mask_row(row, md, ml, [bi, h, i], |x, m| *x += m) {
+                                        return false;
+                                    }
+                                }
+                                if let Some((md, ml)) = &bmask {
+                                    let keep = |x: &mut f32, m: u8| {
+                                        if m == 0 {
+                                            *x = f32::NEG_INFINITY
+                                        }
+                                    };
+                                    if !mask_row(row, md, ml, [bi, h, i], keep) {
+                                        return false;
+                                    }
+                                }
+                                if causal && i + 1 < s {
+                                    row[i + 1..].fill(f32::NEG_INFINITY);
+                                }
+                                let m = super::fused::row_max(row);
+                                if m == f32::NEG_INFINITY {
+                                    // A row that attends to nothing gives zeros (torch's safe
+                                    // softmax), not NaN.
+                                    row.fill(0.0);
+                                } else {
+                                    super::fused::softmax_row(row, m);
                                 }
                             }
-                        }
-                        if let Some((md, ml)) = &bmask {
-                            let st = ml.stride();
-                            let base = ml.start_offset() + bi * st[0] + h * st[1] + i * st[2];
-                            for (j, x) in row.iter_mut().enumerate() {
-                                match md.get(base + j * st[3]) {
-                                    Some(0) => *x = f32::NEG_INFINITY,
-                                    Some(_) => {}
-                                    None => return false,
-                                }
-                            }
-                        }
-                        if causal && i + 1 < s {
-                            row[i + 1..].fill(f32::NEG_INFINITY);
-                        }
-                        super::fused::simd(|| {
-                            let m = super::fused::row_max(row);
-                            if m == f32::NEG_INFINITY {
-                                // A row that attends to nothing gives zeros (torch's safe
-                                // softmax), not NaN.
-                                row.fill(0.0);
-                            } else {
-                                super::fused::softmax_row(row, m);
-                            }
-                        });
+                            true
+                        },
+                    );
+                    if !rows_ok {
+                        return false;
                     }
                     sgemm(
                         rows,
@@ -372,6 +375,37 @@ fn fused_attention(
         return Ok(None);
     }
     Ok(Some(Tensor::from_vec(out, (b, hq, l, ev), q.device())?))
+}
+
+/// `f(score, mask value)` over one row of scores: row `i` of head `h` of batch `bi` (`at`)
+/// of a rank-4 mask with data `md` read through `lay`. False when the mask's view does not
+/// fit its data. A unit-stride row is read as one slice, so the loop vectorises.
+#[inline(always)]
+fn mask_row<T: Copy>(
+    row: &mut [f32],
+    md: &[T],
+    lay: &candle_core::Layout,
+    at: [usize; 3],
+    f: impl Fn(&mut f32, T),
+) -> bool {
+    let st = lay.stride();
+    let base = lay.start_offset() + at[0] * st[0] + at[1] * st[1] + at[2] * st[2];
+    if st[3] == 1 {
+        let Some(m) = md.get(base..base + row.len()) else {
+            return false;
+        };
+        for (x, &v) in row.iter_mut().zip(m) {
+            f(x, v);
+        }
+        return true;
+    }
+    for (j, x) in row.iter_mut().enumerate() {
+        match md.get(base + j * st[3]) {
+            Some(&v) => f(x, v),
+            None => return false,
+        }
+    }
+    true
 }
 
 fn sdpa(a: &Args) -> OpResult<Outputs> {
@@ -497,7 +531,14 @@ mod tests {
         let fmask = r(&[1, 1, 1, 41]);
         let keep: Vec<u8> = (0..37 * 41).map(|i| u8::from(i % 7 != 3)).collect();
         let bmask = Tensor::from_vec(keep, (37, 41), &dev).unwrap();
-        for (mask, causal) in [(None, false), (Some(&fmask), false), (Some(&bmask), true)] {
+        // A mask whose rows are not unit-stride (read element by element).
+        let tmask = r(&[41, 37]).t().unwrap();
+        for (mask, causal) in [
+            (None, false),
+            (Some(&fmask), false),
+            (Some(&bmask), true),
+            (Some(&tmask), false),
+        ] {
             let got = fused_attention(&q, &k, &v, mask, causal, 0.3, true)
                 .unwrap()
                 .expect("fast path applies");

@@ -202,18 +202,24 @@ fn map_rows(x: &[f32], n: usize, f: impl Fn(usize, &[f32], &mut [f32]) + Sync) -
             .zip(x.par_chunks(rows * n))
             .enumerate()
             .for_each(|(c, (o, i))| {
-                simd(|| {
-                    for (r, (orow, irow)) in o.chunks_mut(n).zip(i.chunks(n)).enumerate() {
-                        f(c * rows + r, irow, orow);
-                    }
-                })
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (r, (orow, irow)) in o.chunks_mut(n).zip(i.chunks(n)).enumerate() {
+                            f(c * rows + r, irow, orow);
+                        }
+                    },
+                )
             });
     } else {
-        simd(|| {
-            for (r, (orow, irow)) in out.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-                f(r, irow, orow);
-            }
-        })
+        simd(
+            #[inline(always)]
+            || {
+                for (r, (orow, irow)) in out.chunks_mut(n).zip(x.chunks(n)).enumerate() {
+                    f(r, irow, orow);
+                }
+            },
+        )
     }
     out
 }
@@ -242,24 +248,29 @@ pub fn layer_norm(
     let (y, stats) = with_f32(x, |xs| {
         let stats: Vec<(f32, f32)> = if xs.len() >= PAR_MIN {
             xs.par_chunks(n)
-                .map(|r| simd(|| row_stats(r, eps)))
+                .map(|r| {
+                    simd(
+                        #[inline(always)]
+                        || row_stats(r, eps),
+                    )
+                })
                 .collect()
         } else {
-            simd(|| xs.chunks(n).map(|r| row_stats(r, eps)).collect())
+            simd(
+                #[inline(always)]
+                || xs.chunks(n).map(|r| row_stats(r, eps)).collect(),
+            )
         };
-        let y = map_rows(xs, n, |row, xr, yr| {
-            let (mean, rstd) = stats[row];
-            for (i, (o, &v)) in yr.iter_mut().zip(xr).enumerate() {
-                let mut t = (v - mean) * rstd;
-                if let Some(w) = &w {
-                    t *= w[i];
-                }
-                if let Some(b) = &b {
-                    t += b[i];
-                }
-                *o = t;
-            }
-        });
+        let (w, b) = (w.as_deref(), b.as_deref());
+        let y = map_rows(
+            xs,
+            n,
+            #[inline(always)]
+            |row, xr, yr| {
+                let (mean, rstd) = stats[row];
+                normalize_row(xr, yr, mean, rstd, w, b);
+            },
+        );
         (y, stats)
     })?;
     let dev = x.device();
@@ -268,6 +279,42 @@ pub fn layer_norm(
     let mean = Tensor::from_vec(mean, rows, dev).ok()?;
     let rstd = Tensor::from_vec(rstd, rows, dev).ok()?;
     Some((y, mean, rstd))
+}
+
+/// `yr = (xr - mean) * rstd`, then times `w` and plus `b` where given (elementwise, in that
+/// order). One plain loop per case, so that each vectorises.
+#[inline(always)]
+fn normalize_row(
+    xr: &[f32],
+    yr: &mut [f32],
+    mean: f32,
+    rstd: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+) {
+    let yx = yr.iter_mut().zip(xr);
+    match (w, b) {
+        (Some(w), Some(b)) => {
+            for (((o, &v), &w), &b) in yx.zip(w).zip(b) {
+                *o = (v - mean) * rstd * w + b;
+            }
+        }
+        (Some(w), None) => {
+            for ((o, &v), &w) in yx.zip(w) {
+                *o = (v - mean) * rstd * w;
+            }
+        }
+        (None, Some(b)) => {
+            for ((o, &v), &b) in yx.zip(b) {
+                *o = (v - mean) * rstd + b;
+            }
+        }
+        (None, None) => {
+            for (o, &v) in yx {
+                *o = (v - mean) * rstd;
+            }
+        }
+    }
 }
 
 /// Mean and 1/sqrt(var + eps) of one row (population variance, two passes, sums in f64).
@@ -344,20 +391,25 @@ pub fn softmax_last(x: &Tensor, log: bool) -> Option<Tensor> {
         return None;
     }
     let y = with_f32(x, |xs| {
-        map_rows(xs, n, |_, xr, yr| {
-            // Rows that are all -inf give NaN, as in torch.
-            let m = row_max(xr);
-            if log {
-                let s: f32 = xr.iter().map(|&v| (v - m).exp()).sum();
-                let lse = s.ln();
-                for (o, &v) in yr.iter_mut().zip(xr) {
-                    *o = (v - m) - lse;
+        map_rows(
+            xs,
+            n,
+            #[inline(always)]
+            |_, xr, yr| {
+                // Rows that are all -inf give NaN, as in torch.
+                let m = row_max(xr);
+                if log {
+                    let s: f32 = xr.iter().map(|&v| (v - m).exp()).sum();
+                    let lse = s.ln();
+                    for (o, &v) in yr.iter_mut().zip(xr) {
+                        *o = (v - m) - lse;
+                    }
+                } else {
+                    yr.copy_from_slice(xr);
+                    softmax_row(yr, m);
                 }
-            } else {
-                yr.copy_from_slice(xr);
-                softmax_row(yr, m);
-            }
-        })
+            },
+        )
     })?;
     Tensor::from_vec(y, x.shape(), x.device()).ok()
 }
@@ -447,9 +499,17 @@ pub fn gelu_erf(x: &Tensor) -> Option<Tensor> {
         if xs.len() >= PAR_MIN {
             out.par_chunks_mut(4096)
                 .zip(xs.par_chunks(4096))
-                .for_each(|(o, i)| simd(|| o.iter_mut().zip(i).for_each(|(o, &v)| *o = g(v))));
+                .for_each(|(o, i)| {
+                    simd(
+                        #[inline(always)]
+                        || o.iter_mut().zip(i).for_each(|(o, &v)| *o = g(v)),
+                    )
+                });
         } else {
-            simd(|| out.iter_mut().zip(xs).for_each(|(o, &v)| *o = g(v)));
+            simd(
+                #[inline(always)]
+                || out.iter_mut().zip(xs).for_each(|(o, &v)| *o = g(v)),
+            );
         }
         out
     })?;
@@ -590,9 +650,19 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
             macro_rules! sides {
                 ($f:expr) => {
                     if flip {
-                        apply(full, &other, |x, s| $f(s, x))
+                        apply(
+                            full,
+                            &other,
+                            #[inline(always)]
+                            |x, s| $f(s, x),
+                        )
                     } else {
-                        apply(full, &other, |x, s| $f(x, s))
+                        apply(
+                            full,
+                            &other,
+                            #[inline(always)]
+                            |x, s| $f(x, s),
+                        )
                     }
                 };
             }
@@ -612,11 +682,17 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
 fn apply(full: &[f32], other: &Operand, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
     let mut out = vec![0f32; full.len()];
     if out.len() >= PAR_MIN {
-        out.par_chunks_mut(8192)
-            .enumerate()
-            .for_each(|(c, o)| simd(|| apply_chunk(c * 8192, o, full, other, &f)));
+        out.par_chunks_mut(8192).enumerate().for_each(|(c, o)| {
+            simd(
+                #[inline(always)]
+                || apply_chunk(c * 8192, o, full, other, &f),
+            )
+        });
     } else {
-        simd(|| apply_chunk(0, &mut out, full, other, &f));
+        simd(
+            #[inline(always)]
+            || apply_chunk(0, &mut out, full, other, &f),
+        );
     }
     out
 }
