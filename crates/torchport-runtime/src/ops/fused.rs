@@ -581,172 +581,18 @@ pub enum BinOp {
     Div,
 }
 
-/// How one operand of [`binary`] is read against the output's elements.
-enum Operand<'a> {
-    /// Element `i` of the output reads element `i`.
-    Full(&'a [f32]),
-    /// Every element reads the one value.
-    Scalar(f32),
-    /// Element `i` reads element `i % len` (a trailing-dims operand repeated over rows).
-    Rows(&'a [f32]),
-    /// Element `i` reads element `i / inner` (a leading-dims operand with size-1 trailing
-    /// dims, such as a `[N, C, 1, 1]` channel scale over `[N, C, H, W]`).
-    Blocks(&'a [f32], usize),
-}
-
-/// How `t` (contiguous f32 data `d`) is read when broadcast to `out` dims, if simply.
-fn operand<'a>(t: &Tensor, d: &'a [f32], out: &[usize]) -> Option<Operand<'a>> {
-    if d.len() == 1 {
-        return Some(Operand::Scalar(d[0]));
-    }
-    if t.dims() == out {
-        return Some(Operand::Full(d));
-    }
-    // Leading size-1 dims dropped, the rest must be the output's trailing dims.
-    let dims = t.dims();
-    let lead = dims.iter().take_while(|&&s| s == 1).count();
-    let rest = &dims[lead..];
-    if rest.len() <= out.len() && out[out.len() - rest.len()..] == *rest {
-        return Some(Operand::Rows(d));
-    }
-    // Left-padded to the output's rank: the output's own leading dims, then only 1s.
-    if dims.len() <= out.len() {
-        let pad = out.len() - dims.len();
-        let padded = |i: usize| if i < pad { 1 } else { dims[i - pad] };
-        let r = (0..out.len())
-            .rposition(|i| padded(i) != 1)
-            .map_or(0, |i| i + 1);
-        if (0..r).all(|i| padded(i) == out[i]) {
-            let inner: usize = out[r..].iter().product();
-            if inner > 0 && d.len() * inner == out.iter().product::<usize>() {
-                return Some(Operand::Blocks(d, inner));
-            }
-        }
-    }
-    None
-}
-
-/// `a op b` with torch broadcasting for f32 operands in the common simple layouts (same
-/// shape, a scalar, a trailing-dims operand such as a bias, or a leading-dims one such as a
-/// channel scale, on either side), in one pass; `None` otherwise.
+/// `a op b` for f32 tensors of any layout, with torch broadcasting, in one pass (see
+/// [`super::strided::binary_f32`]); `None` for other dtypes or shapes that do not broadcast.
 pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
+    use super::strided::binary_f32;
     if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return None;
     }
-    let out = a
-        .shape()
-        .broadcast_shape_binary_op(b.shape(), "binary")
-        .ok()?;
-    let y = with_f32(a, |ad| {
-        with_f32(b, |bd| {
-            let (oa, ob) = (operand(a, ad, out.dims())?, operand(b, bd, out.dims())?);
-            // One operand has the output's shape; `flip` when it is the right-hand one.
-            let (full, other, flip) = match (oa, ob) {
-                (Operand::Full(x), o) => (x, o, false),
-                (o, Operand::Full(y)) => (y, o, true),
-                _ => return None, // e.g. [3, 1] + [1, 4]: neither has the output's shape.
-            };
-            // Each (op, side) pair is its own instance, so `f` inlines into the loops.
-            macro_rules! sides {
-                ($f:expr) => {
-                    if flip {
-                        apply(
-                            full,
-                            &other,
-                            #[inline(always)]
-                            |x, s| $f(s, x),
-                        )
-                    } else {
-                        apply(
-                            full,
-                            &other,
-                            #[inline(always)]
-                            |x, s| $f(x, s),
-                        )
-                    }
-                };
-            }
-            Some(match op {
-                BinOp::Add => sides!(|l: f32, r: f32| l + r),
-                BinOp::Sub => sides!(|l: f32, r: f32| l - r),
-                BinOp::Mul => sides!(|l: f32, r: f32| l * r),
-                BinOp::Div => sides!(|l: f32, r: f32| l / r),
-            })
-        })?
-    })??;
-    Tensor::from_vec(y, out, a.device()).ok()
-}
-
-/// `f(full[i], other at i)` for every output element `i` (as many as `full` has), in chunks
-/// across threads when large.
-fn apply(full: &[f32], other: &Operand, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-    let mut out = vec![0f32; full.len()];
-    if out.len() >= PAR_MIN {
-        out.par_chunks_mut(8192).enumerate().for_each(|(c, o)| {
-            simd(
-                #[inline(always)]
-                || apply_chunk(c * 8192, o, full, other, &f),
-            )
-        });
-    } else {
-        simd(
-            #[inline(always)]
-            || apply_chunk(0, &mut out, full, other, &f),
-        );
-    }
-    out
-}
-
-/// The output elements `start..start + o.len()` of [`apply`]: runs that read a contiguous
-/// slice or one value of `other`, each a plain loop the compiler vectorises. Always inlined,
-/// so that it is compiled inside [`simd`]'s wider instruction set.
-#[inline(always)]
-fn apply_chunk(
-    start: usize,
-    o: &mut [f32],
-    full: &[f32],
-    other: &Operand,
-    f: &impl Fn(f32, f32) -> f32,
-) {
-    let len = o.len();
-    let x = &full[start..start + len];
-    match *other {
-        Operand::Full(y) => {
-            for ((o, &x), &y) in o.iter_mut().zip(x).zip(&y[start..start + len]) {
-                *o = f(x, y);
-            }
-        }
-        Operand::Scalar(s) => {
-            for (o, &x) in o.iter_mut().zip(x) {
-                *o = f(x, s);
-            }
-        }
-        Operand::Rows(d) => {
-            // Element i reads d[i % d.len()]: runs up to the end of each repeat of `d`.
-            let mut k = 0;
-            while k < len {
-                let at = (start + k) % d.len();
-                let run = (d.len() - at).min(len - k);
-                let (o, x, d) = (&mut o[k..k + run], &x[k..k + run], &d[at..at + run]);
-                for ((o, &x), &y) in o.iter_mut().zip(x).zip(d) {
-                    *o = f(x, y);
-                }
-                k += run;
-            }
-        }
-        Operand::Blocks(d, inner) => {
-            // Runs of `inner` elements share one value of the block operand.
-            let mut k = 0;
-            while k < len {
-                let i = start + k;
-                let run = (inner - i % inner).min(len - k);
-                let s = d[i / inner];
-                for (o, &x) in o[k..k + run].iter_mut().zip(&x[k..k + run]) {
-                    *o = f(x, s);
-                }
-                k += run;
-            }
-        }
+    match op {
+        BinOp::Add => binary_f32(a, b, |x, y| x + y),
+        BinOp::Sub => binary_f32(a, b, |x, y| x - y),
+        BinOp::Mul => binary_f32(a, b, |x, y| x * y),
+        BinOp::Div => binary_f32(a, b, |x, y| x / y),
     }
 }
 
@@ -784,8 +630,8 @@ mod tests {
                 == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
-    /// The one-pass binary kernel gives exactly candle's broadcast result for each operand
-    /// layout it takes, and declines the ones it does not.
+    /// The one-pass binary kernel gives exactly candle's broadcast result for operands of
+    /// every layout, and declines shapes that do not broadcast.
     #[test]
     fn binary_matches_candle_broadcast() {
         let dev = Device::Cpu;
@@ -801,6 +647,13 @@ mod tests {
             (t(&[2, 3, 4, 5]), t(&[2, 3, 1, 1])),
             (t(&[2, 3, 1, 1]), t(&[2, 3, 4, 5])),
             (t(&[1, 3, 4, 5]), t(&[3, 1, 1])),
+            // A channel scale broadcast over the batch too; neither operand the output's
+            // shape; a transposed view; a head-broadcast table over transposed heads (a
+            // rotary embedding's `q * cos`).
+            (t(&[2, 3, 4, 5]), t(&[1, 3, 1, 1])),
+            (t(&[3, 1]), t(&[1, 4])),
+            (t(&[4, 3]).t().unwrap(), t(&[3, 4])),
+            (t(&[2, 5, 3, 4]).transpose(1, 2).unwrap(), t(&[2, 1, 5, 4])),
         ];
         for (a, b) in &pairs {
             for (op, want) in [
@@ -833,12 +686,8 @@ mod tests {
                 assert!(close(&got, &x.broadcast_div(y).unwrap()), "{:?}", y.dims());
             }
         }
-        // A channel scale broadcast over the batch too is left to candle.
-        assert!(binary(&t(&[2, 3, 4, 5]), &t(&[1, 3, 1, 1]), BinOp::Mul).is_none());
-        // [3, 1] + [1, 4]: neither operand has the output's shape.
-        assert!(binary(&t(&[3, 1]), &t(&[1, 4]), BinOp::Add).is_none());
-        // A transposed (non-contiguous) operand is left to candle.
-        assert!(binary(&t(&[4, 3]).t().unwrap(), &t(&[3, 4]), BinOp::Add).is_none());
+        // Shapes that do not broadcast are declined.
+        assert!(binary(&t(&[2, 3]), &t(&[4, 3, 2]), BinOp::Add).is_none());
     }
 
     /// The fast erf against libm's `erff` (what candle's `erf` calls) over [-6, 6].

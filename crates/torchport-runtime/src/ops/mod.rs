@@ -39,6 +39,7 @@ pub mod sgemm;
 pub mod shape;
 pub mod sort;
 pub mod stats;
+pub mod strided;
 pub mod sym;
 pub mod unfold;
 pub mod volume;

@@ -297,7 +297,17 @@ fn cat(a: &Args) -> OpResult<Outputs> {
         .iter()
         .map(|t| as_dtype(t, dt))
         .collect::<OpResult<Vec<_>>>()?;
-    one(Tensor::cat(&ts, d)?)
+    let fast = match dt {
+        DType::F32 => super::strided::cat::<f32>(&ts, d),
+        DType::F64 => super::strided::cat::<f64>(&ts, d),
+        DType::I64 => super::strided::cat::<i64>(&ts, d),
+        DType::U8 => super::strided::cat::<u8>(&ts, d),
+        _ => None,
+    };
+    match fast {
+        Some(t) => one(t),
+        None => one(Tensor::cat(&ts, d)?),
+    }
 }
 
 fn stack(a: &Args) -> OpResult<Outputs> {
