@@ -290,23 +290,19 @@ fn add(a: &Args) -> OpResult<Outputs> {
 
 fn sub(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
-    let r = alpha_scaled(a, r)?;
+    // sub: self - alpha * other; rsub: other - alpha * self.
     let (x, y) = if a.node().target.contains("rsub") {
-        (&r, &l)
+        (r, alpha_scaled(a, l)?)
     } else {
-        (&l, &r)
+        (l, alpha_scaled(a, r)?)
     };
-    if let Some(t) = fused::binary(x, y, BinOp::Sub) {
+    if let Some(t) = fused::binary(&x, &y, BinOp::Sub) {
         return one(t);
     }
-    if let Some(t) = wrapping_i64(x, y, i64::wrapping_sub)? {
+    if let Some(t) = wrapping_i64(&x, &y, i64::wrapping_sub)? {
         return one(t);
     }
-    if a.node().target.contains("rsub") {
-        one(r.broadcast_sub(&l)?)
-    } else {
-        one(l.broadcast_sub(&r)?)
-    }
+    one(x.broadcast_sub(&y)?)
 }
 
 fn mul(a: &Args) -> OpResult<Outputs> {
