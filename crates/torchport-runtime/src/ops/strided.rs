@@ -86,25 +86,42 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
             if total == 0 {
                 return Some(out);
             }
-            let rows_per = (TASK / inner).max(1);
-            let task = |(c, chunk): (usize, &mut [f32])| {
+            // Tasks of whole rows, or of pieces of one row when rows are long.
+            let chunk = if inner >= TASK {
+                TASK
+            } else {
+                TASK / inner * inner
+            };
+            let task = |(c, o): (usize, &mut [f32])| {
                 simd(
                     #[inline(always)]
                     || {
-                        for (r, o) in chunk.chunks_mut(inner).enumerate() {
-                            let (oa, ob) = starts(c * rows_per + r);
-                            if !binary_run(o, (ad, oa, sa), (bd, ob, sb), &f) {
+                        // Output elements c * chunk.., in runs that stop at row ends.
+                        let mut done = 0;
+                        while done < o.len() {
+                            let at = c * chunk + done;
+                            let (row, col) = (at / inner, at % inner);
+                            let len = (inner - col).min(o.len() - done);
+                            let (oa, ob) = starts(row);
+                            let run = &mut o[done..done + len];
+                            if !binary_run(
+                                run,
+                                (ad, oa + col * sa, sa),
+                                (bd, ob + col * sb, sb),
+                                &f,
+                            ) {
                                 return false;
                             }
+                            done += len;
                         }
                         true
                     },
                 )
             };
             let ok = if total >= 2 * TASK {
-                out.par_chunks_mut(rows_per * inner).enumerate().all(task)
+                out.par_chunks_mut(chunk).enumerate().all(task)
             } else {
-                out.chunks_mut(rows_per * inner).enumerate().all(task)
+                out.chunks_mut(chunk).enumerate().all(task)
             };
             ok.then_some(out)
         })
