@@ -41,11 +41,13 @@ pub fn with_storage<T: candle_core::WithDType, R>(
 
 /// Run `f` from a function compiled for AVX-512 (or AVX2 + FMA) when the CPU has it,
 /// detected at run time, else as built (baseline x86-64 has only 4-wide SSE2). `f` gets the
-/// wider instructions only where the compiler inlines it there, which it does not always do
-/// for a large closure (profiled: the binary-op loops stay SSE2); [`simd_map`],
-/// [`simd_map_mut`] and [`simd_axpy`] hold their loops in the feature-enabled functions
-/// themselves and always get them. Results are the same either way: no fused multiply-add
-/// is introduced (Rust never contracts `a * b + c`).
+/// wider instructions only where the compiler inlines it there, which it does not do for a
+/// closure of any size unless told: callers mark the closure `#[inline(always)]` (without
+/// it, `perf annotate` showed layer norm, softmax rows and binary ops running SSE code), and
+/// mark closures it calls in turn the same way. [`simd_map`], [`simd_map_mut`] and
+/// [`simd_axpy`] hold their loops in the feature-enabled functions themselves. Results are
+/// the same either way: no fused multiply-add is introduced (Rust never contracts
+/// `a * b + c`).
 #[inline(always)]
 pub fn simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
