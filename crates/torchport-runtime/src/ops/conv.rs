@@ -399,8 +399,8 @@ fn conv_gemm(
             let mut out = match &bias {
                 Some(b) => {
                     let mut v = Vec::with_capacity(n * co * pix);
-                    // (In the vector wrapper: built as baseline x86-64, the fill stores 16
-                    // bytes at a time.)
+                    // Filled inside the vector wrapper: compiled for baseline x86-64, the
+                    // fill would store 16 bytes at a time.
                     super::fused::simd(
                         #[inline(always)]
                         || {
