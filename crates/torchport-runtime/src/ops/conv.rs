@@ -394,29 +394,16 @@ fn conv_gemm(
     let per_image = c * h * wd;
     let res = with_f32(&w, |wm| {
         with_f32(&x, |xs| {
-            // The output starts as the bias (each channel's value over its pixels, written
-            // once, not over zeros first), else zeros; the products accumulate onto it.
-            let mut out = match &bias {
-                Some(b) => {
-                    let mut v = Vec::with_capacity(n * co * pix);
-                    // Filled inside the vector wrapper: compiled for baseline x86-64, the
-                    // fill would store 16 bytes at a time.
-                    super::fused::simd(
-                        #[inline(always)]
-                        || {
-                            for _ in 0..n {
-                                b.iter().for_each(|&bv| v.resize(v.len() + pix, bv));
-                            }
-                        },
-                    );
-                    v
-                }
-                None => vec![0f32; n * co * pix],
-            };
+            let mut out = vec![0f32; n * co * pix];
             if pix == 0 || co == 0 {
                 return Some(out);
             }
             let one_image = |img: &[f32], dst: &mut [f32], parallel: bool| -> bool {
+                if let Some(b) = &bias {
+                    for (row, &v) in dst.chunks_mut(pix).zip(b) {
+                        row.fill(v);
+                    }
+                }
                 let unfolded;
                 let cols: &[f32] = if direct {
                     img

@@ -222,20 +222,18 @@ pub fn gemm_bias(
         }
         Some(_) => return Ok(None),
     };
-    // The output starts as beta * bias (written once, not over zeros first), else zeros;
-    // the product accumulates onto it.
-    let bias_given = bias.is_some();
-    let mut out = match bias {
-        Some(b) if b.len() == n => {
-            let mut v = Vec::with_capacity(rows * n);
-            (0..rows).for_each(|_| v.extend_from_slice(&b));
-            v
+    let mut out = vec![0f32; rows * n];
+    if let Some(b) = &bias {
+        if b.len() == n {
+            for row in out.chunks_mut(n.max(1)) {
+                row.copy_from_slice(b);
+            }
+        } else {
+            out.copy_from_slice(b);
         }
-        Some(b) => b,
-        None => vec![0f32; rows * n],
-    };
-    if bias_given && beta != 1.0 {
-        out.iter_mut().for_each(|v| *v *= beta as f32);
+        if beta != 1.0 {
+            out.iter_mut().for_each(|v| *v *= beta as f32);
+        }
     }
     let ok = with_f32(x, |xs| {
         with_storage::<f32, _>(w, |wd, wl| {
@@ -253,7 +251,7 @@ pub fn gemm_bias(
                 },
                 &mut out,
                 n,
-                bias_given,
+                bias.is_some(),
                 alpha as f32,
                 true,
             ))
