@@ -217,7 +217,6 @@ def main():
                     onnx_ms, tp_cpu = least(onnx_ms, o), least(tp_cpu, t.get("cpu_ms"))
                     if tp is None or t["median_ms"] < tp["median_ms"]:
                         tp = t
-                tp["cpu_ms"] = tp_cpu
                 row = dict(model=name, batch=batch, threads=th, torchport_ms=tp["median_ms"],
                            eager_ms=eager, ort_ms=onnx_ms, load_ms=tp["load_ms"],
                            torchport_cpu_ms=tp_cpu, eager_cpu_ms=eager_cpu)
@@ -225,7 +224,7 @@ def main():
                 ort_s = f"{onnx_ms:8.1f} {tp['median_ms'] / onnx_ms:6.2f}" if onnx_ms else ""
                 print(f"{name:<19} b{batch:<2} t{th}  torchport {tp['median_ms']:8.1f}  "
                       f"eager {eager:8.1f}  tp/eager {tp['median_ms'] / eager:5.2f}  "
-                      f"load {tp['load_ms']:6.0f}  cpu {tp.get('cpu_ms', float('nan')):7.1f} / "
+                      f"load {tp['load_ms']:6.0f}  cpu {float('nan') if tp_cpu is None else tp_cpu:7.1f} / "
                       f"{eager_cpu:7.1f} {ort_s}", flush=True)
 
     print(f"\nruns={args.runs}, rounds={args.rounds} (least median of the rounds, ms); "
