@@ -229,34 +229,35 @@ fn copy_part<T: WithDType>(
     let last = pd.len() - 1;
     let (inner, s) = (pd[last], ps[0][last]);
     let start = lay.start_offset();
-    out.chunks_mut(row).enumerate().all(|(r, orow)| {
+    for (r, orow) in out.chunks_mut(row).enumerate() {
         let base = start + offset(r, &dims[..d], &strides[..d]);
-        orow[at..at + part]
-            .chunks_mut(inner)
-            .enumerate()
-            .all(|(k, o)| {
-                let off = base + offset(k, &pd[..last], &ps[0][..last]);
-                if s == 1 {
-                    match data.get(off..off + inner) {
-                        Some(src) => {
-                            o.copy_from_slice(src);
-                            true
-                        }
-                        None => false,
-                    }
-                } else {
-                    o.iter_mut()
-                        .enumerate()
-                        .all(|(j, o)| match data.get(off + j * s) {
-                            Some(&v) => {
-                                *o = v;
-                                true
-                            }
-                            None => false,
-                        })
-                }
-            })
-    })
+        for (k, o) in orow[at..at + part].chunks_mut(inner).enumerate() {
+            let off = base + offset(k, &pd[..last], &ps[0][..last]);
+            if !copy_run(o, data, off, s) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// `o[j] = data[off + j * s]` (one slice copy when `s` is 1); false when a read falls outside
+/// `data`.
+fn copy_run<T: WithDType>(o: &mut [T], data: &[T], off: usize, s: usize) -> bool {
+    if s == 1 {
+        let Some(src) = data.get(off..off + o.len()) else {
+            return false;
+        };
+        o.copy_from_slice(src);
+        return true;
+    }
+    for (j, o) in o.iter_mut().enumerate() {
+        let Some(&v) = data.get(off + j * s) else {
+            return false;
+        };
+        *o = v;
+    }
+    true
 }
 
 #[cfg(test)]
