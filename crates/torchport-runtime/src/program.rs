@@ -321,7 +321,20 @@ impl Program {
     /// any float dtype (they are rounded to the declared dtype, then computed in f32); integer
     /// inputs any integer dtype; bool inputs u8. Outputs come back in their declared dtype where
     /// candle has it (f32, f16, bf16, f64, i64, i32), bool as u8 0/1.
+    ///
+    /// The run happens on a thread of rayon's pool (the caller's own pool when called from
+    /// one), so that each kernel's serial parts run on the same threads as its parallel loops
+    /// and find the data in the same caches. So at most as many runs proceed at once as the
+    /// pool has threads; [`Program::run_here`] runs on the calling thread instead.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        in_pool(|| self.run_inner(inputs, None))
+    }
+
+    /// Run like [`Program::run`], but walk the graph on the calling thread (kernels' parallel
+    /// loops still use rayon's pool): for a server whose own threads are meant to be the
+    /// parallelism, e.g. many threads each running the program with `RAYON_NUM_THREADS=1`,
+    /// where [`Program::run`] would queue every run behind the pool's one thread.
+    pub fn run_here(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         self.run_inner(inputs, None)
     }
 
@@ -329,12 +342,14 @@ impl Program {
     /// node count), slowest first: what to look at before optimizing.
     pub fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<OpTime>)> {
         let mut times: HashMap<String, OpTime> = HashMap::new();
-        let out = self.run_inner(inputs, Some(&mut times))?;
+        let out = in_pool(|| self.run_inner(inputs, Some(&mut times)))?;
         let mut v: Vec<OpTime> = times.into_values().collect();
         v.sort_by_key(|o| std::cmp::Reverse(o.total));
         Ok((out, v))
     }
 
+    /// The graph walk behind [`Program::run`], [`Program::run_here`] and [`Program::profile`],
+    /// on the calling thread.
     fn run_inner(
         &self,
         inputs: &[Tensor],
@@ -857,4 +872,16 @@ fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
         }
     }
     frees
+}
+
+/// Run `f` on a thread of rayon's pool and wait for it: on the calling thread when that is
+/// already one of the pool's, else on one of the global pool's.
+///
+/// Called from outside the pool, a kernel's parallel loops run on the pool's threads while
+/// its serial parts (and every kernel without a parallel loop) run on the caller's: each
+/// op's output is written on one core and read on another. With one rayon thread on a
+/// 2-core machine that cost ResNet-18 batch 1 a quarter of its time (BENCHMARKS.md,
+/// 2026-12-02).
+fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
 }

@@ -2,10 +2,11 @@
 //! replaced by a kernel that counts its calls and then computes relu still gives PyTorch's
 //! outputs on torchvision's MobileNetV3-Small (the zoo fixture, decomposed), and is called
 //! once per relu node of the graph; a registry without an op reports it as unsupported; a
-//! kernel that panics makes the run fail with an error, not the caller.
+//! kernel that panics makes the run fail with an error, not the caller; kernels run on a
+//! thread of rayon's pool, the caller's own pool when it has one.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use torchport_runtime::ops::Registry;
 use torchport_runtime::value::{one, Args, Outputs};
@@ -84,5 +85,45 @@ fn a_kernel_that_panics_gives_an_error_naming_the_node() {
     assert!(
         err.contains("aten.relu.default") && err.contains("the kernel failed: relu exploded"),
         "{err}"
+    );
+}
+
+/// Set when a relu kernel ran on a thread outside rayon's pools.
+static RELU_OFF_POOL: AtomicBool = AtomicBool::new(false);
+/// The largest pool size a relu kernel saw.
+static RELU_POOL_SIZE: AtomicUsize = AtomicUsize::new(0);
+
+fn pool_noting_relu(args: &Args) -> torchport_runtime::error::OpResult<Outputs> {
+    if rayon::current_thread_index().is_none() {
+        RELU_OFF_POOL.store(true, Ordering::SeqCst);
+    }
+    RELU_POOL_SIZE.fetch_max(rayon::current_num_threads(), Ordering::SeqCst);
+    one(args.tensor("self")?.relu()?)
+}
+
+#[test]
+fn kernels_run_on_a_thread_of_the_callers_pool() {
+    let mut registry = Registry::with_all_ops();
+    registry.add("aten.relu.default", pool_noting_relu);
+    let program =
+        Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
+    let inputs = numbered(&zoo(), MODEL, "input");
+    // Called from the test's own thread: the kernels still run in rayon's global pool.
+    assert!(rayon::current_thread_index().is_none());
+    program.run(&inputs).unwrap();
+    assert!(!RELU_OFF_POOL.load(Ordering::SeqCst));
+    // Called from inside a one-thread pool: they run there.
+    RELU_POOL_SIZE.store(0, Ordering::SeqCst);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let got = pool.install(|| program.run(&inputs)).unwrap();
+    assert!(!RELU_OFF_POOL.load(Ordering::SeqCst));
+    assert_eq!(RELU_POOL_SIZE.load(Ordering::SeqCst), 1);
+    let want = numbered(&zoo(), MODEL, "output");
+    assert_eq!(
+        output_mismatches(MODEL, &got, &want, |_| 1e-4),
+        Vec::<String>::new()
     );
 }
