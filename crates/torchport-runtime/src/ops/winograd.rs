@@ -1,0 +1,468 @@
+//! 3x3, stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3): each 2x2 block
+//! of output pixels (a tile) is computed from the 4x4 input patch under it as 16
+//! elementwise products in a transformed space, instead of 36 multiply-adds per output
+//! pixel. Summed over input channels, the 16 products become 16 matrix products
+//! `U[i] (c_out x c_in) @ V[i] (c_in x tiles)`, so the arithmetic drops by 2.25x; the
+//! transforms that move into and out of that space use only additions and halvings.
+//!
+//! With `d` a 4x4 input patch, `g` a 3x3 kernel and `m` the 4x4 products,
+//! `V = Bᵀ d B`, `U = G g Gᵀ`, and the 2x2 output is `Aᵀ m A`, where
+//! `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]`,
+//! `G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]` and
+//! `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]` (Lavin and Gray, "Fast Algorithms for
+//! Convolutional Neural Networks", 2015).
+//!
+//! An image is processed a block of tile rows at a time, so that its transformed input
+//! (`[c_in][16][tiles]`) and products (`[c_out][16][tiles]`) stay in cache; the blocks of
+//! one image run in parallel when it is the only image per thread.
+
+use rayon::prelude::*;
+
+use super::conv::Act;
+use super::sgemm::{sgemm, Mat};
+
+/// Bytes of transformed input (or products) one block of tile rows may take.
+const BLOCK_BYTES: usize = 1 << 20;
+
+/// The shape of one 3x3, stride-1, dilation-1 convolution of one image.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Geometry {
+    /// Input channels, height and width.
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    /// Output channels.
+    pub co: usize,
+    /// Zero padding above/below and left/right.
+    pub pad: [usize; 2],
+}
+
+impl Geometry {
+    /// Output height and width (`None` when the padded input is smaller than the kernel).
+    pub fn out(&self) -> Option<[usize; 2]> {
+        let oh = (self.h + 2 * self.pad[0]).checked_sub(2)?;
+        let ow = (self.w + 2 * self.pad[1]).checked_sub(2)?;
+        Some([oh, ow])
+    }
+
+    /// Tile rows and columns (2x2 output pixels each; the last may overhang the output).
+    fn tiles(&self) -> [usize; 2] {
+        let [oh, ow] = self.out().unwrap_or([0, 0]);
+        [oh.div_ceil(2), ow.div_ceil(2)]
+    }
+}
+
+/// The transformed weights `U[16][c_out][c_in]` of a `[c_out, c_in, 3, 3]` weight.
+pub(super) fn weights(w: &[f32], co: usize, c: usize) -> Vec<f32> {
+    let mut u = vec![0f32; 16 * co * c];
+    if c == 0 {
+        return u;
+    }
+    // Per output channel, vectorised over input channels: the taps as 9 planes of c, then
+    // G g (4 x 3 planes), then (G g) Gᵀ (4 x 4 planes), each into its row of U[i].
+    let mut taps = vec![0f32; 9 * c];
+    let mut gg = vec![0f32; 12 * c];
+    super::fused::simd(
+        #[inline(always)]
+        || {
+            for (oc, wo) in w.chunks_exact(c * 9).take(co).enumerate() {
+                for (ic, k) in wo.chunks_exact(9).enumerate() {
+                    for (t, &x) in k.iter().enumerate() {
+                        taps[t * c + ic] = x;
+                    }
+                }
+                let tap = |t: usize| &taps[t * c..][..c];
+                for j in 0..3 {
+                    let out = pieces_mut(&mut gg, c, [j, 3 + j, 6 + j, 9 + j].map(|i| i * c));
+                    transform_g([tap(j), tap(3 + j), tap(6 + j)], out);
+                }
+                for r in 0..4 {
+                    let g = |j: usize| &gg[(r * 3 + j) * c..][..c];
+                    let starts = [0, 1, 2, 3].map(|s| ((4 * r + s) * co + oc) * c);
+                    transform_g([g(0), g(1), g(2)], pieces_mut(&mut u, c, starts));
+                }
+            }
+        },
+    );
+    u
+}
+
+/// Four disjoint `n`-long pieces of `buf`, starting at `starts` (increasing, each at least
+/// `n` past the one before).
+fn pieces_mut(buf: &mut [f32], n: usize, starts: [usize; 4]) -> [&mut [f32]; 4] {
+    let (p0, rest) = buf[starts[0]..].split_at_mut(n);
+    let (p1, rest) = rest[starts[1] - starts[0] - n..].split_at_mut(n);
+    let (p2, rest) = rest[starts[2] - starts[1] - n..].split_at_mut(n);
+    let p3 = &mut rest[starts[3] - starts[2] - n..][..n];
+    [p0, p1, p2, p3]
+}
+
+/// Buffers one thread reuses across blocks: the block's transformed input, its products,
+/// and the output transform's intermediate rows.
+#[derive(Default)]
+struct Scratch {
+    vin: Vec<f32>,
+    prod: Vec<f32>,
+    rows: Vec<f32>,
+}
+
+/// Convolve one image `[c, h, w]` with transformed weights `u` (from [`weights`]) into
+/// `dst` (`[c_out, oh, ow]`), adding `bias` and applying `act`. With `threads` > 1 the
+/// blocks of tile rows run in parallel on the rayon pool, at least one per thread, each
+/// block's transforms and products on one thread. Returns false when a buffer is too small
+/// for the geometry (a caller's error), having written part of `dst`.
+pub(super) fn conv_image(
+    img: &[f32],
+    u: &[f32],
+    g: &Geometry,
+    bias: Option<&[f32]>,
+    act: Act,
+    dst: &mut [f32],
+    threads: usize,
+) -> bool {
+    let Some([oh, ow]) = g.out() else {
+        return false;
+    };
+    let [th, tw] = g.tiles();
+    if img.len() < g.c * g.h * g.w || dst.len() < g.co * oh * ow || u.len() < 16 * g.co * g.c {
+        return false;
+    }
+    if th == 0 || tw == 0 || g.co == 0 {
+        return true;
+    }
+    let cache_rows = (BLOCK_BYTES / (64 * g.c.max(g.co).max(1) * tw)).clamp(1, th);
+    let rows = th.div_ceil(th.div_ceil(cache_rows).max(threads.min(th)));
+    // Each block's part of the output: output rows 2 * r0 .. 2 * r1 of every plane.
+    let mut parts: Vec<Vec<&mut [f32]>> = (0..th.div_ceil(rows))
+        .map(|_| Vec::with_capacity(g.co))
+        .collect();
+    for plane in dst[..g.co * oh * ow].chunks_mut(oh * ow) {
+        for (part, band) in parts.iter_mut().zip(plane.chunks_mut(2 * rows * ow)) {
+            part.push(band);
+        }
+    }
+    let block = |s: &mut Scratch, (b, mut bands): (usize, Vec<&mut [f32]>)| -> bool {
+        let (r0, r1) = (b * rows, ((b + 1) * rows).min(th));
+        let tb = (r1 - r0) * tw;
+        // The buffers keep the size of the largest block so far; this block uses their start.
+        for (buf, len) in [(&mut s.vin, g.c), (&mut s.prod, g.co), (&mut s.rows, 1)] {
+            if buf.len() < len * 16 * tb {
+                buf.resize(len * 16 * tb, 0.0);
+            }
+        }
+        let (vin, prod) = (&mut s.vin[..g.c * 16 * tb], &mut s.prod[..g.co * 16 * tb]);
+        for (ci, vc) in vin.chunks_exact_mut(16 * tb).enumerate() {
+            input_tiles(&img[ci * g.h * g.w..][..g.h * g.w], g, [r0, r1], vc);
+        }
+        for i in 0..16 {
+            let ok = sgemm(
+                g.co,
+                tb,
+                g.c,
+                Mat::rows(&u[i * g.co * g.c..], g.c),
+                Mat {
+                    data: &vin[i * tb..],
+                    rs: 16 * tb,
+                    cs: 1,
+                },
+                &mut prod[i * tb..],
+                16 * tb,
+                false,
+                1.0,
+                false,
+            );
+            if !ok {
+                return false;
+            }
+        }
+        for (oc, (pc, band)) in prod.chunks_exact(16 * tb).zip(&mut bands).enumerate() {
+            let b = bias.map_or(0.0, |b| b.get(oc).copied().unwrap_or(0.0));
+            output_tiles(pc, [oh, ow], tw, [r0, r1], b, act, band, &mut s.rows);
+        }
+        true
+    };
+    if threads > 1 {
+        parts
+            .into_par_iter()
+            .enumerate()
+            .map_init(Scratch::default, block)
+            .all(|ok| ok)
+    } else {
+        let mut s = Scratch::default();
+        parts.into_iter().enumerate().all(|p| block(&mut s, p))
+    }
+}
+
+/// Transform the input tiles of tile rows `r0..r1` of one channel plane `[h, w]` into `vc`
+/// (`[16][tiles]`, the tiles of those rows in row-major order).
+fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32]) {
+    let [_, tw] = g.tiles();
+    let tb = (r1 - r0) * tw;
+    // The four input rows under a tile row, zero-padded to 2 * tw + 2 columns and split into
+    // even columns `e` and odd columns `o` (tw + 1 each), so that the transforms below are
+    // plain loops over unit-stride arrays: tile tx covers columns e[tx], o[tx], e[tx + 1],
+    // o[tx + 1].
+    let n = tw + 1;
+    let mut e = vec![0f32; 4 * n];
+    let mut o = vec![0f32; 4 * n];
+    let mut qe = vec![0f32; 4 * n];
+    let mut qo = vec![0f32; 4 * n];
+    super::fused::simd(
+        #[inline(always)]
+        || {
+            for ty in r0..r1 {
+                for (a, (ea, oa)) in e.chunks_exact_mut(n).zip(o.chunks_exact_mut(n)).enumerate() {
+                    let y = (2 * ty + a) as isize - g.pad[0] as isize;
+                    if y < 0 || y >= g.h as isize {
+                        ea.fill(0.0);
+                        oa.fill(0.0);
+                    } else {
+                        let src = &plane[y as usize * g.w..][..g.w];
+                        split_row(src, g.pad[1], ea, oa);
+                    }
+                }
+                // Row combinations Bᵀ d: q0 = d0 - d2, q1 = d1 + d2, q2 = d2 - d1,
+                // q3 = d1 - d3, for the even and the odd columns alike.
+                for (d, q) in [(&e, &mut qe), (&o, &mut qo)] {
+                    let d = [0, 1, 2, 3].map(|i| &d[i * n..][..n]);
+                    transform_b(d, pieces_mut(q, n, [0, n, 2 * n, 3 * n]));
+                }
+                // Column combinations, the same Bᵀ on each tile's four columns, into the 16
+                // planes.
+                let at = (ty - r0) * tw;
+                for (a, (qe, qo)) in qe.chunks_exact(n).zip(qo.chunks_exact(n)).enumerate() {
+                    let p = pieces_mut(vc, tw, [0, 1, 2, 3].map(|s| (4 * a + s) * tb + at));
+                    transform_b([&qe[..tw], &qo[..tw], &qe[1..], &qo[1..]], p);
+                }
+            }
+        },
+    );
+}
+
+/// Split one input row, padded by `pad` zeros on the left (and as many as needed on the
+/// right), into its even and odd padded columns: `e[j]` is padded column `2j`, input column
+/// `2j - pad`.
+#[inline(always)]
+fn split_row(src: &[f32], pad: usize, e: &mut [f32], o: &mut [f32]) {
+    let get = |x: usize| {
+        x.checked_sub(pad)
+            .and_then(|i| src.get(i))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    // Pairs j whose two input columns 2j - pad, 2j + 1 - pad both lie inside the row.
+    let ja = pad.div_ceil(2);
+    let jb = ((src.len() + pad) / 2).clamp(ja, e.len());
+    for j in (0..ja).chain(jb..e.len()) {
+        e[j] = get(2 * j);
+        o[j] = get(2 * j + 1);
+    }
+    let s0 = 2 * ja - pad;
+    for ((e, o), pair) in e[ja..jb]
+        .iter_mut()
+        .zip(&mut o[ja..jb])
+        .zip(src.get(s0..).unwrap_or_default().chunks_exact(2))
+    {
+        *e = pair[0];
+        *o = pair[1];
+    }
+}
+
+/// Turn one output channel's products `mc` (`[16][tiles]` for tile rows `r0..r1`) into its
+/// output rows `2 * r0 .. 2 * r1` (clipped to `oh`), `band`, adding `bias` and applying
+/// `act`. `tmp` holds at least 12 values per tile (16 are given).
+#[allow(clippy::too_many_arguments)]
+fn output_tiles(
+    mc: &[f32],
+    [oh, ow]: [usize; 2],
+    tw: usize,
+    [r0, r1]: [usize; 2],
+    bias: f32,
+    act: Act,
+    band: &mut [f32],
+    tmp: &mut [f32],
+) {
+    let tb = (r1 - r0) * tw;
+    // Aᵀ m A is elementwise across tiles, so each step runs over all the block's tiles at
+    // once: first the row combinations per column b, `s[b] = m0b + m1b + m2b` and
+    // `t[b] = m1b - m2b - m3b`; then the same on s and t, whose results are the output's even
+    // and odd columns of its even (from s) and odd (from t) rows.
+    let (st, eo) = tmp[..12 * tb].split_at_mut(8 * tb);
+    super::fused::simd(
+        #[inline(always)]
+        || {
+            let m = |i: usize| &mc[i * tb..][..tb];
+            let (s, t) = st.split_at_mut(4 * tb);
+            for (b, (sb, tv)) in s
+                .chunks_exact_mut(tb)
+                .zip(t.chunks_exact_mut(tb))
+                .enumerate()
+            {
+                transform_a([m(b), m(4 + b), m(8 + b), m(12 + b)], [sb, tv], 0.0);
+            }
+            for (r, pair) in [&*s, &*t].into_iter().zip(eo.chunks_exact_mut(2 * tb)) {
+                let (even, odd) = pair.split_at_mut(tb);
+                let c = [&r[..tb], &r[tb..2 * tb], &r[2 * tb..3 * tb], &r[3 * tb..]];
+                transform_a(c, [even, odd], bias);
+            }
+            for ty in r0..r1 {
+                let at = (ty - r0) * tw;
+                for (dy, pair) in eo.chunks_exact(2 * tb).enumerate() {
+                    if 2 * ty + dy >= oh {
+                        break;
+                    }
+                    let (even, odd) = (&pair[at..at + tw], &pair[tb + at..tb + at + tw]);
+                    let row = &mut band[(2 * (ty - r0) + dy) * ow..][..ow];
+                    let mut pairs = row.chunks_exact_mut(2);
+                    for ((px, &a), &b) in (&mut pairs).zip(even).zip(odd) {
+                        px[0] = a;
+                        px[1] = b;
+                    }
+                    if let [last] = pairs.into_remainder() {
+                        *last = even[tw - 1];
+                    }
+                }
+            }
+        },
+    );
+    act.apply(band);
+}
+
+/// `Bᵀ` on four rows (or columns) of equal length: `q0 = d0 - d2`, `q1 = d1 + d2`,
+/// `q2 = d2 - d1`, `q3 = d1 - d3`, over the length of `q0`. Its own function, so that
+/// the compiler knows the outputs do not alias and vectorises the loop.
+#[inline(always)]
+fn transform_b([d0, d1, d2, d3]: [&[f32]; 4], [q0, q1, q2, q3]: [&mut [f32]; 4]) {
+    let n = q0.len();
+    let (d0, d1, d2, d3) = (&d0[..n], &d1[..n], &d2[..n], &d3[..n]);
+    let (q1, q2, q3) = (&mut q1[..n], &mut q2[..n], &mut q3[..n]);
+    for x in 0..n {
+        q0[x] = d0[x] - d2[x];
+        q1[x] = d1[x] + d2[x];
+        q2[x] = d2[x] - d1[x];
+        q3[x] = d1[x] - d3[x];
+    }
+}
+
+/// `Aᵀ` on four rows (or columns) of equal length, plus `bias`: `s = m0 + m1 + m2 + bias`,
+/// `t = m1 - m2 - m3 + bias`, over the length of `s` (see [`transform_b`]).
+#[inline(always)]
+fn transform_a([m0, m1, m2, m3]: [&[f32]; 4], [s, t]: [&mut [f32]; 2], bias: f32) {
+    let n = s.len();
+    let (m0, m1, m2, m3) = (&m0[..n], &m1[..n], &m2[..n], &m3[..n]);
+    let t = &mut t[..n];
+    for x in 0..n {
+        s[x] = m0[x] + m1[x] + m2[x] + bias;
+        t[x] = m1[x] - m2[x] - m3[x] + bias;
+    }
+}
+
+/// `G` on three rows (or columns) of equal length: `o0 = a`, `o1 = (a + b + d) / 2`,
+/// `o2 = (a - b + d) / 2`, `o3 = d`, over the length of `o0` (see [`transform_b`]).
+#[inline(always)]
+fn transform_g([a, b, d]: [&[f32]; 3], [o0, o1, o2, o3]: [&mut [f32]; 4]) {
+    let n = o0.len();
+    let (a, b, d) = (&a[..n], &b[..n], &d[..n]);
+    let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
+    for x in 0..n {
+        o0[x] = a[x];
+        o1[x] = 0.5 * (a[x] + b[x] + d[x]);
+        o2[x] = 0.5 * (a[x] - b[x] + d[x]);
+        o3[x] = d[x];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    /// Against candle's direct conv2d (plus bias and activation): paddings from 0 to wider
+    /// than the kernel and different per dim, odd and even sizes (tiles overhanging the
+    /// output), a 1-row output, several blocks (by cache size and by thread count) run in
+    /// parallel.
+    #[test]
+    fn winograd_matches_candle_conv2d() {
+        let dev = Device::Cpu;
+        // (c_in, c_out, h, w, [pad_h, pad_w], threads, bias, activation)
+        type Case = (usize, usize, usize, usize, [usize; 2], usize, bool, Act);
+        let cases: [Case; 8] = [
+            (3, 5, 9, 11, [1, 1], 1, true, Act::None),
+            (4, 6, 6, 6, [0, 0], 1, false, Act::Relu),
+            (2, 3, 7, 4, [2, 1], 3, true, Act::Hardswish),
+            (1, 2, 1, 8, [1, 0], 2, true, Act::None),
+            (5, 4, 3, 3, [2, 2], 2, false, Act::Silu),
+            // 1 tile row per block from the cache budget: 5 blocks.
+            (70, 66, 9, 300, [1, 1], 1, true, Act::Relu),
+            // 2 blocks from the cache budget, the second shorter.
+            (8, 8, 50, 200, [1, 1], 1, true, Act::Relu),
+            (70, 66, 9, 300, [1, 1], 2, true, Act::None),
+        ];
+        for (c, co, h, w, pad, threads, with_bias, act) in cases {
+            let x = Tensor::randn(0f32, 1., (1, c, h, w), &dev).unwrap();
+            let k = Tensor::randn(0f32, 1., (co, c, 3, 3), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1., co, &dev).unwrap();
+            let g = Geometry { c, h, w, co, pad };
+            let [oh, ow] = g.out().unwrap();
+            let u = weights(&k.flatten_all().unwrap().to_vec1().unwrap(), co, c);
+            let bias: Option<Vec<f32>> = with_bias.then(|| b.to_vec1().unwrap());
+            let mut got = vec![f32::NAN; co * oh * ow];
+            let img: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+            assert!(conv_image(
+                &img,
+                &u,
+                &g,
+                bias.as_deref(),
+                act,
+                &mut got,
+                threads
+            ));
+            let mut want = x
+                .pad_with_zeros(2, pad[0], pad[0])
+                .unwrap()
+                .pad_with_zeros(3, pad[1], pad[1])
+                .unwrap()
+                .conv2d(&k, 0, 1, 1, 1)
+                .unwrap();
+            if with_bias {
+                want = want
+                    .broadcast_add(&b.reshape((1, co, 1, 1)).unwrap())
+                    .unwrap();
+            }
+            let want = act.apply_to(&want).unwrap();
+            let got = Tensor::from_vec(got, (1, co, oh, ow), &dev).unwrap();
+            let scale = want
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let diff = crate::ops::max_abs_diff(&got, &want);
+            assert!(
+                diff <= 1e-5 * scale.max(1.0),
+                "c {c} co {co} {h}x{w} pad {pad:?} threads {threads}: {diff} (scale {scale})"
+            );
+        }
+    }
+
+    /// Buffers too small for the geometry are refused, not read or written past.
+    #[test]
+    fn short_buffers_are_refused() {
+        let g = Geometry {
+            c: 2,
+            h: 4,
+            w: 4,
+            co: 3,
+            pad: [1, 1],
+        };
+        let u = vec![0f32; 16 * 3 * 2];
+        let img = vec![0f32; 2 * 16];
+        let mut dst = vec![0f32; 3 * 16];
+        assert!(conv_image(&img, &u, &g, None, Act::None, &mut dst, 1));
+        assert!(!conv_image(&img[1..], &u, &g, None, Act::None, &mut dst, 1));
+        assert!(!conv_image(&img, &u[1..], &g, None, Act::None, &mut dst, 1));
+        assert!(!conv_image(&img, &u, &g, None, Act::None, &mut dst[1..], 1));
+    }
+}
