@@ -362,12 +362,13 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
 /// a `[c_in * kh * kw, oh * ow]` matrix whose rows follow the weight's own order, so the
 /// weight `[c_out, c_in, kh, kw]` is read as the `[c_out, c_in * kh * kw]` matrix it already
 /// is and `weight @ cols` is the NCHW output itself (no reordering of weight or output). A 1x1
-/// convolution with stride 1 and no padding uses the input as `cols` directly. The bias, if
-/// any, is written into the output first and the product accumulated onto it. Each image's
-/// product goes straight into its place in the batch's output; with more images than threads
-/// the images run in parallel (one single-threaded product each), otherwise the product
-/// itself is split. Any per-dim stride, padding and dilation. `None` when the layout does
-/// not apply.
+/// convolution with stride 1 and no padding uses the input as `cols` directly; a 3x3 one with
+/// stride 1 on large enough images runs by Winograd's algorithm instead (`winograd`). The
+/// bias, if any, is written into the output first and the product accumulated onto it. Each
+/// image's product goes straight into its place in the batch's output; with more images than
+/// threads the images run in parallel (one single-threaded product each), otherwise the
+/// product itself is split. Any per-dim stride, padding and dilation. `None` when the layout
+/// does not apply.
 fn conv_gemm(
     x: &Tensor,
     w: &Tensor,
@@ -409,56 +410,62 @@ fn conv_gemm(
             if pix == 0 || co == 0 {
                 return Some(out);
             }
-            let one_image = |img: &[f32], dst: &mut [f32], parallel: bool| -> bool {
-                if let (Some(g), Some(u)) = (&wino, &u) {
-                    let b = bias.as_deref();
-                    let threads = if parallel {
-                        rayon::current_num_threads()
-                    } else {
-                        1
-                    };
-                    return winograd::conv_image(img, u, g, b, p.act, dst, threads);
-                }
-                if let Some(b) = &bias {
-                    for (row, &v) in dst.chunks_mut(pix).zip(b) {
-                        row.fill(v);
+            // `cols`: the unfolded image, a buffer each thread reuses from image to image.
+            let one_image =
+                |cols: &mut Vec<f32>, img: &[f32], dst: &mut [f32], parallel: bool| -> bool {
+                    if let (Some(g), Some(u)) = (&wino, &u) {
+                        let b = bias.as_deref();
+                        let threads = if parallel {
+                            rayon::current_num_threads()
+                        } else {
+                            1
+                        };
+                        return winograd::conv_image(img, u, g, b, p.act, dst, threads);
                     }
-                }
-                let unfolded;
-                let cols: &[f32] = if direct {
-                    img
-                } else {
-                    unfolded = im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, parallel);
-                    &unfolded
+                    if let Some(b) = &bias {
+                        for (row, &v) in dst.chunks_mut(pix).zip(b) {
+                            row.fill(v);
+                        }
+                    }
+                    let cols: &[f32] = if direct {
+                        img
+                    } else {
+                        cols.resize(k * pix, 0.0);
+                        im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, cols, parallel);
+                        cols
+                    };
+                    let ok = sgemm(
+                        co,
+                        pix,
+                        k,
+                        Mat::rows(wm, k),
+                        Mat::rows(cols, pix),
+                        dst,
+                        pix,
+                        bias.is_some(),
+                        1.0,
+                        parallel,
+                    );
+                    if parallel && p.act != Act::None {
+                        dst.par_chunks_mut(pix).for_each(|c| p.act.apply(c));
+                    } else {
+                        p.act.apply(dst);
+                    }
+                    ok
                 };
-                let ok = sgemm(
-                    co,
-                    pix,
-                    k,
-                    Mat::rows(wm, k),
-                    Mat::rows(cols, pix),
-                    dst,
-                    pix,
-                    bias.is_some(),
-                    1.0,
-                    parallel,
-                );
-                if parallel && p.act != Act::None {
-                    dst.par_chunks_mut(pix).for_each(|c| p.act.apply(c));
-                } else {
-                    p.act.apply(dst);
-                }
-                ok
-            };
             let threads = rayon::current_num_threads();
             let ok = if n > 1 && n >= threads {
                 out.par_chunks_mut(co * pix)
                     .zip(xs.par_chunks(per_image))
-                    .all(|(dst, img)| one_image(img, dst, false))
+                    .map_init(Vec::new, |cols, (dst, img)| {
+                        one_image(cols, img, dst, false)
+                    })
+                    .all(|ok| ok)
             } else {
+                let mut cols = Vec::new();
                 out.chunks_mut(co * pix)
                     .zip(xs.chunks(per_image))
-                    .all(|(dst, img)| one_image(img, dst, true))
+                    .all(|(dst, img)| one_image(&mut cols, img, dst, true))
             };
             ok.then_some(out)
         })
@@ -507,54 +514,56 @@ fn small_f32(t: &Tensor, len: usize) -> Option<Vec<f32>> {
         .ok()
 }
 
-/// Unfold one image `[c, h, w]` into `[c * kh * kw, oh * ow]` (row `(ci, i, j)` holds the
-/// input pixel each output pixel sees through kernel tap `(i, j)` of channel `ci`; zero where
-/// that falls in the padding). Rows are filled in parallel.
+/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` (row `(ci, i, j)`
+/// holds the input pixel each output pixel sees through kernel tap `(i, j)` of channel `ci`;
+/// zero where that falls in the padding). Every element is written. Rows are filled in
+/// parallel when asked.
 fn im2col(
     xs: &[f32],
     [c, h, wd]: [usize; 3],
     [kh, kw]: [usize; 2],
     [oh, ow]: [usize; 2],
     p: &Params,
+    cols: &mut [f32],
     parallel: bool,
-) -> Vec<f32> {
+) {
     use rayon::prelude::*;
     let pix = oh * ow;
-    let mut cols = vec![0f32; c * kh * kw * pix];
     if pix == 0 {
-        return cols;
+        return;
     }
+    let cols = &mut cols[..c * kh * kw * pix];
     let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
     let fill = |(r, row): (usize, &mut [f32])| {
         let (ci, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
         let src = &xs[ci * h * wd..][..h * wd];
         let di = (i * p.dilation[0]) as isize - ph;
         let dj = (j * p.dilation[1]) as isize - pw;
-        for y in 0..oh {
+        for (y, drow) in row.chunks_exact_mut(ow).enumerate() {
             let iy = (y * p.stride[0]) as isize + di;
             if iy < 0 || iy >= h as isize {
+                drow.fill(0.0);
                 continue;
             }
             let srow = &src[iy as usize * wd..][..wd];
-            let drow = &mut row[y * ow..][..ow];
-            if p.stride[1] == 1 {
-                // Valid output columns: 0 <= x + dj < wd.
-                let x0 = (-dj).clamp(0, ow as isize) as usize;
-                let x1 = (wd as isize - dj).clamp(x0 as isize, ow as isize) as usize;
-                // Empty when the tap lies wholly in the padding (dilation wider than the
-                // image, e.g. DeepLab's ASPP); then x0 + dj may be negative.
-                if x1 > x0 {
-                    let s0 = (x0 as isize + dj) as usize;
+            // Valid output columns x0..x1: 0 <= x * stride + dj < wd. Empty when the tap lies
+            // wholly in the padding (dilation wider than the image, e.g. DeepLab's ASPP).
+            let sx = p.stride[1] as isize;
+            let x0 = ((-dj).max(0) + sx - 1) / sx;
+            let x1 = ((wd as isize - dj).max(0) + sx - 1) / sx;
+            let (x0, x1) = (x0.min(ow as isize) as usize, x1.min(ow as isize) as usize);
+            let x1 = x1.max(x0);
+            drow[..x0].fill(0.0);
+            if x1 > x0 {
+                let s0 = (x0 as isize * sx + dj) as usize;
+                if sx == 1 {
                     drow[x0..x1].copy_from_slice(&srow[s0..s0 + (x1 - x0)]);
-                }
-            } else {
-                for (xo, d) in drow.iter_mut().enumerate() {
-                    let ix = (xo * p.stride[1]) as isize + dj;
-                    if ix >= 0 && ix < wd as isize {
-                        *d = srow[ix as usize];
-                    }
+                } else {
+                    let src = srow[s0..].iter().step_by(p.stride[1]);
+                    drow[x0..x1].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
                 }
             }
+            drow[x1..].fill(0.0);
         }
     };
     if parallel {
@@ -562,7 +571,6 @@ fn im2col(
     } else {
         cols.chunks_mut(pix).enumerate().for_each(fill);
     }
-    cols
 }
 
 /// Output length of a convolution (or of an unfold's block positions) along one dim.
