@@ -19,9 +19,9 @@ const MMAP_THRESHOLD: i32 = 1 << 30;
 
 /// Asks the C allocator to keep freed memory for reuse instead of returning it to the kernel,
 /// so that a run's buffers are recycled rather than faulted in anew, and to serve every
-/// thread from the main heap, where that holds. Call it before starting threads (a thread
-/// keeps the arena of its first allocation). Returns whether it applied: true with glibc
-/// (Linux), false elsewhere (where nothing changes).
+/// thread from the main heap, to which those settings apply. Call it before starting threads:
+/// a thread keeps the arena of its first allocation. Returns whether it applied: true with
+/// glibc (Linux), false elsewhere (where nothing changes).
 ///
 /// The process's resident memory then stays near its peak after a run instead of dropping
 /// back. The peak was not raised on the models measured (EfficientNet-B0, ResNet-18).
