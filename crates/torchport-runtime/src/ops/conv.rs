@@ -402,9 +402,10 @@ fn conv_gemm(
     let x = x.contiguous()?;
     let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
     let per_image = c * h * wd;
-    let wino = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
+    let geometry = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
     let res = with_f32(&w, |wm| {
-        let u = wino.map(|_| winograd::weights(wm, co, c));
+        // Winograd's geometry with the transformed weights, when that path applies.
+        let wino = geometry.map(|g| (g, winograd::weights(wm, co, c)));
         with_f32(&x, |xs| {
             let mut out = vec![0f32; n * co * pix];
             if pix == 0 || co == 0 {
@@ -413,7 +414,7 @@ fn conv_gemm(
             // `cols`: the unfolded image, a buffer each thread reuses from image to image.
             let one_image =
                 |cols: &mut Vec<f32>, img: &[f32], dst: &mut [f32], parallel: bool| -> bool {
-                    if let (Some(g), Some(u)) = (&wino, &u) {
+                    if let Some((g, u)) = &wino {
                         let b = bias.as_deref();
                         let threads = if parallel {
                             rayon::current_num_threads()
@@ -918,22 +919,23 @@ mod tests {
     #[test]
     fn conv_gemm_matches_candle_conv2d() {
         let dev = Device::Cpu;
-        // (input, weight, stride, padding, dilation)
-        type Case = ([usize; 4], [usize; 4], usize, usize, usize);
-        let cases: [Case; 8] = [
-            ([2, 3, 9, 11], [4, 3, 3, 3], 1, 1, 1),
+        // (input, weight, stride, padding, dilation, whether by Winograd's algorithm)
+        type Case = ([usize; 4], [usize; 4], usize, usize, usize, bool);
+        let cases: [Case; 9] = [
+            ([2, 3, 9, 11], [4, 3, 3, 3], 1, 1, 1, false),
             // Winograd's F(2x2, 3x3) (enough pixels per image and per batch), one image per
-            // thread and one image split over threads.
-            ([4, 3, 16, 15], [5, 3, 3, 3], 1, 1, 1),
-            ([1, 6, 29, 30], [4, 6, 3, 3], 1, 0, 1),
-            ([1, 5, 10, 7], [6, 5, 3, 3], 2, 0, 1),
-            ([1, 2, 12, 12], [3, 2, 3, 3], 1, 2, 2),
-            ([2, 4, 6, 5], [7, 4, 1, 1], 1, 0, 1),
-            ([1, 3, 8, 8], [2, 3, 5, 5], 3, 2, 1),
+            // thread and one image split over threads; and one image just too small.
+            ([4, 3, 16, 15], [5, 3, 3, 3], 1, 1, 1, true),
+            ([1, 6, 30, 30], [4, 6, 3, 3], 1, 0, 1, true),
+            ([1, 6, 29, 30], [4, 6, 3, 3], 1, 0, 1, false),
+            ([1, 5, 10, 7], [6, 5, 3, 3], 2, 0, 1, false),
+            ([1, 2, 12, 12], [3, 2, 3, 3], 1, 2, 2, false),
+            ([2, 4, 6, 5], [7, 4, 1, 1], 1, 0, 1, false),
+            ([1, 3, 8, 8], [2, 3, 5, 5], 3, 2, 1, false),
             // Taps wholly in the padding (dilation wider than the image, as in DeepLab).
-            ([1, 2, 5, 5], [3, 2, 3, 3], 1, 6, 6),
+            ([1, 2, 5, 5], [3, 2, 3, 3], 1, 6, 6, false),
         ];
-        for (xs, ws, stride, pad, dil) in cases {
+        for (xs, ws, stride, pad, dil, by_winograd) in cases {
             let x = Tensor::randn(0f32, 1., xs.to_vec(), &dev).unwrap();
             let w = Tensor::randn(0f32, 1., ws.to_vec(), &dev).unwrap();
             let p = Params {
@@ -943,6 +945,12 @@ mod tests {
                 groups: 1,
                 act: Act::None,
             };
+            let [n, c, h, wd] = xs;
+            let pix = (0..2)
+                .map(|i| out_len([h, wd][i], ws[2 + i], pad, stride, dil).unwrap())
+                .product();
+            let geometry = winograd_geometry([n, c, h, wd], ws[0], [ws[2], ws[3]], &p, pix);
+            assert_eq!(geometry.is_some(), by_winograd, "{xs:?} {ws:?}");
             let got = conv_gemm(&x, &w, None, &p)
                 .unwrap()
                 .expect("fast path applies");
