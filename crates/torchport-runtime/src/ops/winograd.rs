@@ -98,12 +98,13 @@ fn pieces_mut(buf: &mut [f32], n: usize, starts: [usize; 4]) -> [&mut [f32]; 4] 
 }
 
 /// Buffers one thread reuses across blocks: the block's transformed input, its products,
-/// and the output transform's intermediate rows.
+/// and the input and output transforms' intermediate rows.
 #[derive(Default)]
 struct Scratch {
     vin: Vec<f32>,
     prod: Vec<f32>,
-    rows: Vec<f32>,
+    rows_in: Vec<f32>,
+    rows_out: Vec<f32>,
 }
 
 /// Convolve one image `[c, h, w]` with transformed weights `u` (from [`weights`]) into
@@ -145,14 +146,21 @@ pub(super) fn conv_image(
         let (r0, r1) = (b * rows, ((b + 1) * rows).min(th));
         let tb = (r1 - r0) * tw;
         // The buffers keep the size of the largest block so far; this block uses their start.
-        for (buf, len) in [(&mut s.vin, g.c), (&mut s.prod, g.co), (&mut s.rows, 1)] {
-            if buf.len() < len * 16 * tb {
-                buf.resize(len * 16 * tb, 0.0);
+        let sizes = [
+            (&mut s.vin, g.c * 16 * tb),
+            (&mut s.prod, g.co * 16 * tb),
+            (&mut s.rows_in, 16 * (tw + 1)),
+            (&mut s.rows_out, 16 * tb),
+        ];
+        for (buf, len) in sizes {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
             }
         }
         let (vin, prod) = (&mut s.vin[..g.c * 16 * tb], &mut s.prod[..g.co * 16 * tb]);
         for (ci, vc) in vin.chunks_exact_mut(16 * tb).enumerate() {
-            input_tiles(&img[ci * g.h * g.w..][..g.h * g.w], g, [r0, r1], vc);
+            let plane = &img[ci * g.h * g.w..][..g.h * g.w];
+            input_tiles(plane, g, [r0, r1], vc, &mut s.rows_in);
         }
         for i in 0..16 {
             let ok = sgemm(
@@ -177,7 +185,7 @@ pub(super) fn conv_image(
         }
         for (oc, (pc, band)) in prod.chunks_exact(16 * tb).zip(&mut bands).enumerate() {
             let b = bias.map_or(0.0, |b| b.get(oc).copied().unwrap_or(0.0));
-            output_tiles(pc, [oh, ow], tw, [r0, r1], b, act, band, &mut s.rows);
+            output_tiles(pc, [oh, ow], tw, [r0, r1], b, act, band, &mut s.rows_out);
         }
         true
     };
@@ -194,8 +202,9 @@ pub(super) fn conv_image(
 }
 
 /// Transform the input tiles of tile rows `r0..r1` of one channel plane `[h, w]` into `vc`
-/// (`[16][tiles]`, the tiles of those rows in row-major order).
-fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32]) {
+/// (`[16][tiles]`, the tiles of those rows in row-major order). `tmp` holds at least
+/// 16 * (tw + 1) values.
+fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32], tmp: &mut [f32]) {
     let [_, tw] = g.tiles();
     let tb = (r1 - r0) * tw;
     // The four input rows under a tile row, zero-padded to 2 * tw + 2 columns and split into
@@ -203,10 +212,7 @@ fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32]
     // plain loops over unit-stride arrays: tile tx covers columns e[tx], o[tx], e[tx + 1],
     // o[tx + 1].
     let n = tw + 1;
-    let mut e = vec![0f32; 4 * n];
-    let mut o = vec![0f32; 4 * n];
-    let mut qe = vec![0f32; 4 * n];
-    let mut qo = vec![0f32; 4 * n];
+    let [e, o, qe, qo] = pieces_mut(tmp, 4 * n, [0, 4 * n, 8 * n, 12 * n]);
     super::fused::simd(
         #[inline(always)]
         || {
@@ -223,7 +229,7 @@ fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32]
                 }
                 // Row combinations Bᵀ d: q0 = d0 - d2, q1 = d1 + d2, q2 = d2 - d1,
                 // q3 = d1 - d3, for the even and the odd columns alike.
-                for (d, q) in [(&e, &mut qe), (&o, &mut qo)] {
+                for (d, q) in [(&*e, &mut *qe), (&*o, &mut *qo)] {
                     let d = [0, 1, 2, 3].map(|i| &d[i * n..][..n]);
                     transform_b(d, pieces_mut(q, n, [0, n, 2 * n, 3 * n]));
                 }
@@ -270,7 +276,7 @@ fn split_row(src: &[f32], pad: usize, e: &mut [f32], o: &mut [f32]) {
 
 /// Turn one output channel's products `mc` (`[16][tiles]` for tile rows `r0..r1`) into its
 /// output rows `2 * r0 .. 2 * r1` (clipped to `oh`), `band`, adding `bias` and applying
-/// `act`. `tmp` holds at least 12 values per tile (16 are given).
+/// `act`. `tmp` holds at least 12 values per tile.
 #[allow(clippy::too_many_arguments)]
 fn output_tiles(
     mc: &[f32],
