@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use torchport_runtime::ops::Registry;
+use torchport_runtime::ops::{OpFn, Registry};
 use torchport_runtime::value::{one, Args, Outputs};
 use torchport_runtime::Program;
 
@@ -22,6 +22,14 @@ fn zoo() -> PathBuf {
 
 const MODEL: &str = "tv_mobilenet_v3_small";
 
+/// The zoo model, decomposed, loaded with every kernel of the crate but `relu`'s, which is
+/// `kernel`.
+fn with_relu(kernel: OpFn) -> Program {
+    let mut registry = Registry::with_all_ops();
+    registry.add("aten.relu.default", kernel);
+    Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap()
+}
+
 static RELU_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 fn counting_relu(args: &Args) -> torchport_runtime::error::OpResult<Outputs> {
@@ -31,10 +39,7 @@ fn counting_relu(args: &Args) -> torchport_runtime::error::OpResult<Outputs> {
 
 #[test]
 fn a_replaced_kernel_is_the_one_that_runs() {
-    let mut registry = Registry::with_all_ops();
-    registry.add("aten.relu.default", counting_relu);
-    let program =
-        Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
+    let program = with_relu(counting_relu);
     let relus = program
         .exported_program()
         .graph_module
@@ -74,10 +79,7 @@ fn panicking_relu(_: &Args) -> torchport_runtime::error::OpResult<Outputs> {
 
 #[test]
 fn a_kernel_that_panics_gives_an_error_naming_the_node() {
-    let mut registry = Registry::with_all_ops();
-    registry.add("aten.relu.default", panicking_relu);
-    let program =
-        Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
+    let program = with_relu(panicking_relu);
     let err = program
         .run(&numbered(&zoo(), MODEL, "input"))
         .unwrap_err()
@@ -103,10 +105,7 @@ fn pool_noting_relu(args: &Args) -> torchport_runtime::error::OpResult<Outputs> 
 
 #[test]
 fn kernels_run_on_a_thread_of_the_callers_pool() {
-    let mut registry = Registry::with_all_ops();
-    registry.add("aten.relu.default", pool_noting_relu);
-    let program =
-        Program::load_with_registry(zoo().join(format!("{MODEL}.decomp.pt2")), &registry).unwrap();
+    let program = with_relu(pool_noting_relu);
     let inputs = numbered(&zoo(), MODEL, "input");
     // Called from the test's own thread: the kernels still run in rayon's global pool.
     assert!(rayon::current_thread_index().is_none());

@@ -43,7 +43,7 @@ pub mod strided;
 pub mod sym;
 pub mod unfold;
 pub mod volume;
-pub mod winograd;
+mod winograd;
 
 /// An op kernel.
 pub type OpFn = fn(&Args) -> OpResult<Outputs>;
