@@ -1,7 +1,8 @@
 //! Weight preparation done once at load: fold each inference batch norm into the
 //! convolution before it ([`fold_batch_norms`]), then the relu / silu / hardswish after a
-//! convolution into it ([`fuse_conv_activations`]), and store each Linear weight in the layout its
-//! matmul reads, so that no run pays for a transposed operand.
+//! convolution into it ([`fuse_conv_activations`]), residual adds (and the activation after)
+//! into the convolution before them ([`fuse_conv_residuals`]), and store each Linear weight in
+//! the layout its matmul reads, so that no run pays for a transposed operand.
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
 //! (candle's gemm) is given `w.T`, a strided view. A weight that is only ever read through a
@@ -548,6 +549,131 @@ pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
         !dropped.contains(&(at - 1))
     });
     fused
+}
+
+/// Fold a residual add into the convolution that produces one of its operands, with the
+/// relu / silu / hardswish that may follow it: `act(conv(x) + r)` becomes one conv node that
+/// starts its output from `r` (under [`FUSED_RESIDUAL_ARG`](crate::ops::conv::FUSED_RESIDUAL_ARG))
+/// and accumulates the product onto it, as ResNet's blocks and MobileNet's inverted residuals
+/// end. The add is `add.Tensor` or `add_.Tensor` with alpha 1 whose `self` (either operand for
+/// `add`) is the output of a forward conv that nothing else reads, and the graph's metadata
+/// gives both operands the same sizes and dtype. The conv node takes the add's place (the
+/// residual may be computed after the conv, as a downsampling branch is), defines the add's (or
+/// the activation's) output, and the other nodes are dropped. Run after
+/// [`fuse_conv_activations`]. Returns how many.
+pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
+    use crate::ops::conv::{Act, FUSED_ACT_ARG, FUSED_RESIDUAL_ARG};
+    use crate::schema::{NamedArgument, TensorArgument};
+    let (readers, producer) = readers_and_producers(graph);
+    let same_meta = |a: &str, b: &str| {
+        use crate::schema::SymInt;
+        let (Some(ma), Some(mb)) = (graph.tensor_values.get(a), graph.tensor_values.get(b)) else {
+            return false;
+        };
+        let same_size = |x: &SymInt, y: &SymInt| match (x, y) {
+            (SymInt::AsInt(x), SymInt::AsInt(y)) => x == y,
+            (SymInt::AsExpr(x), SymInt::AsExpr(y)) => x.expr_str == y.expr_str,
+            _ => false,
+        };
+        ma.dtype == mb.dtype
+            && ma.sizes.len() == mb.sizes.len()
+            && ma.sizes.iter().zip(&mb.sizes).all(|(x, y)| same_size(x, y))
+    };
+    // (add node, conv node, residual, activation node if any)
+    let mut plans: Vec<(usize, usize, String, Option<(usize, Act)>)> = Vec::new();
+    let mut taken: HashSet<usize> = HashSet::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let key = op_key(&node.target);
+        let in_place = key == "aten.add_.Tensor";
+        if !(in_place || key == "aten.add.Tensor") || input_float(node, "alpha", 1.0) != Some(1.0) {
+            continue;
+        }
+        let (Some(a), Some(b), [Argument::AsTensor(y)]) = (
+            input_tensor(node, "self"),
+            input_tensor(node, "other"),
+            node.outputs.as_slice(),
+        ) else {
+            continue;
+        };
+        // `add_` rebinds its `self`: only a conv output that nothing else reads may be it.
+        let pairs = if in_place {
+            vec![(a, b)]
+        } else {
+            vec![(a, b), (b, a)]
+        };
+        let Some((j, r)) = pairs.into_iter().find_map(|(c, r)| {
+            let j = *producer.get(c).filter(|&&j| j < i)?;
+            let conv = &graph.nodes[j];
+            // The conv moves down to the add: nothing between may rebind what it reads (an
+            // in-place op's `self`).
+            let reads: Vec<&str> = conv
+                .inputs
+                .iter()
+                .flat_map(|a| tensor_names(&a.arg))
+                .collect();
+            let rebinds = graph.nodes[j + 1..i].iter().any(|n| {
+                crate::ops::functional_name(op_key(&n.target)).is_some()
+                    && (input_tensor(n, "self").or(input_tensor(n, "input")))
+                        .is_some_and(|s| reads.contains(&s))
+            });
+            let free = readers.get(c) == Some(&1)
+                && c != r
+                && !rebinds
+                && is_forward_conv(conv)
+                && !taken.contains(&j)
+                && !conv.inputs.iter().any(|a| a.name == FUSED_ACT_ARG)
+                && same_meta(c, r);
+            free.then_some((j, r))
+        }) else {
+            continue;
+        };
+        // The activation after, when it is the add's only reader.
+        let act = (readers.get(&y.name) == Some(&1))
+            .then(|| {
+                graph
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .skip(i + 1)
+                    .find_map(|(k, n)| {
+                        let act = Act::of_op(op_key(&n.target))?;
+                        let one_out = matches!(n.outputs.as_slice(), [Argument::AsTensor(_)]);
+                        (input_tensor(n, "self") == Some(y.name.as_str()) && one_out)
+                            .then_some((k, act))
+                    })
+            })
+            .flatten();
+        taken.insert(j);
+        plans.push((i, j, r.to_string(), act));
+    }
+    let mut dropped: HashSet<usize> = HashSet::new();
+    for (i, j, r, act) in &plans {
+        let mut conv = graph.nodes[*j].clone();
+        conv.inputs.push(NamedArgument {
+            name: FUSED_RESIDUAL_ARG.into(),
+            arg: Argument::AsTensor(TensorArgument { name: r.clone() }),
+            kind: None,
+        });
+        let mut out = graph.nodes[*i].outputs.clone();
+        if let Some((k, act)) = act {
+            conv.inputs.push(NamedArgument {
+                name: FUSED_ACT_ARG.into(),
+                arg: Argument::AsString(act.name().into()),
+                kind: None,
+            });
+            out = graph.nodes[*k].outputs.clone();
+            dropped.insert(*k);
+        }
+        conv.outputs = out;
+        graph.nodes[*i] = conv;
+        dropped.insert(*j);
+    }
+    let mut at = 0;
+    graph.nodes.retain(|_| {
+        at += 1;
+        !dropped.contains(&(at - 1))
+    });
+    plans.len()
 }
 
 #[cfg(test)]

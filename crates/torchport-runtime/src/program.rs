@@ -230,6 +230,7 @@ impl Program {
         crate::prepare::fold_batch_norms_with(&mut ep.graph_module.graph, &mut weights, owned);
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
+            crate::prepare::fuse_conv_residuals(&mut ep.graph_module.graph);
         }
         let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);

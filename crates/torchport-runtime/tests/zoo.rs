@@ -79,6 +79,46 @@ fn zoo_models_match_pytorch() {
 /// decomposed export computes sizes with SymInt arithmetic, DeBERTa takes the sign of
 /// integer tensors, wav2vec2 calls `_weight_norm`, EfficientViT wraps ops in autocast, and
 /// Mixtral routes tokens with histc to transformers' grouped product.
+/// The residual adds of ResNet-18d's basic blocks (then relu) and of MobileNetV3's inverted
+/// residuals (no activation after) are folded into the convolution before them at load, in
+/// both flavours; `zoo_models_match_pytorch` checks the outputs of these same programs.
+#[test]
+fn residual_adds_are_folded_into_their_convolutions() {
+    use torchport_runtime::ops::conv::FUSED_RESIDUAL_ARG;
+    use torchport_runtime::schema::{Argument, Graph};
+    // Adds of two tensors (the decomposed hardswish's `x + 3` is not one).
+    let adds = |g: &Graph| {
+        let add = |t: &str| t.ends_with("aten.add.Tensor") || t.ends_with("aten.add_.Tensor");
+        let of_tensor = |n: &&torchport_runtime::schema::Node| {
+            n.inputs
+                .iter()
+                .any(|a| a.name == "other" && matches!(a.arg, Argument::AsTensor(_)))
+        };
+        g.nodes
+            .iter()
+            .filter(|n| add(&n.target))
+            .filter(of_tensor)
+            .count()
+    };
+    // (model, its residual adds: ResNet-18's 8 blocks; MobileNetV3-Small's 7 blocks with
+    // a skip connection)
+    for (model, blocks) in [("timm_resnet18d", 8), ("tv_mobilenet_v3_small", 7)] {
+        for flavour in ["plain", "decomp"] {
+            let path = fixtures().join(format!("{model}.{flavour}.pt2"));
+            let raw = torchport_runtime::archive::read_program(&path).unwrap();
+            assert_eq!(adds(&raw.graph_module.graph), blocks, "{model} {flavour}");
+            let program = Program::load(&path).unwrap();
+            let g = &program.exported_program().graph_module.graph;
+            let fused = g
+                .nodes
+                .iter()
+                .filter(|n| n.inputs.iter().any(|a| a.name == FUSED_RESIDUAL_ARG))
+                .count();
+            assert_eq!((adds(g), fused), (0, blocks), "{model} {flavour}");
+        }
+    }
+}
+
 #[test]
 fn zoo_fixtures_exercise_what_they_are_there_for() {
     let ops = |name: &str| -> Vec<String> {

@@ -55,6 +55,7 @@ const GROUP_MAX_PIXELS: usize = 196;
 const BAND_MIN_CHANNELS: usize = 128;
 
 /// Convolution parameters, per spatial dim (always two: 1-d convs run as 2-d with height 1).
+#[derive(Clone, Copy)]
 struct Params {
     stride: [usize; 2],
     padding: [usize; 2],
@@ -140,6 +141,10 @@ impl Act {
 /// The argument name under which a fused activation is recorded on a conv node.
 pub const FUSED_ACT_ARG: &str = "torchport_fused_activation";
 
+/// The argument name under which a residual fused at load (`prepare::fuse_conv_residuals`) is
+/// recorded on a conv node: a tensor added to the conv's output before its activation.
+pub const FUSED_RESIDUAL_ARG: &str = "torchport_fused_residual";
+
 fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
     let p = match (v, one_d) {
         ([x], true) => [0, usize_of(*x, what)?],
@@ -212,6 +217,18 @@ pub(super) fn fused_act(a: &Args) -> OpResult<Act> {
     })
 }
 
+/// `y` plus the residual fused onto this conv node at load, if any (`y` batched; the residual
+/// is unbatched with an `unbatched` input), promoted as torch's `add` promotes.
+pub(super) fn add_fused_residual(a: &Args, y: Tensor, unbatched: bool) -> OpResult<Tensor> {
+    use crate::value::TensorOrScalar::Tensor as T;
+    let Some(r) = a.opt_tensor(FUSED_RESIDUAL_ARG)? else {
+        return Ok(y);
+    };
+    let r = if unbatched { r.unsqueeze(0)? } else { r };
+    let (y, r) = super::binary_operands(&T(y), &T(r))?;
+    Ok(y.broadcast_add(&r)?)
+}
+
 /// A plain 2-d convolution of `[N, C, H, W]` by `[O, C / groups, KH, KW]` (no bias, no
 /// activation), for the kernels that build on it (3-d convolution).
 pub(super) fn conv2d_plain(
@@ -229,7 +246,7 @@ pub(super) fn conv2d_plain(
         groups,
         act: Act::None,
     };
-    conv(x, w, None, &p)
+    conv(x, w, None, None, &p)
 }
 
 fn conv_nd(a: &Args) -> OpResult<Outputs> {
@@ -285,7 +302,12 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
         groups,
         act,
     };
-    let y = conv(&x, &w, b.as_ref(), &p)?;
+    // A residual fused at load has the conv's output shape (unbatched with it).
+    let residual = match a.opt_tensor(FUSED_RESIDUAL_ARG)? {
+        Some(r) if unbatched => Some(r.unsqueeze(0)?),
+        r => r,
+    };
+    let y = conv(&x, &w, b.as_ref(), residual.as_ref(), &p)?;
     one(if unbatched { y.squeeze(0)? } else { y })
 }
 
@@ -326,12 +348,20 @@ fn conv_by_columns(x: &Tensor, w: &Tensor, p: &Params) -> OpResult<Tensor> {
     Ok(Tensor::cat(&parts, 1)?.reshape((n, o, oh, ow))?)
 }
 
-fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tensor> {
+/// `act(conv(x, w) + b + residual)`, the bias, residual and activation each optional.
+fn conv(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    p: &Params,
+) -> OpResult<Tensor> {
     let one_d = w.rank() == 3;
-    let (x, w) = if one_d {
-        (x.unsqueeze(D::Minus2)?, w.unsqueeze(D::Minus2)?)
+    let (x, w, residual) = if one_d {
+        let r = residual.map(|r| r.unsqueeze(D::Minus2)).transpose()?;
+        (x.unsqueeze(D::Minus2)?, w.unsqueeze(D::Minus2)?, r)
     } else {
-        (x.clone(), w.clone())
+        (x.clone(), w.clone(), residual.cloned())
     };
     if x.rank() != 4 || w.rank() != 4 {
         op_bail!(
@@ -341,14 +371,42 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
     }
     check_shapes(&x, &w, p)?;
     let cin = x.dims()[1];
-    let (mut bias_done, mut act_done) = (false, false);
+    let (mut bias_done, mut act_done, mut residual_done) = (false, false, residual.is_none());
+    // The gemm paths start their output from a residual of the output's own shape, in f32.
+    let out_dims = [
+        x.dims()[0],
+        w.dims()[0],
+        out_len(
+            x.dims()[2],
+            w.dims()[2],
+            p.padding[0],
+            p.stride[0],
+            p.dilation[0],
+        )?,
+        out_len(
+            x.dims()[3],
+            w.dims()[3],
+            p.padding[1],
+            p.stride[1],
+            p.dilation[1],
+        )?,
+    ];
+    let onto = residual
+        .as_ref()
+        .filter(|r| r.dtype() == DType::F32 && r.dims() == out_dims);
+    // Without a residual to start from, the kernel's activation waits for it.
+    let pre = Params {
+        act: if residual_done { p.act } else { Act::None },
+        ..*p
+    };
     // float64 skips the f32 kernels (direct depthwise, gemm) for candle's generic conv.
     let f64 = x.dtype() == DType::F64 || w.dtype() == DType::F64;
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 && !f64 {
-        (bias_done, act_done) = (true, true);
-        depthwise(&x, &w, b, p)?
-    } else if let Some(y) = conv_gemm(&x, &w, b, p)? {
-        (bias_done, act_done) = (true, true);
+        (bias_done, act_done) = (true, residual_done);
+        depthwise(&x, &w, b, &pre)?
+    } else if let Some(y) = conv_gemm(&x, &w, b, onto, if onto.is_some() { p } else { &pre })? {
+        residual_done |= onto.is_some();
+        (bias_done, act_done) = (true, residual_done);
         y
     } else if one_d {
         // A 1-d conv through candle's own conv1d (one stride, padding, dilation).
@@ -371,6 +429,14 @@ fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &Params) -> OpResult<Tens
     };
     let y = match b {
         Some(b) if !bias_done => y.broadcast_add(&float(b)?.reshape((1, (), 1, 1))?)?,
+        _ => y,
+    };
+    let y = match residual {
+        Some(r) if !residual_done => {
+            use crate::value::TensorOrScalar::Tensor as T;
+            let (y, r) = super::binary_operands(&T(y), &T(r))?;
+            y.broadcast_add(&r)?
+        }
         _ => y,
     };
     let y = if p.act != Act::None && !act_done && y.dtype() == DType::F64 {
@@ -401,6 +467,7 @@ fn conv_gemm(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
     p: &Params,
 ) -> OpResult<Option<Tensor>> {
     use rayon::prelude::*;
@@ -431,11 +498,17 @@ fn conv_gemm(
     let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
     let per_image = c * h * wd;
     let geometry = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
+    // The output starts as the residual (the products are added onto it), or as zeros.
+    let accumulate = residual.is_some();
+    let mut out = match residual {
+        Some(r) if r.dims() == [n, co, oh, ow] => f32_vec(r)?,
+        Some(_) => return Ok(None),
+        None => vec![0f32; n * co * pix],
+    };
     let res = with_f32(&w, |wm| {
         // Winograd's geometry with the transformed weights, when that path applies.
         let wino = geometry.map(|g| (g, winograd::weights(wm, co, c)));
         with_f32(&x, |xs| {
-            let mut out = vec![0f32; n * co * pix];
             if pix == 0 || co == 0 {
                 return Some(out);
             }
@@ -449,13 +522,18 @@ fn conv_gemm(
                         } else {
                             1
                         };
-                        return winograd::conv_image(img, u, g, b, p.act, dst, threads);
+                        return winograd::conv_image(img, u, g, b, p.act, dst, accumulate, threads);
                     }
                     if let Some(b) = &bias {
                         for (row, &v) in dst.chunks_mut(pix).zip(b) {
-                            row.fill(v);
+                            if accumulate {
+                                row.iter_mut().for_each(|x| *x += v);
+                            } else {
+                                row.fill(v);
+                            }
                         }
                     }
+                    let onto = accumulate || bias.is_some();
                     let cols: &[f32] = if direct {
                         img
                     } else {
@@ -471,18 +549,7 @@ fn conv_gemm(
                         let bands = dst.par_chunks_mut(rows * pix).zip(wm.par_chunks(rows * k));
                         return bands.all(|(d, w)| {
                             let (m, b) = (d.len() / pix, Mat::rows(cols, pix));
-                            let ok = sgemm(
-                                m,
-                                pix,
-                                k,
-                                Mat::rows(w, k),
-                                b,
-                                d,
-                                pix,
-                                bias.is_some(),
-                                1.0,
-                                false,
-                            );
+                            let ok = sgemm(m, pix, k, Mat::rows(w, k), b, d, pix, onto, 1.0, false);
                             p.act.apply(d);
                             ok
                         });
@@ -495,7 +562,7 @@ fn conv_gemm(
                         Mat::rows(cols, pix),
                         dst,
                         pix,
-                        bias.is_some(),
+                        onto,
                         1.0,
                         parallel,
                     );
@@ -546,7 +613,12 @@ fn conv_gemm(
                 // The product's row o holds channel o of each image in turn.
                 for (o, row) in prod.chunks_exact(wide).enumerate() {
                     for (part, img) in row.chunks_exact(pix).zip(dst.chunks_exact_mut(co * pix)) {
-                        img[o * pix..][..pix].copy_from_slice(part);
+                        let d = &mut img[o * pix..][..pix];
+                        if accumulate {
+                            d.iter_mut().zip(part).for_each(|(d, &v)| *d += v);
+                        } else {
+                            d.copy_from_slice(part);
+                        }
                     }
                 }
                 p.act.apply(dst);
@@ -1080,7 +1152,7 @@ mod tests {
                     .build()
                     .unwrap();
                 let got = pool
-                    .install(|| conv_gemm(&x, &w, None, &p))
+                    .install(|| conv_gemm(&x, &w, None, None, &p))
                     .unwrap()
                     .expect("fast path applies");
                 assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
@@ -1108,12 +1180,125 @@ mod tests {
         for (xs, ws) in [([2, 0, 4, 4], [3, 0, 3, 3]), ([2, 2, 0, 4], [3, 2, 1, 1])] {
             let x = Tensor::zeros(xs.to_vec(), DType::F32, &dev).unwrap();
             let w = Tensor::zeros(ws.to_vec(), DType::F32, &dev).unwrap();
-            let e = conv(&x, &w, None, &p).unwrap_err().0;
+            let e = conv(&x, &w, None, None, &p).unwrap_err().0;
             assert!(e.contains("empty input"), "{e}");
         }
         let x = Tensor::zeros((0, 2, 4, 4), DType::F32, &dev).unwrap();
         let w = Tensor::zeros((3, 2, 3, 3), DType::F32, &dev).unwrap();
-        assert_eq!(conv(&x, &w, None, &p).unwrap().dims(), [0, 3, 4, 4]);
+        assert_eq!(conv(&x, &w, None, None, &p).unwrap().dims(), [0, 3, 4, 4]);
+    }
+
+    /// A residual fused at load, added before the activation, on every path: Winograd, im2col
+    /// one image at a time, in groups and in bands, 1x1 read directly, depthwise and float64
+    /// (added after the kernel), and a residual that only broadcasts (added after too).
+    #[test]
+    fn residual_is_added_before_the_activation() {
+        let dev = Device::Cpu;
+        // (input, weight, groups, residual's shape if not the output's, float64)
+        type Case = ([usize; 4], [usize; 4], usize, Option<[usize; 4]>, bool);
+        let cases: [Case; 8] = [
+            ([4, 3, 16, 15], [5, 3, 3, 3], 1, None, false),
+            ([2, 3, 9, 11], [4, 3, 3, 3], 1, None, false),
+            ([7, 3, 6, 5], [4, 3, 3, 3], 1, None, false),
+            ([1, 4, 6, 6], [259, 4, 3, 3], 1, None, false),
+            ([3, 6, 5, 4], [7, 6, 1, 1], 1, None, false),
+            ([2, 4, 9, 9], [4, 1, 3, 3], 4, None, false),
+            ([2, 3, 7, 7], [4, 3, 3, 3], 1, None, true),
+            ([2, 3, 7, 7], [4, 3, 3, 3], 1, Some([1, 4, 1, 1]), false),
+        ];
+        for (xs, ws, groups, rs, f64) in cases {
+            let dt = if f64 { DType::F64 } else { DType::F32 };
+            let randn = |s: Vec<usize>| Tensor::randn(0f32, 1., s, &dev).unwrap().to_dtype(dt);
+            let (x, w) = (randn(xs.to_vec()).unwrap(), randn(ws.to_vec()).unwrap());
+            let b = randn(vec![ws[0]]).unwrap();
+            let sum = x
+                .conv2d(&w, 1, 1, 1, groups)
+                .unwrap()
+                .broadcast_add(&b.reshape((1, (), 1, 1)).unwrap())
+                .unwrap();
+            let r = randn(rs.map_or(sum.dims().to_vec(), |r| r.to_vec())).unwrap();
+            let want = sum.broadcast_add(&r).unwrap().relu().unwrap();
+            let p = Params {
+                stride: [1; 2],
+                padding: [1; 2],
+                dilation: [1; 2],
+                groups,
+                act: Act::Relu,
+            };
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let got = pool
+                    .install(|| conv(&x, &w, Some(&b), Some(&r), &p))
+                    .unwrap();
+                assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
+                assert_eq!(got.dtype(), dt);
+                let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                let diff = crate::ops::max_abs_diff(&f32(&got), &f32(&want));
+                assert!(diff < 1e-4, "{xs:?} {ws:?} {threads} threads: {diff}");
+            }
+        }
+    }
+
+    /// Every conv node a residual can be fused onto adds it before its activation: 2-d,
+    /// unbatched 1-d, and 3-d (`convolution` with a 5-d weight, its own kernel), each against
+    /// the same node without the fused arguments plus the residual, then relu.
+    #[test]
+    fn fused_residual_reaches_every_conv_kernel() {
+        use serde_json::json;
+        let dev = Device::Cpu;
+        // (target, input, weight, padding)
+        let cases: [(&str, Vec<usize>, Vec<usize>, Vec<i64>); 3] = [
+            (
+                "aten.conv2d.default",
+                vec![2, 3, 6, 5],
+                vec![4, 3, 3, 3],
+                vec![1, 1],
+            ),
+            ("aten.conv1d.default", vec![3, 7], vec![4, 3, 3], vec![1]),
+            (
+                "aten.convolution.default",
+                vec![1, 2, 4, 5, 5],
+                vec![3, 2, 3, 3, 3],
+                vec![1, 1, 1],
+            ),
+        ];
+        for (target, xs, ws, pad) in cases {
+            let x = Tensor::randn(0f32, 1., xs, &dev).unwrap();
+            let w = Tensor::randn(0f32, 1., ws.clone(), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1., ws[0], &dev).unwrap();
+            let ones = vec![1i64; pad.len()];
+            let mut args = vec![
+                ("input", json!({"as_tensor": {"name": "x"}})),
+                ("weight", json!({"as_tensor": {"name": "w"}})),
+                ("bias", json!({"as_tensor": {"name": "b"}})),
+                ("stride", json!({ "as_ints": ones })),
+                ("padding", json!({ "as_ints": pad })),
+                ("dilation", json!({ "as_ints": ones })),
+                ("transposed", json!({"as_bool": false})),
+                ("output_padding", json!({"as_ints": vec![0; pad.len()]})),
+                ("groups", json!({"as_int": 1})),
+            ];
+            let mut tensors = vec![("x", x), ("w", w), ("b", b)];
+            let run = |args: &[(&str, serde_json::Value)], tensors: &[(&str, Tensor)]| {
+                match &super::super::run_node(register, target, args, tensors).unwrap()[0] {
+                    crate::value::Value::Tensor(t) => t.clone(),
+                    _ => panic!("not a tensor"),
+                }
+            };
+            let plain = run(&args, &tensors);
+            let r = Tensor::randn(0f32, 1., plain.shape(), &dev).unwrap();
+            let want = (&plain + &r).unwrap().relu().unwrap();
+            args.push((FUSED_RESIDUAL_ARG, json!({"as_tensor": {"name": "r"}})));
+            args.push((FUSED_ACT_ARG, json!({"as_string": "relu"})));
+            tensors.push(("r", r));
+            let got = run(&args, &tensors);
+            assert_eq!(got.dims(), want.dims(), "{target}");
+            let diff = crate::ops::max_abs_diff(&got, &want);
+            assert!(diff < 1e-5, "{target}: {diff}");
+        }
     }
 
     /// Depthwise convs (multiplier 1 and 2, stride, padding, dilation) and a dense conv, each
@@ -1142,7 +1327,7 @@ mod tests {
                 groups,
                 act: Act::None,
             };
-            let got = conv(&x, &w, Some(&b), &p).unwrap();
+            let got = conv(&x, &w, Some(&b), None, &p).unwrap();
             let want = x
                 .conv2d(&w, pad, stride, dil, groups)
                 .unwrap()
@@ -1209,7 +1394,7 @@ mod tests {
                         .map(|ic| {
                             let xc = x.narrow(1, ic, 1).unwrap().contiguous().unwrap();
                             let wc = w.narrow(0, ic * m, m).unwrap().contiguous().unwrap();
-                            conv_gemm(&xc, &wc, None, &dense)
+                            conv_gemm(&xc, &wc, None, None, &dense)
                                 .unwrap()
                                 .expect("gemm path applies")
                         })
@@ -1241,7 +1426,7 @@ mod tests {
             groups: 1,
             act: Act::None,
         };
-        let got = conv(&x, &w, None, &p).unwrap();
+        let got = conv(&x, &w, None, None, &p).unwrap();
         let want = x.conv1d(&w, 1, 2, 2, 1).unwrap();
         assert_eq!(got.dims(), want.dims());
         let diff = crate::ops::max_abs_diff(&got, &want);

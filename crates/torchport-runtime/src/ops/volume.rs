@@ -118,7 +118,8 @@ pub fn conv3d(a: &Args) -> OpResult<Outputs> {
     if let Some(b) = b {
         y = y.broadcast_add(&float(&b)?.reshape((1, (), 1, 1, 1))?)?;
     }
-    // An activation the load-time rewrite fused onto this node.
+    // A residual and an activation the load-time rewrites fused onto this node.
+    let y = super::conv::add_fused_residual(a, y, unbatched)?;
     let y = super::conv::fused_act(a)?.apply_to(&y)?;
     one(if unbatched { y.squeeze(0)? } else { y })
 }

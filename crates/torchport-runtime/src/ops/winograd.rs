@@ -108,10 +108,12 @@ struct Scratch {
 }
 
 /// Convolve one image `[c, h, w]` with transformed weights `u` (from [`weights`]) into
-/// `dst` (`[c_out, oh, ow]`), adding `bias` and applying `act`. With `threads` > 1 the
+/// `dst` (`[c_out, oh, ow]`), adding `bias` (and, with `accumulate`, onto what `dst` holds)
+/// and applying `act`. With `threads` > 1 the
 /// blocks of tile rows run in parallel on the rayon pool, at least one per thread, each
 /// block's transforms and products on one thread. Returns false when a buffer is too small
 /// for the geometry (a caller's error), having written part of `dst`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn conv_image(
     img: &[f32],
     u: &[f32],
@@ -119,6 +121,7 @@ pub(super) fn conv_image(
     bias: Option<&[f32]>,
     act: Act,
     dst: &mut [f32],
+    accumulate: bool,
     threads: usize,
 ) -> bool {
     let Some([oh, ow]) = g.out() else {
@@ -185,7 +188,8 @@ pub(super) fn conv_image(
         }
         for (oc, (pc, band)) in prod.chunks_exact(16 * tb).zip(&mut bands).enumerate() {
             let b = bias.map_or(0.0, |b| b.get(oc).copied().unwrap_or(0.0));
-            output_tiles(pc, [oh, ow], tw, [r0, r1], b, act, band, &mut s.rows_out);
+            let out = (&mut **band, accumulate);
+            output_tiles(pc, [oh, ow], tw, [r0, r1], b, act, out, &mut s.rows_out);
         }
         true
     };
@@ -275,8 +279,8 @@ fn split_row(src: &[f32], pad: usize, e: &mut [f32], o: &mut [f32]) {
 }
 
 /// Turn one output channel's products `mc` (`[16][tiles]` for tile rows `r0..r1`) into its
-/// output rows `2 * r0 .. 2 * r1` (clipped to `oh`), `band`, adding `bias` and applying
-/// `act`. `tmp` holds at least 12 values per tile.
+/// output rows `2 * r0 .. 2 * r1` (clipped to `oh`), `band` (added onto what it holds with
+/// `accumulate`), adding `bias` and applying `act`. `tmp` holds at least 12 values per tile.
 #[allow(clippy::too_many_arguments)]
 fn output_tiles(
     mc: &[f32],
@@ -285,7 +289,7 @@ fn output_tiles(
     [r0, r1]: [usize; 2],
     bias: f32,
     act: Act,
-    band: &mut [f32],
+    (band, accumulate): (&mut [f32], bool),
     tmp: &mut [f32],
 ) {
     let tb = (r1 - r0) * tw;
@@ -320,12 +324,19 @@ fn output_tiles(
                     let (even, odd) = (&pair[at..at + tw], &pair[tb + at..tb + at + tw]);
                     let row = &mut band[(2 * (ty - r0) + dy) * ow..][..ow];
                     let mut pairs = row.chunks_exact_mut(2);
-                    for ((px, &a), &b) in (&mut pairs).zip(even).zip(odd) {
-                        px[0] = a;
-                        px[1] = b;
+                    if accumulate {
+                        for ((px, &a), &b) in (&mut pairs).zip(even).zip(odd) {
+                            px[0] += a;
+                            px[1] += b;
+                        }
+                    } else {
+                        for ((px, &a), &b) in (&mut pairs).zip(even).zip(odd) {
+                            px[0] = a;
+                            px[1] = b;
+                        }
                     }
                     if let [last] = pairs.into_remainder() {
-                        *last = even[tw - 1];
+                        *last = even[tw - 1] + if accumulate { *last } else { 0.0 };
                     }
                 }
             }
@@ -413,18 +424,8 @@ mod tests {
             let [oh, ow] = g.out().unwrap();
             let u = weights(&k.flatten_all().unwrap().to_vec1().unwrap(), co, c);
             let bias: Option<Vec<f32>> = with_bias.then(|| b.to_vec1().unwrap());
-            let mut got = vec![f32::NAN; co * oh * ow];
             let img: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
-            assert!(conv_image(
-                &img,
-                &u,
-                &g,
-                bias.as_deref(),
-                act,
-                &mut got,
-                threads
-            ));
-            let mut want = x
+            let mut sum = x
                 .pad_with_zeros(2, pad[0], pad[0])
                 .unwrap()
                 .pad_with_zeros(3, pad[1], pad[1])
@@ -432,24 +433,39 @@ mod tests {
                 .conv2d(&k, 0, 1, 1, 1)
                 .unwrap();
             if with_bias {
-                want = want
+                sum = sum
                     .broadcast_add(&b.reshape((1, co, 1, 1)).unwrap())
                     .unwrap();
             }
-            let want = act.apply_to(&want).unwrap();
-            let got = Tensor::from_vec(got, (1, co, oh, ow), &dev).unwrap();
-            let scale = want
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            let diff = crate::ops::max_abs_diff(&got, &want);
-            assert!(
-                diff <= 1e-5 * scale.max(1.0),
-                "c {c} co {co} {h}x{w} pad {pad:?} threads {threads}: {diff} (scale {scale})"
-            );
+            // Written over `dst`, and added onto a residual it holds (before the activation).
+            let residual = Tensor::randn(0f32, 1., sum.shape(), &dev).unwrap();
+            for accumulate in [false, true] {
+                let (mut got, want) = if accumulate {
+                    let r: Vec<f32> = residual.flatten_all().unwrap().to_vec1().unwrap();
+                    (r, (&sum + &residual).unwrap())
+                } else {
+                    (vec![f32::NAN; co * oh * ow], sum.clone())
+                };
+                let b = bias.as_deref();
+                assert!(conv_image(
+                    &img, &u, &g, b, act, &mut got, accumulate, threads
+                ));
+                let want = act.apply_to(&want).unwrap();
+                let got = Tensor::from_vec(got, (1, co, oh, ow), &dev).unwrap();
+                let scale = want
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                let diff = crate::ops::max_abs_diff(&got, &want);
+                assert!(
+                    diff <= 1e-5 * scale.max(1.0),
+                    "c {c} co {co} {h}x{w} pad {pad:?} threads {threads} accumulate \
+                     {accumulate}: {diff} (scale {scale})"
+                );
+            }
         }
     }
 
@@ -466,9 +482,45 @@ mod tests {
         let u = vec![0f32; 16 * 3 * 2];
         let img = vec![0f32; 2 * 16];
         let mut dst = vec![0f32; 3 * 16];
-        assert!(conv_image(&img, &u, &g, None, Act::None, &mut dst, 1));
-        assert!(!conv_image(&img[1..], &u, &g, None, Act::None, &mut dst, 1));
-        assert!(!conv_image(&img, &u[1..], &g, None, Act::None, &mut dst, 1));
-        assert!(!conv_image(&img, &u, &g, None, Act::None, &mut dst[1..], 1));
+        assert!(conv_image(
+            &img,
+            &u,
+            &g,
+            None,
+            Act::None,
+            &mut dst,
+            false,
+            1
+        ));
+        assert!(!conv_image(
+            &img[1..],
+            &u,
+            &g,
+            None,
+            Act::None,
+            &mut dst,
+            false,
+            1
+        ));
+        assert!(!conv_image(
+            &img,
+            &u[1..],
+            &g,
+            None,
+            Act::None,
+            &mut dst,
+            false,
+            1
+        ));
+        assert!(!conv_image(
+            &img,
+            &u,
+            &g,
+            None,
+            Act::None,
+            &mut dst[1..],
+            false,
+            1
+        ));
     }
 }
