@@ -580,7 +580,8 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
             && ma.sizes.iter().zip(&mb.sizes).all(|(x, y)| same_size(x, y))
     };
     // (add node, conv node, residual, activation node if any)
-    let mut plans: Vec<(usize, usize, String, Option<(usize, Act)>)> = Vec::new();
+    type Plan = (usize, usize, String, Option<(usize, Act)>);
+    let mut plans: Vec<Plan> = Vec::new();
     let mut taken: HashSet<usize> = HashSet::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let key = op_key(&node.target);

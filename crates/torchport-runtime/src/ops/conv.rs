@@ -1250,7 +1250,8 @@ mod tests {
         use serde_json::json;
         let dev = Device::Cpu;
         // (target, input, weight, padding)
-        let cases: [(&str, Vec<usize>, Vec<usize>, Vec<i64>); 3] = [
+        type Case = (&'static str, Vec<usize>, Vec<usize>, Vec<i64>);
+        let cases: [Case; 3] = [
             (
                 "aten.conv2d.default",
                 vec![2, 3, 6, 5],
