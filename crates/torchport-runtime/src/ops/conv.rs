@@ -1098,6 +1098,12 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
+    /// `f` run on a rayon pool of `threads` threads.
+    fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+        pool.unwrap().install(f)
+    }
+
     /// The im2col + gemm and Winograd paths against candle's own conv2d (a different
     /// algorithm) on shapes the export fixtures do not all cover: strides, dilations and
     /// paddings per dim, 1x1, batches.
@@ -1147,12 +1153,7 @@ mod tests {
             // One thread (a batch in one product when its images are small), two (a lone
             // image's product in bands) and three (images in groups, or one at a time).
             for threads in [1, 2, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let got = pool
-                    .install(|| conv_gemm(&x, &w, None, None, &p))
+                let got = with_threads(threads, || conv_gemm(&x, &w, None, None, &p))
                     .unwrap()
                     .expect("fast path applies");
                 assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
@@ -1226,13 +1227,7 @@ mod tests {
                 act: Act::Relu,
             };
             for threads in [1, 2, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let got = pool
-                    .install(|| conv(&x, &w, Some(&b), Some(&r), &p))
-                    .unwrap();
+                let got = with_threads(threads, || conv(&x, &w, Some(&b), Some(&r), &p)).unwrap();
                 assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
                 assert_eq!(got.dtype(), dt);
                 let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();

@@ -482,45 +482,12 @@ mod tests {
         let u = vec![0f32; 16 * 3 * 2];
         let img = vec![0f32; 2 * 16];
         let mut dst = vec![0f32; 3 * 16];
-        assert!(conv_image(
-            &img,
-            &u,
-            &g,
-            None,
-            Act::None,
-            &mut dst,
-            false,
-            1
-        ));
-        assert!(!conv_image(
-            &img[1..],
-            &u,
-            &g,
-            None,
-            Act::None,
-            &mut dst,
-            false,
-            1
-        ));
-        assert!(!conv_image(
-            &img,
-            &u[1..],
-            &g,
-            None,
-            Act::None,
-            &mut dst,
-            false,
-            1
-        ));
-        assert!(!conv_image(
-            &img,
-            &u,
-            &g,
-            None,
-            Act::None,
-            &mut dst[1..],
-            false,
-            1
-        ));
+        let run = |img: &[f32], u: &[f32], dst: &mut [f32]| {
+            conv_image(img, u, &g, None, Act::None, dst, false, 1)
+        };
+        assert!(run(&img, &u, &mut dst));
+        assert!(!run(&img[1..], &u, &mut dst));
+        assert!(!run(&img, &u[1..], &mut dst));
+        assert!(!run(&img, &u, &mut dst[1..]));
     }
 }
