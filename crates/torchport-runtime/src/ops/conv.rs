@@ -39,10 +39,10 @@ const WINOGRAD_MIN_BATCH_PIXELS: usize = 784;
 /// unfolded columns side by side) rather than one product each. Measured on conv shapes of
 /// ResNet, MobileNet and EfficientNet at batch 8 (least of 30-40, 2 cores): with unfolded
 /// columns (3x3, or strided), at 1 thread the grouped products took 0.18x (2 x 2 pixels) to
-/// 0.79x (7 x 7) the time of one product per image; at 2 threads (two groups) 0.48x to 1.16x.
-/// Not for 1x1 stride-1 convs, whose per-image products read the image itself (grouping them
-/// adds a copy: 0.75x to 1.36x), nor for one pixel per image (matrix-vector products, 3x
-/// faster than one product 8 columns wide).
+/// 0.89x (7 x 7; one run of four 1.05x) the time of one product per image; at 2 threads (two
+/// groups) 0.48x to 1.16x. Not for 1x1 stride-1 convs, whose per-image products read the image
+/// itself (grouping them adds a copy: 0.75x to 1.51x), nor for one pixel per image
+/// (matrix-vector products, 3x faster than one product 8 columns wide).
 const GROUP_MAX_PIXELS: usize = 196;
 
 /// Output channels per thread from which a lone image's product is split into one band of
