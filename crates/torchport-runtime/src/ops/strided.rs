@@ -229,17 +229,23 @@ fn copy_part<T: WithDType>(
     let last = pd.len() - 1;
     let (inner, s) = (pd[last], ps[0][last]);
     let start = lay.start_offset();
-    for (r, orow) in out.chunks_mut(row).enumerate() {
+    let fill = |(r, orow): (usize, &mut [T])| {
         let base = start + offset(r, &dims[..d], &strides[..d]);
-        for (k, o) in orow[at..at + part].chunks_mut(inner).enumerate() {
-            let off = base + offset(k, &pd[..last], &ps[0][..last]);
-            if !copy_run(o, data, off, s) {
-                return false;
-            }
-        }
+        orow[at..at + part]
+            .chunks_mut(inner)
+            .enumerate()
+            .all(|(k, o)| copy_run(o, data, base + offset(k, &pd[..last], &ps[0][..last]), s))
+    };
+    // Rows in parallel once the output is large enough to pay for the split.
+    if out.len() >= PARALLEL_MIN_ELEMENTS {
+        out.par_chunks_mut(row).enumerate().all(fill)
+    } else {
+        out.chunks_mut(row).enumerate().all(fill)
     }
-    true
 }
+
+/// Output elements from which `cat` copies its rows in parallel.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 
 /// `o[j] = data[off + j * s]` (one slice copy when `s` is 1); false when a read falls outside
 /// `data`.
@@ -265,22 +271,11 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
-    /// Along every dim, of contiguous tensors, transposed views, narrowed views (a rotary
-    /// embedding's halves) and broadcast views: exactly candle's `cat`.
-    #[test]
-    fn cat_matches_candle() {
-        let dev = Device::Cpu;
-        let t = |s: &[usize]| Tensor::randn(0f32, 1., s.to_vec(), &dev).unwrap();
-        let x = t(&[2, 3, 8]);
-        let views = [
-            x.clone(),
-            t(&[2, 8, 3]).transpose(1, 2).unwrap(),
-            t(&[2, 3, 16]).narrow(2, 5, 8).unwrap(),
-            t(&[1, 3, 8]).broadcast_as((2, 3, 8)).unwrap(),
-        ];
+    /// `cat` of every pair of `views` and `x`, along every dim, against candle's.
+    fn cat_views_match_candle(x: &Tensor, views: &[Tensor]) {
         for d in 0..3 {
-            for a in &views {
-                for b in &views {
+            for a in views {
+                for b in views {
                     let parts = [a.clone(), b.clone(), x.clone()];
                     let got = cat::<f32>(&parts, d).expect("applies");
                     let want = Tensor::cat(&parts, d).unwrap();
@@ -293,6 +288,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Along every dim, of contiguous tensors, transposed views, narrowed views (a rotary
+    /// embedding's halves) and broadcast views: exactly candle's `cat`; small, and large
+    /// enough for the rows to be copied in parallel.
+    #[test]
+    fn cat_matches_candle() {
+        let dev = Device::Cpu;
+        let t = |s: &[usize]| Tensor::randn(0f32, 1., s.to_vec(), &dev).unwrap();
+        for [p, q, r] in [[2, 3, 8], [16, 24, 64]] {
+            let x = t(&[p, q, r]);
+            let views = [
+                x.clone(),
+                t(&[p, r, q]).transpose(1, 2).unwrap(),
+                t(&[p, q, 2 * r]).narrow(2, 5, r).unwrap(),
+                t(&[1, q, r]).broadcast_as((p, q, r)).unwrap(),
+            ];
+            cat_views_match_candle(&x, &views);
+        }
+        let x = t(&[2, 3, 8]);
         // An empty part, and integer data.
         let e = Tensor::zeros((2, 0, 8), candle_core::DType::F32, &dev).unwrap();
         let got = cat::<f32>(&[x.clone(), e], 1).unwrap();
