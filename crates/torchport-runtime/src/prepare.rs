@@ -681,6 +681,74 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
 mod tests {
     use super::*;
 
+    /// A call: `(target, [(arg name, tensor name)], output)`.
+    type Call<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
+    /// A graph of calls over float32 tensors of the given sizes, returning `out`.
+    fn graph(calls: &[Call], sizes: &[(&str, &[i64])], out: &str) -> Graph {
+        use serde_json::json;
+        let nodes: Vec<_> = calls
+            .iter()
+            .map(|(target, args, y)| {
+                let inputs: Vec<_> = args
+                    .iter()
+                    .map(|(n, t)| json!({"name": n, "arg": {"as_tensor": {"name": t}}}))
+                    .collect();
+                json!({"target": format!("torch.ops.aten.{target}"), "inputs": inputs,
+                       "outputs": [{"as_tensor": {"name": y}}]})
+            })
+            .collect();
+        let meta: serde_json::Map<_, _> = sizes
+            .iter()
+            .map(|(n, s)| {
+                let sizes: Vec<_> = s.iter().map(|v| json!({ "as_int": v })).collect();
+                let m = json!({"dtype": 7, "sizes": sizes, "device": {"type": "cpu"},
+                               "strides": [], "storage_offset": {"as_int": 0}, "layout": 7});
+                (n.to_string(), m)
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "inputs": [], "outputs": [{"as_tensor": {"name": out}}], "nodes": nodes,
+            "tensor_values": meta,
+        }))
+        .unwrap()
+    }
+
+    /// The residual fold on small graphs: folded (with the relu after) when the conv's output
+    /// only feeds the add; declined when an in-place op between the conv and the add rebinds
+    /// the conv's input, when the graph lists the producer after the add (no panic), when the
+    /// operands' sizes differ, and for `add_` whose `self` is the residual.
+    #[test]
+    fn residual_fold_applies_only_where_it_is_exact() {
+        let conv: Call = ("conv2d.default", &[("input", "x"), ("weight", "w")], "c");
+        let add: Call = ("add.Tensor", &[("self", "c"), ("other", "r")], "y");
+        let relu: Call = ("relu_.default", &[("self", "y")], "z");
+        let same: &[(&str, &[i64])] = &[("c", &[1, 4, 5, 5]), ("r", &[1, 4, 5, 5])];
+        let folds = |calls: &[Call], sizes, out| {
+            let mut g = graph(calls, sizes, out);
+            let n = fuse_conv_residuals(&mut g);
+            (n, g.nodes.len())
+        };
+        assert_eq!(folds(&[conv, add], same, "y"), (1, 1));
+        assert_eq!(folds(&[conv, add, relu], same, "z"), (1, 1));
+        let rebind: Call = ("relu_.default", &[("self", "x")], "x2");
+        assert_eq!(folds(&[conv, rebind, add], same, "y"), (0, 3));
+        assert_eq!(folds(&[add, conv], same, "y"), (0, 2));
+        let other: &[(&str, &[i64])] = &[("c", &[1, 4, 5, 5]), ("r", &[1, 4, 1, 1])];
+        assert_eq!(folds(&[conv, add], other, "y"), (0, 2));
+        let into_r: Call = ("add_.Tensor", &[("self", "r"), ("other", "c")], "y");
+        assert_eq!(folds(&[conv, into_r], same, "y"), (0, 2));
+        // The folded node defines the relu's output, reads the residual, and sits at the add.
+        let mut g = graph(&[conv, add, relu], same, "z");
+        fuse_conv_residuals(&mut g);
+        let node = &g.nodes[0];
+        assert!(matches!(&node.outputs[..], [Argument::AsTensor(t)] if t.name == "z"));
+        assert_eq!(
+            input_tensor(node, crate::ops::conv::FUSED_RESIDUAL_ARG),
+            Some("r")
+        );
+    }
+
     /// The tiled transposes (from a tensor and from little-endian bytes) against candle's own
     /// strided copy, on sizes that cross the 64-element tiles and the 256-row bands unevenly.
     #[test]
