@@ -238,6 +238,15 @@ fn is_forward_conv(node: &crate::schema::Node) -> bool {
     }
 }
 
+/// Remove the nodes at the indices in `dropped` from `graph`, keeping the others' order.
+fn drop_nodes(graph: &mut Graph, dropped: &HashSet<usize>) {
+    let mut at = 0;
+    graph.nodes.retain(|_| {
+        at += 1;
+        !dropped.contains(&(at - 1))
+    });
+}
+
 /// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
 /// a great many readers, so it is never rewritten away), and which node produces it (nodes
 /// with one tensor output only).
@@ -415,11 +424,7 @@ pub(crate) fn fold_batch_norms_with(
         folded += 1;
     }
     if folded > 0 {
-        let mut at = 0;
-        graph.nodes.retain(|_| {
-            at += 1;
-            !dropped.contains(&(at - 1))
-        });
+        drop_nodes(graph, &dropped);
         let mut read: HashSet<String> = HashSet::new();
         for node in &graph.nodes {
             for a in &node.inputs {
@@ -543,11 +548,7 @@ pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
         dropped.insert(i);
         fused += 1;
     }
-    let mut at = 0;
-    graph.nodes.retain(|_| {
-        at += 1;
-        !dropped.contains(&(at - 1))
-    });
+    drop_nodes(graph, &dropped);
     fused
 }
 
@@ -669,11 +670,7 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
         graph.nodes[*i] = conv;
         dropped.insert(*j);
     }
-    let mut at = 0;
-    graph.nodes.retain(|_| {
-        at += 1;
-        !dropped.contains(&(at - 1))
-    });
+    drop_nodes(graph, &dropped);
     plans.len()
 }
 
