@@ -220,11 +220,15 @@ pub(super) fn fused_act(a: &Args) -> OpResult<Act> {
 /// `y` plus the residual fused onto this conv node at load, if any (`y` batched; the residual
 /// is unbatched with an `unbatched` input), promoted as torch's `add` promotes.
 pub(super) fn add_fused_residual(a: &Args, y: Tensor, unbatched: bool) -> OpResult<Tensor> {
+    match a.opt_tensor(FUSED_RESIDUAL_ARG)? {
+        Some(r) => add_residual(y, if unbatched { r.unsqueeze(0)? } else { r }),
+        None => Ok(y),
+    }
+}
+
+/// `y + r`, broadcast and promoted as torch's `add` does.
+fn add_residual(y: Tensor, r: Tensor) -> OpResult<Tensor> {
     use crate::value::TensorOrScalar::Tensor as T;
-    let Some(r) = a.opt_tensor(FUSED_RESIDUAL_ARG)? else {
-        return Ok(y);
-    };
-    let r = if unbatched { r.unsqueeze(0)? } else { r };
     let (y, r) = super::binary_operands(&T(y), &T(r))?;
     Ok(y.broadcast_add(&r)?)
 }
@@ -372,29 +376,7 @@ fn conv(
     check_shapes(&x, &w, p)?;
     let cin = x.dims()[1];
     let (mut bias_done, mut act_done, mut residual_done) = (false, false, residual.is_none());
-    // The gemm paths start their output from a residual of the output's own shape, in f32.
-    let out_dims = [
-        x.dims()[0],
-        w.dims()[0],
-        out_len(
-            x.dims()[2],
-            w.dims()[2],
-            p.padding[0],
-            p.stride[0],
-            p.dilation[0],
-        )?,
-        out_len(
-            x.dims()[3],
-            w.dims()[3],
-            p.padding[1],
-            p.stride[1],
-            p.dilation[1],
-        )?,
-    ];
-    let onto = residual
-        .as_ref()
-        .filter(|r| r.dtype() == DType::F32 && r.dims() == out_dims);
-    // Without a residual to start from, the kernel's activation waits for it.
+    // The depthwise kernel does not take the residual: its activation waits for it.
     let pre = Params {
         act: if residual_done { p.act } else { Act::None },
         ..*p
@@ -404,9 +386,8 @@ fn conv(
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 && !f64 {
         (bias_done, act_done) = (true, residual_done);
         depthwise(&x, &w, b, &pre)?
-    } else if let Some(y) = conv_gemm(&x, &w, b, onto, if onto.is_some() { p } else { &pre })? {
-        residual_done |= onto.is_some();
-        (bias_done, act_done) = (true, residual_done);
+    } else if let Some(y) = conv_gemm(&x, &w, b, residual.as_ref(), p)? {
+        (bias_done, act_done, residual_done) = (true, true, true);
         y
     } else if one_d {
         // A 1-d conv through candle's own conv1d (one stride, padding, dilation).
@@ -432,11 +413,7 @@ fn conv(
         _ => y,
     };
     let y = match residual {
-        Some(r) if !residual_done => {
-            use crate::value::TensorOrScalar::Tensor as T;
-            let (y, r) = super::binary_operands(&T(y), &T(r))?;
-            y.broadcast_add(&r)?
-        }
+        Some(r) if !residual_done => add_residual(y, r)?,
         _ => y,
     };
     let y = if p.act != Act::None && !act_done && y.dtype() == DType::F64 {
@@ -457,7 +434,8 @@ fn conv(
 /// is and `weight @ cols` is the NCHW output itself (no reordering of weight or output). A 1x1
 /// convolution with stride 1 and no padding uses the input as `cols` directly; a 3x3 one with
 /// stride 1 on large enough images runs by Winograd's algorithm instead (`winograd`). The
-/// bias, if any, is written into the output first and the product accumulated onto it. Each
+/// output starts as the residual (if any) plus the bias (if any), and the product is
+/// accumulated onto it. Each
 /// image's product goes straight into its place in the batch's output; with more images than
 /// threads the images run in parallel (one single-threaded product each; small unfolded
 /// images several to a product, one group per thread: `GROUP_MAX_PIXELS`), otherwise the
@@ -500,8 +478,10 @@ fn conv_gemm(
     let geometry = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
     // The output starts as the residual (the products are added onto it), or as zeros.
     let accumulate = residual.is_some();
+    // A residual of another shape or dtype (the graph's metadata said otherwise) is left to
+    // `conv`'s general paths.
     let mut out = match residual {
-        Some(r) if r.dims() == [n, co, oh, ow] => f32_vec(r)?,
+        Some(r) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => f32_vec(r)?,
         Some(_) => return Ok(None),
         None => vec![0f32; n * co * pix],
     };
