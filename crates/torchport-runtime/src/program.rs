@@ -231,6 +231,7 @@ impl Program {
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
             crate::prepare::fuse_conv_residuals(&mut ep.graph_module.graph);
+            crate::prepare::fuse_pointwise_chains(&mut ep.graph_module.graph);
         }
         let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);

@@ -119,6 +119,54 @@ fn residual_adds_are_folded_into_their_convolutions() {
     }
 }
 
+/// Chains of elementwise ops fused into one pass compute exactly what the ops compute one by
+/// one: every zoo program, with and without `prepare::fuse_pointwise_chains` (through a
+/// registry of this crate's kernels, so that no other fusion applies to either), gives the
+/// same bits on PyTorch's inputs. Llama's RMSNorm (`x * rsqrt(...)`, the float32 cast,
+/// `* weight`) and `silu(gate) * up` are among the chains fused, in both flavours.
+#[test]
+fn pointwise_chains_compute_what_their_ops_compute() {
+    use torchport_runtime::ops::Registry;
+    let registry = Registry::with_all_ops();
+    let mut fused_models = Vec::new();
+    for model in MODELS {
+        let inputs = numbered(&fixtures(), model, "input");
+        for flavour in ["plain", "decomp"] {
+            let path = fixtures().join(format!("{model}.{flavour}.pt2"));
+            let (ep, payloads) = torchport_runtime::archive::read(&path).unwrap();
+            let mut fused = ep.clone();
+            if torchport_runtime::prepare::fuse_pointwise_chains(&mut fused.graph_module.graph) == 0
+            {
+                continue;
+            }
+            fused_models.push(format!("{model}.{flavour}"));
+            let run = |ep| {
+                Program::from_parts_with_registry(ep, payloads.clone(), &registry)
+                    .unwrap()
+                    .run(&inputs)
+                    .unwrap()
+            };
+            let (got, want) = (run(fused), run(ep));
+            assert_eq!(got.len(), want.len());
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                let bits = |t: &candle_core::Tensor| -> Vec<u32> {
+                    let t = t.flatten_all().unwrap().to_dtype(candle_core::DType::F32);
+                    let v = t.unwrap().to_vec1::<f32>().unwrap();
+                    v.iter().map(|x| x.to_bits()).collect()
+                };
+                assert!(bits(a) == bits(b), "{model}.{flavour} output {i}");
+            }
+        }
+    }
+    for want in ["hf_llama_mask.plain", "hf_llama_mask.decomp"] {
+        assert!(fused_models.iter().any(|m| m == want), "{fused_models:?}");
+    }
+    eprintln!(
+        "fused chains in {} programs: {fused_models:?}",
+        fused_models.len()
+    );
+}
+
 #[test]
 fn zoo_fixtures_exercise_what_they_are_there_for() {
     let ops = |name: &str| -> Vec<String> {

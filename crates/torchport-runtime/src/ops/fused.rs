@@ -603,9 +603,14 @@ pub fn relu(x: &Tensor) -> Option<Tensor> {
     unary(x, |v| v.max(0.0))
 }
 
-/// `f` applied to each element of a contiguous f32 tensor in one pass, split across threads
-/// when large; `None` for any other tensor.
+/// `f` applied to each element of an f32 tensor in one pass, split across threads when large
+/// (a strided view is made contiguous first, so that every layout gets the same `f`, the one
+/// a fused chain of [`super::pointwise`] applies too); `None` for any other tensor.
 pub fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Option<Tensor> {
+    if x.dtype() != DType::F32 {
+        return None;
+    }
+    let x = &x.contiguous().ok()?;
     let y = with_f32(x, |xs| {
         let mut out = vec![0f32; xs.len()];
         let g = |o: &mut [f32], i: &[f32]| simd_map(o, i, &f);

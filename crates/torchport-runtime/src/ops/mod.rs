@@ -27,6 +27,7 @@ pub mod linalg;
 pub mod math;
 pub mod norm;
 pub mod pad;
+pub mod pointwise;
 pub mod pool;
 pub mod pool3d;
 pub mod rearrange;
@@ -87,6 +88,7 @@ impl Registry {
         shape::register(&mut r);
         index::register(&mut r);
         pad::register(&mut r);
+        pointwise::register(&mut r);
         sort::register(&mut r);
         stats::register(&mut r);
         sym::register(&mut r);

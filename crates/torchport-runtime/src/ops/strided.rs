@@ -10,12 +10,12 @@ use rayon::prelude::*;
 use super::fused::{simd, with_storage};
 
 /// Output elements per parallel task.
-const TASK: usize = 1 << 14;
+pub(crate) const TASK: usize = 1 << 14;
 
 /// Dims of `shape` with adjacent dims merged where every layout in `strides` steps through
 /// them as one (the outer dim's stride is the inner's times its size), and the merged
 /// strides per layout. Size-1 dims are dropped; the result has at least one dim.
-fn merge(dims: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
+pub(crate) fn merge(dims: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
     let mut md: Vec<usize> = Vec::with_capacity(dims.len());
     let mut ms: Vec<Vec<usize>> = vec![Vec::with_capacity(dims.len()); strides.len()];
     for (d, &size) in dims.iter().enumerate() {
@@ -50,7 +50,7 @@ fn merge(dims: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) 
 /// The storage offset, relative to the layout's start, of element `i` (row-major over
 /// `dims`) of a layout with `strides`.
 #[inline(always)]
-fn offset(mut i: usize, dims: &[usize], strides: &[usize]) -> usize {
+pub(crate) fn offset(mut i: usize, dims: &[usize], strides: &[usize]) -> usize {
     let mut off = 0;
     for d in (0..dims.len()).rev() {
         off += (i % dims[d]) * strides[d];

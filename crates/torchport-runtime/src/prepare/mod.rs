@@ -1,7 +1,8 @@
 //! Weight preparation done once at load: fold each inference batch norm into the
 //! convolution before it ([`fold_batch_norms`]), then the relu / silu / hardswish after a
 //! convolution into it ([`fuse_conv_activations`]), residual adds (and the activation after)
-//! into the convolution before them ([`fuse_conv_residuals`]), and store each Linear weight in
+//! into the convolution before them ([`fuse_conv_residuals`]), chains of elementwise ops into
+//! one pass ([`fuse_pointwise_chains`]), and store each Linear weight in
 //! the layout its matmul reads, so that no run pays for a transposed operand.
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
@@ -17,6 +18,9 @@ use candle_core::{DType, Tensor};
 
 use crate::ops::op_key;
 use crate::schema::{Argument, Graph, Node};
+
+mod pointwise;
+pub use pointwise::fuse_pointwise_chains;
 
 /// How a node reads a value: through a 2-d transpose (or as `linear`'s weight), or otherwise.
 fn transposed_read(node: &Node, input: &str) -> bool {
@@ -271,6 +275,23 @@ fn readers_and_producers(graph: &Graph) -> (HashMap<String, usize>, HashMap<Stri
         }
     }
     (readers, producer)
+}
+
+/// Whether the graph's metadata gives tensors `a` and `b` the same dtype and sizes (symbolic
+/// sizes by their expressions).
+fn same_meta(graph: &Graph, a: &str, b: &str) -> bool {
+    use crate::schema::SymInt;
+    let (Some(ma), Some(mb)) = (graph.tensor_values.get(a), graph.tensor_values.get(b)) else {
+        return false;
+    };
+    let same_size = |x: &SymInt, y: &SymInt| match (x, y) {
+        (SymInt::AsInt(x), SymInt::AsInt(y)) => x == y,
+        (SymInt::AsExpr(x), SymInt::AsExpr(y)) => x.expr_str == y.expr_str,
+        _ => false,
+    };
+    ma.dtype == mb.dtype
+        && ma.sizes.len() == mb.sizes.len()
+        && ma.sizes.iter().zip(&mb.sizes).all(|(x, y)| same_size(x, y))
 }
 
 /// Fold each inference batch norm into the convolution that feeds it, when that convolution's
@@ -566,20 +587,7 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
     use crate::ops::conv::{Act, FUSED_ACT_ARG, FUSED_RESIDUAL_ARG};
     use crate::schema::{NamedArgument, TensorArgument};
     let (readers, producer) = readers_and_producers(graph);
-    let same_meta = |a: &str, b: &str| {
-        use crate::schema::SymInt;
-        let (Some(ma), Some(mb)) = (graph.tensor_values.get(a), graph.tensor_values.get(b)) else {
-            return false;
-        };
-        let same_size = |x: &SymInt, y: &SymInt| match (x, y) {
-            (SymInt::AsInt(x), SymInt::AsInt(y)) => x == y,
-            (SymInt::AsExpr(x), SymInt::AsExpr(y)) => x.expr_str == y.expr_str,
-            _ => false,
-        };
-        ma.dtype == mb.dtype
-            && ma.sizes.len() == mb.sizes.len()
-            && ma.sizes.iter().zip(&mb.sizes).all(|(x, y)| same_size(x, y))
-    };
+    let same_meta = |a: &str, b: &str| same_meta(graph, a, b);
     // (add node, conv node, residual, activation node if any)
     type Plan = (usize, usize, String, Option<(usize, Act)>);
     let mut plans: Vec<Plan> = Vec::new();
@@ -744,6 +752,67 @@ mod tests {
             input_tensor(node, crate::ops::conv::FUSED_RESIDUAL_ARG),
             Some("r")
         );
+    }
+
+    /// Elementwise chains on small graphs: `silu(g) * u` becomes one node at the mul's place
+    /// (reading g, then u); an op whose running value is its right operand records the
+    /// swapped op; an `_assert_tensor_metadata` of a fused value goes with it. Left alone:
+    /// a value inside the chain read twice, an in-place op between the chain's nodes that
+    /// rebinds a tensor the chain reads, a running value of other sizes than the output, and
+    /// a tensor that is not float32.
+    #[test]
+    fn pointwise_chains_fuse_only_where_they_are_exact() {
+        use crate::ops::pointwise::TARGET;
+        let silu: Call = ("silu.default", &[("self", "g")], "a");
+        let mul: Call = ("mul.Tensor", &[("self", "a"), ("other", "u")], "y");
+        let sizes: &[(&str, &[i64])] = &[
+            ("g", &[2, 3]),
+            ("a", &[2, 3]),
+            ("u", &[2, 3]),
+            ("y", &[2, 3]),
+        ];
+        let fuses = |calls: &[Call], sizes, out| {
+            let mut g = graph(calls, sizes, out);
+            let n = fuse_pointwise_chains(&mut g);
+            (n, g.nodes.len(), g)
+        };
+        let (n, len, g) = fuses(&[silu, mul], sizes, "y");
+        assert_eq!((n, len), (1, 1));
+        let node = &g.nodes[0];
+        assert_eq!(node.target, TARGET);
+        assert!(matches!(&node.outputs[..], [Argument::AsTensor(t)] if t.name == "y"));
+        let arg = |name: &str| &node.inputs.iter().find(|a| a.name == name).unwrap().arg;
+        assert!(matches!(arg("tensors"), Argument::AsTensors(t)
+            if t.iter().map(|t| t.name.as_str()).collect::<Vec<_>>() == ["g", "u"]));
+        assert!(matches!(arg("ops"), Argument::AsStrings(o) if o == &["silu", "mul"]));
+        assert!(matches!(arg("operands"), Argument::AsInts(k) if k == &[-2, 1]));
+        // u - silu(g): the running value is the right operand.
+        let sub: Call = ("sub.Tensor", &[("self", "u"), ("other", "a")], "y");
+        let (_, _, g) = fuses(&[silu, sub], sizes, "y");
+        let ops = g.nodes[0].inputs.iter().find(|a| a.name == "ops").unwrap();
+        assert!(matches!(&ops.arg, Argument::AsStrings(o) if o == &["silu", "rsub"]));
+        // An assertion on the fused value is dropped with it.
+        let check: Call = ("_assert_tensor_metadata.default", &[("a", "a")], "unused");
+        assert_eq!(fuses(&[silu, check, mul], sizes, "y").0, 1);
+        assert_eq!(fuses(&[silu, check, mul], sizes, "y").1, 1);
+        // `a` read twice (by the mul and by another op).
+        let other: Call = ("neg.default", &[("self", "a")], "z");
+        assert_eq!(fuses(&[silu, other, mul], sizes, "y").0, 0);
+        // An in-place op between rebinds g, which the fused node would read too late.
+        let rebind: Call = ("relu_.default", &[("self", "g")], "g2");
+        assert_eq!(fuses(&[silu, rebind, mul], sizes, "y").0, 0);
+        // The running value broadcasts up to the output's sizes: not a chain of one shape.
+        let small: &[(&str, &[i64])] = &[
+            ("g", &[2, 1]),
+            ("a", &[2, 1]),
+            ("u", &[2, 3]),
+            ("y", &[2, 3]),
+        ];
+        assert_eq!(fuses(&[silu, mul], small, "y").0, 0);
+        // Not float32.
+        let mut g = graph(&[silu, mul], sizes, "y");
+        g.tensor_values.get_mut("u").unwrap().dtype = crate::dtype::DOUBLE;
+        assert_eq!(fuse_pointwise_chains(&mut g), 0);
     }
 
     /// The tiled transposes (from a tensor and from little-endian bytes) against candle's own

@@ -1,0 +1,244 @@
+//! Chains of elementwise float32 ops fused into one node of
+//! [`crate::ops::pointwise::TARGET`], computed in one pass.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{
+    drop_nodes, input_float, input_tensor, readers_and_producers, same_meta, tensor_names,
+};
+use crate::dtype::FLOAT;
+use crate::ops::op_key;
+use crate::ops::pointwise::{Binary, Unary, TARGET};
+use crate::schema::{Argument, Graph, JsonFloat, NamedArgument, Node, TensorArgument};
+
+/// An operand of an elementwise node.
+#[derive(Clone, Debug, PartialEq)]
+enum Arg {
+    Tensor(String),
+    Scalar(f32),
+}
+
+/// An elementwise node: its op, and the tensor (or operands) it reads.
+enum Op {
+    Unary(Unary, String),
+    Binary(Binary, Arg, Arg),
+    /// `to(float32)` of a float32 tensor: the same values.
+    Identity(String),
+}
+
+/// A chain being built: its start, its steps (name, operand index or -1 / -2, scalar), the
+/// tensors it reads (the start first), its nodes in graph order and the value it ends at.
+struct Chain {
+    tensors: Vec<String>,
+    steps: Vec<(&'static str, i64, f32)>,
+    nodes: Vec<usize>,
+}
+
+/// Fuse each chain of two or more elementwise float32 nodes, where every value inside the
+/// chain is read only by the next node (an `_assert_tensor_metadata` of it aside, which is
+/// dropped with it) and has the chain's sizes, into one node of
+/// [`crate::ops::pointwise::TARGET`] at the last node's place: add, sub (alpha 1), mul, div of
+/// tensors or scalars, neg, relu, silu, sigmoid, tanh, exp, rsqrt, sqrt, `pow` by 2, 3 or 0.5,
+/// and `to(float32)` of a float32 tensor. The other operands may broadcast. A chain is left
+/// alone when an in-place op between its first and last node rebinds a tensor it reads (the
+/// fused node reads them at the last node's place). The graph's metadata decides dtypes and
+/// sizes: every tensor involved must be float32. Returns how many chains were fused.
+pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
+    let (readers, _) = readers_and_producers(graph);
+    let mut asserts: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if op_key(&node.target) == "aten._assert_tensor_metadata.default" {
+            for a in &node.inputs {
+                for n in tensor_names(&a.arg) {
+                    asserts.entry(n.to_string()).or_default().push(i);
+                }
+            }
+        }
+    }
+    let readers_of = |v: &str| {
+        let checks = asserts.get(v).map_or(0, Vec::len);
+        readers.get(v).copied().unwrap_or(0).saturating_sub(checks)
+    };
+    let is_f32 = |v: &str| graph.tensor_values.get(v).is_some_and(|m| m.dtype == FLOAT);
+    let mut chains: Vec<Chain> = Vec::new();
+    // Chains whose last value may take another step, by that value.
+    let mut open: HashMap<String, usize> = HashMap::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let Some((op, y)) = parse(node) else {
+            continue;
+        };
+        let all_f32 = match &op {
+            Op::Unary(_, x) | Op::Identity(x) => is_f32(x),
+            Op::Binary(_, l, r) => [l, r]
+                .iter()
+                .all(|a| matches!(a, Arg::Scalar(_)) || matches!(a, Arg::Tensor(t) if is_f32(t))),
+        };
+        if !all_f32 || !is_f32(&y) {
+            continue;
+        }
+        let continues = |v: &str| open.contains_key(v) && readers_of(v) == 1;
+        // The value the step maps, and the step.
+        let (acc, step) = match op {
+            Op::Unary(u, x) => (x, Some((u.name(), Arg::Scalar(0.0), true))),
+            Op::Identity(x) => (x, None),
+            Op::Binary(b, l, r) => {
+                let options = [(l.clone(), b, r.clone()), (r, b.swapped(), l)];
+                let fits =
+                    |a: &Arg, ok: &dyn Fn(&str) -> bool| matches!(a, Arg::Tensor(t) if ok(t));
+                let pick = options
+                    .iter()
+                    .find(|(a, ..)| fits(a, &|t| continues(t) && same_meta(graph, t, &y)))
+                    .or_else(|| {
+                        options
+                            .iter()
+                            .find(|(a, ..)| fits(a, &|t| same_meta(graph, t, &y)))
+                    });
+                let Some((Arg::Tensor(acc), b, other)) = pick else {
+                    continue;
+                };
+                (acc.clone(), Some((b.name(), other.clone(), false)))
+            }
+        };
+        if !same_meta(graph, &acc, &y) {
+            continue;
+        }
+        let c = if continues(&acc) {
+            open.remove(&acc).unwrap_or_default()
+        } else {
+            chains.push(Chain {
+                tensors: vec![acc],
+                steps: Vec::new(),
+                nodes: Vec::new(),
+            });
+            chains.len() - 1
+        };
+        let chain = &mut chains[c];
+        match step {
+            None => {}
+            Some((name, _, true)) => chain.steps.push((name, -2, 0.0)),
+            Some((name, Arg::Scalar(s), false)) => chain.steps.push((name, -1, s)),
+            Some((name, Arg::Tensor(t), false)) => {
+                let k = match chain.tensors.iter().position(|x| *x == t) {
+                    Some(k) if k > 0 => k,
+                    _ => {
+                        chain.tensors.push(t);
+                        chain.tensors.len() - 1
+                    }
+                };
+                chain.steps.push((name, k as i64, 0.0));
+            }
+        }
+        chain.nodes.push(i);
+        open.insert(y, c);
+    }
+    let mut dropped: HashSet<usize> = HashSet::new();
+    let mut fused = 0;
+    for chain in chains {
+        let (Some(&first), Some(&last)) = (chain.nodes.first(), chain.nodes.last()) else {
+            continue;
+        };
+        if chain.nodes.len() < 2 || chain.steps.is_empty() {
+            continue;
+        }
+        // The fused node reads its tensors at the last node's place: nothing between may
+        // rebind one (an in-place op's `self`).
+        let rebinds = (first + 1..last).any(|k| {
+            let n = &graph.nodes[k];
+            !chain.nodes.contains(&k)
+                && crate::ops::functional_name(op_key(&n.target)).is_some()
+                && (input_tensor(n, "self").or(input_tensor(n, "input")))
+                    .is_some_and(|s| chain.tensors.iter().any(|t| t == s))
+        });
+        if rebinds {
+            continue;
+        }
+        for &k in &chain.nodes[..chain.nodes.len() - 1] {
+            dropped.insert(k);
+            if let [Argument::AsTensor(v)] = graph.nodes[k].outputs.as_slice() {
+                dropped.extend(asserts.get(&v.name).into_iter().flatten());
+            }
+        }
+        let named = |name: &str, arg: Argument| NamedArgument {
+            name: name.into(),
+            arg,
+            kind: None,
+        };
+        let tensors = chain
+            .tensors
+            .into_iter()
+            .map(|name| TensorArgument { name })
+            .collect();
+        let (ops, operands, scalars) = chain.steps.into_iter().fold(
+            (Vec::new(), Vec::new(), Vec::new()),
+            |(mut o, mut k, mut s), (name, operand, scalar)| {
+                o.push(name.to_string());
+                k.push(operand);
+                s.push(JsonFloat::Num(f64::from(scalar)));
+                (o, k, s)
+            },
+        );
+        let node = &mut graph.nodes[last];
+        *node = Node {
+            target: TARGET.into(),
+            inputs: vec![
+                named("tensors", Argument::AsTensors(tensors)),
+                named("ops", Argument::AsStrings(ops)),
+                named("operands", Argument::AsInts(operands)),
+                named("scalars", Argument::AsFloats(scalars)),
+            ],
+            outputs: node.outputs.clone(),
+            name: node.name.clone(),
+        };
+        fused += 1;
+    }
+    drop_nodes(graph, &dropped);
+    fused
+}
+
+/// `node` as an elementwise op and its one tensor output, or `None`.
+fn parse(node: &Node) -> Option<(Op, String)> {
+    let [Argument::AsTensor(y)] = node.outputs.as_slice() else {
+        return None;
+    };
+    let operand = |name: &str| match &node.inputs.iter().find(|a| a.name == name)?.arg {
+        Argument::AsTensor(t) => Some(Arg::Tensor(t.name.clone())),
+        Argument::AsFloat(f) => Some(f.get())
+            .filter(|v| v.is_finite())
+            .map(|v| Arg::Scalar(v as f32)),
+        Argument::AsInt(i) => Some(Arg::Scalar(*i as f32)),
+        _ => None,
+    };
+    let x = || input_tensor(node, "self").map(str::to_string);
+    let unary = |u: Unary| Some(Op::Unary(u, x()?));
+    let binary = |b: Binary| Some(Op::Binary(b, operand("self")?, operand("other")?));
+    let op = match op_key(&node.target) {
+        "aten.add.Tensor" | "aten.add.Scalar" if input_float(node, "alpha", 1.0) == Some(1.0) => {
+            binary(Binary::Add)?
+        }
+        "aten.sub.Tensor" | "aten.sub.Scalar" if input_float(node, "alpha", 1.0) == Some(1.0) => {
+            binary(Binary::Sub)?
+        }
+        "aten.mul.Tensor" | "aten.mul.Scalar" => binary(Binary::Mul)?,
+        "aten.div.Tensor" | "aten.div.Scalar" => binary(Binary::Div)?,
+        "aten.neg.default" => unary(Unary::Neg)?,
+        "aten.relu.default" => unary(Unary::Relu)?,
+        "aten.silu.default" => unary(Unary::Silu)?,
+        "aten.sigmoid.default" => unary(Unary::Sigmoid)?,
+        "aten.tanh.default" => unary(Unary::Tanh)?,
+        "aten.exp.default" => unary(Unary::Exp)?,
+        "aten.rsqrt.default" => unary(Unary::Rsqrt)?,
+        "aten.sqrt.default" => unary(Unary::Sqrt)?,
+        "aten.pow.Tensor_Scalar" => match input_float(node, "exponent", f64::NAN)? {
+            2.0 => unary(Unary::Square)?,
+            3.0 => unary(Unary::Cube)?,
+            0.5 => unary(Unary::Sqrt)?,
+            _ => return None,
+        },
+        "aten.to.dtype" => match node.inputs.iter().find(|a| a.name == "dtype")?.arg {
+            Argument::AsScalarType(FLOAT) => Op::Identity(x()?),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some((op, y.name.clone()))
+}
