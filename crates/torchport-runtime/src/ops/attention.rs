@@ -244,7 +244,7 @@ fn fused_attention(
         },
         None => None,
     };
-    let mut out = vec![0f32; b * hq * l * ev];
+    let mut out = super::fused::zeros(b * hq * l * ev);
     if out.is_empty() || s == 0 {
         return Ok(None);
     }

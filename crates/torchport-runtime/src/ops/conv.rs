@@ -483,7 +483,7 @@ fn conv_gemm(
     let mut out = match residual {
         Some(r) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => f32_vec(r)?,
         Some(_) => return Ok(None),
-        None => vec![0f32; n * co * pix],
+        None => super::fused::zeros(n * co * pix),
     };
     let res = with_f32(&w, |wm| {
         // Winograd's geometry with the transformed weights, when that path applies.
@@ -778,7 +778,7 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
         },
         None => None,
     };
-    let mut out = vec![0f32; n * co * oh * ow];
+    let mut out = super::fused::zeros(n * co * oh * ow);
     if oh * ow > 0 {
         let geo = PlaneGeometry::new([h, wd], [kh, kw], [oh, ow], p);
         let planes = |out: &mut [f32], xs: &[f32]| {

@@ -222,17 +222,29 @@ pub fn gemm_bias(
         }
         Some(_) => return Ok(None),
     };
-    let mut out = vec![0f32; rows * n];
+    let mut out = super::fused::zeros(rows * n);
     if let Some(b) = &bias {
-        if b.len() == n {
-            for row in out.chunks_mut(n.max(1)) {
-                row.copy_from_slice(b);
+        // Row by row, over the pool's threads when large (a serial fill of BERT's 12 MB
+        // outputs is time the product's threads wait for).
+        let fill = |(i, row): (usize, &mut [f32])| {
+            let src = if b.len() == n {
+                &b[..]
+            } else {
+                &b[i * n..][..n]
+            };
+            if beta == 1.0 {
+                row.copy_from_slice(src);
+            } else {
+                row.iter_mut()
+                    .zip(src)
+                    .for_each(|(v, &x)| *v = x * beta as f32);
             }
+        };
+        if rows * n >= 1 << 18 {
+            use rayon::prelude::*;
+            out.par_chunks_mut(n.max(1)).enumerate().for_each(fill);
         } else {
-            out.copy_from_slice(b);
-        }
-        if beta != 1.0 {
-            out.iter_mut().for_each(|v| *v *= beta as f32);
+            out.chunks_mut(n.max(1)).enumerate().for_each(fill);
         }
     }
     let ok = with_f32(x, |xs| {

@@ -207,7 +207,7 @@ fn run(ins: &[Tensor], steps: &[Step]) -> Option<Vec<f32>> {
     let last = dims.len() - 1;
     let inner = dims[last];
     let total: usize = dims_all.iter().product();
-    let mut out = vec![0f32; total];
+    let mut out = super::fused::zeros(total);
     if total == 0 {
         return Some(out);
     }

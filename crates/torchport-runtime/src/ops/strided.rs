@@ -82,7 +82,7 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
                     bl.start_offset() + offset(row, &dims[..last], &st[1][..last]),
                 )
             };
-            let mut out = vec![0f32; total];
+            let mut out = super::fused::zeros(total);
             if total == 0 {
                 return Some(out);
             }
