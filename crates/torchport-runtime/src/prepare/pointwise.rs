@@ -12,7 +12,7 @@ use crate::ops::pointwise::{Binary, Unary, TARGET};
 use crate::schema::{Argument, Graph, JsonFloat, NamedArgument, Node, TensorArgument};
 
 /// An operand of an elementwise node.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone)]
 enum Arg {
     Tensor(String),
     Scalar(f32),
@@ -26,8 +26,9 @@ enum Op {
     Identity(String),
 }
 
-/// A chain being built: its start, its steps (name, operand index or -1 / -2, scalar), the
-/// tensors it reads (the start first), its nodes in graph order and the value it ends at.
+/// A chain being built: the tensors it reads (the start first), its steps (name; operand:
+/// an index into `tensors`, -1 for the scalar, -2 for none; scalar) and its nodes in graph
+/// order.
 struct Chain {
     tensors: Vec<String>,
     steps: Vec<(&'static str, i64, f32)>,
@@ -77,9 +78,9 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
             continue;
         }
         let continues = |v: &str| open.contains_key(v) && readers_of(v) == 1;
-        // The value the step maps, and the step.
-        let (acc, step) = match op {
-            Op::Unary(u, x) => (x, Some((u.name(), Arg::Scalar(0.0), true))),
+        // The value the step maps, and the step (its name and operand, if any).
+        let (acc, step): (String, Option<(&'static str, Option<Arg>)>) = match op {
+            Op::Unary(u, x) => (x, Some((u.name(), None))),
             Op::Identity(x) => (x, None),
             Op::Binary(b, l, r) => {
                 let options = [(l.clone(), b, r.clone()), (r, b.swapped(), l)];
@@ -96,28 +97,29 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
                 let Some((Arg::Tensor(acc), b, other)) = pick else {
                     continue;
                 };
-                (acc.clone(), Some((b.name(), other.clone(), false)))
+                (acc.clone(), Some((b.name(), Some(other.clone()))))
             }
         };
         if !same_meta(graph, &acc, &y) {
             continue;
         }
-        let c = if continues(&acc) {
-            open.remove(&acc).unwrap_or_default()
-        } else {
-            chains.push(Chain {
-                tensors: vec![acc],
-                steps: Vec::new(),
-                nodes: Vec::new(),
-            });
-            chains.len() - 1
+        let c = match open.remove(&acc) {
+            Some(c) if readers_of(&acc) == 1 => c,
+            _ => {
+                chains.push(Chain {
+                    tensors: vec![acc],
+                    steps: Vec::new(),
+                    nodes: Vec::new(),
+                });
+                chains.len() - 1
+            }
         };
         let chain = &mut chains[c];
         match step {
             None => {}
-            Some((name, _, true)) => chain.steps.push((name, -2, 0.0)),
-            Some((name, Arg::Scalar(s), false)) => chain.steps.push((name, -1, s)),
-            Some((name, Arg::Tensor(t), false)) => {
+            Some((name, None)) => chain.steps.push((name, -2, 0.0)),
+            Some((name, Some(Arg::Scalar(s)))) => chain.steps.push((name, -1, s)),
+            Some((name, Some(Arg::Tensor(t)))) => {
                 let k = match chain.tensors.iter().position(|x| *x == t) {
                     Some(k) if k > 0 => k,
                     _ => {
@@ -205,7 +207,8 @@ fn parse(node: &Node) -> Option<(Op, String)> {
         Argument::AsFloat(f) => Some(f.get())
             .filter(|v| v.is_finite())
             .map(|v| Arg::Scalar(v as f32)),
-        Argument::AsInt(i) => Some(Arg::Scalar(*i as f32)),
+        // Through f64, as the op's own kernel converts a scalar.
+        Argument::AsInt(i) => Some(Arg::Scalar(*i as f64 as f32)),
         _ => None,
     };
     let x = || input_tensor(node, "self").map(str::to_string);
