@@ -374,6 +374,17 @@ fn conv(
         );
     }
     check_shapes(&x, &w, p)?;
+    if x.dims()[0] == 0 {
+        // An empty batch gives an empty output, computed here: candle's grouped conv slices
+        // the empty input's groups at offsets past its storage (a panic, found by fuzzing).
+        // `check_shapes` has bounded these sizes.
+        let out = |d: usize| {
+            let span = p.dilation[d] * (w.dims()[2 + d] - 1) + 1;
+            (x.dims()[2 + d] + 2 * p.padding[d] - span) / p.stride[d] + 1
+        };
+        let y = Tensor::zeros((0, w.dims()[0], out(0), out(1)), x.dtype(), x.device())?;
+        return Ok(if one_d { y.squeeze(2)? } else { y });
+    }
     let cin = x.dims()[1];
     let (mut bias_done, mut act_done, mut residual_done) = (false, false, residual.is_none());
     // The depthwise kernel does not take the residual: its activation waits for it.
@@ -1167,6 +1178,18 @@ mod tests {
         let x = Tensor::zeros((0, 2, 4, 4), DType::F32, &dev).unwrap();
         let w = Tensor::zeros((3, 2, 3, 3), DType::F32, &dev).unwrap();
         assert_eq!(conv(&x, &w, None, None, &p).unwrap().dims(), [0, 3, 4, 4]);
+        // An empty batch in 4 groups, strided (candle's grouped conv panicked on it).
+        let x = Tensor::zeros((0, 16, 8, 8), DType::F32, &dev).unwrap();
+        let w = Tensor::zeros((16, 4, 3, 3), DType::F32, &dev).unwrap();
+        let grouped = Params {
+            stride: [2; 2],
+            groups: 4,
+            ..p
+        };
+        assert_eq!(
+            conv(&x, &w, None, None, &grouped).unwrap().dims(),
+            [0, 16, 4, 4]
+        );
     }
 
     /// A residual fused at load, added before the activation, on every path: Winograd, im2col
