@@ -51,8 +51,17 @@ pub fn zeros(n: usize) -> Vec<f32> {
     if n < PAR_ZERO_MIN {
         return vec![0f32; n];
     }
-    let mut v = Vec::with_capacity(n);
-    v.par_extend(rayon::iter::repeat_n(0f32, n));
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    // In stretches of 256 KiB, each a `memset` (an element-by-element fill through rayon's
+    // `par_extend` compiled to 16-byte stores, slower than the allocator's own clear).
+    v.spare_capacity_mut()
+        .par_chunks_mut(1 << 16)
+        .for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
+    // SAFETY: the loop above wrote every one of the `n` elements of the capacity.
+    #[allow(unsafe_code)]
+    unsafe {
+        v.set_len(n)
+    };
     v
 }
 

@@ -13,10 +13,9 @@
 //! where `operands` says -1).
 
 use candle_core::{DType, Storage, Tensor};
-use rayon::prelude::*;
 
-use super::fused::{sigmoid_fast, simd, tanh_fast};
-use super::strided::{merge, offset, TASK};
+use super::fused::{sigmoid_fast, tanh_fast};
+use super::strided::{by_runs, merge, offset};
 use super::Registry;
 use crate::error::OpResult;
 use crate::op_bail;
@@ -208,65 +207,43 @@ fn run(ins: &[Tensor], steps: &[Step]) -> Option<Vec<f32>> {
     let inner = dims[last];
     let total: usize = dims_all.iter().product();
     let mut out = super::fused::zeros(total);
-    if total == 0 {
-        return Some(out);
-    }
     // Where tensor k's run for output element (row, col) starts.
     let start = |k: usize, row: usize, col: usize| {
         guards[k].1.start_offset() + offset(row, &dims[..last], &st[k][..last]) + col * st[k][last]
     };
-    let chunk = if inner >= TASK {
-        TASK
-    } else {
-        TASK / inner * inner
-    };
-    let task = |(c, o): (usize, &mut [f32])| {
-        simd(
-            #[inline(always)]
-            || {
-                let mut buf: Vec<f32> = Vec::new();
-                let mut done = 0;
-                while done < o.len() {
-                    let at = c * chunk + done;
-                    let (row, col) = (at / inner, at % inner);
-                    let len = (inner - col).min(o.len() - done);
-                    let acc = &mut o[done..done + len];
-                    if !load(acc, data[0], start(0, row, col), st[0][last]) {
-                        return false;
-                    }
-                    for step in steps {
-                        match *step {
-                            Step::Unary(u) => unary(u, acc),
-                            Step::Scalar(b, s) => scalar(b, acc, s),
-                            Step::Tensor(b, k) => {
-                                let (off, s) = (start(k, row, col), st[k][last]);
-                                let src = if s == 1 {
-                                    match data[k].get(off..off + len) {
-                                        Some(x) => x,
-                                        None => return false,
-                                    }
-                                } else {
-                                    buf.resize(len, 0.0);
-                                    if !load(&mut buf, data[k], off, s) {
-                                        return false;
-                                    }
-                                    &buf[..]
-                                };
-                                binary(b, acc, src);
+    let ok = by_runs(
+        &mut out,
+        inner,
+        #[inline(always)]
+        |buf, row, col, acc| {
+            if !load(acc, data[0], start(0, row, col), st[0][last]) {
+                return false;
+            }
+            for step in steps {
+                match *step {
+                    Step::Unary(u) => unary(u, acc),
+                    Step::Scalar(b, s) => scalar(b, acc, s),
+                    Step::Tensor(b, k) => {
+                        let (off, s, len) = (start(k, row, col), st[k][last], acc.len());
+                        let src = if s == 1 {
+                            match data[k].get(off..off + len) {
+                                Some(x) => x,
+                                None => return false,
                             }
-                        }
+                        } else {
+                            buf.resize(len, 0.0);
+                            if !load(buf, data[k], off, s) {
+                                return false;
+                            }
+                            &buf[..]
+                        };
+                        binary(b, acc, src);
                     }
-                    done += len;
                 }
-                true
-            },
-        )
-    };
-    let ok = if total >= 2 * TASK {
-        out.par_chunks_mut(chunk).enumerate().all(task)
-    } else {
-        out.chunks_mut(chunk).enumerate().all(task)
-    };
+            }
+            true
+        },
+    );
     ok.then_some(out)
 }
 

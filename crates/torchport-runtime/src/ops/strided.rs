@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::fused::{simd, with_storage};
 
 /// Output elements per parallel task.
-pub(crate) const TASK: usize = 1 << 14;
+const TASK: usize = 1 << 14;
 
 /// Dims of `shape` with adjacent dims merged where every layout in `strides` steps through
 /// them as one (the outer dim's stride is the inner's times its size), and the merged
@@ -83,50 +83,64 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
                 )
             };
             let mut out = super::fused::zeros(total);
-            if total == 0 {
-                return Some(out);
-            }
-            // Tasks of whole rows, or of pieces of one row when rows are long.
-            let chunk = if inner >= TASK {
-                TASK
-            } else {
-                TASK / inner * inner
-            };
-            let task = |(c, o): (usize, &mut [f32])| {
-                simd(
-                    #[inline(always)]
-                    || {
-                        // Output elements c * chunk.., in runs that stop at row ends.
-                        let mut done = 0;
-                        while done < o.len() {
-                            let at = c * chunk + done;
-                            let (row, col) = (at / inner, at % inner);
-                            let len = (inner - col).min(o.len() - done);
-                            let (oa, ob) = starts(row);
-                            let run = &mut o[done..done + len];
-                            if !binary_run(
-                                run,
-                                (ad, oa + col * sa, sa),
-                                (bd, ob + col * sb, sb),
-                                &f,
-                            ) {
-                                return false;
-                            }
-                            done += len;
-                        }
-                        true
-                    },
-                )
-            };
-            let ok = if total >= 2 * TASK {
-                out.par_chunks_mut(chunk).enumerate().all(task)
-            } else {
-                out.chunks_mut(chunk).enumerate().all(task)
-            };
+            let ok = by_runs(
+                &mut out,
+                inner,
+                #[inline(always)]
+                |_, row, col, run| {
+                    let (oa, ob) = starts(row);
+                    binary_run(run, (ad, oa + col * sa, sa), (bd, ob + col * sb, sb), &f)
+                },
+            );
             ok.then_some(out)
         })
     })???;
     Tensor::from_vec(out, shape, a.device()).ok()
+}
+
+/// Fill `out`, row-major with rows of `inner` elements, one run at a time: `f(scratch, row,
+/// col, run)` writes output elements `col..col + run.len()` of row `row` (a run never crosses
+/// a row's end; `scratch` is a buffer of the task's own). Tasks of whole rows, or of pieces of
+/// one row when rows are long, in parallel from `2 * TASK` elements; each task's loop is
+/// compiled for the CPU's vector width (see [`simd`]: mark `f` `#[inline(always)]`). False
+/// when any `f` returns false.
+pub(crate) fn by_runs(
+    out: &mut [f32],
+    inner: usize,
+    f: impl Fn(&mut Vec<f32>, usize, usize, &mut [f32]) -> bool + Sync,
+) -> bool {
+    if out.is_empty() || inner == 0 {
+        return true;
+    }
+    let chunk = if inner >= TASK {
+        TASK
+    } else {
+        TASK / inner * inner
+    };
+    let task = |(c, o): (usize, &mut [f32])| {
+        simd(
+            #[inline(always)]
+            || {
+                let mut scratch = Vec::new();
+                let mut done = 0;
+                while done < o.len() {
+                    let at = c * chunk + done;
+                    let (row, col) = (at / inner, at % inner);
+                    let len = (inner - col).min(o.len() - done);
+                    if !f(&mut scratch, row, col, &mut o[done..done + len]) {
+                        return false;
+                    }
+                    done += len;
+                }
+                true
+            },
+        )
+    };
+    if out.len() >= 2 * TASK {
+        out.par_chunks_mut(chunk).enumerate().all(task)
+    } else {
+        out.chunks_mut(chunk).enumerate().all(task)
+    }
 }
 
 /// One run of [`binary_f32`]: `o[j] = f(a[oa + j * sa], b[ob + j * sb])`, each operand given
