@@ -45,7 +45,7 @@ const PAR_ZERO_MIN: usize = 1 << 18;
 /// A zeroed f32 buffer of `n` values for a kernel's output, cleared in parallel when large.
 /// Freed buffers are reused (see `allocator.rs`), so the allocator must clear a reused one,
 /// and it does so on the calling thread alone: on BERT-base at batch 8 and 2 threads,
-/// `memset` was 3.3% of the samples of a whole run (`perf record`), serial time in a run
+/// `memset` was 3.0–3.3% of the samples of whole runs (`perf record`), serial time in a run
 /// otherwise split across the threads.
 pub fn zeros(n: usize) -> Vec<f32> {
     if n < PAR_ZERO_MIN {
