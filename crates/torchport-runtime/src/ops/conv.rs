@@ -217,11 +217,20 @@ pub(super) fn fused_act(a: &Args) -> OpResult<Act> {
     })
 }
 
-/// `y` plus the residual fused onto this conv node at load, if any (`y` batched; the residual
-/// is unbatched with an `unbatched` input), promoted as torch's `add` promotes.
+/// The residual fused onto this conv node at load, if any, batched (it has the conv's
+/// output shape, so it is unbatched with an `unbatched` input).
+fn fused_residual(a: &Args, unbatched: bool) -> OpResult<Option<Tensor>> {
+    Ok(match a.opt_tensor(FUSED_RESIDUAL_ARG)? {
+        Some(r) if unbatched => Some(r.unsqueeze(0)?),
+        r => r,
+    })
+}
+
+/// `y` (batched) plus the residual fused onto this conv node at load, if any, promoted as
+/// torch's `add` promotes.
 pub(super) fn add_fused_residual(a: &Args, y: Tensor, unbatched: bool) -> OpResult<Tensor> {
-    match a.opt_tensor(FUSED_RESIDUAL_ARG)? {
-        Some(r) => add_residual(y, if unbatched { r.unsqueeze(0)? } else { r }),
+    match fused_residual(a, unbatched)? {
+        Some(r) => add_residual(y, r),
         None => Ok(y),
     }
 }
@@ -306,11 +315,7 @@ fn conv_nd(a: &Args) -> OpResult<Outputs> {
         groups,
         act,
     };
-    // A residual fused at load has the conv's output shape (unbatched with it).
-    let residual = match a.opt_tensor(FUSED_RESIDUAL_ARG)? {
-        Some(r) if unbatched => Some(r.unsqueeze(0)?),
-        r => r,
-    };
+    let residual = fused_residual(a, unbatched)?;
     let y = conv(&x, &w, b.as_ref(), residual.as_ref(), &p)?;
     one(if unbatched { y.squeeze(0)? } else { y })
 }
@@ -377,12 +382,11 @@ fn conv(
     if x.dims()[0] == 0 {
         // An empty batch gives an empty output, computed here: candle's grouped conv slices
         // the empty input's groups at offsets past its storage (a panic, found by fuzzing).
-        // `check_shapes` has bounded these sizes.
         let out = |d: usize| {
-            let span = p.dilation[d] * (w.dims()[2 + d] - 1) + 1;
-            (x.dims()[2 + d] + 2 * p.padding[d] - span) / p.stride[d] + 1
+            let (n, k) = (x.dims()[2 + d], w.dims()[2 + d]);
+            out_len(n, k, p.padding[d], p.stride[d], p.dilation[d])
         };
-        let y = Tensor::zeros((0, w.dims()[0], out(0), out(1)), x.dtype(), x.device())?;
+        let y = Tensor::zeros((0, w.dims()[0], out(0)?, out(1)?), x.dtype(), x.device())?;
         return Ok(if one_d { y.squeeze(2)? } else { y });
     }
     let cin = x.dims()[1];
