@@ -34,7 +34,7 @@ pub fn register(r: &mut Registry) {
     for n in ["aten.hardswish.default", "aten.hardswish_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
-            if let Some(y) = super::fused::unary(&x, |v| v * (v + 3.0).clamp(0.0, 6.0) / 6.0) {
+            if let Some(y) = super::fused::unary(&x, super::fused::hardswish_f32) {
                 return one(y);
             }
             one((&x * x.affine(1.0, 3.0)?.clamp(0f32, 6f32)?)?.affine(1.0 / 6.0, 0.0)?)
@@ -58,7 +58,7 @@ pub fn register(r: &mut Registry) {
     for n in ["aten.silu.default", "aten.silu_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
-            if let Some(y) = super::fused::unary(&x, |v| v * super::fused::sigmoid_fast(v)) {
+            if let Some(y) = super::fused::unary(&x, super::fused::silu_fast) {
                 return one(y);
             }
             one((&x * sigmoid(&x)?)?)

@@ -128,12 +128,12 @@ impl Act {
     }
 
     pub(super) fn apply(self, xs: &mut [f32]) {
-        use super::fused::{sigmoid_fast, simd_map_mut};
+        use super::fused::{hardswish_f32, relu_f32, silu_fast, simd_map_mut};
         match self {
             Act::None => {}
-            Act::Relu => simd_map_mut(xs, |v| v.max(0.0)),
-            Act::Silu => simd_map_mut(xs, |v| v * sigmoid_fast(v)),
-            Act::Hardswish => simd_map_mut(xs, |v| v * (v + 3.0).clamp(0.0, 6.0) / 6.0),
+            Act::Relu => simd_map_mut(xs, relu_f32),
+            Act::Silu => simd_map_mut(xs, silu_fast),
+            Act::Hardswish => simd_map_mut(xs, hardswish_f32),
         }
     }
 }

@@ -101,7 +101,7 @@ pub fn register(r: &mut Registry) {
         unary_f32(a, f32::sqrt, |x| Ok(x.sqrt()?))
     });
     r.add("aten.rsqrt.default", |a| {
-        unary_f32(a, |v| 1.0 / v.sqrt(), |x| Ok(x.sqrt()?.recip()?))
+        unary_f32(a, fused::rsqrt_f32, |x| Ok(x.sqrt()?.recip()?))
     });
     r.add("aten.reciprocal.default", |a| {
         one(float(&a.tensor("self")?)?.recip()?)

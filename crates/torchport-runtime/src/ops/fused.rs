@@ -498,6 +498,46 @@ pub fn sigmoid_fast(x: f32) -> f32 {
     1.0 / (1.0 + exp_fast(-x))
 }
 
+// The per-element functions of the f32 kernels that more than one kernel applies (the op's
+// own kernel, a convolution's fused activation, a fused chain of `super::pointwise`): one
+// definition each, so that they compute the same bits.
+
+/// `x * sigmoid(x)` (silu), with [`sigmoid_fast`].
+#[inline(always)]
+pub fn silu_fast(x: f32) -> f32 {
+    x * sigmoid_fast(x)
+}
+
+/// `max(x, 0)` (relu).
+#[inline(always)]
+pub fn relu_f32(x: f32) -> f32 {
+    x.max(0.0)
+}
+
+/// `x * clamp(x + 3, 0, 6) / 6` (hardswish).
+#[inline(always)]
+pub fn hardswish_f32(x: f32) -> f32 {
+    x * (x + 3.0).clamp(0.0, 6.0) / 6.0
+}
+
+/// `1 / sqrt(x)` (rsqrt).
+#[inline(always)]
+pub fn rsqrt_f32(x: f32) -> f32 {
+    1.0 / x.sqrt()
+}
+
+/// `x * x` (`pow(x, 2)`, as torch computes it).
+#[inline(always)]
+pub fn square_f32(x: f32) -> f32 {
+    x * x
+}
+
+/// `x * x * x` (`pow(x, 3)`, as torch computes it).
+#[inline(always)]
+pub fn cube_f32(x: f32) -> f32 {
+    x * x * x
+}
+
 /// tanh for f32, vectorizable: `1 - 2 / (exp(2x) + 1)` with [`exp_fast`] on `x` clamped to
 /// [-10, 10] (tanh is 1 to f32 precision beyond); that loses accuracy near 0, so `|x| < 1/8`
 /// uses the odd Taylor series instead. Within 3e-7 absolute of libm's `tanhf` (checked below).
@@ -626,7 +666,7 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Option<Tensor> {
 
 /// `max(x, 0)` of a contiguous f32 tensor, split across threads when large.
 pub fn relu(x: &Tensor) -> Option<Tensor> {
-    unary(x, |v| v.max(0.0))
+    unary(x, relu_f32)
 }
 
 /// `f` applied to each element of an f32 tensor in one pass, split across threads when large

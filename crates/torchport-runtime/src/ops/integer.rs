@@ -333,8 +333,8 @@ fn float_pow_scalar(t: &Tensor, e: f64) -> OpResult<Tensor> {
     }
     // One pass, split across threads; small integer powers as products, as torch computes them.
     let fast = match e {
-        2.0 => super::fused::unary(&t, |v| v * v),
-        3.0 => super::fused::unary(&t, |v| v * v * v),
+        2.0 => super::fused::unary(&t, super::fused::square_f32),
+        3.0 => super::fused::unary(&t, super::fused::cube_f32),
         0.5 => super::fused::unary(&t, f32::sqrt),
         1.0 => Some(t.clone()),
         _ => super::fused::unary(&t, |v| v.powf(e as f32)),

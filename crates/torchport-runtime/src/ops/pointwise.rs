@@ -14,7 +14,7 @@
 
 use candle_core::{DType, Storage, Tensor};
 
-use super::fused::{sigmoid_fast, tanh_fast};
+use super::fused::{cube_f32, relu_f32, rsqrt_f32, sigmoid_fast, silu_fast, square_f32, tanh_fast};
 use super::strided::{by_runs, merge, offset};
 use super::Registry;
 use crate::error::OpResult;
@@ -286,15 +286,15 @@ fn zip(acc: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
 fn unary(u: Unary, acc: &mut [f32]) {
     match u {
         Unary::Neg => map(acc, |v| -v),
-        Unary::Relu => map(acc, |v| v.max(0.0)),
-        Unary::Silu => map(acc, |v| v * sigmoid_fast(v)),
+        Unary::Relu => map(acc, relu_f32),
+        Unary::Silu => map(acc, silu_fast),
         Unary::Sigmoid => map(acc, sigmoid_fast),
         Unary::Tanh => map(acc, tanh_fast),
         Unary::Exp => map(acc, f32::exp),
-        Unary::Rsqrt => map(acc, |v| 1.0 / v.sqrt()),
+        Unary::Rsqrt => map(acc, rsqrt_f32),
         Unary::Sqrt => map(acc, f32::sqrt),
-        Unary::Square => map(acc, |v| v * v),
-        Unary::Cube => map(acc, |v| v * v * v),
+        Unary::Square => map(acc, square_f32),
+        Unary::Cube => map(acc, cube_f32),
     }
 }
 
