@@ -277,6 +277,16 @@ fn readers_and_producers(graph: &Graph) -> (HashMap<String, usize>, HashMap<Stri
     (readers, producer)
 }
 
+/// Whether one of `nodes` is an in-place op whose `self` (or `input`), which it rebinds, is a
+/// tensor `read` accepts: a rewrite that moves a read of that tensor past such a node would
+/// read the new value.
+fn rebinds_any(nodes: &[Node], read: impl Fn(&str) -> bool) -> bool {
+    nodes.iter().any(|n| {
+        crate::ops::functional_name(op_key(&n.target)).is_some()
+            && (input_tensor(n, "self").or(input_tensor(n, "input"))).is_some_and(&read)
+    })
+}
+
 /// Whether the graph's metadata gives tensors `a` and `b` the same dtype and sizes (symbolic
 /// sizes by their expressions).
 fn same_meta(graph: &Graph, a: &str, b: &str) -> bool {
@@ -621,11 +631,7 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
                 .iter()
                 .flat_map(|a| tensor_names(&a.arg))
                 .collect();
-            let rebinds = graph.nodes[j + 1..i].iter().any(|n| {
-                crate::ops::functional_name(op_key(&n.target)).is_some()
-                    && (input_tensor(n, "self").or(input_tensor(n, "input")))
-                        .is_some_and(|s| reads.contains(&s))
-            });
+            let rebinds = rebinds_any(&graph.nodes[j + 1..i], |s| reads.contains(&s));
             let free = readers.get(c) == Some(&1)
                 && c != r
                 && !rebinds

@@ -4,7 +4,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{
-    drop_nodes, input_float, input_tensor, readers_and_producers, same_meta, tensor_names,
+    drop_nodes, input_float, input_tensor, readers_and_producers, rebinds_any, same_meta,
+    tensor_names,
 };
 use crate::dtype::FLOAT;
 use crate::ops::op_key;
@@ -143,15 +144,10 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
             continue;
         }
         // The fused node reads its tensors at the last node's place: nothing between may
-        // rebind one (an in-place op's `self`).
-        let rebinds = (first + 1..last).any(|k| {
-            let n = &graph.nodes[k];
-            !chain.nodes.contains(&k)
-                && crate::ops::functional_name(op_key(&n.target)).is_some()
-                && (input_tensor(n, "self").or(input_tensor(n, "input")))
-                    .is_some_and(|s| chain.tensors.iter().any(|t| t == s))
-        });
-        if rebinds {
+        // rebind one (the chain's own nodes are not in place).
+        if rebinds_any(&graph.nodes[first + 1..last], |s| {
+            chain.tensors.iter().any(|t| t == s)
+        }) {
             continue;
         }
         for &k in &chain.nodes[..chain.nodes.len() - 1] {
