@@ -39,8 +39,9 @@ pub fn with_storage<T: candle_core::WithDType, R>(
     }
 }
 
-/// Buffers of at least this many values are zeroed by [`zeros`] on the pool's threads.
-const PAR_ZERO_MIN: usize = 1 << 18;
+/// Buffers of at least this many values are zeroed by [`zeros`] (and filled with a bias by
+/// `linalg::gemm_bias`) on the pool's threads.
+pub(crate) const PAR_ZERO_MIN: usize = 1 << 18;
 
 /// A zeroed f32 buffer of `n` values for a kernel's output, cleared in parallel when large.
 /// Freed buffers are reused (see `allocator.rs`), so the allocator must clear a reused one,

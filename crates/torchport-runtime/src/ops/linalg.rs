@@ -240,7 +240,7 @@ pub fn gemm_bias(
                     .for_each(|(v, &x)| *v = x * beta as f32);
             }
         };
-        if rows * n >= 1 << 18 {
+        if rows * n >= super::fused::PAR_ZERO_MIN {
             use rayon::prelude::*;
             out.par_chunks_mut(n.max(1)).enumerate().for_each(fill);
         } else {
