@@ -41,8 +41,9 @@ impl<'a> Mat<'a> {
 
 /// `dst = (accumulate ? dst : 0) + scale * a @ b` for `a: [m, k]`, `b: [k, n]` and `dst` a
 /// row-major `[m, n]` block with row stride `ldd`. `parallel` lets the product use the rayon
-/// pool's threads (a product of at most 512 rows as one band of output columns per thread,
-/// which scaled better than the gemm's own split on such products). Returns false (and writes nothing) when a view does not fit its slice.
+/// pool's threads (as tiles of the output, one single-threaded product each, which scaled
+/// better than the gemm's own split: [`tiles`]). Returns false (and writes nothing) when a
+/// view does not fit its slice.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
     m: usize,
@@ -76,14 +77,14 @@ pub fn sgemm(
         return true;
     }
     let threads = rayon::current_num_threads();
-    // A short product over the pool: one band of output columns per thread (see
-    // [`COLUMN_BAND_MAX_ROWS`]); otherwise the gemm's own split, or none.
-    let bands = if parallel && m <= COLUMN_BAND_MAX_ROWS {
-        threads.min(n / COLUMN_BAND_MIN)
+    // Over the pool: tiles of the output, one single-threaded product each (see
+    // [`tiles`]); where no tiling fits, the gemm's own split.
+    let (row_bands, col_bands) = if parallel {
+        tiles(m, n, k, threads)
     } else {
-        1
+        (1, 1)
     };
-    let par = if parallel && threads > 1 && bands < 2 {
+    let par = if parallel && threads > 1 && row_bands * col_bands < 2 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
@@ -99,26 +100,26 @@ pub fn sgemm(
     ) else {
         return false;
     };
-    // Columns j0..j0 + width of the product, with the given parallelism.
-    let product = |out: Shared, j0: usize, width: usize, par: gemm::Parallelism| {
+    // Rows i0..i0 + height and columns j0..j0 + width of the product, with the given
+    // parallelism.
+    let product = |out: Shared, (i0, height): (usize, usize), (j0, width): (usize, usize), par| {
         // SAFETY: every element the product reads, `a[i * rs + p * cs]` for i < m, p < k (and
-        // likewise for b over k x n, of which this reads columns j0..j0 + width < n), lies
-        // inside its slice, and every element it writes, `dst[i * ldd + j]` for i < m and j0 <=
-        // j < j0 + width <= n, lies inside `dst`, which is borrowed mutably and so aliases
-        // neither input (checked by `fits` above). Concurrent calls are given disjoint column
-        // ranges, so no element is written by two of them. With `read_dst` false gemm never
-        // reads `dst`.
+        // likewise for b over k x n), lies inside its slice, and every element it writes,
+        // `dst[i * ldd + j]` for i0 <= i < i0 + height <= m and j0 <= j < j0 + width <= n,
+        // lies inside `dst`, which is borrowed mutably and so aliases neither input (checked
+        // by `fits` above). Concurrent calls are given disjoint tiles, so no element is written
+        // by two of them. With `read_dst` false gemm never reads `dst`.
         #[allow(unsafe_code)]
         unsafe {
             gemm::gemm(
-                m,
+                height,
                 width,
                 k,
-                out.0.add(j0),
+                out.0.add(i0 * ldd + j0),
                 1,
                 drs,
                 accumulate,
-                a.data.as_ptr(),
+                a.data.as_ptr().add(i0 * a.rs),
                 acs,
                 ars,
                 b.data.as_ptr().add(j0 * b.cs),
@@ -134,39 +135,67 @@ pub fn sgemm(
         }
     };
     let out = Shared(dst.as_mut_ptr());
-    if bands < 2 {
-        product(out, 0, n, par);
+    if row_bands * col_bands < 2 {
+        product(out, (0, m), (0, n), par);
     } else {
         use rayon::prelude::*;
-        let width = n.div_ceil(bands);
-        (0..bands).into_par_iter().for_each(|i| {
-            let j0 = i * width;
-            if j0 < n {
-                product(out, j0, width.min(n - j0), gemm::Parallelism::None);
+        let band = |len: usize, parts: usize, i: usize| {
+            let size = len.div_ceil(parts);
+            let start = (i * size).min(len);
+            (start, size.min(len - start))
+        };
+        (0..row_bands * col_bands).into_par_iter().for_each(|t| {
+            let rows = band(m, row_bands, t / col_bands);
+            let cols = band(n, col_bands, t % col_bands);
+            if rows.1 > 0 && cols.1 > 0 {
+                product(out, rows, cols, gemm::Parallelism::None);
             }
         });
     }
     true
 }
 
-/// Products of at most this many rows, run over the pool, split their output columns into
-/// one band per thread, each band a single-threaded product, instead of leaving the split to
-/// the gemm. Measured at 2 threads (least of 5 rounds, 8 weights cycled; BENCHMARKS.md,
-/// issue 14), speed-up over 1 thread, the gemm's split against bands: a 64-channel 3x3 conv
-/// on 56 x 56 (64 x 576 x 3136) 1.01x against 1.90x; batch-1 transformer linears (128 x 768
-/// x 768, 128 x 2048 x 768, 197 x 1536 x 384) 1.43–1.83x against 1.76–2.07x. With 1,576
-/// rows (ViT-S at batch 8) the gemm's own split was as good or better (1.96x against 1.66x
-/// on 1576 x 384 x 1152).
-const COLUMN_BAND_MAX_ROWS: usize = 512;
+/// How a product over `threads` threads splits its output into tiles, each a
+/// single-threaded product: `(row bands, column bands)`, `(1, 1)` for no split. As many
+/// tiles as fit (at most one per thread, each at least [`TILE_MIN`] rows and columns), and
+/// of those the tiling whose tile has the least height + width, because each tile packs its
+/// own rows of `a` and columns of `b`: splitting the output's longer side copies the smaller
+/// operand. Products under [`TILE_MIN_WORK`] multiply-adds a tile are not split.
+///
+/// Measured at 2 threads (least of 5 rounds, 6 weights cycled; BENCHMARKS.md, issue 14),
+/// speed-up over 1 thread, the gemm's own split / column bands / row bands: ResNet-50's
+/// 3x3 conv on 7 x 7 (512 x 49 x 4608, m x n x k) 1.37 / 1.54 / 1.98; its 1x1 conv
+/// 512 x 49 x 2048: 1.01 / 1.35 / 2.01; a 64-channel 3x3 conv on 56 x 56 (64 x 3136 x 576):
+/// 1.01 / 1.90 / –; BERT-base's linears at batch 8 (1024 x 768 x 768): 1.68–1.84 / 1.86–1.93
+/// / 1.89–1.98; batch 1 (128 x 3072 x 768): 1.95 / 1.98 / 1.57.
+fn tiles(m: usize, n: usize, k: usize, threads: usize) -> (usize, usize) {
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let mut best = (1, 1);
+    let mut best_side = usize::MAX;
+    for r in (1..=threads).take_while(|&r| r == 1 || m / r >= TILE_MIN) {
+        for c in (1..=threads / r).take_while(|&c| c == 1 || n / c >= TILE_MIN) {
+            let count = r * c;
+            let side = m.div_ceil(r) + n.div_ceil(c);
+            let better = count > best.0 * best.1 || (count == best.0 * best.1 && side < best_side);
+            if count > 1 && work / count >= TILE_MIN_WORK && better {
+                best = (r, c);
+                best_side = side;
+            }
+        }
+    }
+    best
+}
 
-/// The fewest output columns a band gets.
-const COLUMN_BAND_MIN: usize = 64;
+/// The fewest rows, and the fewest columns, an output tile gets.
+const TILE_MIN: usize = 64;
 
-/// The output's base pointer, handed to the threads computing its column bands.
+/// The fewest multiply-adds an output tile gets (the gemm's own threshold for threads).
+const TILE_MIN_WORK: usize = 48 * 48 * 256;
+
+/// The output's base pointer, handed to the threads computing its tiles.
 #[derive(Clone, Copy)]
 struct Shared(*mut f32);
-// SAFETY: each thread writes a disjoint set of the output's elements through it (see
-// `sgemm`), while `sgemm` holds the output's only mutable borrow until they are done.
+// SAFETY: each thread writes a disjoint tile of the output through it (see `sgemm`), while `sgemm` holds the output's only mutable borrow until they are done.
 #[allow(unsafe_code)]
 unsafe impl Send for Shared {}
 #[allow(unsafe_code)]
@@ -183,13 +212,34 @@ mod tests {
         product_matches_direct(5, 7, 9, 1);
     }
 
-    /// The same with the output's columns in bands, one per thread: 200 columns in 3 bands
-    /// (67, 67, 66 wide), and 64 columns at 3 threads (one band: the gemm's own split).
+    /// The same split into tiles over the pool: column bands (101 + 100 columns), row bands
+    /// (67 + 67 + 66 rows at 3 threads), and 2 x 2 tiles of uneven sizes.
     #[test]
-    fn column_bands_match_direct_product() {
-        product_matches_direct(6, 200, 11, 3);
-        product_matches_direct(6, 64, 11, 3);
-        product_matches_direct(COLUMN_BAND_MAX_ROWS + 1, 130, 3, 2);
+    fn tiles_match_direct_product() {
+        assert_eq!(tiles(130, 201, 48, 2), (1, 2));
+        product_matches_direct(130, 201, 48, 2);
+        assert_eq!(tiles(200, 131, 100, 3), (3, 1));
+        product_matches_direct(200, 131, 100, 3);
+        assert_eq!(tiles(131, 201, 100, 4), (2, 2));
+        product_matches_direct(131, 201, 100, 4);
+    }
+
+    /// The output's longer side is split; nothing is split below the size limits.
+    #[test]
+    fn tiles_split_the_longer_side() {
+        // BERT-base's linear at batch 8 and batch 1, ResNet-50's last 3x3 conv (7 x 7),
+        // a 64-channel conv on 56 x 56.
+        assert_eq!(tiles(1024, 768, 768, 2), (2, 1));
+        assert_eq!(tiles(128, 3072, 768, 2), (1, 2));
+        assert_eq!(tiles(512, 49, 4608, 2), (2, 1));
+        assert_eq!(tiles(64, 3136, 576, 2), (1, 2));
+        assert_eq!(tiles(1024, 768, 768, 16), (4, 4));
+        assert_eq!(tiles(1024, 768, 768, 1), (1, 1));
+        // Too little work, or both sides too short for two tiles.
+        assert_eq!(tiles(100, 100, 100, 2), (1, 1));
+        assert_eq!(tiles(100, 100, 100_000, 2), (1, 1));
+        // Work for 4 tiles of this shape but not for 8 or 16.
+        assert_eq!(tiles(512, 512, 9, 16), (2, 2));
     }
 
     fn product_matches_direct(m: usize, n: usize, k: usize, threads: usize) {
