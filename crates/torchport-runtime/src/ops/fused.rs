@@ -10,6 +10,7 @@
 
 use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Storage, Tensor};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Tensors with at least this many elements are split across threads.
 const PAR_MIN: usize = 1 << 15;
@@ -47,22 +48,82 @@ pub(crate) const PAR_ZERO_MIN: usize = 1 << 18;
 /// Freed buffers are reused (see `allocator.rs`), so the allocator must clear a reused one,
 /// and it does so on the calling thread alone: on BERT-base at batch 8 and 2 threads,
 /// `memset` was 3.0–3.3% of the samples of whole runs (`perf record`), serial time in a run
-/// otherwise split across the threads.
+/// otherwise split across the threads. A kernel that has its output's values at hand
+/// ([`copied`], [`repeated_rows`]) writes them once instead of clearing first.
 pub fn zeros(n: usize) -> Vec<f32> {
     if n < PAR_ZERO_MIN {
         return vec![0f32; n];
     }
-    let mut v: Vec<f32> = Vec::with_capacity(n);
     // In stretches of 256 KiB, each a `memset` (an element-by-element fill through rayon's
     // `par_extend` compiled to 16-byte stores, slower than the allocator's own clear).
-    v.spare_capacity_mut()
-        .par_chunks_mut(1 << 16)
-        .for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
-    // SAFETY: the loop above wrote every one of the `n` elements of the capacity.
+    // SAFETY: the closure writes every element of its chunk.
     #[allow(unsafe_code)]
     unsafe {
-        v.set_len(n)
-    };
+        written(n, 1 << 16, |_, c| c.fill(MaybeUninit::new(0.0)))
+    }
+}
+
+/// A copy of `src`, in parallel when large (one pass where a zeroed buffer and a copy into
+/// it took two).
+pub fn copied(src: &[f32]) -> Vec<f32> {
+    if src.len() < PAR_ZERO_MIN {
+        return src.to_vec();
+    }
+    // SAFETY: the chunk starting at `at` gets the same number of values from `src[at..]`
+    // (the chunks tile `0..src.len()`).
+    #[allow(unsafe_code)]
+    unsafe {
+        written(src.len(), 1 << 16, |at, c| {
+            for (d, &v) in c.iter_mut().zip(&src[at..]) {
+                d.write(v);
+            }
+        })
+    }
+}
+
+/// `rows` copies of `row` one after another (a Linear layer's bias under its product), in
+/// parallel when large.
+pub fn repeated_rows(rows: usize, row: &[f32]) -> Vec<f32> {
+    let n = row.len();
+    let total = rows * n;
+    if n == 0 || total < PAR_ZERO_MIN {
+        return row.repeat(rows);
+    }
+    // SAFETY: every chunk is whole rows (its length a multiple of `n`: the chunk size is, and
+    // so is `total`), and each of its rows gets all of `row`.
+    #[allow(unsafe_code)]
+    unsafe {
+        written(total, (1 << 16) / n.min(1 << 16) * n, |_, c| {
+            for r in c.chunks_exact_mut(n) {
+                for (d, &v) in r.iter_mut().zip(row) {
+                    d.write(v);
+                }
+            }
+        })
+    }
+}
+
+/// A buffer of `n` values written by `write(start, chunk)` on the pool's threads, in chunks
+/// of `chunk` values (the last one shorter), `start` the chunk's first index.
+///
+/// # Safety
+///
+/// `write` must initialise every element of each chunk it is given.
+#[allow(unsafe_code)]
+unsafe fn written(
+    n: usize,
+    chunk: usize,
+    write: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
+) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    let spare = &mut v.spare_capacity_mut()[..n];
+    spare
+        .par_chunks_mut(chunk.max(1))
+        .enumerate()
+        .for_each(|(i, c)| write(i * chunk.max(1), c));
+    // SAFETY: the chunks cover all `n` elements of the capacity, and the caller's `write`
+    // initialised each.
+    unsafe { v.set_len(n) };
     v
 }
 
@@ -702,6 +763,26 @@ mod tests {
         a.dims() == b.dims()
             && a.flatten_all().unwrap().to_vec1::<f32>().unwrap()
                 == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// New buffers written in parallel chunks hold exactly what a serial build holds: zeros,
+    /// a copy, and rows repeated (rows that do not divide a chunk evenly, and rows longer
+    /// than a chunk), below and above the parallel size.
+    #[test]
+    fn written_buffers_hold_their_values() {
+        for n in [5, PAR_ZERO_MIN - 1, PAR_ZERO_MIN, 3 * PAR_ZERO_MIN + 7] {
+            assert!(zeros(n).len() == n && zeros(n).iter().all(|&v| v == 0.0));
+            let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            assert_eq!(copied(&src), src);
+        }
+        for (rows, width) in [(3, 7), (1000, 300), (700, 777), (5, 70_000), (0, 9)] {
+            let row: Vec<f32> = (0..width).map(|i| (i * 3) as f32).collect();
+            assert_eq!(
+                repeated_rows(rows, &row),
+                row.repeat(rows),
+                "{rows} x {width}"
+            );
+        }
     }
 
     /// The one-pass binary kernel gives exactly candle's broadcast result for operands of

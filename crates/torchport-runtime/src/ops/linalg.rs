@@ -201,8 +201,8 @@ pub fn gemm_bias(
     alpha: f64,
     beta: f64,
 ) -> OpResult<Option<Tensor>> {
-    use super::fused::{with_f32, with_storage};
-    use super::sgemm::{sgemm, Mat};
+    use super::fused::{repeated_rows, with_f32, with_storage};
+    use super::sgemm::{product, sgemm, Mat};
     use candle_core::DType;
     if x.dtype() != DType::F32 || w.dtype() != DType::F32 || w.rank() != 2 || x.rank() < 1 {
         return Ok(None);
@@ -218,60 +218,43 @@ pub fn gemm_bias(
         Some(b)
             if b.dtype() == DType::F32 && (b.elem_count() == n || b.elem_count() == rows * n) =>
         {
-            Some(b.flatten_all()?.to_vec1::<f32>()?)
+            let mut b = b.flatten_all()?.to_vec1::<f32>()?;
+            if beta != 1.0 {
+                b.iter_mut().for_each(|v| *v *= beta as f32);
+            }
+            Some(b)
         }
         Some(_) => return Ok(None),
     };
-    let mut out = super::fused::zeros(rows * n);
-    if let Some(b) = &bias {
-        // Row by row, over the pool's threads when large (a serial fill of BERT's 12 MB
-        // outputs is time the product's threads wait for).
-        let fill = |(i, row): (usize, &mut [f32])| {
-            let src = if b.len() == n {
-                &b[..]
-            } else {
-                &b[i * n..][..n]
-            };
-            if beta == 1.0 {
-                row.copy_from_slice(src);
-            } else {
-                row.iter_mut()
-                    .zip(src)
-                    .for_each(|(v, &x)| *v = x * beta as f32);
-            }
-        };
-        if rows * n >= super::fused::PAR_ZERO_MIN {
-            use rayon::prelude::*;
-            out.par_chunks_mut(n.max(1)).enumerate().for_each(fill);
-        } else {
-            out.chunks_mut(n.max(1)).enumerate().for_each(fill);
-        }
-    }
-    let ok = with_f32(x, |xs| {
-        with_storage::<f32, _>(w, |wd, wl| {
-            let st = wl.stride();
-            let wsl = wd.get(wl.start_offset()..)?;
-            Some(sgemm(
-                rows,
-                n,
-                k,
-                Mat::rows(xs, k),
-                Mat {
-                    data: wsl,
+    let multiply = |out: Option<Vec<f32>>| {
+        with_f32(x, |xs| {
+            with_storage::<f32, _>(w, |wd, wl| {
+                let st = wl.stride();
+                let b = Mat {
+                    data: wd.get(wl.start_offset()..)?,
                     rs: st[0],
                     cs: st[1],
-                },
-                &mut out,
-                n,
-                bias.is_some(),
-                alpha as f32,
-                true,
-            ))
+                };
+                let a = Mat::rows(xs, k);
+                match out {
+                    // Onto the bias rows.
+                    Some(mut out) => sgemm(rows, n, k, a, b, &mut out, n, true, alpha as f32, true)
+                        .then_some(out),
+                    None => product(rows, n, k, a, b, alpha as f32, true),
+                }
+            })
         })
-    });
-    if ok.flatten().flatten() != Some(true) {
+        .flatten()
+        .flatten()
+    };
+    let out = match bias {
+        // The output starts as the bias rows (each written once: no zeroing first).
+        Some(b) if b.len() == n => multiply(Some(repeated_rows(rows, &b))),
+        b => multiply(b),
+    };
+    let Some(out) = out else {
         return Ok(None);
-    }
+    };
     let mut shape = x.dims()[..x.rank() - 1].to_vec();
     shape.push(n);
     Ok(Some(Tensor::from_vec(out, shape, x.device())?))

@@ -76,6 +76,95 @@ pub fn sgemm(
         }
         return true;
     }
+    // SAFETY: `dst` holds the whole [m, n] block at row stride `ldd` (checked above), and its
+    // mutable borrow keeps it from aliasing `a` or `b` while the product runs.
+    #[allow(unsafe_code)]
+    unsafe {
+        into(
+            m,
+            n,
+            k,
+            a,
+            b,
+            Shared(dst.as_mut_ptr()),
+            ldd,
+            accumulate,
+            scale,
+            parallel,
+        )
+    }
+}
+
+/// `scale * a @ b` for `a: [m, k]` and `b: [k, n]`, as a new row-major `[m, n]` buffer
+/// written once by the product (a zeroed buffer would be written twice); threads as in
+/// [`sgemm`]. `None` when a view does not fit its slice.
+pub fn product(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    scale: f32,
+    parallel: bool,
+) -> Option<Vec<f32>> {
+    let len = m.checked_mul(n)?;
+    if !a.fits(m, k) || !b.fits(k, n) {
+        return None;
+    }
+    if k == 0 || len == 0 {
+        return Some(vec![0.0; len]);
+    }
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    // SAFETY: the capacity holds the [m, n] block at row stride n, and `out` is new, so it
+    // aliases neither input.
+    #[allow(unsafe_code)]
+    let ok = unsafe {
+        into(
+            m,
+            n,
+            k,
+            a,
+            b,
+            Shared(out.as_mut_ptr()),
+            n,
+            false,
+            scale,
+            parallel,
+        )
+    };
+    if !ok {
+        return None;
+    }
+    // SAFETY: with k > 0 and `accumulate` false, the product wrote every element of the
+    // [m, n] block (gemm's `dst = beta * lhs @ rhs` when told not to read dst, over tiles
+    // that cover the block; the first pass over k writes, later passes add to what it
+    // wrote) and read none before writing it.
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(len)
+    };
+    Some(out)
+}
+
+/// The product behind [`sgemm`] and [`product`], into `dst`, over tiles when `parallel`.
+///
+/// # Safety
+///
+/// `a` and `b` fit their views (`Mat::fits`), `k > 0`, and `dst` points to an `[m, n]` block
+/// at row stride `ldd >= n` (when `m > 1`) that nothing else reads or writes meanwhile.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+unsafe fn into(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    out: Shared,
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+    parallel: bool,
+) -> bool {
     let threads = rayon::current_num_threads();
     // Over the pool: tiles of the output, one single-threaded product each (see
     // [`tiles`]); where no tiling fits, the gemm's own split.
@@ -106,10 +195,9 @@ pub fn sgemm(
         // SAFETY: every element the product reads, `a[i * rs + p * cs]` for i < m, p < k (and
         // likewise for b over k x n), lies inside its slice, and every element it writes,
         // `dst[i * ldd + j]` for i0 <= i < i0 + height <= m and j0 <= j < j0 + width <= n,
-        // lies inside `dst`, which is borrowed mutably and so aliases neither input (checked
-        // by `fits` above). Concurrent calls are given disjoint tiles, so no element is written
-        // by two of them. With `read_dst` false gemm never reads `dst`.
-        #[allow(unsafe_code)]
+        // lies inside the block `out` points to, which nothing else touches meanwhile (the
+        // caller's contract). Concurrent calls are given disjoint tiles, so no element is
+        // written by two of them. With `read_dst` false gemm never reads `dst`.
         unsafe {
             gemm::gemm(
                 height,
@@ -134,7 +222,6 @@ pub fn sgemm(
             );
         }
     };
-    let out = Shared(dst.as_mut_ptr());
     if row_bands * col_bands < 2 {
         product(out, (0, m), (0, n), par);
     } else {
@@ -195,7 +282,8 @@ const TILE_MIN_WORK: usize = 48 * 48 * 256;
 /// The output's base pointer, handed to the threads computing its tiles.
 #[derive(Clone, Copy)]
 struct Shared(*mut f32);
-// SAFETY: each thread writes a disjoint tile of the output through it (see `sgemm`), while `sgemm` holds the output's only mutable borrow until they are done.
+// SAFETY: each thread writes a disjoint tile of the output through it (see `into`), whose
+// caller keeps the output to itself until they are done.
 #[allow(unsafe_code)]
 unsafe impl Send for Shared {}
 #[allow(unsafe_code)]
@@ -222,6 +310,48 @@ mod tests {
         product_matches_direct(200, 131, 100, 3);
         assert_eq!(tiles(131, 201, 100, 4), (2, 2));
         product_matches_direct(131, 201, 100, 4);
+    }
+
+    /// A product into a new buffer equals the same product into a zeroed one, over tiles
+    /// (2 x 2 at 4 threads, transposed `b`) and not, with a scale, and with k = 0; views that
+    /// do not fit are refused.
+    #[test]
+    fn new_products_match_products_into_zeros() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .expect("pool");
+        pool.install(|| {
+            for (m, n, k, parallel) in [(131, 201, 100, true), (7, 5, 3, true), (9, 4, 0, false)] {
+                let a: Vec<f32> = (0..m * k).map(|i| (i % 11) as f32 - 5.0).collect();
+                let bt: Vec<f32> = (0..n * k).map(|i| (i % 5) as f32 * 0.5).collect();
+                let b = Mat {
+                    data: &bt,
+                    rs: 1,
+                    cs: k,
+                };
+                let mut want = vec![0f32; m * n];
+                assert!(sgemm(
+                    m,
+                    n,
+                    k,
+                    Mat::rows(&a, k),
+                    b,
+                    &mut want,
+                    n,
+                    false,
+                    0.5,
+                    false
+                ));
+                let got = product(m, n, k, Mat::rows(&a, k), b, 0.5, parallel);
+                assert_eq!(got, Some(want), "{m} x {n} x {k}");
+            }
+            let a = vec![1f32; 12];
+            assert_eq!(
+                product(4, 4, 4, Mat::rows(&a, 4), Mat::rows(&a, 4), 1.0, true),
+                None
+            );
+        });
     }
 
     /// The output's longer side is split; nothing is split below the size limits.
