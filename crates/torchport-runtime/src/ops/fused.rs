@@ -48,8 +48,8 @@ pub(crate) const PAR_ZERO_MIN: usize = 1 << 18;
 /// Freed buffers are reused (see `allocator.rs`), so the allocator must clear a reused one,
 /// and it does so on the calling thread alone: on BERT-base at batch 8 and 2 threads,
 /// `memset` was 3.0–3.3% of the samples of whole runs (`perf record`), serial time in a run
-/// otherwise split across the threads. A kernel that has its output's values at hand
-/// ([`copied`], [`repeated_rows`]) writes them once instead of clearing first.
+/// otherwise split across the threads. Kernels that compute each output element write it
+/// once into new memory instead ([`written`]).
 pub fn zeros(n: usize) -> Vec<f32> {
     if n < PAR_ZERO_MIN {
         return vec![0f32; n];
@@ -60,24 +60,6 @@ pub fn zeros(n: usize) -> Vec<f32> {
     #[allow(unsafe_code)]
     unsafe {
         written(n, 1 << 16, |_, c| c.fill(MaybeUninit::new(0.0)))
-    }
-}
-
-/// A copy of `src`, in parallel when large (one pass where a zeroed buffer and a copy into
-/// it took two).
-pub fn copied(src: &[f32]) -> Vec<f32> {
-    if src.len() < PAR_ZERO_MIN {
-        return src.to_vec();
-    }
-    // SAFETY: the chunk starting at `at` gets the same number of values from `src[at..]`
-    // (the chunks tile `0..src.len()`).
-    #[allow(unsafe_code)]
-    unsafe {
-        written(src.len(), 1 << 16, |at, c| {
-            for (d, &v) in c.iter_mut().zip(&src[at..]) {
-                d.write(v);
-            }
-        })
     }
 }
 
@@ -103,24 +85,41 @@ pub fn repeated_rows(rows: usize, row: &[f32]) -> Vec<f32> {
     }
 }
 
+/// `f` of each value of `xs`, into a new buffer (written once), in chunks of `chunk` values
+/// on the pool's threads when large.
+fn mapped(xs: &[f32], chunk: usize, f: impl Fn(f32) -> f32 + Copy + Sync) -> Vec<f32> {
+    let chunk = if xs.len() >= PAR_MIN { chunk } else { xs.len() };
+    // SAFETY: `simd_map` writes every element of its chunk (from as many values of `xs`).
+    #[allow(unsafe_code)]
+    unsafe {
+        written(xs.len(), chunk, |at, c| simd_map(c, &xs[at..], f))
+    }
+}
+
 /// A buffer of `n` values written by `write(start, chunk)` on the pool's threads, in chunks
-/// of `chunk` values (the last one shorter), `start` the chunk's first index.
+/// of `chunk` values (the last one shorter), `start` the chunk's first index; one call on
+/// this thread when `n <= chunk`.
 ///
 /// # Safety
 ///
 /// `write` must initialise every element of each chunk it is given.
 #[allow(unsafe_code)]
-unsafe fn written(
+pub(crate) unsafe fn written(
     n: usize,
     chunk: usize,
     write: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
 ) -> Vec<f32> {
     let mut v: Vec<f32> = Vec::with_capacity(n);
     let spare = &mut v.spare_capacity_mut()[..n];
-    spare
-        .par_chunks_mut(chunk.max(1))
-        .enumerate()
-        .for_each(|(i, c)| write(i * chunk.max(1), c));
+    let chunk = chunk.max(1);
+    if n <= chunk {
+        write(0, spare);
+    } else {
+        spare
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| write(i * chunk, c));
+    }
     // SAFETY: the chunks cover all `n` elements of the capacity, and the caller's `write`
     // initialised each.
     unsafe { v.set_len(n) };
@@ -164,7 +163,7 @@ fn avx512<R>(f: impl FnOnce() -> R) -> R {
 /// `out[i] = f(inp[i])`, the loop compiled for AVX-512 (or AVX2 + FMA) when the CPU has it
 /// (see [`simd`]); here the loop itself lives in the feature-enabled function, so only the
 /// small per-element `f` has to be inlined into it.
-pub fn simd_map(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
+pub fn simd_map(out: &mut [MaybeUninit<f32>], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -179,7 +178,9 @@ pub fn simd_map(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
             return unsafe { map_avx2(out, inp, f) };
         }
     }
-    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = f(v));
+    out.iter_mut().zip(inp).for_each(|(o, &v)| {
+        o.write(f(v));
+    });
 }
 
 /// `dst[i] += k * src[i * stride]`, compiled for AVX-512 (or AVX2 + FMA) when the CPU has it
@@ -242,14 +243,18 @@ pub fn simd_map_mut(xs: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn map_avx512(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
-    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = f(v));
+fn map_avx512(out: &mut [MaybeUninit<f32>], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
+    out.iter_mut().zip(inp).for_each(|(o, &v)| {
+        o.write(f(v));
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn map_avx2(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
-    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = f(v));
+fn map_avx2(out: &mut [MaybeUninit<f32>], inp: &[f32], f: impl Fn(f32) -> f32 + Copy) {
+    out.iter_mut().zip(inp).for_each(|(o, &v)| {
+        o.write(f(v));
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -279,39 +284,40 @@ fn small_vec(t: &Tensor, n: usize) -> Option<Vec<f32>> {
 }
 
 /// Apply `f(row_index, row_in, row_out)` to each row of `n` elements, in parallel for large
-/// inputs.
+/// inputs. `f` writes a row of scratch memory (it may read back what it wrote), which is
+/// then copied into the output: each output element is written once, with no zeroing first.
 fn map_rows(x: &[f32], n: usize, f: impl Fn(usize, &[f32], &mut [f32]) + Sync) -> Vec<f32> {
-    let mut out = zeros(x.len());
-    if n == 0 {
-        return out;
+    if n == 0 || x.is_empty() {
+        return vec![0.0; x.len()];
     }
-    if x.len() >= PAR_MIN {
-        // Whole rows per task, about 16 KiB of input each.
-        let rows = (4096 / n).max(1);
-        out.par_chunks_mut(rows * n)
-            .zip(x.par_chunks(rows * n))
-            .enumerate()
-            .for_each(|(c, (o, i))| {
-                simd(
-                    #[inline(always)]
-                    || {
-                        for (r, (orow, irow)) in o.chunks_mut(n).zip(i.chunks(n)).enumerate() {
-                            f(c * rows + r, irow, orow);
-                        }
-                    },
-                )
-            });
+    // Whole rows per chunk, about 16 KiB of input each when large; else one chunk.
+    let rows = if x.len() >= PAR_MIN {
+        (4096 / n).max(1)
     } else {
+        x.len().div_ceil(n)
+    };
+    let task = |at: usize, c: &mut [MaybeUninit<f32>]| {
+        let mut scratch = vec![0f32; n];
         simd(
             #[inline(always)]
             || {
-                for (r, (orow, irow)) in out.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-                    f(r, irow, orow);
+                for (r, o) in c.chunks_mut(n).enumerate() {
+                    let i = at / n + r;
+                    let (xr, yr) = (&x[i * n..][..o.len()], &mut scratch[..o.len()]);
+                    f(i, xr, yr);
+                    for (d, &v) in o.iter_mut().zip(yr.iter()) {
+                        d.write(v);
+                    }
                 }
             },
         )
+    };
+    // SAFETY: each chunk starts at a row (its start a multiple of `n`) and every one of its
+    // elements gets a value from the scratch row of the same length.
+    #[allow(unsafe_code)]
+    unsafe {
+        written(x.len(), rows * n, task)
     }
-    out
 }
 
 /// Layer norm over the last dims (`n` elements per row): `(y, mean, rstd)` with y shaped like
@@ -624,25 +630,7 @@ pub fn tanh_fast(x: f32) -> f32 {
 /// threads.
 pub fn gelu_erf(x: &Tensor) -> Option<Tensor> {
     let g = |v: f32| (erf_fast(v * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * v;
-    let y = with_f32(x, |xs| {
-        let mut out = zeros(xs.len());
-        if xs.len() >= PAR_MIN {
-            out.par_chunks_mut(4096)
-                .zip(xs.par_chunks(4096))
-                .for_each(|(o, i)| {
-                    simd(
-                        #[inline(always)]
-                        || o.iter_mut().zip(i).for_each(|(o, &v)| *o = g(v)),
-                    )
-                });
-        } else {
-            simd(
-                #[inline(always)]
-                || out.iter_mut().zip(xs).for_each(|(o, &v)| *o = g(v)),
-            );
-        }
-        out
-    })?;
+    let y = with_f32(x, |xs| mapped(xs, 4096, g))?;
     Tensor::from_vec(y, x.shape(), x.device()).ok()
 }
 
@@ -739,18 +727,7 @@ pub fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Option<Tensor> {
         return None;
     }
     let x = &x.contiguous().ok()?;
-    let y = with_f32(x, |xs| {
-        let mut out = zeros(xs.len());
-        let g = |o: &mut [f32], i: &[f32]| simd_map(o, i, &f);
-        if xs.len() >= PAR_MIN {
-            out.par_chunks_mut(8192)
-                .zip(xs.par_chunks(8192))
-                .for_each(|(o, i)| g(o, i));
-        } else {
-            g(&mut out, xs);
-        }
-        out
-    })?;
+    let y = with_f32(x, |xs| mapped(xs, 8192, &f))?;
     Tensor::from_vec(y, x.shape(), x.device()).ok()
 }
 
@@ -766,14 +743,12 @@ mod tests {
     }
 
     /// New buffers written in parallel chunks hold exactly what a serial build holds: zeros,
-    /// a copy, and rows repeated (rows that do not divide a chunk evenly, and rows longer
+    /// and rows repeated (rows that do not divide a chunk evenly, and rows longer
     /// than a chunk), below and above the parallel size.
     #[test]
     fn written_buffers_hold_their_values() {
         for n in [5, PAR_ZERO_MIN - 1, PAR_ZERO_MIN, 3 * PAR_ZERO_MIN + 7] {
             assert!(zeros(n).len() == n && zeros(n).iter().all(|&v| v == 0.0));
-            let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-            assert_eq!(copied(&src), src);
         }
         for (rows, width) in [(3, 7), (1000, 300), (700, 777), (5, 70_000), (0, 9)] {
             let row: Vec<f32> = (0..width).map(|i| (i * 3) as f32).collect();

@@ -206,25 +206,16 @@ fn run(ins: &[Tensor], steps: &[Step]) -> Option<Vec<f32>> {
     let last = dims.len() - 1;
     let inner = dims[last];
     let total: usize = dims_all.iter().product();
-    // Where the first tensor is one stretch of its storage in the output's order, the output
-    // starts as its copy (one pass, where clearing the output and loading each run took two).
-    let first = (ins[0].is_contiguous())
-        .then(|| guards[0].1.start_offset())
-        .and_then(|o| data[0].get(o..o.checked_add(total)?));
-    let mut out = match first {
-        Some(x) => super::fused::copied(x),
-        None => super::fused::zeros(total),
-    };
     // Where tensor k's run for output element (row, col) starts.
     let start = |k: usize, row: usize, col: usize| {
         guards[k].1.start_offset() + offset(row, &dims[..last], &st[k][..last]) + col * st[k][last]
     };
-    let ok = by_runs(
-        &mut out,
+    by_runs(
+        total,
         inner,
         #[inline(always)]
         |buf, row, col, acc| {
-            if first.is_none() && !load(acc, data[0], start(0, row, col), st[0][last]) {
+            if !load(acc, data[0], start(0, row, col), st[0][last]) {
                 return false;
             }
             for step in steps {
@@ -251,8 +242,7 @@ fn run(ins: &[Tensor], steps: &[Step]) -> Option<Vec<f32>> {
             }
             true
         },
-    );
-    ok.then_some(out)
+    )
 }
 
 /// `dst[j] = data[off + j * stride]`; false when a read falls outside `data`.

@@ -6,6 +6,8 @@
 
 use candle_core::{Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::fused::{simd, with_storage};
 
@@ -82,65 +84,77 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
                     bl.start_offset() + offset(row, &dims[..last], &st[1][..last]),
                 )
             };
-            let mut out = super::fused::zeros(total);
-            let ok = by_runs(
-                &mut out,
+            by_runs(
+                total,
                 inner,
                 #[inline(always)]
                 |_, row, col, run| {
                     let (oa, ob) = starts(row);
                     binary_run(run, (ad, oa + col * sa, sa), (bd, ob + col * sb, sb), &f)
                 },
-            );
-            ok.then_some(out)
+            )
         })
     })???;
     Tensor::from_vec(out, shape, a.device()).ok()
 }
 
-/// Fill `out`, row-major with rows of `inner` elements, one run at a time: `f(scratch, row,
-/// col, run)` writes output elements `col..col + run.len()` of row `row` (a run never crosses
-/// a row's end; `scratch` is a buffer of the task's own). Tasks of whole rows, or of pieces of
-/// one row when rows are long, in parallel from `2 * TASK` elements; each task's loop is
-/// compiled for the CPU's vector width (see [`simd`]: mark `f` `#[inline(always)]`). False
-/// when any `f` returns false.
+/// A new row-major buffer of `total` elements in rows of `inner`, computed one run at a time:
+/// `f(scratch, row, col, run)` writes `run` with output elements `col..col + run.len()` of row
+/// `row` (a run never crosses a row's end; `run` and `scratch` are buffers of the task's own,
+/// `run` holding whatever the task's last run left there), which are then copied into the
+/// output, so each output element is written once, with no zeroing first. Tasks of whole
+/// rows, or of pieces of one row when rows are long, in parallel from `2 * TASK` elements;
+/// each task's loop is compiled for the CPU's vector width (see [`simd`]: mark `f`
+/// `#[inline(always)]`). `None` when any `f` returns false.
 pub(crate) fn by_runs(
-    out: &mut [f32],
+    total: usize,
     inner: usize,
     f: impl Fn(&mut Vec<f32>, usize, usize, &mut [f32]) -> bool + Sync,
-) -> bool {
-    if out.is_empty() || inner == 0 {
-        return true;
+) -> Option<Vec<f32>> {
+    if total == 0 || inner == 0 {
+        return Some(vec![0.0; total]);
     }
-    let chunk = if inner >= TASK {
+    let chunk = if total < 2 * TASK {
+        total
+    } else if inner >= TASK {
         TASK
     } else {
         TASK / inner * inner
     };
-    let task = |(c, o): (usize, &mut [f32])| {
-        simd(
+    let failed = AtomicBool::new(false);
+    let task = |start: usize, o: &mut [MaybeUninit<f32>]| {
+        let ok = simd(
             #[inline(always)]
             || {
                 let mut scratch = Vec::new();
+                let mut run = vec![0f32; inner.min(o.len())];
                 let mut done = 0;
                 while done < o.len() {
-                    let at = c * chunk + done;
+                    let at = start + done;
                     let (row, col) = (at / inner, at % inner);
                     let len = (inner - col).min(o.len() - done);
-                    if !f(&mut scratch, row, col, &mut o[done..done + len]) {
+                    let r = &mut run[..len];
+                    if !f(&mut scratch, row, col, r) {
                         return false;
+                    }
+                    for (d, &v) in o[done..done + len].iter_mut().zip(r.iter()) {
+                        d.write(v);
                     }
                     done += len;
                 }
                 true
             },
-        )
+        );
+        if !ok {
+            failed.store(true, Ordering::Relaxed);
+            o.fill(MaybeUninit::new(0.0));
+        }
     };
-    if out.len() >= 2 * TASK {
-        out.par_chunks_mut(chunk).enumerate().all(task)
-    } else {
-        out.chunks_mut(chunk).enumerate().all(task)
-    }
+    // SAFETY: `task` writes every element of its chunk: each run's values, or (when a run
+    // fails) zeros over the whole chunk.
+    #[allow(unsafe_code)]
+    let out = unsafe { super::fused::written(total, chunk, task) };
+    (!failed.load(Ordering::Relaxed)).then_some(out)
 }
 
 /// One run of [`binary_f32`]: `o[j] = f(a[oa + j * sa], b[ob + j * sb])`, each operand given
@@ -284,6 +298,32 @@ fn copy_run<T: WithDType>(o: &mut [T], data: &[T], off: usize, s: usize) -> bool
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// Every output element comes from its run, in serial and parallel tasks, with short
+    /// rows (several to a task) and long ones (pieces of one row to a task); a run that fails
+    /// fails the whole buffer.
+    #[test]
+    fn runs_fill_every_element_once() {
+        for (total, inner) in [(1000, 7), (5 * TASK + 3, 100), (3 * TASK, 2 * TASK + 1)] {
+            let index = |_: &mut Vec<f32>, row: usize, col: usize, run: &mut [f32]| {
+                for (j, v) in run.iter_mut().enumerate() {
+                    *v = (row * inner + col + j) as f32;
+                }
+                true
+            };
+            let want: Vec<f32> = (0..total).map(|i| i as f32).collect();
+            assert_eq!(
+                by_runs(total, inner, index),
+                Some(want),
+                "{total} / {inner}"
+            );
+            let fail_row_1 = |_: &mut Vec<f32>, row: usize, _: usize, _: &mut [f32]| row != 1;
+            assert!(
+                by_runs(total, inner, fail_row_1).is_none(),
+                "{total} / {inner}"
+            );
+        }
+    }
 
     /// `cat` of every pair of `views` and `x`, along every dim, against candle's.
     fn cat_views_match_candle(x: &Tensor, views: &[Tensor]) {
