@@ -165,16 +165,17 @@ fn layer_norm(a: &Args) -> OpResult<Outputs> {
             w.map(|t| float(&t)).transpose()?,
             b.map(|t| float(&t)).transpose()?,
         );
-        if let Some((y, mean, rstd)) = super::fused::layer_norm(&x, n, w.as_ref(), b.as_ref(), eps)
-        {
-            if native {
+        let fused = super::fused::layer_norm(&x, n, w.as_ref(), b.as_ref(), eps, native);
+        match fused {
+            Some((y, Some((mean, rstd)))) => {
                 return Ok(vec![
                     Value::Tensor(y),
                     Value::Tensor(mean.reshape(stat_shape())?),
                     Value::Tensor(rstd.reshape(stat_shape())?),
                 ]);
             }
-            return one(y);
+            Some((y, None)) => return one(y),
+            None => {}
         }
     }
     let (mut y, mean, rstd) = normalize_last(&x, k, eps)?;
