@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::RwLock;
 
 use candle_core::{DType, Tensor};
@@ -884,6 +885,52 @@ fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
 /// op's output is written on one core and read on another. With one rayon thread on a
 /// 2-core machine that cost ResNet-18 batch 1 a quarter of its time (BENCHMARKS.md,
 /// 2026-12-02).
+///
+/// While `f` runs, the pool's other threads wait for its next parallel loop by looking for
+/// work ([`wait_for_work`]) instead of going to sleep between loops.
 fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
+    let done = AtomicBool::new(false);
+    rayon::scope(|s| {
+        let runner = rayon::current_thread_index();
+        let done = &done;
+        for _ in 1..rayon::current_num_threads() {
+            s.spawn(move |_| wait_for_work(done, runner));
+        }
+        let r = f();
+        done.store(true, Ordering::Release);
+        r
+    })
 }
+
+/// Keeps a pool thread running the pool's pending work, and looking for more, until `done`
+/// or until it has found none for [`WAIT_FOR_WORK`]: an idle rayon thread goes to sleep
+/// within microseconds, and waking it for each of a program's parallel loops cost more than
+/// the loop gained (layer norm over ViT-S's [8, 197, 384] activations: 0.15 ms at 2 threads
+/// with the second thread awake, 0.37 ms when it had to be woken, 0.34 ms on one thread;
+/// BENCHMARKS.md, issue 14). OpenMP runtimes, which torch uses, spin likewise between loops.
+///
+/// It returns at once on the thread running the program (`runner`, which picks it up only
+/// while waiting inside a loop of its own) and on a thread already inside one
+/// (`WAITING`): there it would hold up the work it was called from. The time limit bounds
+/// any other such case (a thread that took this up while inside a stolen piece of a loop).
+fn wait_for_work(done: &AtomicBool, runner: Option<usize>) {
+    thread_local! {
+        static WAITING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if rayon::current_thread_index() == runner || WAITING.with(|w| w.replace(true)) {
+        return;
+    }
+    let mut idle_since = std::time::Instant::now();
+    while !done.load(Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle_since = std::time::Instant::now(),
+            _ if idle_since.elapsed() > WAIT_FOR_WORK => break,
+            _ => std::hint::spin_loop(),
+        }
+    }
+    WAITING.with(|w| w.set(false));
+}
+
+/// How long [`wait_for_work`] looks for work that does not come before it lets its thread
+/// sleep.
+const WAIT_FOR_WORK: std::time::Duration = std::time::Duration::from_millis(2);

@@ -110,3 +110,34 @@ fn one_program_served_from_many_threads() {
         }
     }
 }
+
+/// Runs started from inside a pool's own parallel loop (a caller that parallelises over
+/// requests with rayon), on a pool of 4 threads and one of 2: each run's waiting threads
+/// (`program.rs`, `wait_for_work`) are then jobs among the loop's own, and may be picked up
+/// by a thread that is inside another run. Every run finishes, with the single-threaded
+/// run's bits.
+#[test]
+fn runs_inside_the_pools_own_loops() {
+    use rayon::prelude::*;
+    let family = "hf_bert_mask";
+    let program = Program::load(fixtures().join(format!("{family}.plain.pt2"))).unwrap();
+    let inputs: Vec<Tensor> = (0..)
+        .map(|i| fixtures().join(format!("{family}.input_{i}.npy")))
+        .take_while(|p| p.exists())
+        .map(|p| read_npy(&p).unwrap())
+        .collect();
+    let want = bits(&program.run(&inputs).unwrap());
+    for threads in [4, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let differing = pool.install(|| {
+            (0..48)
+                .into_par_iter()
+                .filter(|_| bits(&program.run(&inputs).unwrap()) != want)
+                .count()
+        });
+        assert_eq!(differing, 0, "{threads} threads");
+    }
+}
