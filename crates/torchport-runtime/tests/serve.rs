@@ -22,6 +22,17 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo")
 }
 
+/// The zoo fixture `family`'s plain export and its inputs.
+fn load(family: &str) -> (Program, Vec<Tensor>) {
+    let program = Program::load(fixtures().join(format!("{family}.plain.pt2"))).unwrap();
+    let inputs: Vec<Tensor> = (0..)
+        .map(|i| fixtures().join(format!("{family}.input_{i}.npy")))
+        .take_while(|p| p.exists())
+        .map(|p| read_npy(&p).unwrap())
+        .collect();
+    (program, inputs)
+}
+
 fn assert_send_sync<T: Send + Sync>() {}
 
 #[test]
@@ -74,12 +85,7 @@ fn serve(program: &Program, inputs: &[Tensor], want: &[Vec<u64>], runs: usize) -
 #[test]
 fn one_program_served_from_many_threads() {
     for family in ["tv_mobilenet_v3_small", "hf_bert_mask"] {
-        let program = Program::load(fixtures().join(format!("{family}.plain.pt2"))).unwrap();
-        let inputs: Vec<Tensor> = (0..)
-            .map(|i| fixtures().join(format!("{family}.input_{i}.npy")))
-            .take_while(|p| p.exists())
-            .map(|p| read_npy(&p).unwrap())
-            .collect();
+        let (program, inputs) = load(family);
         assert!(!inputs.is_empty());
         let want = bits(&program.run(&inputs).unwrap());
         assert!(want.iter().map(Vec::len).sum::<usize>() > 0);
@@ -120,12 +126,7 @@ fn one_program_served_from_many_threads() {
 fn runs_inside_the_pools_own_loops() {
     use rayon::prelude::*;
     let family = "hf_bert_mask";
-    let program = Program::load(fixtures().join(format!("{family}.plain.pt2"))).unwrap();
-    let inputs: Vec<Tensor> = (0..)
-        .map(|i| fixtures().join(format!("{family}.input_{i}.npy")))
-        .take_while(|p| p.exists())
-        .map(|p| read_npy(&p).unwrap())
-        .collect();
+    let (program, inputs) = load(family);
     let want = bits(&program.run(&inputs).unwrap());
     for threads in [4, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
