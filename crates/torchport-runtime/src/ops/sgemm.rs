@@ -114,6 +114,12 @@ pub fn product(
     if k == 0 || len == 0 {
         return Some(vec![0.0; len]);
     }
+    if m == 1 || n == 1 {
+        // The gemm's matrix-vector paths take their output as a slice: give them one that
+        // holds values.
+        let mut out = vec![0.0; len];
+        return sgemm(m, n, k, a, b, &mut out, n, false, scale, parallel).then_some(out);
+    }
     let mut out: Vec<f32> = Vec::with_capacity(len);
     // SAFETY: the capacity holds the [m, n] block at row stride n, and `out` is new, so it
     // aliases neither input.
@@ -322,7 +328,13 @@ mod tests {
             .build()
             .expect("pool");
         pool.install(|| {
-            for (m, n, k, parallel) in [(131, 201, 100, true), (7, 5, 3, true), (9, 4, 0, false)] {
+            for (m, n, k, parallel) in [
+                (131, 201, 100, true),
+                (7, 5, 3, true),
+                (9, 4, 0, false),
+                (1, 300, 70, true),
+                (300, 1, 70, true),
+            ] {
                 let a: Vec<f32> = (0..m * k).map(|i| (i % 11) as f32 - 5.0).collect();
                 let bt: Vec<f32> = (0..n * k).map(|i| (i % 5) as f32 * 0.5).collect();
                 let b = Mat {
