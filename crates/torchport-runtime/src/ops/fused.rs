@@ -49,7 +49,7 @@ pub(crate) const PAR_ZERO_MIN: usize = 1 << 18;
 /// and it does so on the calling thread alone: on BERT-base at batch 8 and 2 threads,
 /// `memset` was 3.0–3.3% of the samples of whole runs (`perf record`), serial time in a run
 /// otherwise split across the threads. Kernels that compute each output element write it
-/// once into new memory instead ([`written`]).
+/// once into new memory instead (`written`).
 pub fn zeros(n: usize) -> Vec<f32> {
     if n < PAR_ZERO_MIN {
         return vec![0f32; n];

@@ -42,7 +42,7 @@ impl<'a> Mat<'a> {
 /// `dst = (accumulate ? dst : 0) + scale * a @ b` for `a: [m, k]`, `b: [k, n]` and `dst` a
 /// row-major `[m, n]` block with row stride `ldd`. `parallel` lets the product use the rayon
 /// pool's threads (as tiles of the output, one single-threaded product each, which scaled
-/// better than the gemm's own split: [`tiles`]). Returns false (and writes nothing) when a
+/// better than the gemm's own split: `tiles`). Returns false (and writes nothing) when a
 /// view does not fit its slice.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
