@@ -40,8 +40,8 @@ pub fn with_storage<T: candle_core::WithDType, R>(
     }
 }
 
-/// Buffers of at least this many values are zeroed by [`zeros`] (and filled with a bias by
-/// `linalg::gemm_bias`) on the pool's threads.
+/// Buffers of at least this many values are zeroed by [`zeros`] (and filled with rows by
+/// [`repeated_rows`]) on the pool's threads.
 pub(crate) const PAR_ZERO_MIN: usize = 1 << 18;
 
 /// A zeroed f32 buffer of `n` values for a kernel's output, cleared in parallel when large.
@@ -77,11 +77,18 @@ pub fn repeated_rows(rows: usize, row: &[f32]) -> Vec<f32> {
     unsafe {
         written(total, (1 << 16) / n.min(1 << 16) * n, |_, c| {
             for r in c.chunks_exact_mut(n) {
-                for (d, &v) in r.iter_mut().zip(row) {
-                    d.write(v);
-                }
+                put(r, row);
             }
         })
+    }
+}
+
+/// `dst[i] = src[i]` for every element of `dst` (new memory) from `src` of the same length.
+#[inline(always)]
+pub(crate) fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "put: lengths differ");
+    for (d, &v) in dst.iter_mut().zip(src) {
+        d.write(v);
     }
 }
 
@@ -305,9 +312,7 @@ fn map_rows(x: &[f32], n: usize, f: impl Fn(usize, &[f32], &mut [f32]) + Sync) -
                     let i = at / n + r;
                     let (xr, yr) = (&x[i * n..][..o.len()], &mut scratch[..o.len()]);
                     f(i, xr, yr);
-                    for (d, &v) in o.iter_mut().zip(yr.iter()) {
-                        d.write(v);
-                    }
+                    put(o, yr);
                 }
             },
         )
@@ -321,10 +326,10 @@ fn map_rows(x: &[f32], n: usize, f: impl Fn(usize, &[f32], &mut [f32]) + Sync) -
 }
 
 /// Layer norm over the last dims (`n` elements per row): y shaped like `x`, and with `stats`
-/// also mean and rstd, one value per row (shaped `[rows]`). Each row's statistics are taken
-/// while the row is in cache and the row normalised at once (one pass over memory; in ViT-S
-/// at batch 8, separate passes for the statistics and the output made the op take twice its
-/// time when the data came from memory); the statistics are kept only when asked for.
+/// also mean and rstd, one value per row (shaped `[rows]`). Without `stats`, each row's
+/// statistics are taken while the row is in cache and the row normalised at once: one pass
+/// over memory instead of two (ViT-S at batch 8 on 2 threads: 10.8–11.3 → 8.7–10.0 ms of
+/// layer norm per run; BENCHMARKS.md, issue 14).
 #[allow(clippy::type_complexity)]
 pub fn layer_norm(
     x: &Tensor,
@@ -348,16 +353,8 @@ pub fn layer_norm(
     let rows = x.elem_count() / n;
     let (w, b) = (w.as_deref(), b.as_deref());
     let (y, kept) = with_f32(x, |xs| {
-        let y = map_rows(
-            xs,
-            n,
-            #[inline(always)]
-            |_, xr, yr| {
-                let (mean, rstd) = row_stats(xr, eps);
-                normalize_row(xr, yr, mean, rstd, w, b);
-            },
-        );
-        // The same statistics again, row by row, for the callers that return them.
+        // The statistics first, for the callers that return them; otherwise each row's are
+        // taken while the row is in cache, just before it is normalised.
         let kept: Option<Vec<(f32, f32)>> = stats.then(|| {
             xs.par_chunks(n)
                 .map(|r| {
@@ -368,6 +365,18 @@ pub fn layer_norm(
                 })
                 .collect()
         });
+        let y = map_rows(
+            xs,
+            n,
+            #[inline(always)]
+            |row, xr, yr| {
+                let (mean, rstd) = match &kept {
+                    Some(k) => k[row],
+                    None => row_stats(xr, eps),
+                };
+                normalize_row(xr, yr, mean, rstd, w, b);
+            },
+        );
         (y, kept)
     })?;
     let dev = x.device();
@@ -752,7 +761,8 @@ mod tests {
     #[test]
     fn written_buffers_hold_their_values() {
         for n in [5, PAR_ZERO_MIN - 1, PAR_ZERO_MIN, 3 * PAR_ZERO_MIN + 7] {
-            assert!(zeros(n).len() == n && zeros(n).iter().all(|&v| v == 0.0));
+            let z = zeros(n);
+            assert!(z.len() == n && z.iter().all(|&v| v == 0.0));
         }
         for (rows, width) in [(3, 7), (1000, 300), (700, 777), (5, 70_000), (0, 9)] {
             let row: Vec<f32> = (0..width).map(|i| (i * 3) as f32).collect();

@@ -137,9 +137,7 @@ pub(crate) fn by_runs(
                     if !f(&mut scratch, row, col, r) {
                         return false;
                     }
-                    for (d, &v) in o[done..done + len].iter_mut().zip(r.iter()) {
-                        d.write(v);
-                    }
+                    super::fused::put(&mut o[done..done + len], r);
                     done += len;
                 }
                 true
