@@ -45,15 +45,6 @@ const WINOGRAD_MIN_BATCH_PIXELS: usize = 784;
 /// (matrix-vector products, 3x faster than one product 8 columns wide).
 const GROUP_MAX_PIXELS: usize = 196;
 
-/// Output channels per thread from which a lone image's product is split into one band of
-/// channels per thread (each a single-threaded product) rather than by the gemm itself.
-/// Isolated products at batch 1 (2 threads, least of 40) gained from bands: a 512 x 4608
-/// weight on 7 x 7 pixels ran at 1.92x the 1-thread speed against 1.49x by the gemm's split,
-/// 256 x 2304 on 14 x 14 at 1.81x against 1.45x. In ResNet-18 the gain was smaller (those
-/// layers 5.8-6.1 ms -> 5.3-5.6 ms per run), and its 64-channel stem was slower in bands
-/// (4.7-4.9 -> 5.6 ms).
-const BAND_MIN_CHANNELS: usize = 128;
-
 /// Convolution parameters, per spatial dim (always two: 1-d convs run as 2-d with height 1).
 #[derive(Clone, Copy)]
 struct Params {
@@ -536,19 +527,6 @@ fn conv_gemm(
                         im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, cols, parallel);
                         cols
                     };
-                    // A lone image's product over the pool: one band of output channels per
-                    // thread, each a single-threaded product, when there are enough channels.
-                    let threads = rayon::current_num_threads();
-                    if parallel && threads > 1 && co >= BAND_MIN_CHANNELS * threads {
-                        let rows = co.div_ceil(threads);
-                        let bands = dst.par_chunks_mut(rows * pix).zip(wm.par_chunks(rows * k));
-                        return bands.all(|(d, w)| {
-                            let (m, b) = (d.len() / pix, Mat::rows(cols, pix));
-                            let ok = sgemm(m, pix, k, Mat::rows(w, k), b, d, pix, onto, 1.0, false);
-                            p.act.apply(d);
-                            ok
-                        });
-                    }
                     let ok = sgemm(
                         co,
                         pix,
@@ -1109,9 +1087,9 @@ mod tests {
         type Case = ([usize; 4], [usize; 4], usize, usize, usize, bool);
         let cases: [Case; 12] = [
             ([2, 3, 9, 11], [4, 3, 3, 3], 1, 1, 1, false),
-            // A lone image with enough output channels for one band per thread (2 threads),
-            // the last band shorter.
-            ([1, 4, 6, 6], [259, 4, 3, 3], 1, 1, 1, false),
+            // A lone image whose product splits into tiles over the threads: bands of output
+            // channels (259 x 196 pixels, the last band shorter).
+            ([1, 16, 28, 28], [259, 16, 3, 3], 2, 1, 1, false),
             // Small images, several to a product (more images than threads): 3x3, and 1x1
             // with stride 2.
             ([7, 3, 6, 5], [4, 3, 3, 3], 1, 1, 1, false),
@@ -1146,7 +1124,7 @@ mod tests {
             assert_eq!(geometry.is_some(), by_winograd, "{xs:?} {ws:?}");
             let want = x.conv2d(&w, pad, stride, dil, 1).unwrap();
             // One thread (a batch in one product when its images are small), two (a lone
-            // image's product in bands) and three (images in groups, or one at a time).
+            // image's product in tiles) and three (images in groups, or one at a time).
             for threads in [1, 2, 3] {
                 let got = with_threads(threads, || conv_gemm(&x, &w, None, None, &p))
                     .unwrap()
