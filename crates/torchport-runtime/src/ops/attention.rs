@@ -282,86 +282,87 @@ fn fused_attention(
                     else {
                         return false;
                     };
-                    let mut sc = vec![0f32; rows * s];
-                    let ok = sgemm(
-                        rows,
-                        s,
-                        e,
-                        Mat {
-                            data: qsl,
-                            rs: qs[2],
-                            cs: qs[3],
-                        },
-                        Mat {
-                            data: ksl,
-                            rs: ks[3],
-                            cs: ks[2],
-                        },
-                        &mut sc,
-                        s,
-                        false,
-                        scale,
-                        false,
-                    );
-                    if !ok {
-                        return false;
-                    }
-                    // Masks, the causal limit and the softmax, in one pass over the rows
-                    // compiled for the wider vector instructions.
-                    let rows_ok = super::fused::simd(
-                        #[inline(always)]
-                        || {
-                            for (ri, row) in sc.chunks_mut(s).enumerate() {
-                                let i = r0 + ri;
-                                if let Some((md, ml)) = &fmask {
-                                    if !mask_row(row, md, ml, [bi, h, i], |x, m| *x += m) {
-                                        return false;
-                                    }
-                                }
-                                if let Some((md, ml)) = &bmask {
-                                    let keep = |x: &mut f32, m: u8| {
-                                        if m == 0 {
-                                            *x = f32::NEG_INFINITY
+                    super::fused::with_scratch_len(rows * s, |sc| {
+                        let ok = sgemm(
+                            rows,
+                            s,
+                            e,
+                            Mat {
+                                data: qsl,
+                                rs: qs[2],
+                                cs: qs[3],
+                            },
+                            Mat {
+                                data: ksl,
+                                rs: ks[3],
+                                cs: ks[2],
+                            },
+                            sc,
+                            s,
+                            false,
+                            scale,
+                            false,
+                        );
+                        if !ok {
+                            return false;
+                        }
+                        // Masks, the causal limit and the softmax, in one pass over the rows
+                        // compiled for the wider vector instructions.
+                        let rows_ok = super::fused::simd(
+                            #[inline(always)]
+                            || {
+                                for (ri, row) in sc.chunks_mut(s).enumerate() {
+                                    let i = r0 + ri;
+                                    if let Some((md, ml)) = &fmask {
+                                        if !mask_row(row, md, ml, [bi, h, i], |x, m| *x += m) {
+                                            return false;
                                         }
-                                    };
-                                    if !mask_row(row, md, ml, [bi, h, i], keep) {
-                                        return false;
+                                    }
+                                    if let Some((md, ml)) = &bmask {
+                                        let keep = |x: &mut f32, m: u8| {
+                                            if m == 0 {
+                                                *x = f32::NEG_INFINITY
+                                            }
+                                        };
+                                        if !mask_row(row, md, ml, [bi, h, i], keep) {
+                                            return false;
+                                        }
+                                    }
+                                    if causal && i + 1 < s {
+                                        row[i + 1..].fill(f32::NEG_INFINITY);
+                                    }
+                                    let m = super::fused::row_max(row);
+                                    if m == f32::NEG_INFINITY {
+                                        // A row that attends to nothing gives zeros (torch's safe
+                                        // softmax), not NaN.
+                                        row.fill(0.0);
+                                    } else {
+                                        super::fused::softmax_row(row, m);
                                     }
                                 }
-                                if causal && i + 1 < s {
-                                    row[i + 1..].fill(f32::NEG_INFINITY);
-                                }
-                                let m = super::fused::row_max(row);
-                                if m == f32::NEG_INFINITY {
-                                    // A row that attends to nothing gives zeros (torch's safe
-                                    // softmax), not NaN.
-                                    row.fill(0.0);
-                                } else {
-                                    super::fused::softmax_row(row, m);
-                                }
-                            }
-                            true
-                        },
-                    );
-                    if !rows_ok {
-                        return false;
-                    }
-                    sgemm(
-                        rows,
-                        ev,
-                        s,
-                        Mat::rows(&sc, s),
-                        Mat {
-                            data: vsl,
-                            rs: vs[2],
-                            cs: vs[3],
-                        },
-                        o,
-                        ev,
-                        false,
-                        1.0,
-                        false,
-                    )
+                                true
+                            },
+                        );
+                        if !rows_ok {
+                            return false;
+                        }
+                        sgemm(
+                            rows,
+                            ev,
+                            s,
+                            Mat::rows(sc, s),
+                            Mat {
+                                data: vsl,
+                                rs: vs[2],
+                                cs: vs[3],
+                            },
+                            o,
+                            ev,
+                            false,
+                            1.0,
+                            false,
+                        )
+                    })
                 };
                 out.par_chunks_mut(l * ev).enumerate().all(|(bh, o)| {
                     o.par_chunks_mut(rb * ev)

@@ -133,6 +133,51 @@ pub(crate) unsafe fn written(
     v
 }
 
+/// Spare buffers a thread keeps for [`with_scratch`], at most this many...
+const SPARE_MAX: usize = 4;
+
+/// ...each of at most this many values (larger ones are freed after use).
+const SPARE_MAX_LEN: usize = 1 << 20;
+
+thread_local! {
+    /// This thread's spare scratch buffers (see [`with_scratch`]).
+    static SPARE: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` with a scratch buffer of this thread's own: one of the thread's spare buffers (given
+/// back afterwards for the next call), or a new empty one when it has none left (a call
+/// nested inside another's `f`). The buffer holds whatever its last user left; `f` sizes it.
+///
+/// For buffers a task needs for its own work inside a parallel loop. With
+/// [`crate::retain_freed_memory`] every thread allocates from one heap under one lock, and
+/// blocks larger than glibc's per-thread cache (1 KiB) are taken and freed under it: a
+/// buffer allocated per task made the tasks of a loop wait on each other. Layer norm over
+/// `[8, 197, 384]`, least of 50 calls at 2 threads: 0.32 ms with a row buffer allocated per
+/// task, 0.14 ms with this (0.34 ms on 1 thread either way; BENCHMARKS.md, issue 14).
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    let mut buf = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
+    let r = f(&mut buf);
+    if buf.capacity() <= SPARE_MAX_LEN {
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_MAX {
+                spare.push(buf);
+            }
+        });
+    }
+    r
+}
+
+/// [`with_scratch`] holding at least `n` values, `f` given the first `n` (whatever they
+/// hold).
+pub(crate) fn with_scratch_len<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    with_scratch(|buf| {
+        if buf.len() < n {
+            buf.resize(n, 0.0);
+        }
+        f(&mut buf[..n])
+    })
+}
+
 /// Run `f` from a function compiled for AVX-512 (or AVX2 + FMA) when the CPU has it,
 /// detected at run time, else as built (baseline x86-64 has only 4-wide SSE2). `f` gets the
 /// wider instructions only where the compiler inlines it there, which it does not do for a
@@ -304,18 +349,19 @@ fn map_rows(x: &[f32], n: usize, f: impl Fn(usize, &[f32], &mut [f32]) + Sync) -
         x.len().div_ceil(n)
     };
     let task = |at: usize, c: &mut [MaybeUninit<f32>]| {
-        let mut scratch = vec![0f32; n];
-        simd(
-            #[inline(always)]
-            || {
-                for (r, o) in c.chunks_mut(n).enumerate() {
-                    let i = at / n + r;
-                    let (xr, yr) = (&x[i * n..][..o.len()], &mut scratch[..o.len()]);
-                    f(i, xr, yr);
-                    put(o, yr);
-                }
-            },
-        )
+        with_scratch_len(n, |scratch| {
+            simd(
+                #[inline(always)]
+                || {
+                    for (r, o) in c.chunks_mut(n).enumerate() {
+                        let i = at / n + r;
+                        let (xr, yr) = (&x[i * n..][..o.len()], &mut scratch[..o.len()]);
+                        f(i, xr, yr);
+                        put(o, yr);
+                    }
+                },
+            )
+        })
     };
     // SAFETY: each chunk starts at a row (its start a multiple of `n`) and every one of its
     // elements gets a value from the scratch row of the same length.
@@ -758,6 +804,50 @@ mod tests {
     /// New buffers written in parallel chunks hold exactly what a serial build holds: zeros,
     /// and rows repeated (rows that do not divide a chunk evenly, and rows longer
     /// than a chunk), below and above the parallel size.
+    #[test]
+    fn scratch_buffers_are_reused_per_thread() {
+        // A buffer given back is the next call's (no allocation per task)...
+        let first = with_scratch_len(300, |b| {
+            b.fill(7.0);
+            b.as_ptr() as usize
+        });
+        let (again, kept) = with_scratch_len(200, |b| (b.as_ptr() as usize, b.to_vec()));
+        assert_eq!(first, again);
+        assert_eq!(
+            kept,
+            vec![7.0; 200],
+            "a scratch row holds its last user's values"
+        );
+        // ...a call inside another's gets a buffer of its own...
+        let (outer, inner) = with_scratch_len(64, |o| {
+            let inner = with_scratch_len(64, |i| {
+                i.fill(1.0);
+                i.as_ptr() as usize
+            });
+            (o.as_ptr() as usize, inner)
+        });
+        assert_ne!(outer, inner);
+        // ...both are kept for the next nested pair, and another thread has its own.
+        let (outer2, inner2) = with_scratch_len(64, |o| {
+            (
+                o.as_ptr() as usize,
+                with_scratch_len(64, |i| i.as_ptr() as usize),
+            )
+        });
+        assert_eq!(
+            [outer2, inner2].map(|p| [outer, inner].contains(&p)),
+            [true, true]
+        );
+        let other = std::thread::spawn(|| with_scratch_len(64, |b| b.as_ptr() as usize))
+            .join()
+            .unwrap();
+        assert!(![outer, inner].contains(&other));
+        // A buffer beyond the size kept is freed after use, not kept.
+        let big = with_scratch_len(SPARE_MAX_LEN + 1, |b| b.as_ptr() as usize);
+        let after = with_scratch(|b| b.as_ptr() as usize);
+        assert_ne!(big, after);
+    }
+
     #[test]
     fn written_buffers_hold_their_values() {
         for n in [5, PAR_ZERO_MIN - 1, PAR_ZERO_MIN, 3 * PAR_ZERO_MIN + 7] {

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::fused::{simd, with_storage};
+use super::fused::{simd, with_scratch, with_scratch_len, with_storage};
 
 /// Output elements per parallel task.
 const TASK: usize = 1 << 14;
@@ -100,8 +100,8 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
 
 /// A new row-major buffer of `total` elements in rows of `inner`, computed one run at a time:
 /// `f(scratch, row, col, run)` writes `run` with output elements `col..col + run.len()` of row
-/// `row` (a run never crosses a row's end; `run` and `scratch` are buffers of the task's own,
-/// `run` holding whatever the task's last run left there), which are then copied into the
+/// `row` (a run never crosses a row's end; `run` and `scratch` are the thread's own buffers
+/// from [`with_scratch`], holding whatever their last user left there), which are then copied into the
 /// output, so each output element is written once, with no zeroing first. Tasks of whole
 /// rows, or of pieces of one row when rows are long, in parallel from `2 * TASK` elements;
 /// each task's loop is compiled for the CPU's vector width (see [`simd`]: mark `f`
@@ -123,26 +123,28 @@ pub(crate) fn by_runs(
     };
     let failed = AtomicBool::new(false);
     let task = |start: usize, o: &mut [MaybeUninit<f32>]| {
-        let ok = simd(
-            #[inline(always)]
-            || {
-                let mut scratch = Vec::new();
-                let mut run = vec![0f32; inner.min(o.len())];
-                let mut done = 0;
-                while done < o.len() {
-                    let at = start + done;
-                    let (row, col) = (at / inner, at % inner);
-                    let len = (inner - col).min(o.len() - done);
-                    let r = &mut run[..len];
-                    if !f(&mut scratch, row, col, r) {
-                        return false;
-                    }
-                    super::fused::put(&mut o[done..done + len], r);
-                    done += len;
-                }
-                true
-            },
-        );
+        let ok = with_scratch(|scratch| {
+            with_scratch_len(inner.min(o.len()), |run| {
+                simd(
+                    #[inline(always)]
+                    || {
+                        let mut done = 0;
+                        while done < o.len() {
+                            let at = start + done;
+                            let (row, col) = (at / inner, at % inner);
+                            let len = (inner - col).min(o.len() - done);
+                            let r = &mut run[..len];
+                            if !f(scratch, row, col, r) {
+                                return false;
+                            }
+                            super::fused::put(&mut o[done..done + len], r);
+                            done += len;
+                        }
+                        true
+                    },
+                )
+            })
+        });
         if !ok {
             failed.store(true, Ordering::Relaxed);
             o.fill(MaybeUninit::new(0.0));
