@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use super::fused::{simd_axpy, with_f32};
+use super::fused::{simd_axpy, with_f32, Spare};
 use super::sgemm::{sgemm, Mat};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
@@ -555,9 +555,11 @@ fn conv_gemm(
             } else {
                 1
             };
-            let group = |bufs: &mut (Vec<f32>, Vec<f32>), dst: &mut [f32], imgs: &[f32]| {
+            let group = |cols: &mut Vec<f32>,
+                         prod: &mut Vec<f32>,
+                         dst: &mut [f32],
+                         imgs: &[f32]| {
                 let wide = imgs.len() / per_image * pix;
-                let (cols, prod) = bufs;
                 cols.resize(k * wide, 0.0);
                 for (r, row) in cols.chunks_exact_mut(wide).enumerate() {
                     for (img, part) in imgs.chunks_exact(per_image).zip(row.chunks_exact_mut(pix)) {
@@ -600,17 +602,20 @@ fn conv_gemm(
             let ok = if per > 1 {
                 out.par_chunks_mut(per * co * pix)
                     .zip(xs.par_chunks(per * per_image))
-                    .map_init(Default::default, |bufs, (dst, imgs)| group(bufs, dst, imgs))
+                    .map_init(
+                        || (Spare::take(), Spare::take()),
+                        |(cols, prod), (dst, imgs)| group(cols, prod, dst, imgs),
+                    )
                     .all(|ok| ok)
             } else if n > 1 && n >= threads {
                 out.par_chunks_mut(co * pix)
                     .zip(xs.par_chunks(per_image))
-                    .map_init(Vec::new, |cols, (dst, img)| {
+                    .map_init(Spare::take, |cols, (dst, img)| {
                         one_image(cols, img, dst, false)
                     })
                     .all(|ok| ok)
             } else {
-                let mut cols = Vec::new();
+                let mut cols = Spare::take();
                 out.chunks_mut(co * pix)
                     .zip(xs.chunks(per_image))
                     .all(|(dst, img)| one_image(&mut cols, img, dst, true))
@@ -776,7 +781,7 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
         let geo = PlaneGeometry::new([h, wd], [kh, kw], [oh, ow], p);
         let planes = |out: &mut [f32], xs: &[f32]| {
             out.par_chunks_mut(oh * ow).enumerate().for_each_init(
-                || (Vec::new(), Vec::new()),
+                || (Spare::take(), Spare::take()),
                 |(phases, wide), (i, dst)| {
                     let (b, oc) = (i / co, i % co);
                     let src = &xs[(b * c + oc / m) * h * wd..][..h * wd];

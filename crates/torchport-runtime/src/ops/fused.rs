@@ -133,20 +133,20 @@ pub(crate) unsafe fn written(
     v
 }
 
-/// Spare buffers a thread keeps for [`with_scratch`], at most this many...
+/// Spare buffers a thread keeps (see [`Spare`]), at most this many...
 const SPARE_MAX: usize = 4;
 
 /// ...each of at most this many values (larger ones are freed after use).
-const SPARE_MAX_LEN: usize = 1 << 20;
+const SPARE_MAX_LEN: usize = 1 << 18;
 
 thread_local! {
-    /// This thread's spare scratch buffers (see [`with_scratch`]).
+    /// This thread's spare scratch buffers (see [`Spare`]).
     static SPARE: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `f` with a scratch buffer of this thread's own: one of the thread's spare buffers (given
-/// back afterwards for the next call), or a new empty one when it has none left (a call
-/// nested inside another's `f`). The buffer holds whatever its last user left; `f` sizes it.
+/// A scratch buffer of the thread's own: one of the thread's spare buffers, or a new empty
+/// one when it has none left (one taken while another is held), given back to the spares of
+/// the thread that drops it. It holds whatever its last user left; the user sizes it.
 ///
 /// For buffers a task needs for its own work inside a parallel loop. With
 /// [`crate::retain_freed_memory`] every thread allocates from one heap under one lock, and
@@ -154,17 +154,47 @@ thread_local! {
 /// buffer allocated per task made the tasks of a loop wait on each other. Layer norm over
 /// `[8, 197, 384]`, least of 50 calls at 2 threads: 0.32 ms with a row buffer allocated per
 /// task, 0.14 ms with this (0.34 ms on 1 thread either way; BENCHMARKS.md, issue 14).
-pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
-    let mut buf = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
-    let r = f(&mut buf);
-    if buf.capacity() <= SPARE_MAX_LEN {
-        SPARE.with_borrow_mut(|spare| {
-            if spare.len() < SPARE_MAX {
-                spare.push(buf);
-            }
-        });
+pub(crate) struct Spare(Vec<f32>);
+
+impl Spare {
+    /// One of this thread's spare buffers, or a new empty one.
+    pub(crate) fn take() -> Spare {
+        Spare(SPARE.with_borrow_mut(Vec::pop).unwrap_or_default())
     }
-    r
+}
+
+impl std::ops::Deref for Spare {
+    type Target = Vec<f32>;
+    fn deref(&self) -> &Vec<f32> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Spare {
+    fn deref_mut(&mut self) -> &mut Vec<f32> {
+        &mut self.0
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        if self.0.capacity() <= SPARE_MAX_LEN {
+            let buf = std::mem::take(&mut self.0);
+            // A thread being torn down has no spares to give back to; the buffer is freed.
+            let _ = SPARE.try_with(|spare| {
+                if let Ok(mut spare) = spare.try_borrow_mut() {
+                    if spare.len() < SPARE_MAX {
+                        spare.push(buf);
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// `f` with a [`Spare`] buffer.
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    f(&mut Spare::take())
 }
 
 /// [`with_scratch`] holding at least `n` values, `f` given the first `n` (whatever they
