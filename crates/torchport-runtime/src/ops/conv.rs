@@ -728,6 +728,17 @@ fn im2col_row(
             let s0 = (x0 as isize * sx + dj) as usize;
             if sx == 1 {
                 drow[x0..x1].copy_from_slice(&srow[s0..s0 + (x1 - x0)]);
+            } else if sx == 2 {
+                // Every other input column: a stride the compiler knows, so the loop is
+                // vectorised (shuffles); a stride known only at run time is read one by one
+                // (a 3x3 stride-2 conv on [8, 64, 56, 56], 1 thread: 9.9-10.6 -> 9.3 ms).
+                let d = &mut drow[x0..x1];
+                let (last, body) = d.split_last_mut().expect("x1 > x0");
+                let src = &srow[s0..s0 + 2 * body.len() + 1];
+                for (o, pair) in body.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = pair[0];
+                }
+                *last = src[2 * body.len()];
             } else {
                 let src = srow[s0..].iter().step_by(p.stride[1]);
                 drow[x0..x1].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
