@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use super::fused::{simd_axpy, with_f32, Spare};
+use super::fused::{with_f32, Spare};
 use super::sgemm::{sgemm, Mat};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
@@ -726,23 +726,7 @@ fn im2col_row(
         drow[..x0].fill(0.0);
         if x1 > x0 {
             let s0 = (x0 as isize * sx + dj) as usize;
-            if sx == 1 {
-                drow[x0..x1].copy_from_slice(&srow[s0..s0 + (x1 - x0)]);
-            } else if sx == 2 {
-                // Every other input column: a stride the compiler knows, so the loop is
-                // vectorised (shuffles); a stride known only at run time is read one by one
-                // (a 3x3 stride-2 conv on [8, 64, 56, 56], 1 thread: 9.9-10.6 -> 9.3 ms).
-                let d = &mut drow[x0..x1];
-                let (last, body) = d.split_last_mut().expect("x1 > x0");
-                let src = &srow[s0..s0 + 2 * body.len() + 1];
-                for (o, pair) in body.iter_mut().zip(src.chunks_exact(2)) {
-                    *o = pair[0];
-                }
-                *last = src[2 * body.len()];
-            } else {
-                let src = srow[s0..].iter().step_by(p.stride[1]);
-                drow[x0..x1].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
-            }
+            strided_copy(&mut drow[x0..x1], &srow[s0..], p.stride[1]);
         }
         drow[x1..].fill(0.0);
     }
@@ -767,6 +751,18 @@ pub(super) fn out_len(
 /// Direct depthwise convolution: weight [C*m, 1, kh, kw], groups = C; output planes in
 /// parallel, each starting from its bias (when given).
 fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpResult<Tensor> {
+    depthwise_by(x, w, bias, p, SMALL_PLANE)
+}
+
+/// [`depthwise`], with input planes of at most `small_plane` pixels computed by
+/// [`depthwise_block`] (when each input channel has one output channel).
+fn depthwise_by(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &Params,
+    small_plane: usize,
+) -> OpResult<Tensor> {
     use rayon::prelude::*;
     let (n, c, h, wd) = x.dims4()?;
     let (co, _, kh, kw) = w.dims4()?;
@@ -803,13 +799,145 @@ fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpRes
                 },
             )
         };
+        // Small planes with one output channel per input channel: blocks of channels, each
+        // computed with the channels innermost (see `depthwise_block`).
+        let blocks = |out: &mut [f32], xs: &[f32]| {
+            let pix = oh * ow;
+            out.par_chunks_mut(co * pix)
+                .zip(xs.par_chunks(c * h * wd))
+                .for_each(|(img_out, img)| {
+                    img_out
+                        .par_chunks_mut(CHANNEL_BLOCK * pix)
+                        .enumerate()
+                        .for_each(|(blk, dst)| {
+                            let c0 = blk * CHANNEL_BLOCK;
+                            let plane = DepthwisePlane {
+                                hw: [h, wd],
+                                k: [kh, kw],
+                                out: [oh, ow],
+                                p,
+                            };
+                            depthwise_block(img, &ws, bias.as_deref(), c0, &plane, dst);
+                            p.act.apply(dst);
+                        })
+                });
+        };
+        let by_blocks = m == 1 && h * wd <= small_plane;
+        let run = |out: &mut [f32], xs: &[f32]| {
+            if by_blocks {
+                blocks(out, xs)
+            } else {
+                planes(out, xs)
+            }
+        };
         // The input is read in place when it is contiguous f32, copied otherwise.
         let x = x.contiguous()?;
-        if with_f32(&x, |xs| planes(&mut out, xs)).is_none() {
-            planes(&mut out, &f32_vec(&x)?);
+        if with_f32(&x, |xs| run(&mut out, xs)).is_none() {
+            run(&mut out, &f32_vec(&x)?);
         }
     }
     from_f32(out, &[n, co, oh, ow])
+}
+
+/// Input planes of at most this many pixels are computed by [`depthwise_block`]: per plane,
+/// the spatial path's fixed work (padding, phases, copies) outweighs its sums there. Single
+/// convolutions at 1 thread, spatial path → blocks (torch): 960 channels 7x7 5x5 0.24 →
+/// 0.12 ms (0.10), 672 channels 14x14 5x5 stride 2 0.24 → 0.14 ms (0.11), 480 channels
+/// 14x14 3x3 0.20 → 0.16 ms (0.11); on 28x28 inputs the two were even (240 channels 3x3
+/// stride 2: 0.15 / 0.16 ms) and on 56x56 the blocks took twice as long.
+const SMALL_PLANE: usize = 14 * 14;
+
+/// Channels per task of [`depthwise_block`].
+const CHANNEL_BLOCK: usize = 64;
+
+/// The geometry of one depthwise convolution's image planes.
+struct DepthwisePlane<'a> {
+    hw: [usize; 2],
+    k: [usize; 2],
+    out: [usize; 2],
+    p: &'a Params,
+}
+
+/// Output planes `c0..c0 + dst.len() / (oh * ow)` of one image `img` (`[c, h, w]`) of a
+/// depthwise convolution with one output channel per input channel (`ws`: `[c, kh * kw]`),
+/// computed with the channels innermost: the block's input planes are transposed to
+/// `[h * w, channels]`, each output pixel is its bias plus each tap in turn (taps that fall
+/// in the padding skipped), a vector over the block's channels, and the result transposed
+/// back into `dst`. On planes of a few pixels this vectorises over channels where the
+/// spatial path works on a few pixels at a time (BENCHMARKS.md, issue 14).
+fn depthwise_block(
+    img: &[f32],
+    ws: &[f32],
+    bias: Option<&[f32]>,
+    c0: usize,
+    g: &DepthwisePlane,
+    dst: &mut [f32],
+) {
+    let ([h, wd], [kh, kw], [oh, ow]) = (g.hw, g.k, g.out);
+    let (pix, kk) = (oh * ow, kh * kw);
+    let cb = dst.len() / pix;
+    // Rows of B values: the block's channels, then zeros up to B (a partial last block), so
+    // that every sum is over a whole row, in registers.
+    const B: usize = CHANNEL_BLOCK;
+    let (mut xt, mut wt, mut yt) = (Spare::take(), Spare::take(), Spare::take());
+    for (buf, len) in [(&mut xt, h * wd), (&mut wt, kk), (&mut yt, pix)] {
+        buf.clear();
+        buf.resize(len * B, 0.0);
+    }
+    // Transposes by tiles of T pixels, so that the rows written (or read) at once stay in
+    // the L1 cache: whole planes at a time, rows B floats apart map to a quarter of its sets.
+    const T: usize = 16;
+    let planes = &img[c0 * h * wd..][..cb * h * wd];
+    for (t, rows) in xt.chunks_mut(T * B).enumerate() {
+        for (j, plane) in planes.chunks_exact(h * wd).enumerate() {
+            for (row, &v) in rows.chunks_exact_mut(B).zip(&plane[t * T..]) {
+                row[j] = v;
+            }
+        }
+    }
+    for (j, ker) in ws[c0 * kk..][..cb * kk].chunks_exact(kk).enumerate() {
+        for (row, &v) in wt.chunks_exact_mut(B).zip(ker) {
+            row[j] = v;
+        }
+    }
+    let mut b0 = [0f32; B];
+    if let Some(b) = bias {
+        b0[..cb].copy_from_slice(&b[c0..c0 + cb]);
+    }
+    let ([sy, sx], [ph, pw], [dy, dx]) = (g.p.stride, g.p.padding, g.p.dilation);
+    super::fused::simd(
+        #[inline(always)]
+        || {
+            for (q, out) in yt.chunks_exact_mut(B).enumerate() {
+                let (oy, ox) = (q / ow, q % ow);
+                let mut acc = b0;
+                for i in 0..kh {
+                    let Some(iy) = (oy * sy + i * dy).checked_sub(ph).filter(|&y| y < h) else {
+                        continue;
+                    };
+                    for j in 0..kw {
+                        let Some(ix) = (ox * sx + j * dx).checked_sub(pw).filter(|&x| x < wd)
+                        else {
+                            continue;
+                        };
+                        let xs: &[f32; B] = xt[(iy * wd + ix) * B..][..B].try_into().unwrap();
+                        let w: &[f32; B] = wt[(i * kw + j) * B..][..B].try_into().unwrap();
+                        for l in 0..B {
+                            acc[l] += w[l] * xs[l];
+                        }
+                    }
+                }
+                out.copy_from_slice(&acc);
+            }
+        },
+    );
+    for (t, rows) in yt.chunks(T * B).enumerate() {
+        for (j, plane) in dst.chunks_exact_mut(pix).enumerate() {
+            for (d, row) in plane[t * T..].iter_mut().zip(rows.chunks_exact(B)) {
+                *d = row[j];
+            }
+        }
+    }
 }
 
 /// The layout [`depthwise_plane`] works in, the same for every plane of one convolution.
@@ -910,20 +1038,68 @@ fn depthwise_plane(
                 continue;
             }
             let row = &src[(r - ph) * g.wd..][..g.wd];
-            prow[b0..b1]
-                .iter_mut()
-                .zip(row[c0..].iter().step_by(sx))
-                .for_each(|(d, &v)| *d = v);
+            strided_copy(&mut prow[b0..b1], &row[c0..], sx);
         }
     }
     let len = (g.oh - 1) * wq + g.ow;
     wide.clear();
-    wide.resize(len, bias);
-    for (&k, &start) in ker.iter().zip(&g.tap_start) {
-        simd_axpy(wide, &phases[start..start + len], 1, k);
-    }
+    wide.resize(len, 0.0);
+    depthwise_taps(wide, phases, ker, &g.tap_start, bias);
     for (y, row) in dst.chunks_mut(g.ow).enumerate().take(g.oh) {
         row.copy_from_slice(&wide[y * wq..][..g.ow]);
+    }
+}
+
+/// `wide[i] = bias + Σ_t ker[t] * phases[starts[t] + i]`, the taps added in order (the
+/// same sums as one pass over `wide` per tap), [`TAP_BLOCK`] outputs at a time held in
+/// registers while every tap is added: one pass over the output instead of one per tap
+/// (MobileNetV3-Large's 15 depthwise convolutions at batch 1, 1 thread: BENCHMARKS.md,
+/// issue 14). Every `starts[t] + wide.len()` must lie within `phases`.
+fn depthwise_taps(wide: &mut [f32], phases: &[f32], ker: &[f32], starts: &[usize], bias: f32) {
+    super::fused::simd(
+        #[inline(always)]
+        || {
+            let mut at = 0;
+            for out in wide.chunks_mut(TAP_BLOCK) {
+                let n = out.len();
+                let mut acc = [bias; TAP_BLOCK];
+                for (&k, &s) in ker.iter().zip(starts) {
+                    let src = &phases[s + at..s + at + n];
+                    for (a, &v) in acc[..n].iter_mut().zip(src) {
+                        *a += k * v;
+                    }
+                }
+                out.copy_from_slice(&acc[..n]);
+                at += n;
+            }
+        },
+    )
+}
+
+/// Outputs of [`depthwise_taps`] computed together: four AVX-512 registers' worth, so that
+/// four independent sums hide the latency of each addition.
+const TAP_BLOCK: usize = 64;
+
+/// `dst[i] = src[i * step]`. Steps 1 and 2 (the common strides) are loops the compiler
+/// vectorises; a step known only at run time is read one element at a time (a 3x3 stride-2
+/// conv on `[8, 64, 56, 56]` at 1 thread: 9.9–10.6 → 9.3 ms with the step-2 loop).
+fn strided_copy(dst: &mut [f32], src: &[f32], step: usize) {
+    match step {
+        1 => dst.copy_from_slice(&src[..dst.len()]),
+        2 => {
+            let Some((last, body)) = dst.split_last_mut() else {
+                return;
+            };
+            let src = &src[..2 * body.len() + 1];
+            for (o, pair) in body.iter_mut().zip(src.chunks_exact(2)) {
+                *o = pair[0];
+            }
+            *last = src[2 * body.len()];
+        }
+        _ => dst
+            .iter_mut()
+            .zip(src.iter().step_by(step))
+            .for_each(|(d, &v)| *d = v),
     }
 }
 
@@ -1340,7 +1516,9 @@ mod tests {
     /// conv2d (im2col, a different algorithm) for one stride, padding and dilation per case,
     /// and against the dense gemm path (`conv_gemm`, one channel at a time) for different
     /// strides, paddings and dilations per dim: strides 1-3, multiplier 1 and 2, taps that
-    /// fall wholly in the padding, kernels as wide as the padded input, a bias.
+    /// fall wholly in the padding, kernels as wide as the padded input, a bias. Each case
+    /// runs by phase planes and (multiplier 1) by channel blocks (`depthwise_block`), with
+    /// more channels than a block in the first cases.
     #[test]
     fn depthwise_phase_planes_match_other_paths() {
         let dev = Device::Cpu;
@@ -1353,7 +1531,11 @@ mod tests {
             [usize; 2],
             [usize; 2],
         );
-        let cases: [Case; 12] = [
+        let cases: [Case; 15] = [
+            // More channels than one block of `depthwise_block` (and a partial one).
+            ([2, 70, 7, 7], 1, [5, 5], [1, 1], [2, 2], [1, 1]),
+            ([1, 130, 14, 14], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
+            ([1, 64, 9, 8], 1, [3, 3], [1, 1], [1, 1], [1, 1]),
             ([2, 3, 11, 9], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
             ([1, 4, 12, 13], 1, [5, 5], [2, 2], [2, 2], [1, 1]),
             ([1, 2, 10, 7], 2, [3, 3], [3, 3], [1, 1], [1, 1]),
@@ -1380,7 +1562,8 @@ mod tests {
                 groups: c,
                 act: Act::None,
             };
-            let got = depthwise(&x, &w, Some(&b), &p).unwrap();
+            // The spatial path for every plane, then (where it applies) channel blocks.
+            let got = [0, usize::MAX].map(|small| depthwise_by(&x, &w, Some(&b), &p, small));
             let want =
                 if stride[0] == stride[1] && padding[0] == padding[1] && dilation[0] == dilation[1]
                 {
@@ -1400,12 +1583,15 @@ mod tests {
                 }
                 .broadcast_add(&b.reshape((1, (), 1, 1)).unwrap())
                 .unwrap();
-            assert_eq!(got.dims(), want.dims(), "{xs:?} k {kh}x{kw}");
-            let diff = crate::ops::max_abs_diff(&got, &want);
-            assert!(
-                diff < 1e-4,
-                "{xs:?} m {m} k {kh}x{kw} stride {stride:?} pad {padding:?} dil {dilation:?}: {diff}"
-            );
+            for (got, path) in got.into_iter().zip(["planes", "blocks"]) {
+                let got = got.unwrap();
+                assert_eq!(got.dims(), want.dims(), "{xs:?} k {kh}x{kw}");
+                let diff = crate::ops::max_abs_diff(&got, &want);
+                assert!(
+                    diff < 1e-4,
+                    "{path}: {xs:?} m {m} k {kh}x{kw} stride {stride:?} pad {padding:?} dil {dilation:?}: {diff}"
+                );
+            }
         }
     }
 
