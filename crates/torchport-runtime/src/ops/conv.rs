@@ -749,7 +749,8 @@ pub(super) fn out_len(
 }
 
 /// Direct depthwise convolution: weight [C*m, 1, kh, kw], groups = C; output planes in
-/// parallel, each starting from its bias (when given).
+/// parallel, each starting from its bias (when given), or for small planes with m = 1,
+/// blocks of channels in parallel ([`depthwise_block`]).
 fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpResult<Tensor> {
     depthwise_by(x, w, bias, p, SMALL_PLANE)
 }
@@ -801,6 +802,12 @@ fn depthwise_by(
         };
         // Small planes with one output channel per input channel: blocks of channels, each
         // computed with the channels innermost (see `depthwise_block`).
+        let plane = DepthwisePlane {
+            hw: [h, wd],
+            k: [kh, kw],
+            out: [oh, ow],
+            p,
+        };
         let blocks = |out: &mut [f32], xs: &[f32]| {
             let pix = oh * ow;
             out.par_chunks_mut(co * pix)
@@ -811,12 +818,6 @@ fn depthwise_by(
                         .enumerate()
                         .for_each(|(blk, dst)| {
                             let c0 = blk * CHANNEL_BLOCK;
-                            let plane = DepthwisePlane {
-                                hw: [h, wd],
-                                k: [kh, kw],
-                                out: [oh, ow],
-                                p,
-                            };
                             depthwise_block(img, &ws, bias.as_deref(), c0, &plane, dst);
                             p.act.apply(dst);
                         })

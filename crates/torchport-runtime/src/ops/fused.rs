@@ -831,9 +831,8 @@ mod tests {
                 == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
-    /// New buffers written in parallel chunks hold exactly what a serial build holds: zeros,
-    /// and rows repeated (rows that do not divide a chunk evenly, and rows longer
-    /// than a chunk), below and above the parallel size.
+    /// A thread's spare buffers go back for its next use, nested uses get their own, other
+    /// threads have theirs, and large ones are not kept.
     #[test]
     fn scratch_buffers_are_reused_per_thread() {
         // A buffer given back is the next call's (no allocation per task)...
@@ -878,6 +877,9 @@ mod tests {
         assert_ne!(big, after);
     }
 
+    /// New buffers written in parallel chunks hold exactly what a serial build holds: zeros,
+    /// and rows repeated (rows that do not divide a chunk evenly, and rows longer
+    /// than a chunk), below and above the parallel size.
     #[test]
     fn written_buffers_hold_their_values() {
         for n in [5, PAR_ZERO_MIN - 1, PAR_ZERO_MIN, 3 * PAR_ZERO_MIN + 7] {

@@ -101,11 +101,11 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
 /// A new row-major buffer of `total` elements in rows of `inner`, computed one run at a time:
 /// `f(scratch, row, col, run)` writes `run` with output elements `col..col + run.len()` of row
 /// `row` (a run never crosses a row's end; `run` and `scratch` are the thread's own buffers
-/// from [`with_scratch`], holding whatever their last user left there), which are then copied into the
-/// output, so each output element is written once, with no zeroing first. Tasks of whole
-/// rows, or of pieces of one row when rows are long, in parallel from `2 * TASK` elements;
-/// each task's loop is compiled for the CPU's vector width (see [`simd`]: mark `f`
-/// `#[inline(always)]`). `None` when any `f` returns false.
+/// from [`with_scratch`], holding whatever their last user left there), which are then
+/// copied into the output, so each output element is written once, with no zeroing first.
+/// Tasks of whole rows, or of pieces of one row when rows are long, in parallel from
+/// `2 * TASK` elements; each task's loop is compiled for the CPU's vector width (see
+/// [`simd`]: mark `f` `#[inline(always)]`). `None` when any `f` returns false.
 pub(crate) fn by_runs(
     total: usize,
     inner: usize,
