@@ -482,14 +482,27 @@ fn conv_gemm(
     let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
     let per_image = c * h * wd;
     let geometry = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
-    // The output starts as the residual (the products are added onto it), or as zeros.
+    // Several small images to a product, their columns side by side (see `group`): as many
+    // groups as threads, each computed on one.
+    let threads = rayon::current_num_threads();
+    let small = (2..GROUP_MAX_PIXELS).contains(&pix);
+    let per = if geometry.is_none() && !direct && small && n > 1 && n >= threads {
+        n.div_ceil(threads)
+    } else {
+        1
+    };
+    // The output starts as the residual (the products are added onto it); else, where the
+    // product is accumulated onto the output in place (not Winograd's, not a group's), as
+    // the bias planes; else as zeros.
     let accumulate = residual.is_some();
+    let from_bias = !accumulate && geometry.is_none() && per == 1;
     // A residual of another shape or dtype (the graph's metadata said otherwise) is left to
     // `conv`'s general paths.
-    let mut out = match residual {
-        Some(r) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => f32_vec(r)?,
-        Some(_) => return Ok(None),
-        None => super::fused::zeros(n * co * pix),
+    let mut out = match (residual, &bias) {
+        (Some(r), _) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => f32_vec(r)?,
+        (Some(_), _) => return Ok(None),
+        (None, Some(b)) if from_bias => super::fused::repeated_planes(n, b, pix),
+        (None, _) => super::fused::zeros(n * co * pix),
     };
     let res = with_f32(&w, |wm| {
         // Winograd's geometry with the transformed weights, when that path applies.
@@ -510,13 +523,11 @@ fn conv_gemm(
                         };
                         return winograd::conv_image(img, u, g, b, p.act, dst, accumulate, threads);
                     }
-                    if let Some(b) = &bias {
+                    // The bias is added here onto a residual (the output started as the bias
+                    // planes otherwise).
+                    if let (Some(b), true) = (&bias, accumulate) {
                         for (row, &v) in dst.chunks_mut(pix).zip(b) {
-                            if accumulate {
-                                row.iter_mut().for_each(|x| *x += v);
-                            } else {
-                                row.fill(v);
-                            }
+                            row.iter_mut().for_each(|x| *x += v);
                         }
                     }
                     let onto = accumulate || bias.is_some();
@@ -546,15 +557,6 @@ fn conv_gemm(
                     }
                     ok
                 };
-            // Several small images to a product, their columns side by side (see `group`):
-            // as many groups as threads, each computed on one.
-            let threads = rayon::current_num_threads();
-            let small = (2..GROUP_MAX_PIXELS).contains(&pix);
-            let per = if wino.is_none() && !direct && small && n > 1 && n >= threads {
-                n.div_ceil(threads)
-            } else {
-                1
-            };
             let group = |cols: &mut Vec<f32>,
                          prod: &mut Vec<f32>,
                          dst: &mut [f32],

@@ -83,6 +83,34 @@ pub fn repeated_rows(rows: usize, row: &[f32]) -> Vec<f32> {
     }
 }
 
+/// `images` copies of `[values.len(), plane]` in which plane `c` holds `values[c]` in every
+/// element (a convolution's bias under its product), in parallel when large.
+pub fn repeated_planes(images: usize, values: &[f32], plane: usize) -> Vec<f32> {
+    let planes = images * values.len();
+    let total = planes * plane;
+    if plane == 0 || total < PAR_ZERO_MIN {
+        let mut v = Vec::with_capacity(total);
+        for _ in 0..images {
+            for &x in values {
+                v.resize(v.len() + plane, x);
+            }
+        }
+        return v;
+    }
+    // Whole planes per chunk, about 64 Ki values when planes are small.
+    let chunk = (1 << 16) / plane.min(1 << 16) * plane;
+    // SAFETY: the chunk size and `total` are multiples of `plane`, so every chunk is whole
+    // planes, and each of them is filled.
+    #[allow(unsafe_code)]
+    unsafe {
+        written(total, chunk, |at, c| {
+            for (i, p) in c.chunks_mut(plane).enumerate() {
+                p.fill(MaybeUninit::new(values[(at / plane + i) % values.len()]));
+            }
+        })
+    }
+}
+
 /// `dst[i] = src[i]` for every element of `dst` (new memory) from `src` of the same length.
 #[inline(always)]
 pub(crate) fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
@@ -878,8 +906,8 @@ mod tests {
     }
 
     /// New buffers written in parallel chunks hold exactly what a serial build holds: zeros,
-    /// and rows repeated (rows that do not divide a chunk evenly, and rows longer
-    /// than a chunk), below and above the parallel size.
+    /// rows repeated (rows that do not divide a chunk evenly, and rows longer than a chunk)
+    /// and bias planes, below and above the parallel size.
     #[test]
     fn written_buffers_hold_their_values() {
         for n in [5, PAR_ZERO_MIN - 1, PAR_ZERO_MIN, 3 * PAR_ZERO_MIN + 7] {
@@ -893,6 +921,16 @@ mod tests {
                 row.repeat(rows),
                 "{rows} x {width}"
             );
+        }
+        // Bias planes: small planes (several to a chunk, planes not dividing it), planes
+        // larger than a chunk, below and above the parallel size, and empty ones.
+        for (images, channels, plane) in [(2, 3, 5), (3, 700, 196), (2, 5, 70_000), (2, 3, 0)] {
+            let values: Vec<f32> = (0..channels).map(|c| (c * 2 + 1) as f32).collect();
+            let want: Vec<f32> = (0..images * channels * plane)
+                .map(|i| values[i / plane % channels])
+                .collect();
+            let got = repeated_planes(images, &values, plane);
+            assert_eq!(got, want, "{images} x {channels} x {plane}");
         }
     }
 
