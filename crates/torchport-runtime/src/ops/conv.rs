@@ -1054,16 +1054,30 @@ fn depthwise_plane(
 }
 
 /// `wide[i] = bias + Σ_t ker[t] * phases[starts[t] + i]`, the taps added in order (the
-/// same sums as one pass over `wide` per tap), [`TAP_BLOCK`] outputs at a time held in
-/// registers while every tap is added: one pass over the output instead of one per tap
+/// same sums as one pass over `wide` per tap), [`TAP_BLOCK`] outputs at a time summed over
+/// every tap before the next block: one pass over the output instead of one per tap
 /// (MobileNetV3-Large's 15 depthwise convolutions at batch 1, 1 thread: BENCHMARKS.md,
-/// issue 14). Every `starts[t] + wide.len()` must lie within `phases`.
+/// issue 14); whole blocks by [`taps_avx512`] where the CPU has AVX-512. Every
+/// `starts[t] + wide.len()` must lie within `phases`.
 fn depthwise_taps(wide: &mut [f32], phases: &[f32], ker: &[f32], starts: &[usize], bias: f32) {
+    #[cfg(target_arch = "x86_64")]
+    let done = if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: only instructions the CPU was just found to support.
+        #[allow(unsafe_code)]
+        unsafe {
+            taps_avx512(wide, phases, ker, starts, bias)
+        }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    // The rest (all of it without AVX-512).
     super::fused::simd(
         #[inline(always)]
         || {
-            let mut at = 0;
-            for out in wide.chunks_mut(TAP_BLOCK) {
+            let mut at = done;
+            for out in wide[done..].chunks_mut(TAP_BLOCK) {
                 let n = out.len();
                 let mut acc = [bias; TAP_BLOCK];
                 for (&k, &s) in ker.iter().zip(starts) {
@@ -1077,6 +1091,50 @@ fn depthwise_taps(wide: &mut [f32], phases: &[f32], ker: &[f32], starts: &[usize
             }
         },
     )
+}
+
+/// The whole [`TAP_BLOCK`]s of [`depthwise_taps`] with the four sums of a block held in
+/// AVX-512 registers explicitly (the compiler kept the portable loop's sums on the stack, a
+/// store and a reload per tap); the same operations in the same order (a multiply, then an
+/// add: no fused multiply-add), so the same bits. Returns how many outputs it wrote (a
+/// multiple of [`TAP_BLOCK`]); panics, as the portable loop does, if a tap's run leaves
+/// `phases`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn taps_avx512(
+    wide: &mut [f32],
+    phases: &[f32],
+    ker: &[f32],
+    starts: &[usize],
+    bias: f32,
+) -> usize {
+    use std::arch::x86_64::*;
+    let mut at = 0;
+    for out in wide.chunks_exact_mut(TAP_BLOCK) {
+        let b = _mm512_set1_ps(bias);
+        let mut acc = [b; 4];
+        for (&k, &s) in ker.iter().zip(starts) {
+            let src = &phases[s + at..s + at + TAP_BLOCK];
+            let kv = _mm512_set1_ps(k);
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `src` holds TAP_BLOCK = 4 * 16 values, and this reads 16 of them
+                // from `16 * j`, j < 4 (an unaligned load).
+                #[allow(unsafe_code)]
+                let v = unsafe { _mm512_loadu_ps(src.as_ptr().add(16 * j)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(kv, v));
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: `out` holds TAP_BLOCK = 4 * 16 values, and this writes 16 of them from
+            // `16 * j`, j < 4 (an unaligned store).
+            #[allow(unsafe_code)]
+            unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), *a)
+            };
+        }
+        at += TAP_BLOCK;
+    }
+    at
 }
 
 /// Outputs of [`depthwise_taps`] computed together: four AVX-512 registers' worth, so that
