@@ -844,10 +844,11 @@ fn depthwise_by(
 
 /// Input planes of at most this many pixels are computed by [`depthwise_block`]: per plane,
 /// the spatial path's fixed work (padding, phases, copies) outweighs its sums there. Single
-/// convolutions at 1 thread, spatial path → blocks (torch): 960 channels 7x7 5x5 0.24 →
-/// 0.12 ms (0.10), 672 channels 14x14 5x5 stride 2 0.24 → 0.14 ms (0.11), 480 channels
-/// 14x14 3x3 0.20 → 0.16 ms (0.11); on 28x28 inputs the two were even (240 channels 3x3
-/// stride 2: 0.15 / 0.16 ms) and on 56x56 the blocks took twice as long.
+/// convolutions at batch 1 and 1 thread, spatial path / blocks (medians of 50, two runs
+/// each, with the spatial path's sums in AVX-512 registers): 960 channels 7x7 5x5 0.19 /
+/// 0.11–0.12 ms, 672 channels 14x14 5x5 stride 2 0.25 / 0.15–0.21 ms, 480 channels 14x14
+/// 3x3 0.12–0.19 / 0.15–0.16 ms (even); on 28x28 inputs the spatial path wins (120
+/// channels 5x5 0.16–0.17 / 0.23–0.27 ms, 240 channels 3x3 stride 2 0.13 / 0.16–0.21 ms).
 const SMALL_PLANE: usize = 14 * 14;
 
 /// Channels per task of [`depthwise_block`].
