@@ -1574,6 +1574,33 @@ mod tests {
         }
     }
 
+    /// The taps of the spatial depthwise path give, bit for bit, the bias plus each tap's
+    /// product added in order (plain f32 operations): whole blocks (by AVX-512 where the CPU
+    /// has it) and the last, shorter one.
+    #[test]
+    fn depthwise_taps_sum_in_order() {
+        let len = 2 * TAP_BLOCK + 9;
+        let starts = [0, 3, 17, 40, 41];
+        let ker = [0.7f32, -1.3, 2.1, 0.05, -0.9];
+        let phases: Vec<f32> = (0..len + 41)
+            .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
+            .collect();
+        let bias = 0.3f32;
+        let mut wide = vec![f32::NAN; len];
+        depthwise_taps(&mut wide, &phases, &ker, &starts, bias);
+        let want: Vec<u32> = (0..len)
+            .map(|i| {
+                let mut a = bias;
+                for (&k, &s) in ker.iter().zip(&starts) {
+                    a += k * phases[s + i];
+                }
+                a.to_bits()
+            })
+            .collect();
+        let got: Vec<u32> = wide.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want);
+    }
+
     /// The phase-plane depthwise kernel (`depthwise`) on uneven sizes against candle's grouped
     /// conv2d (im2col, a different algorithm) for one stride, padding and dilation per case,
     /// and against the dense gemm path (`conv_gemm`, one channel at a time) for different
