@@ -241,8 +241,8 @@ pub(crate) fn with_scratch_len<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> 
 /// wider instructions only where the compiler inlines it there, which it does not do for a
 /// closure of any size unless told: callers mark the closure `#[inline(always)]` (without
 /// it, `perf annotate` showed layer norm, softmax rows and binary ops running SSE code), and
-/// mark closures it calls in turn the same way. [`simd_map`], [`simd_map_mut`] and
-/// [`simd_axpy`] hold their loops in the feature-enabled functions themselves. Results are
+/// mark closures it calls in turn the same way. [`simd_map`] and [`simd_map_mut`] hold
+/// their loops in the feature-enabled functions themselves. Results are
 /// the same either way: no fused multiply-add is introduced (Rust never contracts
 /// `a * b + c`).
 #[inline(always)]
@@ -291,45 +291,6 @@ pub fn simd_map(out: &mut [MaybeUninit<f32>], inp: &[f32], f: impl Fn(f32) -> f3
     out.iter_mut().zip(inp).for_each(|(o, &v)| {
         o.write(f(v));
     });
-}
-
-/// `dst[i] += k * src[i * stride]`, compiled for AVX-512 (or AVX2 + FMA) when the CPU has it
-/// (see [`simd`]). `src` must hold `(dst.len() - 1) * stride + 1` elements (fewer: only the
-/// covered prefix of `dst` is updated).
-pub fn simd_axpy(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
-    #[inline(always)]
-    fn body(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
-        if stride == 1 {
-            dst.iter_mut().zip(src).for_each(|(d, &v)| *d += k * v);
-        } else {
-            dst.iter_mut()
-                .zip(src.iter().step_by(stride.max(1)))
-                .for_each(|(d, &v)| *d += k * v);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        fn avx512(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
-            body(dst, src, stride, k)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2(dst: &mut [f32], src: &[f32], stride: usize, k: f32) {
-            body(dst, src, stride, k)
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: only instructions the CPU was just found to support.
-            #[allow(unsafe_code)]
-            return unsafe { avx512(dst, src, stride, k) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: as above.
-            #[allow(unsafe_code)]
-            return unsafe { avx2(dst, src, stride, k) };
-        }
-    }
-    body(dst, src, stride, k)
 }
 
 /// [`simd_map`] in place.
