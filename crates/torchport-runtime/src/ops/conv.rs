@@ -804,12 +804,6 @@ fn depthwise_by(
         };
         // Small planes with one output channel per input channel: blocks of channels, each
         // computed with the channels innermost (see `depthwise_block`).
-        let plane = DepthwisePlane {
-            hw: [h, wd],
-            k: [kh, kw],
-            out: [oh, ow],
-            p,
-        };
         let blocks = |out: &mut [f32], xs: &[f32]| {
             let pix = oh * ow;
             out.par_chunks_mut(co * pix)
@@ -820,7 +814,7 @@ fn depthwise_by(
                         .enumerate()
                         .for_each(|(blk, dst)| {
                             let c0 = blk * CHANNEL_BLOCK;
-                            depthwise_block(img, &ws, bias.as_deref(), c0, &plane, dst);
+                            depthwise_block(img, &ws, bias.as_deref(), c0, &geo, dst);
                             p.act.apply(dst);
                         })
                 });
@@ -854,14 +848,6 @@ const SMALL_PLANE: usize = 14 * 14;
 /// Channels per task of [`depthwise_block`].
 const CHANNEL_BLOCK: usize = 64;
 
-/// The geometry of one depthwise convolution's image planes.
-struct DepthwisePlane<'a> {
-    hw: [usize; 2],
-    k: [usize; 2],
-    out: [usize; 2],
-    p: &'a Params,
-}
-
 /// Output planes `c0..c0 + dst.len() / (oh * ow)` of one image `img` (`[c, h, w]`) of a
 /// depthwise convolution with one output channel per input channel (`ws`: `[c, kh * kw]`),
 /// computed with the channels innermost: the block's input planes are transposed to
@@ -874,10 +860,10 @@ fn depthwise_block(
     ws: &[f32],
     bias: Option<&[f32]>,
     c0: usize,
-    g: &DepthwisePlane,
+    g: &PlaneGeometry,
     dst: &mut [f32],
 ) {
-    let ([h, wd], [kh, kw], [oh, ow]) = (g.hw, g.k, g.out);
+    let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
     let (pix, kk) = (oh * ow, kh * kw);
     let cb = dst.len() / pix;
     // Rows of B values: the block's channels, then zeros up to B (a partial last block), so
@@ -908,7 +894,7 @@ fn depthwise_block(
     if let Some(b) = bias {
         b0[..cb].copy_from_slice(&b[c0..c0 + cb]);
     }
-    let ([sy, sx], [ph, pw], [dy, dx]) = (g.p.stride, g.p.padding, g.p.dilation);
+    let ([sy, sx], [ph, pw], [dy, dx]) = (g.stride, g.pad, g.dilation);
     super::fused::simd(
         #[inline(always)]
         || {
@@ -944,7 +930,8 @@ fn depthwise_block(
     }
 }
 
-/// The layout [`depthwise_plane`] works in, the same for every plane of one convolution.
+/// The geometry of one depthwise convolution's planes (also read by [`depthwise_block`]),
+/// and the layout [`depthwise_plane`] works in, the same for every plane.
 ///
 /// The input plane, zero-padded to `[hp, wp]`, is split into `sy * sx` phase planes of
 /// `[hq, wq] = [ceil(hp / sy), ceil(wp / sx)]`: phase `(ry, rx)` holds the padded elements
@@ -962,6 +949,9 @@ struct PlaneGeometry {
     ow: usize,
     pad: [usize; 2],
     stride: [usize; 2],
+    /// Kernel height and width, and dilation.
+    k: [usize; 2],
+    dilation: [usize; 2],
     /// Phase-plane height and width.
     hq: usize,
     wq: usize,
@@ -999,6 +989,8 @@ impl PlaneGeometry {
             ow,
             pad: p.padding,
             stride: [sy, sx],
+            k: [kh, kw],
+            dilation: p.dilation,
             hq,
             wq,
             used,
