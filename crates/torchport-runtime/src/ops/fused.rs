@@ -86,19 +86,17 @@ pub fn repeated_rows(rows: usize, row: &[f32]) -> Vec<f32> {
 /// `images` copies of `[values.len(), plane]` in which plane `c` holds `values[c]` in every
 /// element (a convolution's bias under its product), in parallel when large.
 pub fn repeated_planes(images: usize, values: &[f32], plane: usize) -> Vec<f32> {
-    let planes = images * values.len();
-    let total = planes * plane;
-    if plane == 0 || total < PAR_ZERO_MIN {
-        let mut v = Vec::with_capacity(total);
-        for _ in 0..images {
-            for &x in values {
-                v.resize(v.len() + plane, x);
-            }
-        }
-        return v;
+    let total = images * values.len() * plane;
+    if plane == 0 {
+        return Vec::new();
     }
-    // Whole planes per chunk, about 64 Ki values when planes are small.
-    let chunk = (1 << 16) / plane.min(1 << 16) * plane;
+    // Whole planes per chunk: all of them below the parallel size, else about 64 Ki values
+    // (or one plane, when larger).
+    let chunk = if total < PAR_ZERO_MIN {
+        total
+    } else {
+        (1 << 16) / plane.min(1 << 16) * plane
+    };
     // SAFETY: the chunk size and `total` are multiples of `plane`, so every chunk is whole
     // planes, and each of them is filled.
     #[allow(unsafe_code)]
