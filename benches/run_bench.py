@@ -4,7 +4,7 @@ every latency ratio.
 
     cargo build --release -p torchport-runtime --example run_timing
     /work/main/.venv/bin/python benches/run_bench.py [--threads 1,2] [--batch 1,8] [--runs 10]
-        [--rounds 1] [--models resnet18,bert_base] [--binary PATH] [--json OUT.json]
+        [--rounds 1 | --paired] [--models resnet18,bert_base] [--binary PATH] [--json OUT.json]
 
 Models are the libraries' own classes with random weights (no downloads): torchvision
 ResNet-18/50, MobileNetV3-Large, EfficientNet-B0 (224x224); timm vit_small_patch16_224;
@@ -20,7 +20,11 @@ processes, CPU time much less; at 2+ threads torch's OpenMP workers spin while w
 counts as CPU time). With --rounds R each cell is measured R times, the engines
 alternating, and each engine's least median (and least CPU time) is reported: on a machine
 shared with other tenants, interference only adds time, so the least of several rounds is
-the steadier estimate (one round's torch eager moved by ±30% here).
+the steadier estimate (one round's torch eager moved by ±30% here). With --paired the
+engines instead take turns run by run (torch eager, torchport through `run_timing --serve`,
+onnxruntime; 100 ms apart), --runs turns, and each ratio is the median of the per-turn ratios:
+a slow spell of the machine that outlasts a turn then slows all three engines alike, where the
+rounds above can catch one engine in a slow spell and the next in a fast one.
 --binary picks another run_timing build (e.g. a copy of the one before a change).
 Load time against the time to read the archive, and peak memory against torch's, are
 benches/load_bench.py's (same models and exports).
@@ -171,6 +175,61 @@ def measure(args, model, inputs, pt2, npys, onnx_path, ort, th):
     return eager, eager_cpu, onnx_ms, json.loads(res.stdout.strip().splitlines()[-1])
 
 
+# Between two engines' runs in --paired mode: the threads of the one that just ran (OpenMP's,
+# onnxruntime's) spin a while before they sleep, and must not take the next one's cores (with
+# 10 ms here, torch eager's MobileNetV3 at batch 1 on 2 threads took 81 ms a run instead of
+# 28; with 100 or 300 ms, 28).
+PAUSE_S = 0.1
+
+
+def measure_paired(args, model, inputs, pt2, npys, onnx_path, ort, th):
+    """--paired: torch eager, torchport (run_timing --serve) and onnxruntime each run once in
+    turn, --runs times, so that all three meet the same spells of a shared machine's
+    slowness. Returns (eager median ms, eager CPU ms per run, onnxruntime median ms or None,
+    run_timing's JSON over its runs, median of the per-turn torchport / eager ratios, median
+    of the per-turn torchport / onnxruntime ratios or None)."""
+    torch.set_num_threads(th)
+    sess = feed = None
+    if ort and onnx_path.exists():
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = th
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+        feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
+    env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([str(args.binary), str(pt2), *map(str, npys), "--serve"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    if proc.stdout.readline().strip() != "ready":
+        sys.exit(f"{args.binary} --serve did not start on {pt2}")
+    eager, tp, onnx, eager_cpu = [], [], [], 0.0
+    with torch.inference_mode():
+        model(*inputs)  # warm-up (run_timing warms up before `ready`)
+        if sess:
+            sess.run(None, feed)
+        for _ in range(args.runs):
+            c, t = time.process_time(), time.perf_counter()
+            model(*inputs)
+            eager.append((time.perf_counter() - t) * 1e3)
+            eager_cpu += time.process_time() - c
+            time.sleep(PAUSE_S)
+            proc.stdin.write("run\n")
+            proc.stdin.flush()
+            tp.append(float(proc.stdout.readline()))
+            time.sleep(PAUSE_S)
+            if sess:
+                t = time.perf_counter()
+                sess.run(None, feed)
+                onnx.append((time.perf_counter() - t) * 1e3)
+                time.sleep(PAUSE_S)
+    proc.stdin.close()
+    js = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    proc.wait()
+    med = statistics.median
+    return (med(eager), eager_cpu * 1e3 / args.runs, med(onnx) if onnx else None, js,
+            med(a / b for a, b in zip(tp, eager)),
+            med(a / b for a, b in zip(tp, onnx)) if onnx else None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
@@ -181,10 +240,16 @@ def main():
                     help="measure each (model, batch, threads) this many times, the engines "
                          "alternating, and report each engine's least median (other tenants "
                          "of a shared machine only add time)")
+    ap.add_argument("--paired", action="store_true",
+                    help="run the engines in turn, one run each, --runs times (instead of "
+                         "--runs of one engine, then the next); ratios are the medians of the "
+                         "per-turn ratios")
     ap.add_argument("--binary", type=Path, default=TIMING,
                     help="run_timing executable (default: the release build of this checkout)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
+    if args.paired and args.rounds > 1:
+        ap.error("--paired takes no --rounds: give more --runs")
     if not args.binary.exists():
         sys.exit("build first: cargo build --release -p torchport-runtime --example run_timing")
     try:
@@ -211,34 +276,44 @@ def main():
                     onnx_path.unlink(missing_ok=True)
             for th in threads:
                 eager = eager_cpu = onnx_ms = tp = tp_cpu = None
-                for _ in range(max(1, args.rounds)):
+                if args.paired:
+                    eager, eager_cpu, onnx_ms, tp, by_eager, by_ort = measure_paired(
+                        args, model, inputs, pt2, npys, onnx_path, ort, th)
+                    tp_cpu = tp.get("cpu_ms")
+                for _ in range(0 if args.paired else max(1, args.rounds)):
                     e, ec, o, t = measure(args, model, inputs, pt2, npys, onnx_path, ort, th)
                     eager, eager_cpu = least(eager, e), least(eager_cpu, ec)
                     onnx_ms, tp_cpu = least(onnx_ms, o), least(tp_cpu, t.get("cpu_ms"))
                     if tp is None or t["median_ms"] < tp["median_ms"]:
                         tp = t
+                if not args.paired:
+                    by_eager = tp["median_ms"] / eager
+                    by_ort = tp["median_ms"] / onnx_ms if onnx_ms else None
                 row = dict(model=name, batch=batch, threads=th, torchport_ms=tp["median_ms"],
                            eager_ms=eager, ort_ms=onnx_ms, load_ms=tp["load_ms"],
-                           torchport_cpu_ms=tp_cpu, eager_cpu_ms=eager_cpu)
+                           torchport_cpu_ms=tp_cpu, eager_cpu_ms=eager_cpu,
+                           by_eager=by_eager, by_ort=by_ort)
                 rows.append(row)
-                ort_s = f"{onnx_ms:8.1f} {tp['median_ms'] / onnx_ms:6.2f}" if onnx_ms else ""
+                ort_s = f"{onnx_ms:8.1f} {by_ort:6.2f}" if onnx_ms else ""
                 print(f"{name:<19} b{batch:<2} t{th}  torchport {tp['median_ms']:8.1f}  "
-                      f"eager {eager:8.1f}  tp/eager {tp['median_ms'] / eager:5.2f}  "
+                      f"eager {eager:8.1f}  tp/eager {by_eager:5.2f}  "
                       f"load {tp['load_ms']:6.0f}  cpu {float('nan') if tp_cpu is None else tp_cpu:7.1f} / "
                       f"{eager_cpu:7.1f} {ort_s}", flush=True)
 
-    print(f"\nruns={args.runs}, rounds={args.rounds} (least median of the rounds, ms); "
-          f"load average at end: {os.getloadavg()[0]:.2f}")
+    how = ("paired: the engines in turn, one run each; ratios are medians of the per-turn "
+           "ratios" if args.paired else
+           f"rounds={args.rounds} (least median of the rounds, ms)")
+    print(f"\nruns={args.runs}, {how}; load average at end: {os.getloadavg()[0]:.2f}")
     print("| model | batch | threads | torch eager | torchport | torchport / eager |"
           + (" onnxruntime | torchport / ort |" if ort else "")
           + " torchport load | CPU per run: torch / torchport | CPU ratio |")
     print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if ort else "") + "---:|---:|---:|")
     for r in rows:
-        o = ((f" {r['ort_ms']:.1f} | {r['torchport_ms'] / r['ort_ms']:.2f} |" if r["ort_ms"]
+        o = ((f" {r['ort_ms']:.1f} | {r['by_ort']:.2f} |" if r["ort_ms"]
               else " — | — |") if ort else "")
         tc, ec = r["torchport_cpu_ms"], r["eager_cpu_ms"]
         print(f"| {r['model']} | {r['batch']} | {r['threads']} | {r['eager_ms']:.1f} | "
-              f"{r['torchport_ms']:.1f} | {r['torchport_ms'] / r['eager_ms']:.2f} |{o} "
+              f"{r['torchport_ms']:.1f} | {r['by_eager']:.2f} |{o} "
               f"{r['load_ms']:.0f} | {ec:.0f} / {tc:.0f} | {tc / ec:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -3,6 +3,10 @@
 //! ```sh
 //! cargo run --release -p torchport-runtime --example run_timing -- MODEL.pt2 X.npy [Y.npy ...] --runs 20
 //! ```
+//! With `--serve` instead of `--runs`, it prints `ready` after the warm-up, then runs once for
+//! each line it reads on stdin and prints that run's milliseconds, until stdin closes; then
+//! the JSON line below over those runs (how benches/run_bench.py --paired alternates engines
+//! run by run).
 //! Prints one JSON line: {"load_ms", "load_cpu_ms", "read_ms", "read_fresh_ms", "file_mb", "load_rss_mb",
 //! "peak_rss_mb", "median_ms", "min_ms", "cpu_ms", "runs"}; cpu_ms is the process's CPU time
 //! (all threads, from /proc/self/stat, 10 ms ticks) per timed run, which a busy machine
@@ -30,9 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         runs = args.get(i + 1).ok_or("--runs needs a number")?.parse()?;
         args.drain(i..i + 2);
     }
+    let serve = args.iter().any(|a| a == "--serve");
+    args.retain(|a| a != "--serve");
     let model = args
         .first()
-        .ok_or("usage: run_timing MODEL.pt2 INPUT.npy... [--runs N]")?;
+        .ok_or("usage: run_timing MODEL.pt2 INPUT.npy... [--runs N | --serve]")?;
     let (read_ms, file_bytes) = {
         read_all(model.as_ref())?; // warm the page cache
         let t = Instant::now();
@@ -58,13 +64,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<Vec<_>, _>>()?;
     program.run(&inputs)?; // warm-up
     let mut times = Vec::with_capacity(runs);
-    let cpu0 = cpu_ticks();
-    for _ in 0..runs {
+    let mut timed_run = || -> Result<f64, Box<dyn std::error::Error>> {
         let t = Instant::now();
         let out = program.run(&inputs)?;
         std::hint::black_box(out);
-        times.push(t.elapsed().as_secs_f64() * 1e3);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        times.push(ms);
+        Ok(ms)
+    };
+    let cpu0 = cpu_ticks();
+    if serve {
+        // One run per line read, its time printed at once: the caller interleaves these runs
+        // with other engines' (benches/run_bench.py --paired).
+        use std::io::{BufRead, Write};
+        let mut stdout = std::io::stdout();
+        writeln!(stdout, "ready")?;
+        stdout.flush()?;
+        for line in std::io::stdin().lock().lines() {
+            line?;
+            let ms = timed_run()?;
+            writeln!(stdout, "{ms:.4}")?;
+            stdout.flush()?;
+        }
+    } else {
+        for _ in 0..runs {
+            timed_run()?;
+        }
     }
+    let runs = times.len();
     let cpu_ms = match (cpu0, cpu_ticks()) {
         (Some(a), Some(b)) => (b - a) as f64 * 10.0 / runs.max(1) as f64,
         _ => f64::NAN,
@@ -98,8 +125,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file_mb = file_bytes as f64 / 1e6;
     println!(
         "{{\"load_ms\": {load_ms:.2}, \"load_cpu_ms\": {load_cpu_ms:.1}, \"read_ms\": {read_ms:.2}, \"read_fresh_ms\": {read_fresh_ms:.2}, \"file_mb\": {file_mb:.1}, \"load_rss_mb\": {load_rss_mb:.1}, \"peak_rss_mb\": {peak_rss_mb:.1}, \"median_ms\": {:.3}, \"min_ms\": {:.3}, \"cpu_ms\": {cpu_ms:.1}, \"runs\": {runs}}}",
-        times[times.len() / 2],
-        times[0]
+        times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
+        times.first().copied().unwrap_or(f64::NAN)
     );
     Ok(())
 }
