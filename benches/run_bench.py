@@ -154,6 +154,18 @@ def least(a, b):
     return b if a is None else a if b is None else min(a, b)
 
 
+def ort_session(ort, onnx_path, inputs, th):
+    """(onnxruntime session on `th` threads, its input feed), or (None, None) without
+    onnxruntime or an ONNX export."""
+    if not (ort and onnx_path.exists()):
+        return None, None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = th
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    return sess, {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
+
+
 def measure(args, model, inputs, pt2, npys, onnx_path, ort, th):
     """One round at `th` threads: (eager median ms, eager CPU ms per run, onnxruntime median
     ms or None, run_timing's JSON), each engine timed back to back."""
@@ -161,12 +173,8 @@ def measure(args, model, inputs, pt2, npys, onnx_path, ort, th):
     with torch.inference_mode():
         eager, eager_cpu = time_it(lambda: model(*inputs), args.runs)
     onnx_ms = None
-    if ort and onnx_path.exists():
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = th
-        so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
+    sess, feed = ort_session(ort, onnx_path, inputs, th)
+    if sess:
         onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)[0]
     env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
     res = subprocess.run(
@@ -189,13 +197,7 @@ def measure_paired(args, model, inputs, pt2, npys, onnx_path, ort, th):
     run_timing's JSON over its runs, median of the per-turn torchport / eager ratios, median
     of the per-turn torchport / onnxruntime ratios or None)."""
     torch.set_num_threads(th)
-    sess = feed = None
-    if ort and onnx_path.exists():
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = th
-        so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        feed = {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
+    sess, feed = ort_session(ort, onnx_path, inputs, th)
     env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen([str(args.binary), str(pt2), *map(str, npys), "--serve"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
