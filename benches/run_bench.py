@@ -277,18 +277,18 @@ def main():
                           flush=True)
                     onnx_path.unlink(missing_ok=True)
             for th in threads:
-                eager = eager_cpu = onnx_ms = tp = tp_cpu = None
                 if args.paired:
                     eager, eager_cpu, onnx_ms, tp, by_eager, by_ort = measure_paired(
                         args, model, inputs, pt2, npys, onnx_path, ort, th)
                     tp_cpu = tp.get("cpu_ms")
-                for _ in range(0 if args.paired else max(1, args.rounds)):
-                    e, ec, o, t = measure(args, model, inputs, pt2, npys, onnx_path, ort, th)
-                    eager, eager_cpu = least(eager, e), least(eager_cpu, ec)
-                    onnx_ms, tp_cpu = least(onnx_ms, o), least(tp_cpu, t.get("cpu_ms"))
-                    if tp is None or t["median_ms"] < tp["median_ms"]:
-                        tp = t
-                if not args.paired:
+                else:
+                    eager = eager_cpu = onnx_ms = tp = tp_cpu = None
+                    for _ in range(max(1, args.rounds)):
+                        e, ec, o, t = measure(args, model, inputs, pt2, npys, onnx_path, ort, th)
+                        eager, eager_cpu = least(eager, e), least(eager_cpu, ec)
+                        onnx_ms, tp_cpu = least(onnx_ms, o), least(tp_cpu, t.get("cpu_ms"))
+                        if tp is None or t["median_ms"] < tp["median_ms"]:
+                            tp = t
                     by_eager = tp["median_ms"] / eager
                     by_ort = tp["median_ms"] / onnx_ms if onnx_ms else None
                 row = dict(model=name, batch=batch, threads=th, torchport_ms=tp["median_ms"],
