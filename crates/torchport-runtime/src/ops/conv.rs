@@ -1102,9 +1102,9 @@ fn taps_avx512(
     bias: f32,
 ) -> usize {
     use std::arch::x86_64::*;
+    let b = _mm512_set1_ps(bias);
     let mut at = 0;
     for out in wide.chunks_exact_mut(TAP_BLOCK) {
-        let b = _mm512_set1_ps(bias);
         let mut acc = [b; 4];
         for (&k, &s) in ker.iter().zip(starts) {
             let src = &phases[s + at..s + at + TAP_BLOCK];
