@@ -168,11 +168,11 @@ pub fn tensor_from_bytes(
 
 /// Little-endian f32 bytes as f32 values, converted in parallel in 1 MiB stretches (one pass
 /// over the bytes; a large zeroed vector comes as fresh pages from the kernel, so its
-/// values are written once, here).
+/// values are written once, here), into a [`crate::allocator::weight_buffer`].
 fn le_f32s(bytes: &[u8]) -> Vec<f32> {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 18;
-    let mut out = vec![0f32; bytes.len() / 4];
+    let mut out = crate::allocator::weight_buffer(bytes.len() / 4);
     out.par_chunks_mut(CHUNK)
         .zip(bytes.par_chunks(CHUNK * 4))
         .for_each(|(d, s)| {

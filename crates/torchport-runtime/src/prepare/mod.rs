@@ -140,7 +140,7 @@ fn transpose_with(n: usize, k: usize, load: impl Fn(usize, &mut [f32]) + Sync) -
     use rayon::prelude::*;
     const T: usize = 64;
     const BAND: usize = 4 * T;
-    let mut dst = vec![0f32; n * k];
+    let mut dst = crate::allocator::weight_buffer(n * k);
     if n == 0 || k == 0 {
         return dst;
     }
