@@ -51,10 +51,11 @@ pub fn retain_freed_memory() -> bool {
 /// advice covers a buffer's whole aligned stretches of this size only.
 const HUGE_PAGE: usize = 2 << 20;
 
-/// A zeroed buffer of `len` f32 for data kept as long as the program (decoded weights). On
-/// Linux, the buffer's whole aligned 2 MiB stretches are advised to the kernel as
-/// transparent huge pages (`MADV_HUGEPAGE`) before anything writes them, so that filling
-/// them takes one page fault (and one page clear) per 2 MiB instead of one per 4 KiB:
+/// A zeroed buffer of `len` f32 for values decoded from little-endian bytes (the weights a
+/// load decodes, and the arrays `npy.rs` reads). On Linux, the buffer's whole aligned 2 MiB
+/// stretches are advised to the kernel as transparent huge pages (`MADV_HUGEPAGE`) before
+/// the values are written, so that filling fresh memory takes one page fault (and one page
+/// clear) per 2 MiB instead of one per 4 KiB:
 /// copying 400 MB into fresh memory took 310–400 ms in small pages and 150 ms advised on
 /// the benchmark machine (BENCHMARKS.md, issue 14). Only advice, and only inside the
 /// buffer: where the kernel's setting is `never` or no huge page is free, the buffer is the
@@ -129,7 +130,7 @@ mod tests {
                     usize::from_str_radix(b, 16).ok()?,
                 ))
             });
-            if let Some((a, b)) = bounds.filter(|_| !line.starts_with("VmFlags")) {
+            if let Some((a, b)) = bounds {
                 inside = a <= start && start < b;
             } else if inside && line.starts_with("VmFlags:") {
                 flags = Some(line.to_string());

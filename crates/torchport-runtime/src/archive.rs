@@ -166,9 +166,9 @@ pub fn tensor_from_bytes(
     })
 }
 
-/// Little-endian f32 bytes as f32 values, converted in parallel in 1 MiB stretches (one pass
-/// over the bytes; a large zeroed vector comes as fresh pages from the kernel, so its
-/// values are written once, here), into a [`crate::allocator::weight_buffer`].
+/// Little-endian f32 bytes as f32 values, converted in parallel in 1 MiB stretches: one pass
+/// over the bytes into a [`crate::allocator::weight_buffer`] (a large one comes as fresh,
+/// already zero pages from the kernel, so its values are written once, here).
 fn le_f32s(bytes: &[u8]) -> Vec<f32> {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 18;
