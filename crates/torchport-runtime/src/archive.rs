@@ -7,10 +7,11 @@
 //! bytes to a runtime tensor ([`tensor_from_bytes`]) is also what `npy.rs` reads arrays with.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use torchport::{Checkpoint, Format, TensorInfo};
+use torchport::{Checkpoint, Format, TensorData, TensorInfo};
 
 use crate::error::{Error, Result};
 use crate::schema::{self, ExportedProgram};
@@ -37,21 +38,152 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 /// float32 tensor named in `transposed` is stored as its contiguous transpose and handed
 /// back as the transpose (`.t()`) of that: the same logical values, laid out as a matmul
 /// reading it transposed wants them (see [`crate::prepare`]).
+///
+/// The float32 tensors share one buffer ([`crate::allocator::weight_buffer`]), each a view of
+/// its own 64-byte-aligned stretch: one allocation advised as huge pages as a whole, where
+/// one allocation per tensor left every tensor under 2 MiB (and the ends of larger ones) in
+/// small pages, each faulted in and cleared on its own (BENCHMARKS.md, issue 14).
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
 ) -> Result<HashMap<String, Tensor>> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
+    let mut slots = shared_slots(ckpt, &infos);
+    let total = slots.iter().flatten().map(|r| r.end).max().unwrap_or(0);
+    let mut shared = crate::allocator::weight_buffer(total + ALIGN);
+    // The slots are aligned from the buffer's start; shift them so that their addresses are.
+    let lead = (shared.as_ptr() as usize).wrapping_neg() % 64 / 4;
+    for r in slots.iter_mut().flatten() {
+        *r = r.start + lead..r.end + lead;
+    }
+    let parts = split_at_slots(&mut shared, &slots);
     let decoded = infos
         .par_iter()
-        .map(|t| {
-            let x = tensor(ckpt, t, transposed.contains(&t.name))?;
+        .zip(parts)
+        .map(|(t, part)| {
+            let x = match part {
+                Some(dst) => {
+                    fill_f32(ckpt, t, transposed.contains(&t.name), dst)?;
+                    None
+                }
+                None => Some(tensor(ckpt, t, transposed.contains(&t.name))?),
+            };
             ckpt.release(t);
-            Ok((t.name.clone(), x))
+            Ok(x)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(decoded.into_iter().collect())
+    let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
+        .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
+    infos
+        .iter()
+        .zip(slots)
+        .zip(decoded)
+        .map(|((t, slot), x)| {
+            let x = match (x, slot) {
+                (Some(x), _) => x,
+                (None, Some(r)) => view(&shared, r, &t.shape, transposed.contains(&t.name))
+                    .map_err(|e| Error::Weight {
+                        name: t.name.clone(),
+                        what: crate::error::candle_message(&e),
+                    })?,
+                (None, None) => unreachable!("a tensor without a slot is decoded on its own"),
+            };
+            Ok((t.name.clone(), x))
+        })
+        .collect()
+}
+
+/// The alignment of each tensor in the shared buffer of [`decode`], in f32 values (64 bytes:
+/// a cache line, an AVX-512 register).
+const ALIGN: usize = 64 / 4;
+
+/// Where each tensor's values lie in the buffer the float32 tensors share, in values: a
+/// stretch starting on a 64-byte boundary for each float32 tensor that views its storage
+/// without overlap (its values fit inside the storage, so the buffer holds no more than the
+/// values the tensors would each be decoded into, and up to 60 bytes of padding each), `None`
+/// for any other tensor.
+fn shared_slots(ckpt: &Checkpoint, infos: &[&TensorInfo]) -> Vec<Option<Range<usize>>> {
+    let mut next = 0usize;
+    infos
+        .iter()
+        .map(|t| {
+            let fits = t.dtype.name() == "float32"
+                && t.quant.is_none()
+                && matches!(t.data, TensorData::Strided { .. })
+                && ckpt.storage(t).is_some_and(|s| {
+                    t.shape
+                        .iter()
+                        .try_fold(4usize, |a, &d| a.checked_mul(d))
+                        .is_some_and(|bytes| bytes <= s.len())
+                });
+            if !fits {
+                return None;
+            }
+            let start = next.next_multiple_of(ALIGN);
+            let end = start + t.numel();
+            next = end;
+            Some(start..end)
+        })
+        .collect()
+}
+
+/// `buf` cut at `slots` (ascending, disjoint) into one mutable part per slot.
+fn split_at_slots<'a>(
+    mut buf: &'a mut [f32],
+    slots: &[Option<Range<usize>>],
+) -> Vec<Option<&'a mut [f32]>> {
+    let mut at = 0;
+    slots
+        .iter()
+        .map(|slot| {
+            let r = slot.as_ref()?;
+            let (_, rest) = std::mem::take(&mut buf).split_at_mut(r.start - at);
+            let (part, rest) = rest.split_at_mut(r.len());
+            buf = rest;
+            at = r.end;
+            Some(part)
+        })
+        .collect()
+}
+
+/// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer), transposed
+/// when `transpose` and it is 2-d (see [`decode`]).
+fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, transpose: bool, dst: &mut [f32]) -> Result<()> {
+    let bytes = ckpt.data(t).map_err(|e| Error::Weight {
+        name: t.name.clone(),
+        what: e.to_string(),
+    })?;
+    if bytes.len() != dst.len() * 4 {
+        return Err(Error::Weight {
+            name: t.name.clone(),
+            what: format!(
+                "{} bytes do not hold a float32 tensor of shape {:?}",
+                bytes.len(),
+                t.shape
+            ),
+        });
+    }
+    match t.shape[..] {
+        [n, k] if transpose => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
+        _ => le_f32s_into(&bytes, dst),
+    }
+    Ok(())
+}
+
+/// The tensor of shape `shape` held in `r` of `shared`; stored transposed (`[k, n]`, handed
+/// back as its `.t()`) when `transpose` and 2-d, as [`fill_f32`] wrote it.
+fn view(
+    shared: &Tensor,
+    r: Range<usize>,
+    shape: &[usize],
+    transpose: bool,
+) -> candle_core::Result<Tensor> {
+    let part = shared.narrow(0, r.start, r.len())?;
+    match shape {
+        &[n, k] if transpose => part.reshape((k, n))?.t(),
+        _ => part.reshape(shape),
+    }
 }
 
 /// The program of the `.pt2` archive at `path`, without decoding its weights or constants.
@@ -170,9 +302,15 @@ pub fn tensor_from_bytes(
 /// over the bytes into a [`crate::allocator::weight_buffer`] (a large one comes as fresh,
 /// already zero pages from the kernel, so its values are written once, here).
 fn le_f32s(bytes: &[u8]) -> Vec<f32> {
+    let mut out = crate::allocator::weight_buffer(bytes.len() / 4);
+    le_f32s_into(bytes, &mut out);
+    out
+}
+
+/// [`le_f32s`] into `out` (`bytes.len() / 4` values).
+fn le_f32s_into(bytes: &[u8], out: &mut [f32]) {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 18;
-    let mut out = crate::allocator::weight_buffer(bytes.len() / 4);
     out.par_chunks_mut(CHUNK)
         .zip(bytes.par_chunks(CHUNK * 4))
         .for_each(|(d, s)| {
@@ -180,5 +318,71 @@ fn le_f32s(bytes: &[u8]) -> Vec<f32> {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         });
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_cut_the_buffer_into_their_own_parts() {
+        let mut buf: Vec<f32> = (0..40).map(|v| v as f32).collect();
+        let slots = vec![Some(3..7), None, Some(16..16), Some(16..30), None];
+        let parts = split_at_slots(&mut buf, &slots);
+        let got: Vec<Option<Vec<f32>>> = parts.into_iter().map(|p| p.map(|p| p.to_vec())).collect();
+        let want: Vec<Option<Vec<f32>>> = slots
+            .iter()
+            .map(|s| s.clone().map(|r| r.map(|v| v as f32).collect()))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// The shared buffer holds what decoding each tensor on its own gives (transposed or
+    /// not), each float32 tensor a view of it on a 64-byte boundary, on a transformer
+    /// written by torch.export (float32 weights and int64 buffers).
+    #[test]
+    fn the_shared_buffer_holds_each_tensor_as_decoded_alone() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/zoo/hf_bert_mask.plain.pt2");
+        let (ckpt, _) = open(&path).unwrap();
+        let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
+        // Every 2-d float32 tensor decoded transposed, as Linear weights are.
+        let transposed: HashSet<String> = infos
+            .iter()
+            .filter(|t| t.shape.len() == 2 && t.dtype.name() == "float32")
+            .map(|t| t.name.clone())
+            .collect();
+        assert!(transposed.len() > 4);
+        let decoded = decode(&ckpt, &transposed).unwrap();
+        assert_eq!(decoded.len(), infos.len());
+        let mut storages = HashSet::new();
+        let mut others = 0;
+        for t in &infos {
+            let got = &decoded[&t.name];
+            let alone = tensor(&ckpt, t, transposed.contains(&t.name)).unwrap();
+            assert_eq!(got.dims(), t.shape.as_slice(), "{}", t.name);
+            assert_eq!(got.layout().stride(), alone.layout().stride(), "{}", t.name);
+            if got.dtype() != DType::F32 {
+                others += 1;
+                let flat = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<i64>().unwrap();
+                assert_eq!(flat(got), flat(&alone), "{}", t.name);
+                continue;
+            }
+            let flat = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let (a, b) = (flat(got), flat(&alone));
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{}",
+                t.name
+            );
+            crate::ops::fused::with_storage::<f32, _>(got, |all, layout| {
+                storages.insert(all.as_ptr() as usize);
+                let first = all[layout.start_offset()..].as_ptr() as usize;
+                assert_eq!(first % 64, 0, "{} starts at {first:#x}", t.name);
+            })
+            .unwrap();
+        }
+        assert_eq!(storages.len(), 1, "the float32 tensors share one buffer");
+        assert!(others > 0, "the fixture also holds tensors of other dtypes");
+    }
 }
