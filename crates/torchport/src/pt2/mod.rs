@@ -40,17 +40,27 @@ pub enum ProgramError {
     },
 }
 
-/// Parse `models/<name>.json` (or a v0 archive's `serialized_exported_program.json`), checking
-/// the schema version first so that a program from an unknown major version is refused by
-/// name rather than with a field error.
+/// Parse `models/<name>.json` (or a v0 archive's `serialized_exported_program.json`),
+/// refusing a program from an unknown schema major version by name rather than with a field
+/// error. The record is parsed once when it reads (a program is up to megabytes of JSON, read
+/// on every load); only when it does not is it read again for its version alone, so that the
+/// error says which of the two is wrong.
 pub fn parse_program(json: &[u8]) -> Result<ExportedProgram, ProgramError> {
     #[derive(Deserialize)]
     struct VersionOnly {
         schema_version: Option<SchemaVersion>,
     }
-    let v: VersionOnly = serde_json::from_slice(json)?;
-    check_version(v.schema_version.ok_or(ProgramError::NoVersion)?)?;
-    Ok(serde_json::from_slice(json)?)
+    match serde_json::from_slice::<ExportedProgram>(json) {
+        Ok(ep) => {
+            check_version(ep.schema_version)?;
+            Ok(ep)
+        }
+        Err(e) => {
+            let v: VersionOnly = serde_json::from_slice(json)?;
+            check_version(v.schema_version.ok_or(ProgramError::NoVersion)?)?;
+            Err(e.into())
+        }
+    }
 }
 
 /// Refuse a schema major version other than [`SUPPORTED_MAJOR`].
@@ -88,5 +98,25 @@ mod tests {
         assert!(e
             .to_string()
             .starts_with("schema version 99.1 is not supported"));
+        // A program that reads in full is still refused for its version.
+        let whole = |major: i64| {
+            format!(
+                r#"{{"schema_version": {{"major": {major}, "minor": 3}},
+                "graph_module": {{"graph": {{"inputs": [], "outputs": [], "nodes": []}},
+                "signature": {{"input_specs": [], "output_specs": []}}}}}}"#
+            )
+        };
+        assert!(parse_program(whole(SUPPORTED_MAJOR).as_bytes()).is_ok());
+        let e = parse_program(whole(99).as_bytes()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ProgramError::UnsupportedVersion {
+                    major: 99,
+                    minor: 3
+                }
+            ),
+            "{e}"
+        );
     }
 }
