@@ -34,15 +34,17 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 
 /// Every weight and constant of `ckpt` by state_dict or constant name, decoded in parallel,
 /// each copied once out of the memory-mapped archive, whose pages are then released (so that
-/// the load does not hold the archive and the decoded weights in memory at once). A 2-d
-/// float32 tensor named in `transposed` is stored as its contiguous transpose and handed
-/// back as the transpose (`.t()`) of that: the same logical values, laid out as a matmul
-/// reading it transposed wants them (see [`crate::prepare`]).
+/// the load does not hold the archive and the decoded weights in memory at once).
 ///
 /// The float32 tensors share one buffer ([`crate::allocator::weight_buffer`]), each a view of
 /// its own 64-byte-aligned stretch: one allocation advised as huge pages as a whole, where
 /// one allocation per tensor left every tensor under 2 MiB (and the ends of larger ones) in
-/// small pages, each faulted in and cleared on its own (BENCHMARKS.md, issue 14).
+/// small pages, each faulted in and cleared on its own (BENCHMARKS.md, issue 14). A 2-d one
+/// named in `transposed` is stored there as its contiguous transpose and handed back as the
+/// transpose (`.t()`) of that: the same logical values, laid out as a matmul reading it
+/// transposed wants them (see [`crate::prepare`]). Any other tensor (another dtype, or a
+/// float32 view that overlaps itself, larger than its storage) is decoded on its own,
+/// row-major; the build lays out such a weight for the matmul itself.
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
@@ -67,7 +69,7 @@ pub(crate) fn decode(
                     fill_f32(ckpt, t, transposed.contains(&t.name), dst)?;
                     None
                 }
-                None => Some(tensor(ckpt, t, transposed.contains(&t.name))?),
+                None => Some(tensor(ckpt, t)?),
             };
             ckpt.release(t);
             Ok(x)
@@ -227,26 +229,15 @@ fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram> {
     })
 }
 
-/// One tensor of the checkpoint as a runtime tensor; `transpose`: a 2-d float32 tensor is
-/// stored transposed (see [`decode`]).
-fn tensor(ckpt: &Checkpoint, t: &TensorInfo, transpose: bool) -> Result<Tensor> {
+/// One tensor of the checkpoint as a runtime tensor of its own (not in [`decode`]'s shared
+/// buffer), laid out row-major.
+fn tensor(ckpt: &Checkpoint, t: &TensorInfo) -> Result<Tensor> {
     let werr = |what: String| Error::Weight {
         name: t.name.clone(),
         what,
     };
     let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
-    let name = t.dtype.name();
-    if transpose && name == "float32" {
-        if let [n, k] = t.shape[..] {
-            if n.checked_mul(k).and_then(|e| e.checked_mul(4)) == Some(bytes.len()) {
-                let data = crate::prepare::transpose_le_f32(&bytes, n, k);
-                return Tensor::from_vec(data, (k, n), &Device::Cpu)
-                    .and_then(|x| x.t())
-                    .map_err(|e| werr(crate::error::candle_message(&e)));
-            }
-        }
-    }
-    tensor_from_bytes(&bytes, name, &t.shape).map_err(werr)
+    tensor_from_bytes(&bytes, t.dtype.name(), &t.shape).map_err(werr)
 }
 
 /// A runtime tensor from contiguous little-endian bytes of torch dtype `name`
@@ -337,9 +328,10 @@ mod tests {
         assert_eq!(got, want);
     }
 
-    /// The shared buffer holds what decoding each tensor on its own gives (transposed or
-    /// not), each float32 tensor a view of it on a 64-byte boundary, on a transformer
-    /// written by torch.export (float32 weights and int64 buffers).
+    /// The shared buffer holds each float32 tensor's values as the archive stores them (read
+    /// here straight from its bytes), transposed in memory where asked, each a view of the one
+    /// buffer on a 64-byte boundary; the other tensors are decoded on their own. On a
+    /// transformers BERT written by torch.export (float32 weights and int64 buffers).
     #[test]
     fn the_shared_buffer_holds_each_tensor_as_decoded_alone() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -359,22 +351,33 @@ mod tests {
         let mut others = 0;
         for t in &infos {
             let got = &decoded[&t.name];
-            let alone = tensor(&ckpt, t, transposed.contains(&t.name)).unwrap();
             assert_eq!(got.dims(), t.shape.as_slice(), "{}", t.name);
-            assert_eq!(got.layout().stride(), alone.layout().stride(), "{}", t.name);
             if got.dtype() != DType::F32 {
                 others += 1;
                 let flat = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<i64>().unwrap();
-                assert_eq!(flat(got), flat(&alone), "{}", t.name);
+                assert_eq!(flat(got), flat(&tensor(&ckpt, t).unwrap()), "{}", t.name);
                 continue;
             }
-            let flat = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let (a, b) = (flat(got), flat(&alone));
+            let bytes = ckpt.data(t).unwrap();
+            let want = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_bits());
+            let got_values = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert!(
-                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                got_values.iter().map(|v| v.to_bits()).eq(want),
                 "{}",
                 t.name
             );
+            if transposed.contains(&t.name) {
+                assert_eq!(
+                    got.stride(),
+                    [1, t.shape[0]],
+                    "{} stored transposed",
+                    t.name
+                );
+            } else {
+                assert!(got.is_contiguous(), "{}", t.name);
+            }
             crate::ops::fused::with_storage::<f32, _>(got, |all, layout| {
                 storages.insert(all.as_ptr() as usize);
                 let first = all[layout.start_offset()..].as_ptr() as usize;

@@ -539,7 +539,7 @@ impl candle_core::InplaceOp1 for ScaleChannels<'_> {
                 .for_each(|(o, &s)| {
                     // In wide registers where the CPU has them: the same products, 8 or 4 at
                     // a time instead of SSE2's 2. The pass is bound by memory (still ~15% of
-                    // ResNet-18's load samples), so this took only 0.6-5 ms off the CNNs'
+                    // ResNet-18's load samples), so this took only 0.6-5.4 ms off the CNNs'
                     // loads (medians of 7, 1 thread; BENCHMARKS.md).
                     crate::ops::fused::simd_map_mut(o, move |v| (f64::from(v) * s) as f32);
                 });
