@@ -20,7 +20,8 @@ use crate::schema::{self, ExportedProgram};
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
     let (ckpt, ep) = open(path)?;
-    let payloads = decode(&ckpt, &HashSet::new())?;
+    let none = HashSet::new();
+    let (payloads, _) = decode(&ckpt, &none, &none, |_| HashMap::new())?;
     Ok((ep, payloads))
 }
 
@@ -45,10 +46,19 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 /// transposed wants them (see [`crate::prepare`]). Any other tensor (another dtype, or a
 /// float32 view that overlaps itself, larger than its storage) is decoded on its own,
 /// row-major; the build lays out such a weight for the matmul itself.
+///
+/// The tensors named in `later` are decoded after all the others, once `scales` has seen
+/// those (the values of each float32 one in the shared buffer, by name, transposed ones
+/// left out) and said which of the later ones to multiply, per slice along the first
+/// dimension, as they are written: a batch norm's scale folded into the conv weight before
+/// it in the pass that decodes the weight, instead of a pass of its own at build. Returns
+/// the tensors and the names of those so multiplied.
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
-) -> Result<HashMap<String, Tensor>> {
+    later: &HashSet<String>,
+    scales: impl FnOnce(&HashMap<&str, &[f32]>) -> HashMap<String, Vec<f64>>,
+) -> Result<(HashMap<String, Tensor>, HashSet<String>)> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
     let mut slots = shared_slots(ckpt, &infos);
@@ -59,28 +69,52 @@ pub(crate) fn decode(
     for r in slots.iter_mut().flatten() {
         *r = r.start + lead..r.end + lead;
     }
-    let parts = split_at_slots(&mut shared, &slots);
-    let decoded = infos
-        .par_iter()
-        .zip(parts)
-        .map(|(t, part)| {
-            let x = match part {
-                Some(dst) => {
-                    fill_f32(ckpt, t, transposed.contains(&t.name), dst)?;
-                    None
-                }
-                None => Some(tensor(ckpt, t)?),
-            };
-            ckpt.release(t);
-            Ok(x)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut parts = split_at_slots(&mut shared, &slots);
+    let mut own: Vec<Option<Tensor>> = vec![None; infos.len()];
+    // Decode the tensors in `later` (or those not in it), in parallel, each into its slot or
+    // as its own tensor, multiplied where `scales` says.
+    let mut pass =
+        |in_later: bool, parts: &mut [Option<&mut [f32]>], scales: &HashMap<String, Vec<f64>>| {
+            infos
+                .par_iter()
+                .zip(parts.par_iter_mut())
+                .zip(own.par_iter_mut())
+                .filter(|((t, _), _)| later.contains(&t.name) == in_later)
+                .try_for_each(|((t, part), own)| {
+                    match (part, scales.get(&t.name)) {
+                        (Some(dst), Some(scale)) => fill_f32_scaled(ckpt, t, scale, dst)?,
+                        (Some(dst), None) => fill_f32(ckpt, t, transposed.contains(&t.name), dst)?,
+                        (None, _) => *own = Some(tensor(ckpt, t)?),
+                    }
+                    ckpt.release(t);
+                    Ok(())
+                })
+        };
+    pass(false, &mut parts, &HashMap::new())?;
+    let first: HashMap<&str, &[f32]> = infos
+        .iter()
+        .zip(&parts)
+        .filter(|(t, _)| !later.contains(&t.name) && !transposed.contains(&t.name))
+        .filter_map(|(t, p)| Some((t.name.as_str(), &**p.as_ref()?)))
+        .collect();
+    let mut scales = scales(&first);
+    drop(first);
+    // Only a later tensor decoded into its slot is multiplied.
+    scales.retain(|name, _| {
+        later.contains(name)
+            && infos
+                .iter()
+                .zip(&parts)
+                .any(|(t, p)| &t.name == name && p.is_some())
+    });
+    pass(true, &mut parts, &scales)?;
+    drop(parts);
     let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
         .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
-    infos
+    let tensors = infos
         .iter()
         .zip(slots)
-        .zip(decoded)
+        .zip(own)
         .map(|((t, slot), x)| {
             let x = match (x, slot) {
                 (Some(x), _) => x,
@@ -93,7 +127,8 @@ pub(crate) fn decode(
             };
             Ok((t.name.clone(), x))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((tensors, scales.into_keys().collect()))
 }
 
 /// The alignment of each tensor in the shared buffer of [`decode`], in f32 values (64 bytes:
@@ -170,6 +205,49 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, transpose: bool, dst: &mut [f32])
         [n, k] if transpose => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
         _ => le_f32s_into(&bytes, dst),
     }
+    Ok(())
+}
+
+/// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer), each slice
+/// along its first dimension multiplied by its entry of `scale` (in f64, rounded to f32, as
+/// the build's fold of a batch norm computes it), while the slice is in cache.
+fn fill_f32_scaled(
+    ckpt: &Checkpoint,
+    t: &TensorInfo,
+    scale: &[f64],
+    dst: &mut [f32],
+) -> Result<()> {
+    use rayon::prelude::*;
+    let bytes = ckpt.data(t).map_err(|e| Error::Weight {
+        name: t.name.clone(),
+        what: e.to_string(),
+    })?;
+    if bytes.len() != dst.len() * 4 || t.shape.first() != Some(&scale.len()) {
+        return Err(Error::Weight {
+            name: t.name.clone(),
+            what: format!(
+                "{} bytes and {} scales do not fit a float32 tensor of shape {:?}",
+                bytes.len(),
+                scale.len(),
+                t.shape
+            ),
+        });
+    }
+    let per = dst.len() / scale.len().max(1);
+    if per == 0 {
+        return Ok(());
+    }
+    // Slices of a depthwise conv weight hold 9 or 25 values: hand a thread many at a time.
+    dst.par_chunks_mut(per)
+        .zip(bytes.par_chunks(per * 4))
+        .zip(scale.par_iter())
+        .with_min_len((1 << 14) / per)
+        .for_each(|((d, b), &s)| {
+            for (o, c) in d.iter_mut().zip(b.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            crate::ops::fused::simd_map_mut(d, move |v| (f64::from(v) * s) as f32);
+        });
     Ok(())
 }
 
@@ -345,7 +423,8 @@ mod tests {
             .map(|t| t.name.clone())
             .collect();
         assert!(transposed.len() > 4);
-        let decoded = decode(&ckpt, &transposed).unwrap();
+        let none = HashSet::new();
+        let (decoded, _) = decode(&ckpt, &transposed, &none, |_| HashMap::new()).unwrap();
         assert_eq!(decoded.len(), infos.len());
         let mut storages = HashSet::new();
         let mut others = 0;

@@ -1,6 +1,6 @@
 //! `Program`: a loaded exported program (graph + weights) and the interpreter that runs it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::RwLock;
@@ -100,8 +100,14 @@ pub(crate) fn tally<'a>(uses: impl Iterator<Item = (&'a str, bool)>) -> Vec<OpUs
 impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
-        let (ep, payloads) = read_for_build(path.as_ref())?;
-        Program::build(ep, payloads, &Registry::with_all_ops(), true, true)
+        let (ep, payloads, prescaled) = read_for_build(path.as_ref())?;
+        Program::build(
+            ep,
+            payloads,
+            &Registry::with_all_ops(),
+            true,
+            Some(&prescaled),
+        )
     }
 
     /// [`Program::load`] with the kernels of `registry` instead of this crate's own: start
@@ -119,14 +125,14 @@ impl Program {
     /// # Ok::<(), torchport_runtime::Error>(())
     /// ```
     pub fn load_with_registry(path: impl AsRef<Path>, registry: &Registry) -> Result<Program> {
-        let (ep, payloads) = read_for_build(path.as_ref())?;
-        Program::build(ep, payloads, registry, false, true)
+        let (ep, payloads, prescaled) = read_for_build(path.as_ref())?;
+        Program::build(ep, payloads, registry, false, Some(&prescaled))
     }
 
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
     pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
-        Program::build(ep, payloads, &Registry::with_all_ops(), true, false)
+        Program::build(ep, payloads, &Registry::with_all_ops(), true, None)
     }
 
     /// [`Program::from_parts`] with the kernels of `registry` (see
@@ -139,19 +145,20 @@ impl Program {
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
     ) -> Result<Program> {
-        Program::build(ep, payloads, registry, false, false)
+        Program::build(ep, payloads, registry, false, None)
     }
 
     /// Bind the weights, rewrite the graph for speed, and look up every node's kernel.
     /// `own_kernels`: `registry` is this crate's, so kernel-specific fusions apply.
     /// `owned`: nothing outside `payloads` holds its tensors (they were decoded by the load),
-    /// so a rewrite may change one in place.
+    /// so a rewrite may change one in place; it holds the conv weights (by state_dict name)
+    /// the load already scaled for their batch norm's fold (see `read_for_build`).
     fn build(
         mut ep: ExportedProgram,
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
         own_kernels: bool,
-        owned: bool,
+        owned: Option<&HashSet<String>>,
     ) -> Result<Program> {
         let g = &ep.graph_module.graph;
         let specs = &ep.graph_module.signature.input_specs;
@@ -163,6 +170,7 @@ impl Program {
             )));
         }
         let mut weights = HashMap::new();
+        let mut prescaled = HashSet::new();
         let mut inputs = Vec::new();
         for spec in specs {
             let (arg, fqn) = match (spec.weight(), spec) {
@@ -221,6 +229,9 @@ impl Program {
                     }
                 }
             }
+            if owned.is_some_and(|p| p.contains(fqn)) {
+                prescaled.insert(arg.name.clone());
+            }
             weights.insert(arg.name.clone(), t.clone());
         }
         // The weights now held only by `weights`: a rewrite that replaces one (a folded
@@ -228,7 +239,13 @@ impl Program {
         drop(payloads);
         crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
         let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
-        crate::prepare::fold_batch_norms_with(&mut ep.graph_module.graph, &mut weights, owned);
+        crate::prepare::fold_batch_norms_with(
+            &mut ep.graph_module.graph,
+            &mut weights,
+            owned.is_some(),
+            &prescaled,
+        )
+        .map_err(Error::Program)?;
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
             crate::prepare::fuse_conv_residuals(&mut ep.graph_module.graph);
@@ -448,8 +465,13 @@ impl Program {
 /// The program of the archive at `path` and its weights, decoded for [`Program::build`]: the
 /// weights its Linear layers read transposed (as [`crate::prepare::transposed_weights`]
 /// finds them in the graph the build rewrites) are decoded straight into that layout, which
-/// spares the build a second copy of them.
-fn read_for_build(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
+/// spares the build a second copy of them. The conv weights a batch norm folds into (as
+/// [`crate::prepare::plan_bn_folds`] finds them in that graph, with the norms' values) are
+/// decoded last, multiplied by the fold's scale as they are written, which spares the build
+/// a pass over them: their state_dict names are the third part of the result.
+fn read_for_build(
+    path: &Path,
+) -> Result<(ExportedProgram, HashMap<String, Tensor>, HashSet<String>)> {
     let (ckpt, ep) = crate::archive::open(path)?;
     let mut g = ep.graph_module.graph.clone();
     crate::subgraphs::inline_wrappers(&mut g)?;
@@ -473,8 +495,49 @@ fn read_for_build(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tenso
         .filter(|&(_, all)| all)
         .map(|(fqn, _)| fqn.to_string())
         .collect();
-    let payloads = crate::archive::decode(&ckpt, &transposed)?;
-    Ok((ep, payloads))
+    // Conv weights are among the tensors read by one node under one name, of rank 3 or more:
+    // those are decoded after the rest, so that the norms' values are known.
+    let (readers, producer) = crate::prepare::readers_and_producers(&g);
+    let mut bound: HashMap<&str, usize> = HashMap::new();
+    for fqn in fqns.values() {
+        *bound.entry(fqn).or_default() += 1;
+    }
+    let infos: HashMap<&str, &torchport::TensorInfo> = ckpt
+        .tensors()
+        .iter()
+        .chain(ckpt.constants())
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let later: HashSet<String> = fqns
+        .iter()
+        .filter(|&(name, fqn)| {
+            readers.get(*name) == Some(&1)
+                && bound.get(fqn) == Some(&1)
+                && infos.get(fqn).is_some_and(|t| t.shape.len() >= 3)
+        })
+        .map(|(_, fqn)| fqn.to_string())
+        .collect();
+    let scales = |first: &HashMap<&str, &[f32]>| {
+        let plans = crate::prepare::plan_bn_folds(
+            &g,
+            (&readers, &producer),
+            |n| {
+                let t = infos.get(fqns.get(n)?)?;
+                (t.dtype.name() == "float32").then(|| t.shape.clone())
+            },
+            |n, len| {
+                let v = first.get(fqns.get(n)?)?;
+                (v.len() == len).then(|| v.iter().map(|&x| f64::from(x)).collect())
+            },
+            |n| fqns.contains_key(n),
+        );
+        plans
+            .into_iter()
+            .filter_map(|p| Some((fqns.get(p.weight.as_str())?.to_string(), p.scale)))
+            .collect()
+    };
+    let (payloads, prescaled) = crate::archive::decode(&ckpt, &transposed, &later, scales)?;
+    Ok((ep, payloads, prescaled))
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
@@ -934,3 +997,74 @@ fn wait_for_work(done: &AtomicBool, runner: Option<usize>) {
 /// How long [`wait_for_work`] looks for work that does not come before it lets its thread
 /// sleep.
 const WAIT_FOR_WORK: std::time::Duration = std::time::Duration::from_millis(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The load multiplies each conv weight that a batch norm folds into by the norm's scale
+    /// as it decodes it, and the build takes it as it is: the folded weights hold the same
+    /// bits as those the build makes itself from plainly decoded weights
+    /// (`Program::from_parts`), and so do the outputs. On timm's ResNet-18d and torchvision's
+    /// MobileNetV3-Small as torch.export wrote them (`batch_norm` in one, the decomposed
+    /// `_native_batch_norm_legit_no_training` in the other).
+    #[test]
+    fn conv_weights_scaled_as_decoded_are_those_the_build_folds() {
+        let zoo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo");
+        for (name, model) in [
+            ("timm_resnet18d.plain", "timm_resnet18d"),
+            ("tv_mobilenet_v3_small.decomp", "tv_mobilenet_v3_small"),
+        ] {
+            let path = zoo.join(format!("{name}.pt2"));
+            let (_, _, prescaled) = read_for_build(&path).unwrap();
+            let loaded = Program::load(&path).unwrap();
+            let (ep, payloads) = crate::archive::read(&path).unwrap();
+            let built = Program::from_parts(ep, payloads).unwrap();
+            let (lw, bw) = (
+                loaded.weights.read().unwrap(),
+                built.weights.read().unwrap(),
+            );
+            let folded: Vec<&String> = bw
+                .keys()
+                .filter(|k| k.ends_with("__folded_weight"))
+                .collect();
+            assert!(folded.len() >= 20, "{name}: {} folds", folded.len());
+            // Every folded conv's weight was scaled as it was decoded.
+            assert_eq!(prescaled.len(), folded.len(), "{name}");
+            let bits = |t: &Tensor| -> Vec<u32> {
+                let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+                v.iter().map(|x| x.to_bits()).collect()
+            };
+            for k in folded {
+                assert_eq!(bits(&lw[k]), bits(&bw[k]), "{name}: {k}");
+            }
+            let x = crate::npy::read_npy(&zoo.join(format!("{model}.input_0.npy"))).unwrap();
+            let x = [x];
+            let (a, b) = (loaded.run(&x).unwrap(), built.run(&x).unwrap());
+            assert_eq!(bits(&a[0]), bits(&b[0]), "{name}: outputs");
+        }
+    }
+
+    /// A weight the load scaled for a fold the build does not make is an error, not a
+    /// silently scaled weight.
+    #[test]
+    fn a_weight_scaled_for_no_fold_is_refused() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/zoo/timm_resnet18d.plain.pt2");
+        let (mut ep, payloads) = crate::archive::read(&path).unwrap();
+        let mut weights: HashMap<String, Tensor> = ep
+            .graph_module
+            .signature
+            .input_specs
+            .iter()
+            .filter_map(|s| s.weight())
+            .map(|(arg, fqn)| (arg.name.clone(), payloads[fqn].clone()))
+            .collect();
+        let g = &mut ep.graph_module.graph;
+        let fc = "p_fc_weight".to_string();
+        assert!(weights.contains_key(&fc));
+        let err =
+            crate::prepare::fold_batch_norms_with(g, &mut weights, true, &[fc].into()).unwrap_err();
+        assert!(err.contains("p_fc_weight"), "{err}");
+    }
+}

@@ -263,7 +263,9 @@ fn drop_nodes(graph: &mut Graph, dropped: &HashSet<usize>) {
 /// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
 /// a great many readers, so it is never rewritten away), and which node produces it (nodes
 /// with one tensor output only).
-fn readers_and_producers(graph: &Graph) -> (HashMap<String, usize>, HashMap<String, usize>) {
+pub(crate) fn readers_and_producers(
+    graph: &Graph,
+) -> (HashMap<String, usize>, HashMap<String, usize>) {
     let mut readers: HashMap<String, usize> = HashMap::new();
     for node in &graph.nodes {
         for a in &node.inputs {
@@ -322,19 +324,42 @@ fn same_meta(graph: &Graph, a: &str, b: &str) -> bool {
 /// or without a bias, norms with or without affine parameters. Returns how many were folded;
 /// weights nothing reads any more are dropped.
 pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
-    fold_batch_norms_with(graph, weights, false)
+    fold_batch_norms_with(graph, weights, false, &HashSet::new()).unwrap_or(0)
 }
 
 /// [`fold_batch_norms`]; `in_place`: the caller owns every tensor of `weights` (nothing
 /// outside it holds one, as for the weights `Program::load` decodes), so a conv weight that
 /// only the folded conv reads, under one name, is scaled in place instead of copied.
+/// `prescaled`: conv weights (by name in `graph`) whose values the load already multiplied
+/// by their fold's scale as it decoded them ([`plan_bn_folds`] decided that fold on the same
+/// graph and values); they are used as they are. One of them whose norm does not fold is an
+/// error, never a silently scaled weight.
 pub(crate) fn fold_batch_norms_with(
     graph: &mut Graph,
     weights: &mut HashMap<String, Tensor>,
     in_place: bool,
-) -> usize {
+    prescaled: &HashSet<String>,
+) -> Result<usize, String> {
     use crate::schema::{NamedArgument, TensorArgument};
     let (readers, producer) = readers_and_producers(graph);
+    let plans = plan_bn_folds(
+        graph,
+        (&readers, &producer),
+        |n| {
+            let w = weights.get(n)?;
+            (w.dtype() == DType::F32).then(|| w.dims().to_vec())
+        },
+        |n, len| values(weights, Some(n), len),
+        |n| weights.contains_key(n),
+    );
+    if let Some(w) = prescaled
+        .iter()
+        .find(|w| !plans.iter().any(|p| &p.weight == *w))
+    {
+        return Err(format!(
+            "weight '{w}' was scaled for a batch norm fold that the build does not make"
+        ));
+    }
     // How many names each tensor is bound to (a tensor under two names is shared).
     let mut names_of: HashMap<candle_core::TensorId, usize> = HashMap::new();
     for t in weights.values() {
@@ -342,8 +367,109 @@ pub(crate) fn fold_batch_norms_with(
     }
     let mut dropped: HashSet<usize> = HashSet::new();
     let mut folded = 0;
-    for i in 0..graph.nodes.len() {
-        let bn = &graph.nodes[i];
+    for plan in plans {
+        let Some(w) = weights.get(&plan.weight) else {
+            continue;
+        };
+        let co = plan.scale.len();
+        let (wn, bname) = (
+            format!("{}__folded_weight", plan.out),
+            format!("{}__folded_bias", plan.out),
+        );
+        let Ok(new_b) = Tensor::from_vec(plan.bias, co, w.device()) else {
+            continue;
+        };
+        let sole = in_place
+            && readers.get(&plan.weight) == Some(&1)
+            && names_of.get(&w.id()) == Some(&1)
+            && w.is_contiguous();
+        let new_w = if prescaled.contains(&plan.weight)
+            || (sole && w.inplace_op1(&ScaleChannels(&plan.scale)).is_ok())
+        {
+            w.clone()
+        } else {
+            let Some(wv) = scale_channels(w, &plan.scale) else {
+                continue;
+            };
+            let Ok(t) = Tensor::from_vec(wv, w.shape(), w.device()) else {
+                continue;
+            };
+            t
+        };
+        weights.insert(wn.clone(), new_w);
+        weights.insert(bname.clone(), new_b);
+        // Free the old weight now if this conv was its only reader (rather than at the end,
+        // which would hold every folded convolution's weight twice).
+        if readers.get(&plan.weight) == Some(&1) {
+            weights.remove(&plan.weight);
+        }
+        let conv = &mut graph.nodes[plan.conv];
+        let tensor = |name: String| Argument::AsTensor(TensorArgument { name });
+        for a in conv.inputs.iter_mut() {
+            if a.name == "weight" {
+                a.arg = tensor(wn.clone());
+            }
+        }
+        match conv.inputs.iter_mut().find(|a| a.name == "bias") {
+            Some(a) => a.arg = tensor(bname),
+            None => conv.inputs.push(NamedArgument {
+                name: "bias".into(),
+                arg: tensor(bname),
+                kind: None,
+            }),
+        }
+        conv.outputs = vec![tensor(plan.out)];
+        dropped.insert(plan.norm);
+        folded += 1;
+    }
+    if folded > 0 {
+        drop_nodes(graph, &dropped);
+        let mut read: HashSet<String> = HashSet::new();
+        for node in &graph.nodes {
+            for a in &node.inputs {
+                read.extend(tensor_names(&a.arg).into_iter().map(str::to_string));
+            }
+        }
+        for o in &graph.outputs {
+            read.extend(tensor_names(o).into_iter().map(str::to_string));
+        }
+        weights.retain(|name, _| read.contains(name));
+    }
+    Ok(folded)
+}
+
+/// One batch norm that [`fold_batch_norms`] folds into the convolution before it.
+pub(crate) struct BnFold {
+    /// The norm's node index.
+    pub norm: usize,
+    /// The convolution's node index.
+    pub conv: usize,
+    /// The norm's output: the folded convolution's.
+    pub out: String,
+    /// The convolution's weight.
+    pub weight: String,
+    /// Per output channel, `gamma / sqrt(var + eps)`: what the weight is multiplied by.
+    pub scale: Vec<f64>,
+    /// The folded convolution's bias, `(bias - mean) * scale + beta`.
+    pub bias: Vec<f32>,
+}
+
+/// The batch norms of `graph` that fold, in graph order. What is known of a tensor by name
+/// comes from `f32_dims` (the sizes of a float32 tensor), `values` (exactly `len` values of a
+/// small float tensor, as f64) and `taken` (whether the name is bound already); `links` is
+/// [`readers_and_producers`] of `graph`. The one decision behind both the fold at build and
+/// the load's scaling of conv weights as it decodes them (`archive::decode`): given the same
+/// graph and values, both fold the same norms with the same scales.
+pub(crate) fn plan_bn_folds(
+    graph: &Graph,
+    links: (&HashMap<String, usize>, &HashMap<String, usize>),
+    f32_dims: impl Fn(&str) -> Option<Vec<usize>>,
+    values: impl Fn(&str, usize) -> Option<Vec<f64>>,
+    taken: impl Fn(&str) -> bool,
+) -> Vec<BnFold> {
+    let (readers, producer) = links;
+    let mut plans = Vec::new();
+    for (i, bn) in graph.nodes.iter().enumerate() {
         let key = op_key(&bn.target);
         let out = match (key, bn.outputs.as_slice()) {
             ("aten.batch_norm.default", [Argument::AsTensor(y)]) => {
@@ -376,107 +502,54 @@ pub(crate) fn fold_batch_norms_with(
             continue;
         }
         let conv = &graph.nodes[j];
-        let conv_ok = is_forward_conv(conv);
         let Some(w_name) = input_tensor(conv, "weight") else {
             continue;
         };
-        let Some(w) = weights.get(w_name) else {
+        let Some(dims) = f32_dims(w_name) else {
             continue;
         };
-        if !conv_ok || w.dtype() != DType::F32 || w.rank() < 3 {
+        if !is_forward_conv(conv) || dims.len() < 3 {
             continue;
         }
-        let co = w.dims()[0];
+        let co = dims[0];
+        let get = |n: Option<&str>| values(n?, co);
         let (Some(mean), Some(var), Some(eps)) = (
-            values(weights, input_tensor(bn, "running_mean"), co),
-            values(weights, input_tensor(bn, "running_var"), co),
+            get(input_tensor(bn, "running_mean")),
+            get(input_tensor(bn, "running_var")),
             input_float(bn, "eps", 1e-5),
         ) else {
             continue;
         };
         let affine = |name: &str, fill: f64| match input_tensor(bn, name) {
             None => Some(vec![fill; co]),
-            n => values(weights, n, co),
+            n => get(n),
         };
         let conv_bias = match input_tensor(conv, "bias") {
             None => Some(vec![0.0; co]),
-            n => values(weights, n, co),
+            n => get(n),
         };
         let (Some(gamma), Some(beta), Some(cb)) =
             (affine("weight", 1.0), affine("bias", 0.0), conv_bias)
         else {
             continue;
         };
+        if taken(&format!("{out}__folded_weight")) || taken(&format!("{out}__folded_bias")) {
+            continue;
+        }
         let scale: Vec<f64> = (0..co).map(|c| gamma[c] / (var[c] + eps).sqrt()).collect();
         let bias: Vec<f32> = (0..co)
             .map(|c| ((cb[c] - mean[c]) * scale[c] + beta[c]) as f32)
             .collect();
-        let (wn, bname) = (
-            format!("{out}__folded_weight"),
-            format!("{out}__folded_bias"),
-        );
-        if weights.contains_key(&wn) || weights.contains_key(&bname) {
-            continue;
-        }
-        let Ok(new_b) = Tensor::from_vec(bias, co, w.device()) else {
-            continue;
-        };
-        let sole = in_place
-            && readers.get(w_name) == Some(&1)
-            && names_of.get(&w.id()) == Some(&1)
-            && w.is_contiguous();
-        let new_w = if sole && w.inplace_op1(&ScaleChannels(&scale)).is_ok() {
-            w.clone()
-        } else {
-            let Some(wv) = scale_channels(w, &scale) else {
-                continue;
-            };
-            let Ok(t) = Tensor::from_vec(wv, w.shape(), w.device()) else {
-                continue;
-            };
-            t
-        };
-        weights.insert(wn.clone(), new_w);
-        weights.insert(bname.clone(), new_b);
-        // Free the old weight now if this conv was its only reader (rather than at the end,
-        // which would hold every folded convolution's weight twice).
-        if readers.get(w_name) == Some(&1) {
-            let w_name = w_name.to_string();
-            weights.remove(&w_name);
-        }
-        let conv = &mut graph.nodes[j];
-        let tensor = |name: String| Argument::AsTensor(TensorArgument { name });
-        for a in conv.inputs.iter_mut() {
-            if a.name == "weight" {
-                a.arg = tensor(wn.clone());
-            }
-        }
-        match conv.inputs.iter_mut().find(|a| a.name == "bias") {
-            Some(a) => a.arg = tensor(bname),
-            None => conv.inputs.push(NamedArgument {
-                name: "bias".into(),
-                arg: tensor(bname),
-                kind: None,
-            }),
-        }
-        conv.outputs = vec![tensor(out)];
-        dropped.insert(i);
-        folded += 1;
+        plans.push(BnFold {
+            norm: i,
+            conv: j,
+            out,
+            weight: w_name.to_string(),
+            scale,
+            bias,
+        });
     }
-    if folded > 0 {
-        drop_nodes(graph, &dropped);
-        let mut read: HashSet<String> = HashSet::new();
-        for node in &graph.nodes {
-            for a in &node.inputs {
-                read.extend(tensor_names(&a.arg).into_iter().map(str::to_string));
-            }
-        }
-        for o in &graph.outputs {
-            read.extend(tensor_names(o).into_iter().map(str::to_string));
-        }
-        weights.retain(|name, _| read.contains(name));
-    }
-    folded
+    plans
 }
 
 /// `w` (f32, `[co, ...]`, `scale.len() == co`) with each output channel `c` multiplied by
