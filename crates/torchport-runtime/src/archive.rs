@@ -243,10 +243,17 @@ fn fill_f32_scaled(
         .zip(scale.par_iter())
         .with_min_len((1 << 14) / per)
         .for_each(|((d, b), &s)| {
-            for (o, c) in d.iter_mut().zip(b.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-            crate::ops::fused::simd_map_mut(d, move |v| (f64::from(v) * s) as f32);
+            // One pass, in wide registers where the CPU has them (a second pass over the
+            // written slice, though in cache, was ~5% of ResNet-18's load samples).
+            crate::ops::fused::simd(
+                #[inline(always)]
+                || {
+                    for (o, c) in d.iter_mut().zip(b.chunks_exact(4)) {
+                        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        *o = (f64::from(v) * s) as f32;
+                    }
+                },
+            )
         });
     Ok(())
 }
