@@ -20,8 +20,7 @@ use crate::schema::{self, ExportedProgram};
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
     let (ckpt, ep) = open(path)?;
-    let none = HashSet::new();
-    let (payloads, _) = decode(&ckpt, &none, &none, |_| HashMap::new())?;
+    let (payloads, _) = decode(&ckpt, &HashSet::new(), |_| HashMap::new())?;
     Ok((ep, payloads))
 }
 
@@ -47,16 +46,16 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 /// float32 view that overlaps itself, larger than its storage) is decoded on its own,
 /// row-major; the build lays out such a weight for the matmul itself.
 ///
-/// The tensors named in `later` are decoded after all the others, once `scales` has seen
-/// those (the values of each float32 one in the shared buffer, by name, transposed ones
-/// left out) and said which of the later ones to multiply, per slice along the first
-/// dimension, as they are written: a batch norm's scale folded into the conv weight before
-/// it in the pass that decodes the weight, instead of a pass of its own at build. Returns
-/// the tensors and the names of those so multiplied.
+/// The vectors (tensors of rank 0 or 1: biases, a norm's statistics) are decoded first;
+/// `scales` is then shown the values of each float32 one by name and says which other
+/// tensors to multiply, per slice along their first dimension, as they are written (a batch
+/// norm's scale folded into the conv weight before it in the pass that decodes the weight,
+/// instead of a pass of its own at build); then the rest, in one parallel pass. Only a
+/// tensor of rank 2 or more decoded into the shared buffer, not transposed, is multiplied.
+/// Returns the tensors and the names of those so multiplied.
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
-    later: &HashSet<String>,
     scales: impl FnOnce(&HashMap<&str, &[f32]>) -> HashMap<String, Vec<f64>>,
 ) -> Result<(HashMap<String, Tensor>, HashSet<String>)> {
     use rayon::prelude::*;
@@ -71,15 +70,16 @@ pub(crate) fn decode(
     }
     let mut parts = split_at_slots(&mut shared, &slots);
     let mut own: Vec<Option<Tensor>> = vec![None; infos.len()];
-    // Decode the tensors in `later` (or those not in it), in parallel, each into its slot or
-    // as its own tensor, multiplied where `scales` says.
+    let vector = |t: &TensorInfo| t.shape.len() <= 1;
+    // Decode the vectors (or the rest), in parallel, each into its slot or as its own
+    // tensor, multiplied where `scales` says.
     let mut pass =
-        |in_later: bool, parts: &mut [Option<&mut [f32]>], scales: &HashMap<String, Vec<f64>>| {
+        |vectors: bool, parts: &mut [Option<&mut [f32]>], scales: &HashMap<String, Vec<f64>>| {
             infos
                 .par_iter()
                 .zip(parts.par_iter_mut())
                 .zip(own.par_iter_mut())
-                .filter(|((t, _), _)| later.contains(&t.name) == in_later)
+                .filter(|((t, _), _)| vector(t) == vectors)
                 .try_for_each(|((t, part), own)| {
                     match (part, scales.get(&t.name)) {
                         (Some(dst), Some(scale)) => fill_f32_scaled(ckpt, t, scale, dst)?,
@@ -90,24 +90,23 @@ pub(crate) fn decode(
                     Ok(())
                 })
         };
-    pass(false, &mut parts, &HashMap::new())?;
+    pass(true, &mut parts, &HashMap::new())?;
     let first: HashMap<&str, &[f32]> = infos
         .iter()
         .zip(&parts)
-        .filter(|(t, _)| !later.contains(&t.name) && !transposed.contains(&t.name))
+        .filter(|(t, _)| vector(t))
         .filter_map(|(t, p)| Some((t.name.as_str(), &**p.as_ref()?)))
         .collect();
     let mut scales = scales(&first);
     drop(first);
-    // Only a later tensor decoded into its slot is multiplied.
     scales.retain(|name, _| {
-        later.contains(name)
+        !transposed.contains(name)
             && infos
                 .iter()
                 .zip(&parts)
-                .any(|(t, p)| &t.name == name && p.is_some())
+                .any(|(t, p)| &t.name == name && !vector(t) && p.is_some())
     });
-    pass(true, &mut parts, &scales)?;
+    pass(false, &mut parts, &scales)?;
     drop(parts);
     let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
         .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
@@ -430,8 +429,7 @@ mod tests {
             .map(|t| t.name.clone())
             .collect();
         assert!(transposed.len() > 4);
-        let none = HashSet::new();
-        let (decoded, _) = decode(&ckpt, &transposed, &none, |_| HashMap::new()).unwrap();
+        let (decoded, _) = decode(&ckpt, &transposed, |_| HashMap::new()).unwrap();
         assert_eq!(decoded.len(), infos.len());
         let mut storages = HashSet::new();
         let mut others = 0;

@@ -466,9 +466,9 @@ impl Program {
 /// weights its Linear layers read transposed (as [`crate::prepare::transposed_weights`]
 /// finds them in the graph the build rewrites) are decoded straight into that layout, which
 /// spares the build a second copy of them. The conv weights a batch norm folds into (as
-/// [`crate::prepare::plan_bn_folds`] finds them in that graph, with the norms' values) are
-/// decoded last, multiplied by the fold's scale as they are written, which spares the build
-/// a pass over them: their state_dict names are the third part of the result.
+/// [`crate::prepare::plan_bn_folds`] finds them in that graph, with the norms' values,
+/// decoded first) are multiplied by the fold's scale as they are written, which spares the
+/// build a pass over them: their state_dict names are the third part of the result.
 fn read_for_build(
     path: &Path,
 ) -> Result<(ExportedProgram, HashMap<String, Tensor>, HashSet<String>)> {
@@ -495,8 +495,9 @@ fn read_for_build(
         .filter(|&(_, all)| all)
         .map(|(fqn, _)| fqn.to_string())
         .collect();
-    // Conv weights are among the tensors read by one node under one name, of rank 3 or more:
-    // those are decoded after the rest, so that the norms' values are known.
+    // The folds planned from the norms' values, decoded first; a weight read by its conv
+    // alone, under one name, is multiplied as it is decoded (the build's fold would scale
+    // it in place).
     let (readers, producer) = crate::prepare::readers_and_producers(&g);
     let mut bound: HashMap<&str, usize> = HashMap::new();
     for fqn in fqns.values() {
@@ -507,15 +508,6 @@ fn read_for_build(
         .iter()
         .chain(ckpt.constants())
         .map(|t| (t.name.as_str(), t))
-        .collect();
-    let later: HashSet<String> = fqns
-        .iter()
-        .filter(|&(name, fqn)| {
-            readers.get(*name) == Some(&1)
-                && bound.get(fqn) == Some(&1)
-                && infos.get(fqn).is_some_and(|t| t.shape.len() >= 3)
-        })
-        .map(|(_, fqn)| fqn.to_string())
         .collect();
     let scales = |first: &HashMap<&str, &[f32]>| {
         let plans = crate::prepare::plan_bn_folds(
@@ -533,10 +525,13 @@ fn read_for_build(
         );
         plans
             .into_iter()
-            .filter_map(|p| Some((fqns.get(p.weight.as_str())?.to_string(), p.scale)))
+            .filter(|p| readers.get(&p.weight) == Some(&1))
+            .filter_map(|p| Some((*fqns.get(p.weight.as_str())?, p.scale)))
+            .filter(|(fqn, _)| bound.get(fqn) == Some(&1))
+            .map(|(fqn, scale)| (fqn.to_string(), scale))
             .collect()
     };
-    let (payloads, prescaled) = crate::archive::decode(&ckpt, &transposed, &later, scales)?;
+    let (payloads, prescaled) = crate::archive::decode(&ckpt, &transposed, scales)?;
     Ok((ep, payloads, prescaled))
 }
 
