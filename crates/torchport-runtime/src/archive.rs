@@ -138,49 +138,54 @@ const ALIGN: usize = 64 / 4;
 /// stretch starting on a 64-byte boundary for each float32 tensor that views its storage
 /// without overlap (its values fit inside the storage, so the buffer holds no more than the
 /// values the tensors would each be decoded into, and up to 60 bytes of padding each), `None`
-/// for any other tensor.
+/// for any other tensor. The vectors (rank 0 or 1, decoded first by [`decode`]) come first,
+/// together: decoded across the buffer, they would fault in and clear its pages long before
+/// the large tensors are written there, out of cache by then.
 fn shared_slots(ckpt: &Checkpoint, infos: &[&TensorInfo]) -> Vec<Option<Range<usize>>> {
+    let fits = |t: &TensorInfo| {
+        t.dtype.name() == "float32"
+            && t.quant.is_none()
+            && matches!(t.data, TensorData::Strided { .. })
+            && ckpt.storage(t).is_some_and(|s| {
+                t.shape
+                    .iter()
+                    .try_fold(4usize, |a, &d| a.checked_mul(d))
+                    .is_some_and(|bytes| bytes <= s.len())
+            })
+    };
+    let mut slots = vec![None; infos.len()];
     let mut next = 0usize;
-    infos
-        .iter()
-        .map(|t| {
-            let fits = t.dtype.name() == "float32"
-                && t.quant.is_none()
-                && matches!(t.data, TensorData::Strided { .. })
-                && ckpt.storage(t).is_some_and(|s| {
-                    t.shape
-                        .iter()
-                        .try_fold(4usize, |a, &d| a.checked_mul(d))
-                        .is_some_and(|bytes| bytes <= s.len())
-                });
-            if !fits {
-                return None;
+    for vectors in [true, false] {
+        for (slot, t) in slots.iter_mut().zip(infos) {
+            if (t.shape.len() <= 1) == vectors && fits(t) {
+                let start = next.next_multiple_of(ALIGN);
+                next = start + t.numel();
+                *slot = Some(start..next);
             }
-            let start = next.next_multiple_of(ALIGN);
-            let end = start + t.numel();
-            next = end;
-            Some(start..end)
-        })
-        .collect()
+        }
+    }
+    slots
 }
 
-/// `buf` cut at `slots` (ascending, disjoint) into one mutable part per slot.
+/// `buf` cut at `slots` (disjoint, in any order) into one mutable part per slot.
 fn split_at_slots<'a>(
     mut buf: &'a mut [f32],
     slots: &[Option<Range<usize>>],
 ) -> Vec<Option<&'a mut [f32]>> {
+    let mut order: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
+    // By start, an empty slot before a slot starting where it does.
+    order.sort_by_key(|&i| slots[i].as_ref().map(|r| (r.start, r.end)));
+    let mut parts: Vec<Option<&'a mut [f32]>> = (0..slots.len()).map(|_| None).collect();
     let mut at = 0;
-    slots
-        .iter()
-        .map(|slot| {
-            let r = slot.as_ref()?;
-            let (_, rest) = std::mem::take(&mut buf).split_at_mut(r.start - at);
-            let (part, rest) = rest.split_at_mut(r.len());
-            buf = rest;
-            at = r.end;
-            Some(part)
-        })
-        .collect()
+    for i in order {
+        let Some(r) = &slots[i] else { continue };
+        let (_, rest) = std::mem::take(&mut buf).split_at_mut(r.start - at);
+        let (part, rest) = rest.split_at_mut(r.len());
+        buf = rest;
+        at = r.end;
+        parts[i] = Some(part);
+    }
+    parts
 }
 
 /// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer), transposed
@@ -402,7 +407,14 @@ mod tests {
     #[test]
     fn slots_cut_the_buffer_into_their_own_parts() {
         let mut buf: Vec<f32> = (0..40).map(|v| v as f32).collect();
-        let slots = vec![Some(3..7), None, Some(16..16), Some(16..30), None];
+        let slots = vec![
+            Some(16..30),
+            None,
+            Some(3..7),
+            Some(16..16),
+            None,
+            Some(32..33),
+        ];
         let parts = split_at_slots(&mut buf, &slots);
         let got: Vec<Option<Vec<f32>>> = parts.into_iter().map(|p| p.map(|p| p.to_vec())).collect();
         let want: Vec<Option<Vec<f32>>> = slots
@@ -414,7 +426,8 @@ mod tests {
 
     /// The shared buffer holds each float32 tensor's values as the archive stores them (read
     /// here straight from its bytes), transposed in memory where asked, each a view of the one
-    /// buffer on a 64-byte boundary; the other tensors are decoded on their own. On a
+    /// buffer on a 64-byte boundary, the vectors before the rest; the other tensors are
+    /// decoded on their own. On a
     /// transformers BERT written by torch.export (float32 weights and int64 buffers).
     #[test]
     fn the_shared_buffer_holds_each_tensor_as_decoded_alone() {
@@ -433,6 +446,8 @@ mod tests {
         assert_eq!(decoded.len(), infos.len());
         let mut storages = HashSet::new();
         let mut others = 0;
+        // Where the vectors' values end and the other tensors' begin, in the buffer.
+        let (mut vectors_end, mut rest_start) = (0, usize::MAX);
         for t in &infos {
             let got = &decoded[&t.name];
             assert_eq!(got.dims(), t.shape.as_slice(), "{}", t.name);
@@ -466,10 +481,19 @@ mod tests {
                 storages.insert(all.as_ptr() as usize);
                 let first = all[layout.start_offset()..].as_ptr() as usize;
                 assert_eq!(first % 64, 0, "{} starts at {first:#x}", t.name);
+                if t.shape.len() <= 1 {
+                    vectors_end = vectors_end.max(layout.start_offset() + t.numel());
+                } else {
+                    rest_start = rest_start.min(layout.start_offset());
+                }
             })
             .unwrap();
         }
         assert_eq!(storages.len(), 1, "the float32 tensors share one buffer");
+        assert!(
+            vectors_end > 0 && vectors_end <= rest_start,
+            "the vectors come first"
+        );
         assert!(others > 0, "the fixture also holds tensors of other dtypes");
     }
 }
