@@ -245,7 +245,7 @@ fn fill_f32_scaled(
     dst.par_chunks_mut(per)
         .zip(bytes.par_chunks(per * 4))
         .zip(scale.par_iter())
-        .with_min_len((1 << 14) / per)
+        .with_min_len(((1 << 14) / per).max(1))
         .for_each(|((d, b), &s)| {
             // One pass, in wide registers where the CPU has them (a second pass over the
             // written slice, though in cache, was ~5% of ResNet-18's load samples).

@@ -368,7 +368,12 @@ pub(crate) fn fold_batch_norms_with(
     let mut dropped: HashSet<usize> = HashSet::new();
     let mut folded = 0;
     for plan in plans {
+        let scaled = prescaled.contains(&plan.weight);
+        let unfolded = || format!("weight '{}' was scaled but its fold failed", plan.weight);
         let Some(w) = weights.get(&plan.weight) else {
+            if scaled {
+                return Err(unfolded());
+            }
             continue;
         };
         let co = plan.scale.len();
@@ -377,15 +382,16 @@ pub(crate) fn fold_batch_norms_with(
             format!("{}__folded_bias", plan.out),
         );
         let Ok(new_b) = Tensor::from_vec(plan.bias, co, w.device()) else {
+            if scaled {
+                return Err(unfolded());
+            }
             continue;
         };
         let sole = in_place
             && readers.get(&plan.weight) == Some(&1)
             && names_of.get(&w.id()) == Some(&1)
             && w.is_contiguous();
-        let new_w = if prescaled.contains(&plan.weight)
-            || (sole && w.inplace_op1(&ScaleChannels(&plan.scale)).is_ok())
-        {
+        let new_w = if scaled || (sole && w.inplace_op1(&ScaleChannels(&plan.scale)).is_ok()) {
             w.clone()
         } else {
             let Some(wv) = scale_channels(w, &plan.scale) else {
