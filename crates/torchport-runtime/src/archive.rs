@@ -81,10 +81,14 @@ pub(crate) fn decode(
                 .zip(own.par_iter_mut())
                 .filter(|((t, _), _)| vector(t) == vectors)
                 .try_for_each(|((t, part), own)| {
-                    match (part, scales.get(&t.name)) {
-                        (Some(dst), Some(scale)) => fill_f32_scaled(ckpt, t, scale, dst)?,
-                        (Some(dst), None) => fill_f32(ckpt, t, transposed.contains(&t.name), dst)?,
-                        (None, _) => *own = Some(tensor(ckpt, t)?),
+                    let fill = match scales.get(&t.name) {
+                        Some(scale) => Fill::Scaled(scale),
+                        None if transposed.contains(&t.name) => Fill::Transposed,
+                        None => Fill::Plain,
+                    };
+                    match part {
+                        Some(dst) => fill_f32(ckpt, t, fill, dst)?,
+                        None => *own = Some(tensor(ckpt, t)?),
                     }
                     ckpt.release(t);
                     Ok(())
@@ -99,13 +103,14 @@ pub(crate) fn decode(
         .collect();
     let mut scales = scales(&first);
     drop(first);
-    scales.retain(|name, _| {
-        !transposed.contains(name)
-            && infos
-                .iter()
-                .zip(&parts)
-                .any(|(t, p)| &t.name == name && !vector(t) && p.is_some())
-    });
+    // Only a tensor of rank 2 or more in the shared buffer, not transposed, is multiplied.
+    let scalable: HashSet<&str> = infos
+        .iter()
+        .zip(&slots)
+        .filter(|(t, slot)| slot.is_some() && !vector(t) && !transposed.contains(&t.name))
+        .map(|(t, _)| t.name.as_str())
+        .collect();
+    scales.retain(|name, _| scalable.contains(name.as_str()));
     pass(false, &mut parts, &scales)?;
     drop(parts);
     let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
@@ -188,58 +193,59 @@ fn split_at_slots<'a>(
     parts
 }
 
-/// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer), transposed
-/// when `transpose` and it is 2-d (see [`decode`]).
-fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, transpose: bool, dst: &mut [f32]) -> Result<()> {
+/// How [`fill_f32`] writes a tensor's values into its slot.
+enum Fill<'a> {
+    /// As stored, row-major.
+    Plain,
+    /// A 2-d tensor as its contiguous transpose (see [`decode`]).
+    Transposed,
+    /// Each slice along the first dimension multiplied by its entry (in f64, rounded to
+    /// f32: [`crate::prepare::bn_scaled`], as the build's fold of a batch norm computes it),
+    /// as it is written.
+    Scaled(&'a [f64]),
+}
+
+/// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer) as `fill` says.
+fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> Result<()> {
     let bytes = ckpt.data(t).map_err(|e| Error::Weight {
         name: t.name.clone(),
         what: e.to_string(),
     })?;
-    if bytes.len() != dst.len() * 4 {
+    let scales_fit = match fill {
+        Fill::Scaled(scale) => t.shape.first() == Some(&scale.len()),
+        _ => true,
+    };
+    if bytes.len() != dst.len() * 4 || !scales_fit {
         return Err(Error::Weight {
             name: t.name.clone(),
             what: format!(
-                "{} bytes do not hold a float32 tensor of shape {:?}",
+                "{} bytes do not hold a float32 tensor of shape {:?}{}",
                 bytes.len(),
-                t.shape
+                t.shape,
+                if scales_fit {
+                    ""
+                } else {
+                    " with a scale per first index"
+                }
             ),
         });
     }
-    match t.shape[..] {
-        [n, k] if transpose => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
+    match (fill, &t.shape[..]) {
+        (Fill::Transposed, &[n, k]) => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
+        (Fill::Scaled(scale), _) => le_f32s_scaled_into(&bytes, scale, dst),
         _ => le_f32s_into(&bytes, dst),
     }
     Ok(())
 }
 
-/// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer), each slice
-/// along its first dimension multiplied by its entry of `scale` (in f64, rounded to f32, as
-/// the build's fold of a batch norm computes it), while the slice is in cache.
-fn fill_f32_scaled(
-    ckpt: &Checkpoint,
-    t: &TensorInfo,
-    scale: &[f64],
-    dst: &mut [f32],
-) -> Result<()> {
+/// Little-endian f32 bytes into `dst`, each of the `scale.len()` equal slices multiplied by
+/// its scale, in one pass over each slice while it is in cache (a second pass over it, even
+/// in cache, was ~5% of ResNet-18's load samples), in wide registers where the CPU has them.
+fn le_f32s_scaled_into(bytes: &[u8], scale: &[f64], dst: &mut [f32]) {
     use rayon::prelude::*;
-    let bytes = ckpt.data(t).map_err(|e| Error::Weight {
-        name: t.name.clone(),
-        what: e.to_string(),
-    })?;
-    if bytes.len() != dst.len() * 4 || t.shape.first() != Some(&scale.len()) {
-        return Err(Error::Weight {
-            name: t.name.clone(),
-            what: format!(
-                "{} bytes and {} scales do not fit a float32 tensor of shape {:?}",
-                bytes.len(),
-                scale.len(),
-                t.shape
-            ),
-        });
-    }
     let per = dst.len() / scale.len().max(1);
     if per == 0 {
-        return Ok(());
+        return;
     }
     // Slices of a depthwise conv weight hold 9 or 25 values: hand a thread many at a time.
     dst.par_chunks_mut(per)
@@ -247,23 +253,21 @@ fn fill_f32_scaled(
         .zip(scale.par_iter())
         .with_min_len(((1 << 14) / per).max(1))
         .for_each(|((d, b), &s)| {
-            // One pass, in wide registers where the CPU has them (a second pass over the
-            // written slice, though in cache, was ~5% of ResNet-18's load samples).
             crate::ops::fused::simd(
                 #[inline(always)]
                 || {
                     for (o, c) in d.iter_mut().zip(b.chunks_exact(4)) {
                         let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        *o = (f64::from(v) * s) as f32;
+                        *o = crate::prepare::bn_scaled(v, s);
                     }
                 },
             )
         });
-    Ok(())
 }
 
 /// The tensor of shape `shape` held in `r` of `shared`; stored transposed (`[k, n]`, handed
-/// back as its `.t()`) when `transpose` and 2-d, as [`fill_f32`] wrote it.
+/// back as its `.t()`) when `transpose` and 2-d, as [`fill_f32`] wrote it with
+/// [`Fill::Transposed`].
 fn view(
     shared: &Tensor,
     r: Range<usize>,

@@ -572,7 +572,7 @@ fn scale_channels(w: &Tensor, scale: &[f64]) -> Option<Vec<f32>> {
                 .zip(scale.par_iter())
                 .for_each(|((o, x), &s)| {
                     for (o, &v) in o.iter_mut().zip(x) {
-                        *o = (f64::from(v) * s) as f32;
+                        *o = bn_scaled(v, s);
                     }
                 });
         }
@@ -586,6 +586,14 @@ fn scale_channels(w: &Tensor, scale: &[f64]) -> Option<Vec<f32>> {
             .and_then(|t| t.to_vec1::<f32>().ok())
             .map(|v| mul(&v)),
     }
+}
+
+/// A conv weight's value `v` multiplied by its channel's batch-norm scale `s`: in f64,
+/// rounded to f32. The one product behind [`scale_channels`], [`ScaleChannels`] and the
+/// load's scaled decode (`archive::decode`), so that the three give the same bits.
+#[inline(always)]
+pub(crate) fn bn_scaled(v: f32, s: f64) -> f32 {
+    (f64::from(v) * s) as f32
 }
 
 /// Multiplies each output channel `c` of a contiguous f32 weight by `scale[c]` in place, as
@@ -616,11 +624,10 @@ impl candle_core::InplaceOp1 for ScaleChannels<'_> {
             w.par_chunks_mut(per)
                 .zip(self.0.par_iter())
                 .for_each(|(o, &s)| {
-                    // In wide registers where the CPU has them: the same products, 8 or 4 at
-                    // a time instead of SSE2's 2. The pass is bound by memory (still ~15% of
-                    // ResNet-18's load samples), so this took only 0.6-5.4 ms off the CNNs'
-                    // loads (medians of 7, 1 thread; BENCHMARKS.md).
-                    crate::ops::fused::simd_map_mut(o, move |v| (f64::from(v) * s) as f32);
+                    // In wide registers where the CPU has them. `Program::load` now scales
+                    // most folded weights as it decodes them (`archive::decode`); this pass,
+                    // bound by memory, is left for the weights it does not.
+                    crate::ops::fused::simd_map_mut(o, move |v| bn_scaled(v, s));
                 });
         }
         Ok(())
