@@ -59,7 +59,10 @@ pub fn register(r: &mut Registry) {
     });
     // Integers stay exact and wrap as torch's do (candle has no integer unary kernels).
     r.add("aten.neg.default", |a| {
-        int_or(a, i64::wrapping_neg, |t| Ok(t.neg()?))
+        int_or(a, i64::wrapping_neg, |t| match fused::unary(t, |v| -v) {
+            Some(y) => Ok(y),
+            None => Ok(t.neg()?),
+        })
     });
     r.add("aten.sign.default", |a| {
         // -1, 0 or 1 in the input's dtype (NaN gives 0, as in torch); bool is its own sign.

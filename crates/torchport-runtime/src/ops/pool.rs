@@ -448,16 +448,22 @@ fn adaptive_avg(a: &Args) -> OpResult<Outputs> {
 
 /// The adaptive average pooling kernel.
 fn adaptive_avg_t<T: Elem>(x: &Tensor, o: [usize; 2]) -> OpResult<Tensor> {
-    let (xs, lead, h, w) = planes::<T>(x)?;
     let (oh, ow) = (o[0], o[1]);
-    let np: usize = lead.iter().product();
-    // Fast path: global pooling is a mean over the plane.
-    if oh == 1 && ow == 1 {
-        let mut shape = lead.clone();
+    // Fast path: global pooling is a mean over the plane, read in place.
+    if oh == 1 && ow == 1 && (x.rank() == 3 || x.rank() == 4) {
+        let r = x.rank();
+        let (lead, plane) = (&x.dims()[..r - 2], x.dims()[r - 2] * x.dims()[r - 1]);
+        let mut shape = lead.to_vec();
         shape.extend([1, 1]);
-        let y = x.reshape((np, h * w))?.mean_keepdim(1)?;
+        if let Some(y) = super::fused::mean_rows(x, plane, &shape) {
+            return Ok(y);
+        }
+        let np: usize = lead.iter().product();
+        let y = x.reshape((np, plane))?.mean_keepdim(1)?;
         return Ok(y.reshape(shape)?);
     }
+    let (xs, lead, h, w) = planes::<T>(x)?;
+    let np: usize = lead.iter().product();
     let mut out = vec![T::from_f64(0.0); np * oh * ow];
     for pl in 0..np {
         let src = &xs[pl * h * w..][..h * w];

@@ -95,16 +95,23 @@ fn mean(a: &Args) -> OpResult<Outputs> {
     let keep = a.bool_or("keepdim", false)?;
     // Contiguous trailing dims reduce as one flattened axis (one pass, better accuracy).
     let r = t.rank();
-    if !dims.is_empty() && dims.iter().copied().eq(r - dims.len()..r) && dims.len() > 1 {
+    if !dims.is_empty() && dims.iter().copied().eq(r - dims.len()..r) {
         let lead = &t.dims()[..r - dims.len()];
-        let mut s = lead.to_vec();
-        s.push(dims.iter().map(|&d| t.dims()[d]).product());
-        let m = t.reshape(s)?.mean_keepdim(lead.len())?;
+        let n = dims.iter().map(|&d| t.dims()[d]).product();
         let mut out = lead.to_vec();
         if keep {
             out.extend(std::iter::repeat_n(1, dims.len()));
         }
-        return one(m.reshape(out)?);
+        // A contiguous f32 tensor's rows, read in place over the pool's threads.
+        if let Some(m) = super::fused::mean_rows(&t, n, &out) {
+            return one(m);
+        }
+        if dims.len() > 1 {
+            let mut s = lead.to_vec();
+            s.push(n);
+            let m = t.reshape(s)?.mean_keepdim(lead.len())?;
+            return one(m.reshape(out)?);
+        }
     }
     one(reduce(&t, &dims, keep, |x, d| x.mean_keepdim(d))?)
 }

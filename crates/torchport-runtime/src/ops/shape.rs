@@ -147,6 +147,13 @@ pub fn infer_shape(shape: &[i64], numel: usize) -> OpResult<Vec<usize>> {
 
 fn view(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
+    // A view of a strided tensor is a copy here (as candle's `reshape` makes it): made on the
+    // pool's threads where it can be.
+    let t = if t.is_contiguous() {
+        t
+    } else {
+        super::strided::contiguous_f32(&t).unwrap_or(t)
+    };
     let shape = infer_shape(
         &a.ints(if a.has("size") { "size" } else { "shape" })?,
         t.elem_count(),

@@ -1,11 +1,11 @@
 //! Kernels that read their operands through any strides, one run along the last dim at a
 //! time: an elementwise binary op with torch broadcasting (operands that are views, such as
-//! the transposed heads a rotary embedding multiplies, or that broadcast in the middle dims)
-//! and `cat` along any dim. A run whose elements are adjacent in memory is read as one
-//! slice, so its loop vectorises; candle's general forms index every element.
+//! the transposed heads a rotary embedding multiplies, or that broadcast in the middle dims),
+//! `cat` along any dim, and a copy (or a unary map) of a view into a new contiguous tensor.
+//! A run whose elements are adjacent in memory is read as one slice, so its loop vectorises;
+//! candle's general forms index every element, on one thread.
 
-use candle_core::{Layout, Shape, Tensor, WithDType};
-use rayon::prelude::*;
+use candle_core::{Shape, Tensor, WithDType};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -204,9 +204,12 @@ fn binary_run(
     true
 }
 
-/// `cat` of tensors of one dtype `T` along dim `d`, any layouts: per input, each run of its
-/// part of an output row is copied as a slice where adjacent in memory. `None` when a
-/// tensor is not a CPU tensor of `T`, the shapes disagree outside `d`, or the list is empty.
+/// `cat` of tensors of one dtype `T` along dim `d`, any layouts, in one pass over the
+/// output: each output row (one index of the dims before `d`) gets every input's part in
+/// turn, each run of a part copied as a slice where adjacent in memory; rows split across
+/// threads when large, every element written once (no zeroing first). `None` when a tensor
+/// is not a CPU tensor of `T` or reads outside its storage, the shapes disagree outside `d`,
+/// or the list is empty.
 pub fn cat<T: WithDType>(ts: &[Tensor], d: usize) -> Option<Tensor> {
     let first = ts.first()?;
     let rank = first.rank();
@@ -221,77 +224,233 @@ pub fn cat<T: WithDType>(ts: &[Tensor], d: usize) -> Option<Tensor> {
     }
     let mut dims = first.dims().to_vec();
     dims[d] = ts.iter().map(|t| t.dims()[d]).sum();
-    let outer: usize = dims[..d].iter().product();
+    let outer = &dims[..d];
     let inner: usize = dims[d + 1..].iter().product();
     let row = dims[d] * inner;
-    let total = outer * row;
-    let mut out = vec![T::zero(); total];
-    let mut at = 0;
-    for t in ts {
-        let part = t.dims()[d] * inner;
-        if part > 0 && outer > 0 {
-            let ok = with_storage::<T, _>(t, |data, lay| {
-                copy_part(&mut out, (row, at, part), d, data, lay)
-            })?;
-            if !ok {
-                return None;
+    let total = outer.iter().product::<usize>() * row;
+    if total == 0 {
+        return Tensor::zeros(dims, first.dtype(), first.device()).ok();
+    }
+    let guards: Vec<_> = ts.iter().map(|t| t.storage_and_layout()).collect();
+    let mut parts = Vec::with_capacity(ts.len());
+    for (storage, lay) in &guards {
+        let candle_core::Storage::Cpu(c) = &**storage else {
+            return None;
+        };
+        let (ld, ls) = (lay.dims(), lay.stride());
+        let len = ld[d] * inner;
+        if len > 0 {
+            // The part's own dims merged into runs; the outer dims indexed as they are.
+            let (pd, ps) = merge(&ld[d..], &[&ls[d..]]);
+            let ps = ps.into_iter().next().expect("one layout");
+            parts.push(Part {
+                data: c.as_slice::<T>().ok()?,
+                start: lay.start_offset(),
+                outer: &ls[..d],
+                len,
+                run: pd[pd.len() - 1],
+                step: ps[ps.len() - 1],
+                runs: (pd[..pd.len() - 1].to_vec(), ps[..ps.len() - 1].to_vec()),
+            });
+        }
+    }
+    // Whole rows per task: about TASK elements, or one row when longer.
+    let chunk = if total < 2 * TASK {
+        total
+    } else {
+        (TASK / row).max(1) * row
+    };
+    let failed = AtomicBool::new(false);
+    let task = |at: usize, c: &mut [MaybeUninit<T>]| {
+        let first_row = at / row;
+        // The outer index of the task's first row, then stepped row by row (an offset
+        // recomputed by division per row cost more than copying a short row).
+        let mut index = vec![0; d];
+        let mut i = first_row;
+        for k in (0..d).rev() {
+            index[k] = i % outer[k];
+            i /= outer[k];
+        }
+        let mut bases: Vec<usize> = parts
+            .iter()
+            .map(|p| p.start + offset(first_row, outer, p.outer))
+            .collect();
+        for orow in c.chunks_mut(row) {
+            let mut col = 0;
+            for (p, &base) in parts.iter().zip(&bases) {
+                if !p.copy_into(&mut orow[col..col + p.len], base) {
+                    failed.store(true, Ordering::Relaxed);
+                    orow.fill(MaybeUninit::new(T::zero()));
+                    break;
+                }
+                col += p.len;
+            }
+            for k in (0..d).rev() {
+                index[k] += 1;
+                for (b, p) in bases.iter_mut().zip(&parts) {
+                    *b += p.outer[k];
+                }
+                if index[k] < outer[k] {
+                    break;
+                }
+                index[k] = 0;
+                for (b, p) in bases.iter_mut().zip(&parts) {
+                    *b -= outer[k] * p.outer[k];
+                }
             }
         }
-        at += part;
+    };
+    // SAFETY: every chunk is whole rows (`chunk` and `total` are multiples of `row`), and
+    // each row is written: every part's elements (the parts' lengths sum to `row`), or zeros
+    // when a part fails.
+    #[allow(unsafe_code)]
+    let out = unsafe { super::fused::written(total, chunk, task) };
+    if failed.load(Ordering::Relaxed) {
+        return None;
     }
     Tensor::from_vec(out, dims, first.device()).ok()
 }
 
-/// Write the elements of the tensor viewed by `lay` over `data`, whose dims before `d` are
-/// the output's outer dims, into `out[r * row + at..][..part]` for each outer index `r`.
-fn copy_part<T: WithDType>(
-    out: &mut [T],
-    (row, at, part): (usize, usize, usize),
-    d: usize,
-    data: &[T],
-    lay: &Layout,
-) -> bool {
-    let (dims, strides) = (lay.dims(), lay.stride());
-    // The part's own dims merged into runs; the outer dims indexed as they are.
-    let (pd, ps) = merge(&dims[d..], &[&strides[d..]]);
-    let last = pd.len() - 1;
-    let (inner, s) = (pd[last], ps[0][last]);
-    let start = lay.start_offset();
-    let fill = |(r, orow): (usize, &mut [T])| {
-        let base = start + offset(r, &dims[..d], &strides[..d]);
-        orow[at..at + part]
-            .chunks_mut(inner)
-            .enumerate()
-            .all(|(k, o)| copy_run(o, data, base + offset(k, &pd[..last], &ps[0][..last]), s))
-    };
-    // Rows in parallel once the output is large enough to pay for the split.
-    if out.len() >= PARALLEL_MIN_ELEMENTS {
-        out.par_chunks_mut(row).enumerate().all(fill)
-    } else {
-        out.chunks_mut(row).enumerate().all(fill)
+/// One input of [`cat`]: its data, the start and outer-dim strides of its layout, and its
+/// part of each output row (`len` elements, in runs of `run` elements `step` apart, the runs
+/// placed by the part's other merged dims and strides, `runs`).
+struct Part<'a, T> {
+    data: &'a [T],
+    start: usize,
+    outer: &'a [usize],
+    len: usize,
+    run: usize,
+    step: usize,
+    runs: (Vec<usize>, Vec<usize>),
+}
+
+impl<T: WithDType> Part<'_, T> {
+    /// This part of one output row, read from `base` (the row's offset in `data`); false
+    /// when a read falls outside `data`.
+    #[inline(always)]
+    fn copy_into(&self, o: &mut [MaybeUninit<T>], base: usize) -> bool {
+        if self.runs.0.is_empty() {
+            return gather(o, self.data, base, self.step, &|v| v);
+        }
+        o.chunks_mut(self.run).enumerate().all(|(k, r)| {
+            gather(
+                r,
+                self.data,
+                base + offset(k, &self.runs.0, &self.runs.1),
+                self.step,
+                &|v| v,
+            )
+        })
     }
 }
 
-/// Output elements from which `cat` copies its rows in parallel.
-const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
-
-/// `o[j] = data[off + j * s]` (one slice copy when `s` is 1); false when a read falls outside
-/// `data`.
-fn copy_run<T: WithDType>(o: &mut [T], data: &[T], off: usize, s: usize) -> bool {
-    if s == 1 {
-        let Some(src) = data.get(off..off + o.len()) else {
-            return false;
-        };
-        o.copy_from_slice(src);
+/// `o[j] = f(data[off + j * s])` into new memory; false (nothing written) when a read would
+/// fall outside `data`.
+#[inline(always)]
+fn gather<T: Copy>(
+    o: &mut [MaybeUninit<T>],
+    data: &[T],
+    off: usize,
+    s: usize,
+    f: &impl Fn(T) -> T,
+) -> bool {
+    let Some(last) = o.len().checked_sub(1) else {
         return true;
-    }
-    for (j, o) in o.iter_mut().enumerate() {
-        let Some(&v) = data.get(off + j * s) else {
-            return false;
-        };
-        *o = v;
+    };
+    let reach = last.checked_mul(s).and_then(|r| r.checked_add(off));
+    let Some(src) = reach.and_then(|r| data.get(off..=r)) else {
+        return false;
+    };
+    if s == 1 {
+        for (d, &v) in o.iter_mut().zip(src) {
+            d.write(f(v));
+        }
+    } else if s == 0 {
+        // A broadcast run: one element repeated.
+        o.fill(MaybeUninit::new(f(src[0])));
+    } else {
+        for (d, &v) in o.iter_mut().zip(src.iter().step_by(s)) {
+            d.write(f(v));
+        }
     }
     true
+}
+
+/// `t` as a new contiguous f32 tensor, for an f32 CPU tensor of any layout (see [`map_f32`]);
+/// a contiguous `t` is returned as it is (its storage shared). candle's own copy
+/// (`contiguous`, and `reshape` of a view) runs on one thread: inside the Llama-style model at
+/// batch 8 its reshapes took 18–28 ms per run on 1 thread and 17–26 on 2 (BENCHMARKS.md,
+/// issue 14). `None` for any other tensor.
+pub fn contiguous_f32(t: &Tensor) -> Option<Tensor> {
+    if t.dtype() == candle_core::DType::F32 && t.is_contiguous() {
+        return Some(t.clone());
+    }
+    map_f32(t, |v| v)
+}
+
+/// `f` of each element of `t`, an f32 CPU tensor of any layout, as a new contiguous tensor in
+/// one pass: each run along the last merged dim read as one slice where adjacent in memory,
+/// runs split across threads when large, every element written once (no zeroing first).
+/// `None` for any other tensor, or when a run reads outside the storage.
+pub fn map_f32(t: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Option<Tensor> {
+    if t.dtype() != candle_core::DType::F32 {
+        return None;
+    }
+    let total = t.elem_count();
+    let out = with_storage::<f32, _>(t, |data, lay| {
+        let (dims, strides) = merge(lay.dims(), &[lay.stride()]);
+        let last = dims.len() - 1;
+        let (inner, s) = (dims[last], strides[0][last]);
+        if total == 0 || inner == 0 {
+            return Some(Vec::new());
+        }
+        let start = lay.start_offset();
+        // Whole runs per task: about TASK elements, or one run when longer.
+        let chunk = if total < 2 * TASK {
+            total
+        } else {
+            (TASK / inner).max(1) * inner
+        };
+        let failed = AtomicBool::new(false);
+        let (outer, outer_strides) = (&dims[..last], &strides[0][..last]);
+        let task = |at: usize, c: &mut [MaybeUninit<f32>]| {
+            // The first run's index over the outer dims, then stepped run by run (an offset
+            // recomputed by division per run cost more than the copy of a short run).
+            let mut index = vec![0; last];
+            let mut i = at / inner;
+            for d in (0..last).rev() {
+                index[d] = i % outer[d];
+                i /= outer[d];
+            }
+            let mut off = start + offset(at / inner, outer, outer_strides);
+            simd(
+                #[inline(always)]
+                || {
+                    for o in c.chunks_mut(inner) {
+                        if !gather(o, data, off, s, &f) {
+                            failed.store(true, Ordering::Relaxed);
+                            o.fill(MaybeUninit::new(0.0));
+                        }
+                        for d in (0..last).rev() {
+                            index[d] += 1;
+                            off += outer_strides[d];
+                            if index[d] < outer[d] {
+                                break;
+                            }
+                            index[d] = 0;
+                            off -= outer[d] * outer_strides[d];
+                        }
+                    }
+                },
+            )
+        };
+        // SAFETY: every chunk is whole runs (`chunk` and `total` are multiples of `inner`),
+        // and each run's elements are written: mapped, or zeros when the run fails.
+        #[allow(unsafe_code)]
+        let out = unsafe { super::fused::written(total, chunk, task) };
+        (!failed.load(Ordering::Relaxed)).then_some(out)
+    })??;
+    Tensor::from_vec(out, t.dims(), t.device()).ok()
 }
 
 #[cfg(test)]
@@ -323,6 +482,64 @@ mod tests {
                 "{total} / {inner}"
             );
         }
+    }
+
+    /// Transposed, narrowed, broadcast and offset views copied exactly as candle's
+    /// `contiguous` copies them (and mapped as candle maps them), small (one task) and large
+    /// (runs over the pool's threads, long runs and runs of one element); contiguous and
+    /// empty tensors, and other dtypes.
+    #[test]
+    fn contiguous_copies_match_candle() {
+        let dev = Device::Cpu;
+        let t = |s: &[usize]| Tensor::randn(0f32, 1., s.to_vec(), &dev).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool");
+        for [p, q, r] in [[2, 3, 5], [8, 128, 96], [3, 5, 3 * TASK]] {
+            let views = [
+                t(&[p, r, q]).transpose(1, 2).unwrap(),
+                t(&[p, q, 2 * r]).narrow(2, 5, r).unwrap(),
+                t(&[1, q, r]).broadcast_as((p, q, r)).unwrap(),
+                t(&[p, q, 1]).broadcast_as((p, q, r)).unwrap(),
+                t(&[p + 1, q, r])
+                    .narrow(0, 1, p)
+                    .unwrap()
+                    .permute((2, 0, 1))
+                    .unwrap(),
+            ];
+            for v in &views {
+                assert!(!v.is_contiguous());
+                let got = pool.install(|| contiguous_f32(v)).expect("applies");
+                assert!(got.is_contiguous());
+                assert_eq!(got.dims(), v.dims());
+                let want = v.contiguous().unwrap().flatten_all().unwrap();
+                assert_eq!(
+                    got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    want.to_vec1::<f32>().unwrap(),
+                    "{:?} strides {:?}",
+                    v.dims(),
+                    v.stride()
+                );
+                // The same runs with a function applied on the way.
+                let got = pool.install(|| map_f32(v, |x| -2.0 * x)).expect("applies");
+                let want = v.affine(-2.0, 0.0).unwrap().flatten_all().unwrap();
+                assert_eq!(
+                    got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    want.to_vec1::<f32>().unwrap()
+                );
+            }
+        }
+        let x = t(&[4, 6]);
+        let same = contiguous_f32(&x).unwrap();
+        assert_eq!(same.to_vec2::<f32>().unwrap(), x.to_vec2::<f32>().unwrap());
+        let empty = t(&[3, 4]).narrow(1, 1, 0).unwrap();
+        assert_eq!(contiguous_f32(&empty).unwrap().dims(), &[3, 0]);
+        let ints = Tensor::arange(0i64, 12, &dev)
+            .unwrap()
+            .reshape((3, 4))
+            .unwrap();
+        assert!(contiguous_f32(&ints.t().unwrap()).is_none());
     }
 
     /// `cat` of every pair of `views` and `x`, along every dim, against candle's.
@@ -358,6 +575,7 @@ mod tests {
                 t(&[p, r, q]).transpose(1, 2).unwrap(),
                 t(&[p, q, 2 * r]).narrow(2, 5, r).unwrap(),
                 t(&[1, q, r]).broadcast_as((p, q, r)).unwrap(),
+                t(&[p, q, 1]).broadcast_as((p, q, r)).unwrap(),
             ];
             cat_views_match_candle(&x, &views);
         }
