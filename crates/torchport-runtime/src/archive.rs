@@ -20,7 +20,7 @@ use crate::schema::{self, ExportedProgram};
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
     let (ckpt, ep) = open(path)?;
-    let (payloads, _) = decode(&ckpt, &HashSet::new(), |_| HashMap::new())?;
+    let (payloads, _, _) = decode(&ckpt, &HashSet::new(), &HashSet::new(), |_| HashMap::new())?;
     Ok((ep, payloads))
 }
 
@@ -44,7 +44,9 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 /// transpose (`.t()`) of that: the same logical values, laid out as a matmul reading it
 /// transposed wants them (see [`crate::prepare`]). Any other tensor (another dtype, or a
 /// float32 view that overlaps itself, larger than its storage) is decoded on its own,
-/// row-major; the build lays out such a weight for the matmul itself.
+/// row-major; the build lays out such a weight for the matmul itself. A 2-d one named in
+/// `packed` is stored as the microkernel's panels ([`crate::ops::packed::Packing`], on a CPU
+/// that has them) and handed back as those values, 1-d.
 ///
 /// The vectors (tensors of rank 0 or 1: biases, a norm's statistics) are decoded first;
 /// `scales` is then shown the values of each float32 one by name and says which other
@@ -52,15 +54,26 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 /// norm's scale folded into the conv weight before it in the pass that decodes the weight,
 /// instead of a pass of its own at build); then the rest, in one parallel pass. Only a
 /// tensor of rank 2 or more decoded into the shared buffer, not transposed, is multiplied.
-/// Returns the tensors and the names of those so multiplied.
+/// Returns the tensors, the names of those so multiplied, and the names of those packed.
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
+    packed: &HashSet<String>,
     scales: impl FnOnce(&HashMap<&str, &[f32]>) -> HashMap<String, Vec<f64>>,
-) -> Result<(HashMap<String, Tensor>, HashSet<String>)> {
+) -> Result<DecodedWeights> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
-    let mut slots = shared_slots(ckpt, &infos);
+    let packing = crate::ops::packed::Packing::detect();
+    // The tensors decoded packed: 2-d, named in `packed`, with a slot of the shared buffer.
+    let packs: Vec<Option<crate::ops::packed::Packing>> = infos
+        .iter()
+        .map(|t| {
+            (t.shape.len() == 2 && packed.contains(&t.name) && !transposed.contains(&t.name))
+                .then_some(packing)
+                .flatten()
+        })
+        .collect();
+    let mut slots = shared_slots(ckpt, &infos, &packs);
     let total = slots.iter().flatten().map(|r| r.end).max().unwrap_or(0);
     let mut shared = crate::allocator::weight_buffer(total + ALIGN);
     // The slots are aligned from the buffer's start; shift them so that their addresses are.
@@ -79,12 +92,14 @@ pub(crate) fn decode(
                 .par_iter()
                 .zip(parts.par_iter_mut())
                 .zip(own.par_iter_mut())
-                .filter(|((t, _), _)| vector(t) == vectors)
-                .try_for_each(|((t, part), own)| {
-                    let fill = match scales.get(&t.name) {
-                        Some(scale) => Fill::Scaled(scale),
-                        None if transposed.contains(&t.name) => Fill::Transposed,
-                        None => Fill::Plain,
+                .zip(packs.par_iter())
+                .filter(|(((t, _), _), _)| vector(t) == vectors)
+                .try_for_each(|(((t, part), own), pack)| {
+                    let fill = match (scales.get(&t.name), pack) {
+                        (_, Some(pk)) if part.is_some() => Fill::Packed(*pk),
+                        (Some(scale), _) => Fill::Scaled(scale),
+                        _ if transposed.contains(&t.name) => Fill::Transposed,
+                        _ => Fill::Plain,
                     };
                     match part {
                         Some(dst) => fill_f32(ckpt, t, fill, dst)?,
@@ -103,18 +118,29 @@ pub(crate) fn decode(
         .collect();
     let mut scales = scales(&first);
     drop(first);
-    // Only a tensor of rank 2 or more in the shared buffer, not transposed, is multiplied.
+    // Only a tensor of rank 2 or more in the shared buffer, not transposed or packed, is
+    // multiplied.
     let scalable: HashSet<&str> = infos
         .iter()
         .zip(&slots)
-        .filter(|(t, slot)| slot.is_some() && !vector(t) && !transposed.contains(&t.name))
-        .map(|(t, _)| t.name.as_str())
+        .zip(&packs)
+        .filter(|((t, slot), pack)| {
+            slot.is_some() && pack.is_none() && !vector(t) && !transposed.contains(&t.name)
+        })
+        .map(|((t, _), _)| t.name.as_str())
         .collect();
     scales.retain(|name, _| scalable.contains(name.as_str()));
     pass(false, &mut parts, &scales)?;
     drop(parts);
     let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
         .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
+    let was_packed: HashSet<String> = infos
+        .iter()
+        .zip(&slots)
+        .zip(&packs)
+        .filter(|((_, slot), pack)| slot.is_some() && pack.is_some())
+        .map(|((t, _), _)| t.name.clone())
+        .collect();
     let tensors = infos
         .iter()
         .zip(slots)
@@ -122,6 +148,12 @@ pub(crate) fn decode(
         .map(|((t, slot), x)| {
             let x = match (x, slot) {
                 (Some(x), _) => x,
+                (None, Some(r)) if was_packed.contains(&t.name) => shared
+                    .narrow(0, r.start, r.len())
+                    .map_err(|e| Error::Weight {
+                        name: t.name.clone(),
+                        what: crate::error::candle_message(&e),
+                    })?,
                 (None, Some(r)) => view(&shared, r, &t.shape, transposed.contains(&t.name))
                     .map_err(|e| Error::Weight {
                         name: t.name.clone(),
@@ -132,8 +164,12 @@ pub(crate) fn decode(
             Ok((t.name.clone(), x))
         })
         .collect::<Result<_>>()?;
-    Ok((tensors, scales.into_keys().collect()))
+    Ok((tensors, scales.into_keys().collect(), was_packed))
 }
+
+/// What [`decode`] returns: the tensors by name, the names of those multiplied for a fold,
+/// and the names of those packed.
+pub(crate) type DecodedWeights = (HashMap<String, Tensor>, HashSet<String>, HashSet<String>);
 
 /// The alignment of each tensor in the shared buffer of [`decode`], in f32 values (64 bytes:
 /// a cache line, an AVX-512 register).
@@ -143,10 +179,14 @@ const ALIGN: usize = 64 / 4;
 /// stretch starting on a 64-byte boundary for each float32 tensor that views its storage
 /// without overlap (its values fit inside the storage, so the buffer holds no more than the
 /// values the tensors would each be decoded into, and up to 60 bytes of padding each), `None`
-/// for any other tensor. The vectors (rank 0 or 1, decoded first by [`decode`]) come first,
+/// for any other tensor; a tensor with a packing in `packs` gets its packed length. The vectors (rank 0 or 1, decoded first by [`decode`]) come first,
 /// together: decoded across the buffer, they would fault in and clear its pages long before
 /// the large tensors are written there, out of cache by then.
-fn shared_slots(ckpt: &Checkpoint, infos: &[&TensorInfo]) -> Vec<Option<Range<usize>>> {
+fn shared_slots(
+    ckpt: &Checkpoint,
+    infos: &[&TensorInfo],
+    packs: &[Option<crate::ops::packed::Packing>],
+) -> Vec<Option<Range<usize>>> {
     let fits = |t: &TensorInfo| {
         t.dtype.name() == "float32"
             && t.quant.is_none()
@@ -161,10 +201,15 @@ fn shared_slots(ckpt: &Checkpoint, infos: &[&TensorInfo]) -> Vec<Option<Range<us
     let mut slots = vec![None; infos.len()];
     let mut next = 0usize;
     for vectors in [true, false] {
-        for (slot, t) in slots.iter_mut().zip(infos) {
+        for ((slot, t), pack) in slots.iter_mut().zip(infos).zip(packs) {
             if (t.shape.len() <= 1) == vectors && fits(t) {
+                let len = match (pack, &t.shape[..]) {
+                    (Some(pk), &[n, k]) => pk.len(n, k),
+                    _ => Some(t.numel()),
+                };
+                let Some(len) = len else { continue };
                 let start = next.next_multiple_of(ALIGN);
-                next = start + t.numel();
+                next = start + len;
                 *slot = Some(start..next);
             }
         }
@@ -203,6 +248,8 @@ enum Fill<'a> {
     /// f32: [`crate::prepare::bn_scaled`], as the build's fold of a batch norm computes it),
     /// as it is written.
     Scaled(&'a [f64]),
+    /// A 2-d tensor as the microkernel's panels ([`crate::ops::packed::Packing`]).
+    Packed(crate::ops::packed::Packing),
 }
 
 /// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer) as `fill` says.
@@ -215,7 +262,12 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
         Fill::Scaled(scale) => t.shape.first() == Some(&scale.len()),
         _ => true,
     };
-    if bytes.len() != dst.len() * 4 || !scales_fit {
+    let values = match (&fill, &t.shape[..]) {
+        (Fill::Packed(pk), &[n, k]) if pk.len(n, k) == Some(dst.len()) => n * k,
+        (Fill::Packed(_), _) => usize::MAX,
+        _ => dst.len(),
+    };
+    if Some(bytes.len()) != values.checked_mul(4) || !scales_fit {
         return Err(Error::Weight {
             name: t.name.clone(),
             what: format!(
@@ -232,6 +284,7 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
     }
     match (fill, &t.shape[..]) {
         (Fill::Transposed, &[n, k]) => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
+        (Fill::Packed(pk), &[n, k]) => pk.pack_le_into(&bytes, n, k, pk.block(k), dst),
         (Fill::Scaled(scale), _) => le_f32s_scaled_into(&bytes, scale, dst),
         _ => le_f32s_into(&bytes, dst),
     }
@@ -446,7 +499,8 @@ mod tests {
             .map(|t| t.name.clone())
             .collect();
         assert!(transposed.len() > 4);
-        let (decoded, _) = decode(&ckpt, &transposed, |_| HashMap::new()).unwrap();
+        let (decoded, _, _) =
+            decode(&ckpt, &transposed, &HashSet::new(), |_| HashMap::new()).unwrap();
         assert_eq!(decoded.len(), infos.len());
         let mut storages = HashSet::new();
         let mut others = 0;

@@ -203,3 +203,24 @@ fn zoo_fixtures_exercise_what_they_are_there_for() {
         .iter()
         .any(|o| o.contains("wrap_with_autocast")));
 }
+
+/// Where the CPU has the gemm's microkernels, a plain export's Linears run with their
+/// weights packed at load (so `zoo_models_match_pytorch` checks that path against torch's
+/// outputs): none is left as `aten.linear`.
+#[test]
+fn linears_run_with_packed_weights() {
+    if torchport_runtime::ops::packed::Packing::detect().is_none() {
+        return;
+    }
+    for name in [
+        "hf_bert_mask.plain.pt2",
+        "hf_llama_mask.plain.pt2",
+        "timm_vit.plain.pt2",
+    ] {
+        let p = torchport_runtime::Program::load(fixtures().join(name)).unwrap();
+        let ops = p.ops();
+        let count = |op: &str| ops.iter().find(|o| o.op == op).map_or(0, |o| o.count);
+        assert!(count("torchport.linear_packed.default") >= 4, "{name}");
+        assert_eq!(count("aten.linear.default"), 0, "{name}");
+    }
+}

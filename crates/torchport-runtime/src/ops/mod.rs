@@ -26,6 +26,7 @@ pub mod interp;
 pub mod linalg;
 pub mod math;
 pub mod norm;
+pub mod packed;
 pub mod pad;
 pub mod pointwise;
 pub mod pool;
@@ -75,6 +76,7 @@ impl Registry {
         linalg::register(&mut r);
         math::register(&mut r);
         norm::register(&mut r);
+        packed::register(&mut r);
         pool::register(&mut r);
         rearrange::register(&mut r);
         sample::register(&mut r);

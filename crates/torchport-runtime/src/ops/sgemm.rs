@@ -261,7 +261,7 @@ unsafe fn into(
 /// 512 x 49 x 2048: 1.01 / 1.35 / 2.01; a 64-channel 3x3 conv on 56 x 56 (64 x 3136 x 576):
 /// 1.01 / 1.90 / –; BERT-base's linears at batch 8 (1024 x 768 x 768): 1.68–1.84 / 1.86–1.93
 /// / 1.89–1.98; batch 1 (128 x 3072 x 768): 1.95 / 1.98 / 1.57.
-fn tiles(m: usize, n: usize, k: usize, threads: usize) -> (usize, usize) {
+pub(crate) fn tiles(m: usize, n: usize, k: usize, threads: usize) -> (usize, usize) {
     let work = m.saturating_mul(n).saturating_mul(k);
     let mut best = (1, 1);
     let mut best_side = usize::MAX;

@@ -54,6 +54,25 @@ fn transposed_read(node: &Node, input: &str) -> bool {
 /// reads transposed: those [`pretranspose_linear_weights`] re-lays out when they are 2-d
 /// f32. `Program::load` asks before decoding the weights, to decode these transposed at once.
 pub fn transposed_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> HashSet<&str> {
+    weights_read_only(graph, is_weight, transposed_read)
+}
+
+/// The weights (graph input names for which `is_weight` holds) read only as a Linear's
+/// `weight`: those `Program::load` decodes packed for the microkernel
+/// ([`crate::ops::packed`]), rewriting their Linears with [`pack_linears`].
+pub fn linear_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> HashSet<&str> {
+    weights_read_only(graph, is_weight, |node, input| {
+        op_key(&node.target) == "aten.linear.default" && input == "weight"
+    })
+}
+
+/// The weights every reader of `graph` reads as `accept` says (and that the graph does not
+/// return).
+fn weights_read_only(
+    graph: &Graph,
+    is_weight: impl Fn(&str) -> bool,
+    accept: impl Fn(&Node, &str) -> bool,
+) -> HashSet<&str> {
     let mut ok: HashSet<&str> = HashSet::new();
     let mut bad: HashSet<&str> = HashSet::new();
     for node in &graph.nodes {
@@ -62,7 +81,7 @@ pub fn transposed_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> Ha
                 if !is_weight(n) {
                     continue;
                 }
-                if matches!(&a.arg, Argument::AsTensor(_)) && transposed_read(node, &a.name) {
+                if matches!(&a.arg, Argument::AsTensor(_)) && accept(node, &a.name) {
                     ok.insert(n);
                 } else {
                     bad.insert(n);
@@ -78,6 +97,33 @@ pub fn transposed_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> Ha
     }
     ok.retain(|n| !bad.contains(n));
     ok
+}
+
+/// Rewrite each Linear whose weight is a graph input in `packed` (name to `[n, k]` and the
+/// block width the load packed it with) to [`crate::ops::packed::TARGET`], which reads the
+/// packed values. Returns how many were rewritten.
+pub fn pack_linears(graph: &mut Graph, packed: &HashMap<String, (usize, usize, usize)>) -> usize {
+    let mut count = 0;
+    for node in &mut graph.nodes {
+        if op_key(&node.target) != "aten.linear.default" {
+            continue;
+        }
+        let weight = node.inputs.iter().find_map(|a| match &a.arg {
+            Argument::AsTensor(t) if a.name == "weight" => packed.get(&t.name),
+            _ => None,
+        });
+        let Some(&(n, k, kc)) = weight else { continue };
+        node.target = crate::ops::packed::TARGET.to_string();
+        for (name, v) in [("out_features", n), ("in_features", k), ("block", kc)] {
+            node.inputs.push(crate::schema::NamedArgument {
+                name: name.to_string(),
+                arg: Argument::AsInt(v as i64),
+                kind: None,
+            });
+        }
+        count += 1;
+    }
+    count
 }
 
 /// Re-lay out, in place, the 2-d f32 weights (by graph input name) that every reader of

@@ -1,0 +1,591 @@
+//! Linear weights packed once, at load, in the layout the gemm's microkernel reads, and the
+//! product that reads them so.
+//!
+//! For `y = x @ w.T` (`w: [n, k]`, torch's Linear weight) the `gemm` crate copies `w` into
+//! panels of `mr` rows (`mr` = 64 with AVX-512) by blocks of `kc` columns on every call, then
+//! runs its microkernel over the panels; with the weight already stored so, [`sgemm_packed`] runs the
+//! same microkernels (the crate's own, `gemm_f32::microkernel`) over the same cache blocks
+//! (`gemm_common::cache::kernel_params`) and copies nothing. The copy was 4.6% of a
+//! 1024 x 768 x 768 product's samples and 14% of a 128 x 768 x 768 one's (`perf`, one thread;
+//! BENCHMARKS.md, issue 14).
+//!
+//! The layout ([`Packing`]): the `kc`-column blocks of `w` one after another; in each, the
+//! panels of `mr` rows (`n` rounded up to `mr`, the extra rows zero); in a panel, column after
+//! column, each the panel's `mr` values. `Program::load` writes it straight from the
+//! archive's bytes for the weights read only as a Linear's weight, and rewrites those nodes to
+//! [`TARGET`], whose kernel reads the packed values with [`product_packed`].
+
+use candle_core::Tensor;
+use gemm_common::microkernel::MicroKernelFn;
+
+use super::sgemm::{tiles, Mat};
+use super::Registry;
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::value::{one, Args, Outputs};
+
+/// The node target of a Linear whose weight is packed: arguments `input`, `weight` (the
+/// packed values, 1-d), optional `bias`, and the ints `out_features` (`n`), `in_features`
+/// (`k`) and `block` (`kc`).
+pub const TARGET: &str = "torchport.linear_packed.default";
+
+/// Register the kernel.
+pub fn register(r: &mut Registry) {
+    r.add(TARGET, linear_packed);
+}
+
+/// The microkernels of this CPU and the panel shape they read.
+#[derive(Clone, Copy)]
+pub struct Packing {
+    /// Weight rows per panel: the microkernel's column of outputs.
+    pub mr: usize,
+    /// Rows of `x` per microkernel call.
+    nr: usize,
+    /// f32 lanes per register.
+    lanes: usize,
+    /// The microkernel for `(registers - 1, rows of x - 1)`.
+    kernel: fn(usize, usize) -> MicroKernelFn<f32>,
+}
+
+impl Packing {
+    /// The packing for this CPU's microkernels (the ones the gemm crate itself would pick):
+    /// AVX-512, or AVX2 with FMA; `None` elsewhere (Linears then keep the transposed layout).
+    pub fn detect() -> Option<Packing> {
+        static DETECTED: std::sync::OnceLock<Option<Packing>> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use gemm_f32::microkernel as uk;
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    return Some(Packing {
+                        mr: uk::avx512f::f32::MR_DIV_N * 16,
+                        nr: uk::avx512f::f32::NR,
+                        lanes: 16,
+                        kernel: |v, c| uk::avx512f::f32::UKR[v][c],
+                    });
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    return Some(Packing {
+                        mr: uk::fma::f32::MR_DIV_N * 8,
+                        nr: uk::fma::f32::NR,
+                        lanes: 8,
+                        kernel: |v, c| uk::fma::f32::UKR[v][c],
+                    });
+                }
+            }
+            None
+        })
+    }
+
+    /// The columns per block for an inner dimension `k`: the gemm's own choice (it depends on
+    /// `k` and the caches only).
+    pub fn block(&self, k: usize) -> usize {
+        gemm_common::cache::kernel_params(self.mr, self.nr, k, self.mr, self.nr, 4)
+            .kc
+            .clamp(1, k.max(1))
+    }
+
+    /// The packed length of an `[n, k]` weight, `None` on overflow.
+    pub fn len(&self, n: usize, k: usize) -> Option<usize> {
+        n.checked_next_multiple_of(self.mr)?.checked_mul(k)
+    }
+
+    /// Pack the `[n, k]` weight held as little-endian f32 `bytes` (row-major) into `dst`
+    /// (`self.len(n, k)` values), in blocks of `kc` columns, panels in parallel.
+    pub fn pack_le_into(&self, bytes: &[u8], n: usize, k: usize, kc: usize, dst: &mut [f32]) {
+        use rayon::prelude::*;
+        let mr = self.mr;
+        let n_pad = n.next_multiple_of(mr);
+        if k == 0 || n == 0 || bytes.len() < n * k * 4 || dst.len() < n_pad * k {
+            return;
+        }
+        let mut rest = &mut dst[..n_pad * k];
+        let mut p0 = 0;
+        while p0 < k {
+            let kb = kc.min(k - p0);
+            let (block, tail) = std::mem::take(&mut rest).split_at_mut(n_pad * kb);
+            rest = tail;
+            block
+                .par_chunks_mut(mr * kb)
+                .enumerate()
+                .for_each(|(q, panel)| {
+                    // 16 columns at a time: one cache line of each of the panel's rows,
+                    // written into 16 of the panel's columns (4 KiB with AVX-512).
+                    for c0 in (0..kb).step_by(16) {
+                        let c1 = (c0 + 16).min(kb);
+                        for r in 0..mr {
+                            let i = q * mr + r;
+                            let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
+                            if i < n {
+                                let at = (i * k + p0 + c0) * 4;
+                                let src = bytes[at..at + (c1 - c0) * 4].chunks_exact(4);
+                                for (d, c) in cols.zip(src) {
+                                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                                }
+                            } else {
+                                cols.take(c1 - c0).for_each(|d| *d = 0.0);
+                            }
+                        }
+                    }
+                });
+            p0 += kb;
+        }
+    }
+}
+
+/// A packed `[n, k]` weight: its values, shape and block width.
+#[derive(Clone, Copy)]
+pub struct Packed<'a> {
+    /// The values, in [`Packing`]'s layout.
+    pub data: &'a [f32],
+    /// Output features (rows of the weight).
+    pub n: usize,
+    /// Input features (columns of the weight).
+    pub k: usize,
+    /// Columns per block.
+    pub kc: usize,
+}
+
+/// `dst = (accumulate ? dst : 0) + scale * x @ w.T` for `x: [m, k]` (any strides) and `dst` a
+/// row-major `[m, n]` block with row stride `ldd`, over the pool's threads as output tiles
+/// when `parallel` (as [`super::sgemm::sgemm`]). Returns false (and writes nothing) when a
+/// view does not fit its slice, the packed length does not match, `k` is 0, or this CPU has
+/// no packing.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_packed(
+    m: usize,
+    x: Mat,
+    w: Packed,
+    dst: &mut [f32],
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+    parallel: bool,
+) -> bool {
+    let fits = m == 0
+        || w.n == 0
+        || (m - 1)
+            .checked_mul(ldd)
+            .and_then(|a| a.checked_add(w.n - 1))
+            .is_some_and(|last| last < dst.len());
+    // SAFETY: `dst` holds the [m, n] block (checked here, the rest by `into`) and its mutable
+    // borrow keeps anything else from touching it meanwhile.
+    #[allow(unsafe_code)]
+    let ok = fits
+        && unsafe {
+            into(
+                m,
+                x,
+                w,
+                Out(dst.as_mut_ptr()),
+                ldd,
+                accumulate,
+                scale,
+                parallel,
+            )
+        };
+    ok
+}
+
+/// `scale * x @ w.T` for `x: [m, k]` as a new row-major `[m, n]` buffer, written once by the
+/// product; threads as in [`sgemm_packed`]. `None` where it returns false.
+pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, parallel: bool) -> Option<Vec<f32>> {
+    let len = m.checked_mul(w.n)?;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    // SAFETY: the capacity holds the [m, n] block at row stride n, and `out` is new, so
+    // nothing else touches it.
+    #[allow(unsafe_code)]
+    let ok = unsafe { into(m, x, w, Out(out.as_mut_ptr()), w.n, false, scale, parallel) };
+    if !ok {
+        return None;
+    }
+    // SAFETY: `into` returned true with `accumulate` false: k > 0, so the first block of
+    // columns wrote every element of every tile, the tiles cover the block, and none was
+    // read before it was written.
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(len)
+    };
+    Some(out)
+}
+
+/// The product behind [`sgemm_packed`] and [`product_packed`]; false (nothing written)
+/// where [`sgemm_packed`] says.
+///
+/// # Safety
+///
+/// `out` points to an `[m, n]` block at row stride `ldd` that nothing else reads or writes
+/// meanwhile.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+unsafe fn into(
+    m: usize,
+    x: Mat,
+    w: Packed,
+    out: Out,
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+    parallel: bool,
+) -> bool {
+    let Some(pk) = Packing::detect() else {
+        return false;
+    };
+    let (n, k) = (w.n, w.k);
+    let x_fits = m == 0
+        || (m - 1)
+            .checked_mul(x.rs)
+            .zip((k.max(1) - 1).checked_mul(x.cs))
+            .and_then(|(a, b)| a.checked_add(b))
+            .is_some_and(|last| last < x.data.len());
+    if k == 0
+        || w.kc == 0
+        || pk.len(n, k) != Some(w.data.len())
+        || !x_fits
+        || (n > ldd && m > 1)
+        || isize::try_from(ldd).is_err()
+        || isize::try_from(x.rs).is_err()
+        || isize::try_from(x.cs).is_err()
+    {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    let threads = rayon::current_num_threads();
+    let panels = n.div_ceil(pk.mr);
+    // Split as the unpacked product would be split, but over whole panels of the weight first:
+    // each thread then reads its own part of the weight, where row bands each read all of it
+    // (BERT-base at batch 8 on 2 threads: the Linears took 1,055-1,157 ms this way, 1,162-
+    // 1,273 in row bands, 1,139-1,299 unpacked; BENCHMARKS.md, issue 14). Rows of x are split
+    // too only when the threads outnumber the panels.
+    let (row_bands, col_bands) = match parallel {
+        true if tiles(m, n, k, threads) != (1, 1) => {
+            let cols = threads.min(panels);
+            let rows = (threads / cols).min(m / 64).max(1);
+            (rows, cols)
+        }
+        _ => (1, 1),
+    };
+    // Rows of x, and whole panels of w, split into bands.
+    let band = |len: usize, parts: usize, i: usize| {
+        let size = len.div_ceil(parts);
+        let start = (i * size).min(len);
+        start..(start + size).min(len)
+    };
+    let run = |t: usize| {
+        let rows = band(m, row_bands, t / col_bands);
+        let cols = band(panels, col_bands, t % col_bands);
+        if !rows.is_empty() && !cols.is_empty() {
+            // SAFETY: the views fit (checked above and by the caller), the tiles are
+            // disjoint, and the caller keeps the block to this call.
+            unsafe { tile(&pk, x, w, out, ldd, accumulate, scale, rows, cols) };
+        }
+    };
+    if row_bands * col_bands < 2 {
+        run(0);
+    } else {
+        use rayon::prelude::*;
+        (0..row_bands * col_bands).into_par_iter().for_each(run);
+    }
+    true
+}
+
+/// The output's base pointer, handed to the threads computing its tiles.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each thread writes a disjoint tile of the output through it (see `sgemm_packed`),
+// whose caller keeps the output to itself until they are done.
+#[allow(unsafe_code)]
+unsafe impl Send for Out {}
+#[allow(unsafe_code)]
+unsafe impl Sync for Out {}
+
+/// Rows `rows` of `x` against panels `panels` of `w`, on this thread: for each block of
+/// `kc` columns, for each run of panels that fits the L2 cache, for each `nr` rows of `x`,
+/// the microkernel on each panel (the gemm crate's loop order).
+///
+/// # Safety
+///
+/// `x` and `out` (row stride `ldd`) fit `[m, k]` and `[m, n]` views, `w` holds `pk.len(n,
+/// k)` values, `rows` and `panels` lie inside, and nothing else touches the tile meanwhile.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+unsafe fn tile(
+    pk: &Packing,
+    x: Mat,
+    w: Packed,
+    out: Out,
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+) {
+    let (n, k, mr, nr) = (w.n, w.k, pk.mr, pk.nr);
+    let n_pad = n.next_multiple_of(mr);
+    let mc = gemm_common::cache::kernel_params(n, rows.len(), k, mr, nr, 4).mc;
+    let run = (mc / mr).max(1);
+    let mut p0 = 0;
+    while p0 < k {
+        let kb = w.kc.min(k - p0);
+        // The first block writes (or adds to what the caller left), the rest add.
+        let status = if p0 == 0 && !accumulate { 0 } else { 1 };
+        let block = w.data.as_ptr().add(p0 * n_pad);
+        let mut q0 = panels.start;
+        while q0 < panels.end {
+            let q1 = (q0 + run).min(panels.end);
+            let mut j = rows.start;
+            while j < rows.end {
+                let nj = nr.min(rows.end - j);
+                let xj = x.data.as_ptr().add(j * x.rs + p0 * x.cs);
+                for q in q0..q1 {
+                    let i0 = q * mr;
+                    let mi = mr.min(n - i0);
+                    let kernel = (pk.kernel)(mi.div_ceil(pk.lanes) - 1, nj - 1);
+                    kernel(
+                        mi,
+                        nj,
+                        kb,
+                        out.0.add(j * ldd + i0),
+                        block.add(q * mr * kb),
+                        xj,
+                        ldd as isize,
+                        1,
+                        mr as isize,
+                        x.cs as isize,
+                        x.rs as isize,
+                        1.0,
+                        scale,
+                        status,
+                        false,
+                        false,
+                        false,
+                        std::ptr::null(),
+                    );
+                }
+                j += nj;
+            }
+            q0 = q1;
+        }
+        p0 += kb;
+    }
+}
+
+/// `torchport.linear_packed`: `input @ weight.T + bias` with the weight packed.
+fn linear_packed(a: &Args) -> OpResult<Outputs> {
+    use super::fused::{repeated_rows, with_f32};
+    let x = super::float(&a.tensor("input")?)?;
+    let w = a.tensor("weight")?;
+    let dim = |name: &str| -> OpResult<usize> {
+        usize::try_from(a.int(name)?).map_err(|_| crate::error::OpError(format!("{name} < 0")))
+    };
+    let (n, k, kc) = (dim("out_features")?, dim("in_features")?, dim("block")?);
+    let bias = a
+        .opt_tensor("bias")?
+        .map(|b| super::float(&b))
+        .transpose()?;
+    if x.rank() == 0 || x.dims()[x.rank() - 1] != k {
+        op_bail!(
+            "input of shape {:?} for a Linear of {k} input features",
+            x.dims()
+        );
+    }
+    if let Some(b) = &bias {
+        if b.dims() != [n] {
+            op_bail!("bias of shape {:?} for {n} output features", b.dims());
+        }
+    }
+    let rows = x.elem_count() / k.max(1);
+    let x = super::strided::contiguous_f32(&x).unwrap_or(x);
+    let out = with_f32(&w, |wd| {
+        let w = Packed { data: wd, n, k, kc };
+        with_f32(&x, |xs| {
+            let x = Mat::rows(xs, k);
+            match &bias {
+                // Onto the bias rows (each written once: no zeroing first).
+                Some(b) => {
+                    let mut out = repeated_rows(rows, &b.to_vec1::<f32>().ok()?);
+                    sgemm_packed(rows, x, w, &mut out, n, true, 1.0, true).then_some(out)
+                }
+                None => product_packed(rows, x, w, 1.0, true),
+            }
+        })
+        .flatten()
+    })
+    .flatten();
+    let Some(out) = out else {
+        op_bail!(
+            "packed Linear weight of {} values does not hold [{n}, {k}] (block {kc}), or the input is not float32",
+            w.elem_count()
+        );
+    };
+    let mut shape = x.dims()[..x.rank() - 1].to_vec();
+    shape.push(n);
+    one(Tensor::from_vec(out, shape, x.device())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `w` (`[n, k]`, row-major) packed from its little-endian bytes.
+    fn pack(pk: &Packing, w: &[f32], n: usize, k: usize) -> (Vec<f32>, usize) {
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let kc = pk.block(k);
+        let mut out = vec![f32::NAN; pk.len(n, k).unwrap()];
+        pk.pack_le_into(&bytes, n, k, kc, &mut out);
+        (out, kc)
+    }
+
+    /// Against a direct product in f64 (the values are multiples of 1/8 small enough that
+    /// every sum is exact in f32): panels cut short (`n` not a multiple of the panel), more
+    /// than one block of columns (`k` over the block width), rows of `x` not a multiple of the
+    /// microkernel's, accumulation onto a bias with a scale into a wider output, a strided
+    /// `x`, and tiles over 1 to 4 threads (whole panels per thread, and rows split too where
+    /// the threads outnumber the panels). And the same bits as the unpacked product.
+    #[test]
+    fn packed_products_match_direct_products() {
+        let Some(pk) = Packing::detect() else {
+            return;
+        };
+        for (m, n, k, threads) in [
+            (13, 130, 1100, 1),
+            (200, 131, 100, 2),
+            (131, 300, 700, 4),
+            (200, 70, 300, 4),
+            (1, 70, 33, 3),
+            (67, 1, 5, 2),
+        ] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            // x stored transposed (x[j, p] at p * m + j) to exercise the strides.
+            let xt: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.25 - 1.0).collect();
+            let x = Mat {
+                data: &xt,
+                rs: 1,
+                cs: m,
+            };
+            let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 * 0.5 - 1.5).collect();
+            let (packed, kc) = pack(&pk, &w, n, k);
+            assert!(packed.iter().all(|v| !v.is_nan()), "every value written");
+            if k == 1100 {
+                assert!(kc < k, "more than one block of columns");
+            }
+            let wp = Packed {
+                data: &packed,
+                n,
+                k,
+                kc,
+            };
+            let ldd = n + 3;
+            let mut got = vec![2.0f32; m * ldd];
+            let ok = pool.install(|| sgemm_packed(m, x, wp, &mut got, ldd, true, 0.5, true));
+            assert!(ok, "{m} x {n} x {k}");
+            let fresh = pool
+                .install(|| product_packed(m, x, wp, 1.0, true))
+                .unwrap();
+            let mut unpacked = vec![0f32; m * n];
+            let wt = Mat {
+                data: &w,
+                rs: 1,
+                cs: k,
+            };
+            assert!(super::super::sgemm::sgemm(
+                m,
+                n,
+                k,
+                x,
+                wt,
+                &mut unpacked,
+                n,
+                false,
+                1.0,
+                false
+            ));
+            for j in 0..m {
+                for i in 0..ldd {
+                    let dot: f64 = (0..k)
+                        .map(|p| f64::from(xt[p * m + j]) * f64::from(w[i.min(n - 1) * k + p]))
+                        .sum();
+                    let want = if i < n { 2.0 + 0.5 * dot } else { 2.0 };
+                    assert_eq!(got[j * ldd + i], want as f32, "{m}x{n}x{k} at ({j}, {i})");
+                    if i < n {
+                        assert_eq!(fresh[j * n + i], dot as f32, "{m}x{n}x{k} at ({j}, {i})");
+                    }
+                }
+            }
+            if m > 64 && n > 64 {
+                assert_eq!(fresh, unpacked, "the unpacked gemm's bits, {m}x{n}x{k}");
+            }
+        }
+    }
+
+    /// A packed weight of the wrong length, an `x` that does not fit its slice, an output
+    /// too short: refused, nothing written.
+    #[test]
+    fn packed_products_refuse_views_that_do_not_fit() {
+        let Some(pk) = Packing::detect() else {
+            return;
+        };
+        let (m, n, k) = (4, 5, 6);
+        let w = vec![1f32; n * k];
+        let (packed, kc) = pack(&pk, &w, n, k);
+        let x = vec![1f32; m * k];
+        let wp = Packed {
+            data: &packed,
+            n,
+            k,
+            kc,
+        };
+        let short = Packed {
+            data: &packed[1..],
+            ..wp
+        };
+        let mut out = vec![7f32; m * n];
+        assert!(!sgemm_packed(
+            m,
+            Mat::rows(&x, k),
+            short,
+            &mut out,
+            n,
+            false,
+            1.0,
+            true
+        ));
+        assert!(!sgemm_packed(
+            m,
+            Mat::rows(&x[1..], k),
+            wp,
+            &mut out,
+            n,
+            false,
+            1.0,
+            true
+        ));
+        assert!(!sgemm_packed(
+            m,
+            Mat::rows(&x, k),
+            wp,
+            &mut out[1..],
+            n,
+            false,
+            1.0,
+            true
+        ));
+        assert!(out.iter().all(|&v| v == 7.0));
+        assert!(sgemm_packed(
+            m,
+            Mat::rows(&x, k),
+            wp,
+            &mut out,
+            n,
+            false,
+            1.0,
+            true
+        ));
+        assert!(out.iter().all(|&v| v == k as f32));
+    }
+}
