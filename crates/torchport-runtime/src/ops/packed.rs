@@ -49,34 +49,41 @@ pub struct Packing {
 
 impl Packing {
     /// The packing for this CPU's microkernels (the ones the gemm crate itself would pick):
-    /// AVX-512, or AVX2 with FMA; `None` elsewhere (Linears then keep the transposed layout).
+    /// the first of [`Packing::available`]; `None` where there is none (Linears then keep
+    /// the transposed layout).
     pub fn detect() -> Option<Packing> {
         static DETECTED: std::sync::OnceLock<Option<Packing>> = std::sync::OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                use gemm_f32::microkernel as uk;
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    return Some(Packing {
-                        mr: uk::avx512f::f32::MR_DIV_N * 16,
-                        nr: uk::avx512f::f32::NR,
-                        lanes: 16,
-                        kernel: |v, c| uk::avx512f::f32::UKR[v][c],
-                    });
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    return Some(Packing {
-                        mr: uk::fma::f32::MR_DIV_N * 8,
-                        nr: uk::fma::f32::NR,
-                        lanes: 8,
-                        kernel: |v, c| uk::fma::f32::UKR[v][c],
-                    });
-                }
+        *DETECTED.get_or_init(|| Packing::available().first().copied())
+    }
+
+    /// Every packing this CPU can run, widest registers first: AVX-512 (64-row panels), AVX2
+    /// with FMA (16-row panels).
+    pub fn available() -> Vec<Packing> {
+        #[allow(unused_mut)]
+        let mut all = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use gemm_f32::microkernel as uk;
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                all.push(Packing {
+                    mr: uk::avx512f::f32::MR_DIV_N * 16,
+                    nr: uk::avx512f::f32::NR,
+                    lanes: 16,
+                    kernel: |v, c| uk::avx512f::f32::UKR[v][c],
+                });
             }
-            None
-        })
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                all.push(Packing {
+                    mr: uk::fma::f32::MR_DIV_N * 8,
+                    nr: uk::fma::f32::NR,
+                    lanes: 8,
+                    kernel: |v, c| uk::fma::f32::UKR[v][c],
+                });
+            }
+        }
+        all
     }
 
     /// The columns per block for an inner dimension `k`: the gemm's own choice (it depends on
@@ -135,9 +142,12 @@ impl Packing {
     }
 }
 
-/// A packed `[n, k]` weight: its values, shape and block width.
+/// A packed `[n, k]` weight: its values, shape, block width and the packing it was packed
+/// for.
 #[derive(Clone, Copy)]
 pub struct Packed<'a> {
+    /// The panel shape and microkernels.
+    pub packing: Packing,
     /// The values, in [`Packing`]'s layout.
     pub data: &'a [f32],
     /// Output features (rows of the weight).
@@ -151,8 +161,7 @@ pub struct Packed<'a> {
 /// `dst = (accumulate ? dst : 0) + scale * x @ w.T` for `x: [m, k]` (any strides) and `dst` a
 /// row-major `[m, n]` block with row stride `ldd`, over the pool's threads as output tiles
 /// when `parallel` (as [`super::sgemm::sgemm`]). Returns false (and writes nothing) when a
-/// view does not fit its slice, the packed length does not match, `k` is 0, or this CPU has
-/// no packing.
+/// view does not fit its slice, the packed length does not match, or `k` is 0.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_packed(
     m: usize,
@@ -229,9 +238,7 @@ unsafe fn into(
     scale: f32,
     parallel: bool,
 ) -> bool {
-    let Some(pk) = Packing::detect() else {
-        return false;
-    };
+    let pk = w.packing;
     let (n, k) = (w.n, w.k);
     let x_fits = m == 0
         || (m - 1)
@@ -398,8 +405,17 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
     }
     let rows = x.elem_count() / k.max(1);
     let x = super::strided::contiguous_f32(&x).unwrap_or(x);
+    let Some(packing) = Packing::detect() else {
+        op_bail!("this CPU has no microkernel for packed Linear weights");
+    };
     let out = with_f32(&w, |wd| {
-        let w = Packed { data: wd, n, k, kc };
+        let w = Packed {
+            packing,
+            data: wd,
+            n,
+            k,
+            kc,
+        };
         with_f32(&x, |xs| {
             let x = Mat::rows(xs, k);
             match &bias {
@@ -443,20 +459,31 @@ mod tests {
     /// than one block of columns (`k` over the block width), rows of `x` not a multiple of the
     /// microkernel's, accumulation onto a bias with a scale into a wider output, a strided
     /// `x`, and tiles over 1 to 4 threads (whole panels per thread, and rows split too where
-    /// the threads outnumber the panels). And the same bits as the unpacked product.
+    /// the threads outnumber the panels). And the same bits as the unpacked product. With
+    /// every packing the CPU has (AVX-512 and AVX2 here).
     #[test]
     fn packed_products_match_direct_products() {
-        let Some(pk) = Packing::detect() else {
-            return;
-        };
-        for (m, n, k, threads) in [
-            (13, 130, 1100, 1),
-            (200, 131, 100, 2),
-            (131, 300, 700, 4),
-            (200, 70, 300, 4),
-            (1, 70, 33, 3),
-            (67, 1, 5, 2),
-        ] {
+        let all = Packing::available();
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            all.len(),
+            usize::from(std::arch::is_x86_feature_detected!("avx512f"))
+                + usize::from(
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                )
+        );
+        for (pk, (m, n, k, threads)) in all.iter().flat_map(|pk| {
+            [
+                (13, 130, 1100, 1),
+                (200, 131, 100, 2),
+                (131, 300, 700, 4),
+                (200, 70, 300, 4),
+                (1, 70, 33, 3),
+                (67, 1, 5, 2),
+            ]
+            .map(|c| (pk, c))
+        }) {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
@@ -469,12 +496,13 @@ mod tests {
                 cs: m,
             };
             let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 * 0.5 - 1.5).collect();
-            let (packed, kc) = pack(&pk, &w, n, k);
+            let (packed, kc) = pack(pk, &w, n, k);
             assert!(packed.iter().all(|v| !v.is_nan()), "every value written");
             if k == 1100 {
                 assert!(kc < k, "more than one block of columns");
             }
             let wp = Packed {
+                packing: *pk,
                 data: &packed,
                 n,
                 k,
@@ -535,6 +563,7 @@ mod tests {
         let (packed, kc) = pack(&pk, &w, n, k);
         let x = vec![1f32; m * k];
         let wp = Packed {
+            packing: pk,
             data: &packed,
             n,
             k,
