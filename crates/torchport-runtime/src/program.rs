@@ -267,7 +267,8 @@ impl Program {
             crate::prepare::fuse_conv_residuals(&mut ep.graph_module.graph);
             crate::prepare::fuse_pointwise_chains(&mut ep.graph_module.graph);
         }
-        crate::prepare::pack_linears(&mut ep.graph_module.graph, &packed);
+        crate::prepare::pack_linears(&mut ep.graph_module.graph, &packed)
+            .map_err(Error::Program)?;
         let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);
         let (outputs, mut mutations) = user_outputs(&ep)?;

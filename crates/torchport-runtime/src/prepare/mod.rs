@@ -101,8 +101,12 @@ fn weights_read_only(
 
 /// Rewrite each Linear whose weight is a graph input in `packed` (name to `[n, k]` and the
 /// block width the load packed it with) to [`crate::ops::packed::TARGET`], which reads the
-/// packed values. Returns how many were rewritten.
-pub fn pack_linears(graph: &mut Graph, packed: &HashMap<String, (usize, usize, usize)>) -> usize {
+/// packed values. Returns how many were rewritten, or why not, when anything else reads a
+/// packed weight (or the graph returns one): it would get the packed values.
+pub fn pack_linears(
+    graph: &mut Graph,
+    packed: &HashMap<String, (usize, usize, usize)>,
+) -> Result<usize, String> {
     let mut count = 0;
     for node in &mut graph.nodes {
         if op_key(&node.target) != "aten.linear.default" {
@@ -123,7 +127,31 @@ pub fn pack_linears(graph: &mut Graph, packed: &HashMap<String, (usize, usize, u
         }
         count += 1;
     }
-    count
+    let refuse = |name: &str, reader: &str| {
+        Err(format!(
+            "the Linear weight '{name}' was packed at load, but {reader} also reads it"
+        ))
+    };
+    for node in &graph.nodes {
+        for a in &node.inputs {
+            let read = tensor_names(&a.arg)
+                .into_iter()
+                .find(|n| packed.contains_key(*n));
+            if let Some(n) = read {
+                if node.target != crate::ops::packed::TARGET || a.name != "weight" {
+                    return refuse(n, &node.target);
+                }
+            }
+        }
+    }
+    for o in &graph.outputs {
+        if let Argument::AsTensor(t) = o {
+            if packed.contains_key(&t.name) {
+                return refuse(&t.name, "the graph's output");
+            }
+        }
+    }
+    Ok(count)
 }
 
 /// Re-lay out, in place, the 2-d f32 weights (by graph input name) that every reader of
@@ -866,6 +894,45 @@ mod tests {
             "tensor_values": meta,
         }))
         .unwrap()
+    }
+
+    /// Only the Linears reading a packed weight are rewritten, with its shape and block; a
+    /// packed weight that anything else reads (or the graph returns) is refused, not handed
+    /// over in its packed layout.
+    #[test]
+    fn linears_with_packed_weights_are_rewritten_and_other_readers_refused() {
+        let calls: [Call; 2] = [
+            ("linear.default", &[("input", "x"), ("weight", "w")], "y"),
+            ("linear.default", &[("input", "y"), ("weight", "v")], "z"),
+        ];
+        let packed: HashMap<String, (usize, usize, usize)> = [("w".to_string(), (8, 4, 4))].into();
+        let mut g = graph(&calls, &[], "z");
+        assert_eq!(pack_linears(&mut g, &packed), Ok(1));
+        assert_eq!(g.nodes[0].target, crate::ops::packed::TARGET);
+        assert_eq!(op_key(&g.nodes[1].target), "aten.linear.default");
+        let ints: Vec<(&str, i64)> = g.nodes[0]
+            .inputs
+            .iter()
+            .filter_map(|a| match a.arg {
+                Argument::AsInt(v) => Some((a.name.as_str(), v)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            ints,
+            [("out_features", 8), ("in_features", 4), ("block", 4)]
+        );
+        // Read by something else too.
+        let calls: [Call; 2] = [
+            ("linear.default", &[("input", "x"), ("weight", "w")], "y"),
+            ("mul.Tensor", &[("self", "y"), ("other", "w")], "z"),
+        ];
+        let err = pack_linears(&mut graph(&calls, &[], "z"), &packed).unwrap_err();
+        assert!(err.contains("'w'") && err.contains("mul.Tensor"), "{err}");
+        // Returned by the graph.
+        let calls: [Call; 1] = [("linear.default", &[("input", "x"), ("weight", "w")], "y")];
+        let err = pack_linears(&mut graph(&calls, &[], "w"), &packed).unwrap_err();
+        assert!(err.contains("output"), "{err}");
     }
 
     /// The residual fold on small graphs: folded (with the relu after) when the conv's output
