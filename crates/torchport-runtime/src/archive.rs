@@ -284,7 +284,14 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
     }
     match (fill, &t.shape[..]) {
         (Fill::Transposed, &[n, k]) => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
-        (Fill::Packed(pk), &[n, k]) => pk.pack_le_into(&bytes, n, k, pk.block(k), dst),
+        (Fill::Packed(pk), &[n, k]) => {
+            if !pk.pack_le_into(&bytes, n, k, pk.block(k), dst) {
+                return Err(Error::Weight {
+                    name: t.name.clone(),
+                    what: format!("could not pack a float32 tensor of shape {:?}", t.shape),
+                });
+            }
+        }
         (Fill::Scaled(scale), _) => le_f32s_scaled_into(&bytes, scale, dst),
         _ => le_f32s_into(&bytes, dst),
     }

@@ -100,15 +100,27 @@ impl Packing {
     }
 
     /// Pack the `[n, k]` weight held as little-endian f32 `bytes` (row-major) into `dst`
-    /// (`self.len(n, k)` values), in blocks of `kc` columns, panels in parallel.
-    pub fn pack_le_into(&self, bytes: &[u8], n: usize, k: usize, kc: usize, dst: &mut [f32]) {
+    /// (`self.len(n, k)` values), in blocks of `kc` columns, panels in parallel. Returns false
+    /// (and writes nothing) when `bytes` or `dst` is too short or `kc` is 0.
+    pub fn pack_le_into(
+        &self,
+        bytes: &[u8],
+        n: usize,
+        k: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) -> bool {
         use rayon::prelude::*;
         let mr = self.mr;
-        let n_pad = n.next_multiple_of(mr);
-        if k == 0 || n == 0 || bytes.len() < n * k * 4 || dst.len() < n_pad * k {
-            return;
+        let need = n.checked_mul(k).and_then(|v| v.checked_mul(4));
+        let (Some(need), Some(len)) = (need, self.len(n, k)) else {
+            return false;
+        };
+        if kc == 0 || bytes.len() < need || dst.len() < len {
+            return false;
         }
-        let mut rest = &mut dst[..n_pad * k];
+        let n_pad = n.next_multiple_of(mr);
+        let mut rest = &mut dst[..len];
         let mut p0 = 0;
         while p0 < k {
             let kb = kc.min(k - p0);
@@ -139,6 +151,7 @@ impl Packing {
                 });
             p0 += kb;
         }
+        true
     }
 }
 
@@ -450,7 +463,10 @@ mod tests {
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let kc = pk.block(k);
         let mut out = vec![f32::NAN; pk.len(n, k).unwrap()];
-        pk.pack_le_into(&bytes, n, k, kc, &mut out);
+        assert!(pk.pack_le_into(&bytes, n, k, kc, &mut out));
+        assert!(!pk.pack_le_into(&bytes[4..], n, k, kc, &mut out));
+        assert!(!pk.pack_le_into(&bytes, n, k, kc, &mut out[1..]));
+        assert!(!pk.pack_le_into(&bytes, usize::MAX, k.max(2), kc, &mut out));
         (out, kc)
     }
 
