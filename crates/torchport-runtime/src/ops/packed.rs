@@ -18,7 +18,7 @@
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
 
-use super::sgemm::{tiles, Mat};
+use super::sgemm::{for_each_tile, new_block, tiles, Mat, Shared};
 use super::Registry;
 use crate::error::OpResult;
 use crate::op_bail;
@@ -201,7 +201,7 @@ pub fn sgemm_packed(
                 m,
                 x,
                 w,
-                Out(dst.as_mut_ptr()),
+                Shared(dst.as_mut_ptr()),
                 ldd,
                 accumulate,
                 scale,
@@ -215,22 +215,13 @@ pub fn sgemm_packed(
 /// product; threads as in [`sgemm_packed`]. `None` where it returns false.
 pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, parallel: bool) -> Option<Vec<f32>> {
     let len = m.checked_mul(w.n)?;
-    let mut out: Vec<f32> = Vec::with_capacity(len);
-    // SAFETY: the capacity holds the [m, n] block at row stride n, and `out` is new, so
-    // nothing else touches it.
-    #[allow(unsafe_code)]
-    let ok = unsafe { into(m, x, w, Out(out.as_mut_ptr()), w.n, false, scale, parallel) };
-    if !ok {
-        return None;
-    }
-    // SAFETY: `into` returned true with `accumulate` false: k > 0, so the first block of
-    // columns wrote every element of every tile, the tiles cover the block, and none was
-    // read before it was written.
+    // SAFETY: the block is new, so nothing else touches it; when `into` returns true with
+    // `accumulate` false, k > 0, so the first block of columns wrote every element of every
+    // tile, the tiles cover the block, and none was read before it was written.
     #[allow(unsafe_code)]
     unsafe {
-        out.set_len(len)
-    };
-    Some(out)
+        new_block(len, |out| into(m, x, w, out, w.n, false, scale, parallel))
+    }
 }
 
 /// The product behind [`sgemm_packed`] and [`product_packed`]; false (nothing written)
@@ -245,7 +236,7 @@ unsafe fn into(
     m: usize,
     x: Mat,
     w: Packed,
-    out: Out,
+    out: Shared,
     ldd: usize,
     accumulate: bool,
     scale: f32,
@@ -288,39 +279,14 @@ unsafe fn into(
         }
         _ => (1, 1),
     };
-    // Rows of x, and whole panels of w, split into bands.
-    let band = |len: usize, parts: usize, i: usize| {
-        let size = len.div_ceil(parts);
-        let start = (i * size).min(len);
-        start..(start + size).min(len)
-    };
-    let run = |t: usize| {
-        let rows = band(m, row_bands, t / col_bands);
-        let cols = band(panels, col_bands, t % col_bands);
-        if !rows.is_empty() && !cols.is_empty() {
-            // SAFETY: the views fit (checked above and by the caller), the tiles are
-            // disjoint, and the caller keeps the block to this call.
-            unsafe { tile(&pk, x, w, out, ldd, accumulate, scale, rows, cols) };
-        }
-    };
-    if row_bands * col_bands < 2 {
-        run(0);
-    } else {
-        use rayon::prelude::*;
-        (0..row_bands * col_bands).into_par_iter().for_each(run);
-    }
+    // Rows of x against whole panels of w.
+    for_each_tile(m, panels, (row_bands, col_bands), |rows, cols| {
+        // SAFETY: the views fit (checked above and by the caller), the tiles are disjoint,
+        // and the caller keeps the block to this call.
+        unsafe { tile(&pk, x, w, out, ldd, accumulate, scale, rows, cols) }
+    });
     true
 }
-
-/// The output's base pointer, handed to the threads computing its tiles.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each thread writes a disjoint tile of the output through it (see `sgemm_packed`),
-// whose caller keeps the output to itself until they are done.
-#[allow(unsafe_code)]
-unsafe impl Send for Out {}
-#[allow(unsafe_code)]
-unsafe impl Sync for Out {}
 
 /// Rows `rows` of `x` against panels `panels` of `w`, on this thread: for each block of
 /// `kc` columns, for each run of panels that fits the L2 cache, for each `nr` rows of `x`,
@@ -335,7 +301,7 @@ unsafe fn tile(
     pk: &Packing,
     x: Mat,
     w: Packed,
-    out: Out,
+    out: Shared,
     ldd: usize,
     accumulate: bool,
     scale: f32,

@@ -5,6 +5,8 @@
 //! product itself splits across threads (not when the caller already runs one product per
 //! thread).
 
+use std::ops::Range;
+
 /// A read-only matrix view: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
 pub struct Mat<'a> {
@@ -120,36 +122,61 @@ pub fn product(
         let mut out = vec![0.0; len];
         return sgemm(m, n, k, a, b, &mut out, n, false, scale, parallel).then_some(out);
     }
-    let mut out: Vec<f32> = Vec::with_capacity(len);
-    // SAFETY: the capacity holds the [m, n] block at row stride n, and `out` is new, so it
-    // aliases neither input.
-    #[allow(unsafe_code)]
-    let ok = unsafe {
-        into(
-            m,
-            n,
-            k,
-            a,
-            b,
-            Shared(out.as_mut_ptr()),
-            n,
-            false,
-            scale,
-            parallel,
-        )
-    };
-    if !ok {
-        return None;
-    }
-    // SAFETY: with k > 0 and `accumulate` false, the product wrote every element of the
-    // [m, n] block (gemm's `dst = beta * lhs @ rhs` when told not to read dst, over tiles
-    // that cover the block; the first pass over k writes, later passes add to what it
-    // wrote) and read none before writing it.
+    // SAFETY: the block is new, so it aliases neither input; with k > 0 and `accumulate`
+    // false, the product writes every element of the [m, n] block (gemm's `dst = beta * lhs
+    // @ rhs` when told not to read dst, over tiles that cover the block; the first pass over
+    // k writes, later passes add to what it wrote) and reads none before writing it.
     #[allow(unsafe_code)]
     unsafe {
-        out.set_len(len)
-    };
+        new_block(len, |out| {
+            into(m, n, k, a, b, out, n, false, scale, parallel)
+        })
+    }
+}
+
+/// A new buffer of `len` values written by `fill` (given its start) where `fill` returns
+/// true, `None` where it returns false: memory written once, not zeroed first.
+///
+/// # Safety
+///
+/// When `fill` returns true it has written all `len` values and read none before writing it.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn new_block(len: usize, fill: impl FnOnce(Shared) -> bool) -> Option<Vec<f32>> {
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    if !fill(Shared(out.as_mut_ptr())) {
+        return None;
+    }
+    // SAFETY: the capacity holds `len` values, all written (the caller's contract).
+    unsafe { out.set_len(len) };
     Some(out)
+}
+
+/// `f(rows, cols)` for each tile of `m` rows and `n` columns cut into `row_bands` x
+/// `col_bands` bands as equal as can be (empty tiles skipped), over the pool when there is
+/// more than one.
+pub(crate) fn for_each_tile(
+    m: usize,
+    n: usize,
+    (row_bands, col_bands): (usize, usize),
+    f: impl Fn(Range<usize>, Range<usize>) + Sync,
+) {
+    use rayon::prelude::*;
+    let band = |len: usize, parts: usize, i: usize| {
+        let size = len.div_ceil(parts.max(1));
+        let start = (i * size).min(len);
+        start..(start + size).min(len)
+    };
+    let run = |t: usize| {
+        let rows = band(m, row_bands, t / col_bands.max(1));
+        let cols = band(n, col_bands, t % col_bands.max(1));
+        if !rows.is_empty() && !cols.is_empty() {
+            f(rows, cols);
+        }
+    };
+    match row_bands * col_bands {
+        0 | 1 => run(0),
+        tiles => (0..tiles).into_par_iter().for_each(run),
+    }
 }
 
 /// The product behind [`sgemm`] and [`product`], into `dst`, over tiles when `parallel`.
@@ -195,28 +222,27 @@ unsafe fn into(
     ) else {
         return false;
     };
-    // Rows i0..i0 + height and columns j0..j0 + width of the product, with the given
-    // parallelism.
-    let product = |out: Shared, (i0, height): (usize, usize), (j0, width): (usize, usize), par| {
+    // Rows `rows` and columns `cols` of the product, with the given parallelism.
+    let product = |out: Shared, rows: Range<usize>, cols: Range<usize>, par| {
         // SAFETY: every element the product reads, `a[i * rs + p * cs]` for i < m, p < k (and
         // likewise for b over k x n), lies inside its slice, and every element it writes,
-        // `dst[i * ldd + j]` for i0 <= i < i0 + height <= m and j0 <= j < j0 + width <= n,
+        // `dst[i * ldd + j]` for i in `rows` (inside 0..m) and j in `cols` (inside 0..n),
         // lies inside the block `out` points to, which nothing else touches meanwhile (the
         // caller's contract). Concurrent calls are given disjoint tiles, so no element is
         // written by two of them. With `read_dst` false gemm never reads `dst`.
         unsafe {
             gemm::gemm(
-                height,
-                width,
+                rows.len(),
+                cols.len(),
                 k,
-                out.0.add(i0 * ldd + j0),
+                out.0.add(rows.start * ldd + cols.start),
                 1,
                 drs,
                 accumulate,
-                a.data.as_ptr().add(i0 * a.rs),
+                a.data.as_ptr().add(rows.start * a.rs),
                 acs,
                 ars,
-                b.data.as_ptr().add(j0 * b.cs),
+                b.data.as_ptr().add(cols.start * b.cs),
                 bcs,
                 brs,
                 if accumulate { 1.0 } else { 0.0 },
@@ -229,20 +255,10 @@ unsafe fn into(
         }
     };
     if row_bands * col_bands < 2 {
-        product(out, (0, m), (0, n), par);
+        product(out, 0..m, 0..n, par);
     } else {
-        use rayon::prelude::*;
-        let band = |len: usize, parts: usize, i: usize| {
-            let size = len.div_ceil(parts);
-            let start = (i * size).min(len);
-            (start, size.min(len - start))
-        };
-        (0..row_bands * col_bands).into_par_iter().for_each(|t| {
-            let rows = band(m, row_bands, t / col_bands);
-            let cols = band(n, col_bands, t % col_bands);
-            if rows.1 > 0 && cols.1 > 0 {
-                product(out, rows, cols, gemm::Parallelism::None);
-            }
+        for_each_tile(m, n, (row_bands, col_bands), |rows, cols| {
+            product(out, rows, cols, gemm::Parallelism::None)
         });
     }
     true
@@ -287,7 +303,7 @@ const TILE_MIN_WORK: usize = 48 * 48 * 256;
 
 /// The output's base pointer, handed to the threads computing its tiles.
 #[derive(Clone, Copy)]
-struct Shared(*mut f32);
+pub(crate) struct Shared(pub(crate) *mut f32);
 // SAFETY: each thread writes a disjoint tile of the output through it (see `into`), whose
 // caller keeps the output to itself until they are done.
 #[allow(unsafe_code)]
