@@ -382,7 +382,17 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
             op_bail!("bias of shape {:?} for {n} output features", b.dims());
         }
     }
-    let rows = x.elem_count() / k.max(1);
+    let rows: usize = x.dims()[..x.rank() - 1].iter().product();
+    let mut shape = x.dims()[..x.rank() - 1].to_vec();
+    shape.push(n);
+    if k == 0 {
+        // No input features: the bias, or zeros.
+        let out = match &bias {
+            Some(b) => repeated_rows(rows, &b.to_vec1::<f32>()?),
+            None => vec![0.0; rows * n],
+        };
+        return one(Tensor::from_vec(out, shape, x.device())?);
+    }
     let x = super::strided::contiguous_f32(&x).unwrap_or(x);
     let Some(packing) = Packing::detect() else {
         op_bail!("this CPU has no microkernel for packed Linear weights");
@@ -415,14 +425,13 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
             w.elem_count()
         );
     };
-    let mut shape = x.dims()[..x.rank() - 1].to_vec();
-    shape.push(n);
     one(Tensor::from_vec(out, shape, x.device())?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::DType;
 
     /// `w` (`[n, k]`, row-major) packed from its little-endian bytes.
     fn pack(pk: &Packing, w: &[f32], n: usize, k: usize) -> (Vec<f32>, usize) {
@@ -430,9 +439,11 @@ mod tests {
         let kc = pk.block(k);
         let mut out = vec![f32::NAN; pk.len(n, k).unwrap()];
         assert!(pk.pack_le_into(&bytes, n, k, kc, &mut out));
-        assert!(!pk.pack_le_into(&bytes[4..], n, k, kc, &mut out));
-        assert!(!pk.pack_le_into(&bytes, n, k, kc, &mut out[1..]));
-        assert!(!pk.pack_le_into(&bytes, usize::MAX, k.max(2), kc, &mut out));
+        if !bytes.is_empty() {
+            assert!(!pk.pack_le_into(&bytes[4..], n, k, kc, &mut out));
+            assert!(!pk.pack_le_into(&bytes, n, k, kc, &mut out[1..]));
+            assert!(!pk.pack_le_into(&bytes, usize::MAX, k.max(2), kc, &mut out));
+        }
         (out, kc)
     }
 
@@ -598,5 +609,65 @@ mod tests {
             true
         ));
         assert!(out.iter().all(|&v| v == k as f32));
+    }
+
+    /// The op: a 3-d input against a packed weight, with and without a bias, equals
+    /// candle's `x @ w.T + b`; with no input features it gives the bias (or zeros); a bias or
+    /// an input of the wrong size is an error.
+    #[test]
+    fn the_op_computes_a_linear() {
+        use candle_core::Device;
+        use serde_json::json;
+        let Some(pk) = Packing::detect() else {
+            return;
+        };
+        let run = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| {
+            let (n, k) = w.dims2().unwrap();
+            let v: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+            let (packed, kc) = pack(&pk, &v, n, k);
+            let packed = Tensor::from_vec(packed.clone(), packed.len(), &Device::Cpu).unwrap();
+            let mut args = vec![
+                ("input", json!({"as_tensor": {"name": "x"}})),
+                ("weight", json!({"as_tensor": {"name": "w"}})),
+                ("out_features", json!({ "as_int": n })),
+                ("in_features", json!({ "as_int": k })),
+                ("block", json!({ "as_int": kc })),
+            ];
+            let mut tensors = vec![("x", x.clone()), ("w", packed)];
+            if let Some(b) = b {
+                args.push(("bias", json!({"as_tensor": {"name": "b"}})));
+                tensors.push(("b", b.clone()));
+            }
+            super::super::run_node(register, TARGET, &args, &tensors).map(|mut o| {
+                match o.remove(0) {
+                    crate::value::Value::Tensor(t) => t,
+                    _ => panic!("not a tensor"),
+                }
+            })
+        };
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (2, 70, 96), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (130, 96), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1.0, 130, &dev).unwrap();
+        let want = x.broadcast_matmul(&w.t().unwrap()).unwrap();
+        let got = run(&x, &w, None).unwrap();
+        assert_eq!(got.dims(), [2, 70, 130]);
+        assert!(super::super::max_abs_diff(&got, &want) < 1e-4);
+        let got = run(&x, &w, Some(&b)).unwrap();
+        let want = want.broadcast_add(&b).unwrap();
+        assert!(super::super::max_abs_diff(&got, &want) < 1e-4);
+        // No input features.
+        let x0 = Tensor::zeros((3, 0), DType::F32, &dev).unwrap();
+        let w0 = Tensor::zeros((5, 0), DType::F32, &dev).unwrap();
+        let b5 = Tensor::arange(0f32, 5.0, &dev).unwrap();
+        let got = run(&x0, &w0, Some(&b5)).unwrap();
+        let rows: Vec<Vec<f32>> = got.to_vec2().unwrap();
+        assert_eq!(rows, vec![vec![0.0, 1.0, 2.0, 3.0, 4.0]; 3]);
+        let got = run(&x0, &w0, None).unwrap();
+        assert_eq!(got.to_vec2::<f32>().unwrap(), vec![vec![0.0; 5]; 3]);
+        // Wrong sizes.
+        assert!(run(&x, &w, Some(&b5)).is_err());
+        let x95 = x.narrow(2, 0, 95).unwrap();
+        assert!(run(&x95, &w, None).is_err());
     }
 }
