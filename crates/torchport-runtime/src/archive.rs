@@ -285,7 +285,7 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
     match (fill, &t.shape[..]) {
         (Fill::Transposed, &[n, k]) => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
         (Fill::Packed(pk), &[n, k]) => {
-            if !pk.pack_le_into(&bytes, n, k, pk.block(k), dst) {
+            if !pk.pack_le_into(&bytes, n, k, dst) {
                 return Err(Error::Weight {
                     name: t.name.clone(),
                     what: format!("could not pack a float32 tensor of shape {:?}", t.shape),

@@ -172,7 +172,7 @@ impl Program {
         }
         let mut weights = HashMap::new();
         let mut prescaled = HashSet::new();
-        // Packed Linear weights by graph input: [n, k] and the block width.
+        // Packed Linear weights by graph input: [n, k].
         let mut packed = HashMap::new();
         let packing = crate::ops::packed::Packing::detect();
         let mut inputs = Vec::new();
@@ -228,7 +228,7 @@ impl Program {
                     let mut want: Vec<usize> = s.iter().map(|&v| v.max(0) as usize).collect();
                     if let (true, Some(pk), &[n, k]) = (is_packed, packing, &want[..]) {
                         // Decoded packed (read_for_build): its values, 1-d.
-                        packed.insert(arg.name.clone(), (n, k, pk.block(k)));
+                        packed.insert(arg.name.clone(), (n, k));
                         want = pk.len(n, k).into_iter().collect();
                     }
                     if t.dims() != want.as_slice() {

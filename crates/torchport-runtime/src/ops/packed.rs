@@ -25,8 +25,8 @@ use crate::op_bail;
 use crate::value::{one, Args, Outputs};
 
 /// The node target of a Linear whose weight is packed: arguments `input`, `weight` (the
-/// packed values, 1-d), optional `bias`, and the ints `out_features` (`n`), `in_features`
-/// (`k`) and `block` (`kc`).
+/// packed values, 1-d), optional `bias`, and the ints `out_features` (`n`) and
+/// `in_features` (`k`); the block width is the packing's for `k` ([`Packing::block`]).
 pub const TARGET: &str = "torchport.linear_packed.default";
 
 /// Register the kernel.
@@ -100,26 +100,19 @@ impl Packing {
     }
 
     /// Pack the `[n, k]` weight held as little-endian f32 `bytes` (row-major) into `dst`
-    /// (`self.len(n, k)` values), in blocks of `kc` columns, panels in parallel. Returns false
-    /// (and writes nothing) when `bytes` or `dst` is too short or `kc` is 0.
-    pub fn pack_le_into(
-        &self,
-        bytes: &[u8],
-        n: usize,
-        k: usize,
-        kc: usize,
-        dst: &mut [f32],
-    ) -> bool {
+    /// (`self.len(n, k)` values), in blocks of [`Packing::block`] columns, panels in parallel.
+    /// Returns false (and writes nothing) when `bytes` or `dst` is too short.
+    pub fn pack_le_into(&self, bytes: &[u8], n: usize, k: usize, dst: &mut [f32]) -> bool {
         use rayon::prelude::*;
         let mr = self.mr;
         let need = n.checked_mul(k).and_then(|v| v.checked_mul(4));
         let (Some(need), Some(len)) = (need, self.len(n, k)) else {
             return false;
         };
-        if kc == 0 || bytes.len() < need || dst.len() < len {
+        if bytes.len() < need || dst.len() < len {
             return false;
         }
-        let n_pad = n.next_multiple_of(mr);
+        let (n_pad, kc) = (n.next_multiple_of(mr), self.block(k));
         let mut rest = &mut dst[..len];
         let mut p0 = 0;
         while p0 < k {
@@ -155,8 +148,8 @@ impl Packing {
     }
 }
 
-/// A packed `[n, k]` weight: its values, shape, block width and the packing it was packed
-/// for.
+/// A packed `[n, k]` weight: its values, shape and the packing it was packed for (which
+/// gives its block width, [`Packing::block`]).
 #[derive(Clone, Copy)]
 pub struct Packed<'a> {
     /// The panel shape and microkernels.
@@ -167,8 +160,6 @@ pub struct Packed<'a> {
     pub n: usize,
     /// Input features (columns of the weight).
     pub k: usize,
-    /// Columns per block.
-    pub kc: usize,
 }
 
 /// `dst = (accumulate ? dst : 0) + scale * x @ w.T` for `x: [m, k]` (any strides) and `dst` a
@@ -251,7 +242,6 @@ unsafe fn into(
             .and_then(|(a, b)| a.checked_add(b))
             .is_some_and(|last| last < x.data.len());
     if k == 0
-        || w.kc == 0
         || pk.len(n, k) != Some(w.data.len())
         || !x_fits
         || (n > ldd && m > 1)
@@ -312,9 +302,10 @@ unsafe fn tile(
     let n_pad = n.next_multiple_of(mr);
     let mc = gemm_common::cache::kernel_params(n, rows.len(), k, mr, nr, 4).mc;
     let run = (mc / mr).max(1);
+    let kc = pk.block(k);
     let mut p0 = 0;
     while p0 < k {
-        let kb = w.kc.min(k - p0);
+        let kb = kc.min(k - p0);
         // The first block writes (or adds to what the caller left), the rest add.
         let status = if p0 == 0 && !accumulate { 0 } else { 1 };
         let block = w.data.as_ptr().add(p0 * n_pad);
@@ -366,7 +357,7 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
     let dim = |name: &str| -> OpResult<usize> {
         usize::try_from(a.int(name)?).map_err(|_| crate::error::OpError(format!("{name} < 0")))
     };
-    let (n, k, kc) = (dim("out_features")?, dim("in_features")?, dim("block")?);
+    let (n, k) = (dim("out_features")?, dim("in_features")?);
     let bias = a
         .opt_tensor("bias")?
         .map(|b| super::float(&b))
@@ -403,7 +394,6 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
             data: wd,
             n,
             k,
-            kc,
         };
         with_f32(&x, |xs| {
             let x = Mat::rows(xs, k);
@@ -421,7 +411,7 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
     .flatten();
     let Some(out) = out else {
         op_bail!(
-            "packed Linear weight of {} values does not hold [{n}, {k}] (block {kc}), or the input is not float32",
+            "packed Linear weight of {} values does not hold [{n}, {k}], or the input is not float32",
             w.elem_count()
         );
     };
@@ -438,11 +428,11 @@ mod tests {
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let kc = pk.block(k);
         let mut out = vec![f32::NAN; pk.len(n, k).unwrap()];
-        assert!(pk.pack_le_into(&bytes, n, k, kc, &mut out));
+        assert!(pk.pack_le_into(&bytes, n, k, &mut out));
         if !bytes.is_empty() {
-            assert!(!pk.pack_le_into(&bytes[4..], n, k, kc, &mut out));
-            assert!(!pk.pack_le_into(&bytes, n, k, kc, &mut out[1..]));
-            assert!(!pk.pack_le_into(&bytes, usize::MAX, k.max(2), kc, &mut out));
+            assert!(!pk.pack_le_into(&bytes[4..], n, k, &mut out));
+            assert!(!pk.pack_le_into(&bytes, n, k, &mut out[1..]));
+            assert!(!pk.pack_le_into(&bytes, usize::MAX, k.max(2), &mut out));
         }
         (out, kc)
     }
@@ -499,7 +489,6 @@ mod tests {
                 data: &packed,
                 n,
                 k,
-                kc,
             };
             let ldd = n + 3;
             let mut got = vec![2.0f32; m * ldd];
@@ -553,14 +542,13 @@ mod tests {
         };
         let (m, n, k) = (4, 5, 6);
         let w = vec![1f32; n * k];
-        let (packed, kc) = pack(&pk, &w, n, k);
+        let (packed, _) = pack(&pk, &w, n, k);
         let x = vec![1f32; m * k];
         let wp = Packed {
             packing: pk,
             data: &packed,
             n,
             k,
-            kc,
         };
         let short = Packed {
             data: &packed[1..],
@@ -624,14 +612,13 @@ mod tests {
         let run = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| {
             let (n, k) = w.dims2().unwrap();
             let v: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
-            let (packed, kc) = pack(&pk, &v, n, k);
+            let (packed, _) = pack(&pk, &v, n, k);
             let packed = Tensor::from_vec(packed.clone(), packed.len(), &Device::Cpu).unwrap();
             let mut args = vec![
                 ("input", json!({"as_tensor": {"name": "x"}})),
                 ("weight", json!({"as_tensor": {"name": "w"}})),
                 ("out_features", json!({ "as_int": n })),
                 ("in_features", json!({ "as_int": k })),
-                ("block", json!({ "as_int": kc })),
             ];
             let mut tensors = vec![("x", x.clone()), ("w", packed)];
             if let Some(b) = b {

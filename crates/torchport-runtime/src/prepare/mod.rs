@@ -99,13 +99,12 @@ fn weights_read_only(
     ok
 }
 
-/// Rewrite each Linear whose weight is a graph input in `packed` (name to `[n, k]` and the
-/// block width the load packed it with) to [`crate::ops::packed::TARGET`], which reads the
+/// Rewrite each Linear whose weight is a graph input in `packed` (name to `[n, k]`) to [`crate::ops::packed::TARGET`], which reads the
 /// packed values. Returns how many were rewritten, or why not, when anything else reads a
 /// packed weight (or the graph returns one): it would get the packed values.
 pub fn pack_linears(
     graph: &mut Graph,
-    packed: &HashMap<String, (usize, usize, usize)>,
+    packed: &HashMap<String, (usize, usize)>,
 ) -> Result<usize, String> {
     let mut count = 0;
     for node in &mut graph.nodes {
@@ -116,9 +115,9 @@ pub fn pack_linears(
             Argument::AsTensor(t) if a.name == "weight" => packed.get(&t.name),
             _ => None,
         });
-        let Some(&(n, k, kc)) = weight else { continue };
+        let Some(&(n, k)) = weight else { continue };
         node.target = crate::ops::packed::TARGET.to_string();
-        for (name, v) in [("out_features", n), ("in_features", k), ("block", kc)] {
+        for (name, v) in [("out_features", n), ("in_features", k)] {
             node.inputs.push(crate::schema::NamedArgument {
                 name: name.to_string(),
                 arg: Argument::AsInt(v as i64),
@@ -896,7 +895,7 @@ mod tests {
         .unwrap()
     }
 
-    /// Only the Linears reading a packed weight are rewritten, with its shape and block; a
+    /// Only the Linears reading a packed weight are rewritten, with its shape; a
     /// packed weight that anything else reads (or the graph returns) is refused, not handed
     /// over in its packed layout.
     #[test]
@@ -905,7 +904,7 @@ mod tests {
             ("linear.default", &[("input", "x"), ("weight", "w")], "y"),
             ("linear.default", &[("input", "y"), ("weight", "v")], "z"),
         ];
-        let packed: HashMap<String, (usize, usize, usize)> = [("w".to_string(), (8, 4, 4))].into();
+        let packed: HashMap<String, (usize, usize)> = [("w".to_string(), (8, 4))].into();
         let mut g = graph(&calls, &[], "z");
         assert_eq!(pack_linears(&mut g, &packed), Ok(1));
         assert_eq!(g.nodes[0].target, crate::ops::packed::TARGET);
@@ -918,10 +917,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(
-            ints,
-            [("out_features", 8), ("in_features", 4), ("block", 4)]
-        );
+        assert_eq!(ints, [("out_features", 8), ("in_features", 4)]);
         // Read by something else too.
         let calls: [Call; 2] = [
             ("linear.default", &[("input", "x"), ("weight", "w")], "y"),
