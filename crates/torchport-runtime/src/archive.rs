@@ -14,13 +14,14 @@ use candle_core::{DType, Device, Tensor};
 use torchport::{Checkpoint, Format, TensorData, TensorInfo};
 
 use crate::error::{Error, Result};
+use crate::ops::packed::{Packing, Source};
 use crate::schema::{self, ExportedProgram};
 
 /// The program of the `.pt2` archive at `path`, and its weights and constants by state_dict
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
     let (ckpt, ep) = open(path)?;
-    let (payloads, _, _) = decode(&ckpt, &HashSet::new(), &HashSet::new(), |_| HashMap::new())?;
+    let (payloads, _, _) = decode(&ckpt, &HashSet::new(), &HashMap::new(), |_| HashMap::new())?;
     Ok((ep, payloads))
 }
 
@@ -58,19 +59,20 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
-    packed: &HashSet<String>,
+    packed: &HashMap<String, Source>,
     scales: impl FnOnce(&HashMap<&str, &[f32]>) -> HashMap<String, Vec<f64>>,
 ) -> Result<DecodedWeights> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
     let packing = crate::ops::packed::Packing::detect();
     // The tensors decoded packed: 2-d, named in `packed`, with a slot of the shared buffer.
-    let packs: Vec<Option<crate::ops::packed::Packing>> = infos
+    let packs: Vec<Option<(Packing, Source)>> = infos
         .iter()
         .map(|t| {
-            (t.shape.len() == 2 && packed.contains(&t.name) && !transposed.contains(&t.name))
-                .then_some(packing)
-                .flatten()
+            let source = packed
+                .get(&t.name)
+                .filter(|s| s.features(&t.shape).is_some());
+            Some((packing?, *source?))
         })
         .collect();
     let mut slots = shared_slots(ckpt, &infos, &packs);
@@ -96,7 +98,7 @@ pub(crate) fn decode(
                 .filter(|(((t, _), _), _)| vector(t) == vectors)
                 .try_for_each(|(((t, part), own), pack)| {
                     let fill = match (scales.get(&t.name), pack) {
-                        (_, Some(pk)) if part.is_some() => Fill::Packed(*pk),
+                        (_, Some((pk, source))) if part.is_some() => Fill::Packed(*pk, *source),
                         (Some(scale), _) => Fill::Scaled(scale),
                         _ if transposed.contains(&t.name) => Fill::Transposed,
                         _ => Fill::Plain,
@@ -134,12 +136,13 @@ pub(crate) fn decode(
     drop(parts);
     let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
         .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
-    let was_packed: HashSet<String> = infos
+    let was_packed: HashMap<String, Source> = infos
         .iter()
         .zip(&slots)
         .zip(&packs)
-        .filter(|((_, slot), pack)| slot.is_some() && pack.is_some())
-        .map(|((t, _), _)| t.name.clone())
+        .filter_map(|((t, slot), pack)| {
+            Some((t.name.clone(), (*pack).filter(|_| slot.is_some())?.1))
+        })
         .collect();
     let tensors = infos
         .iter()
@@ -148,7 +151,7 @@ pub(crate) fn decode(
         .map(|((t, slot), x)| {
             let x = match (x, slot) {
                 (Some(x), _) => x,
-                (None, Some(r)) if was_packed.contains(&t.name) => shared
+                (None, Some(r)) if was_packed.contains_key(&t.name) => shared
                     .narrow(0, r.start, r.len())
                     .map_err(|e| Error::Weight {
                         name: t.name.clone(),
@@ -169,7 +172,11 @@ pub(crate) fn decode(
 
 /// What [`decode`] returns: the tensors by name, the names of those multiplied for a fold,
 /// and the names of those packed.
-pub(crate) type DecodedWeights = (HashMap<String, Tensor>, HashSet<String>, HashSet<String>);
+pub(crate) type DecodedWeights = (
+    HashMap<String, Tensor>,
+    HashSet<String>,
+    HashMap<String, Source>,
+);
 
 /// The alignment of each tensor in the shared buffer of [`decode`], in f32 values (64 bytes:
 /// a cache line, an AVX-512 register).
@@ -185,7 +192,7 @@ const ALIGN: usize = 64 / 4;
 fn shared_slots(
     ckpt: &Checkpoint,
     infos: &[&TensorInfo],
-    packs: &[Option<crate::ops::packed::Packing>],
+    packs: &[Option<(Packing, Source)>],
 ) -> Vec<Option<Range<usize>>> {
     let fits = |t: &TensorInfo| {
         t.dtype.name() == "float32"
@@ -203,9 +210,9 @@ fn shared_slots(
     for vectors in [true, false] {
         for ((slot, t), pack) in slots.iter_mut().zip(infos).zip(packs) {
             if (t.shape.len() <= 1) == vectors && fits(t) {
-                let len = match (pack, &t.shape[..]) {
-                    (Some(pk), &[n, k]) => pk.len(n, k),
-                    _ => Some(t.numel()),
+                let len = match pack {
+                    Some((pk, source)) => source.features(&t.shape).and_then(|(n, k)| pk.len(n, k)),
+                    None => Some(t.numel()),
                 };
                 let Some(len) = len else { continue };
                 let start = next.next_multiple_of(ALIGN);
@@ -248,8 +255,9 @@ enum Fill<'a> {
     /// f32: [`crate::prepare::bn_scaled`], as the build's fold of a batch norm computes it),
     /// as it is written.
     Scaled(&'a [f64]),
-    /// A 2-d tensor as the microkernel's panels ([`crate::ops::packed::Packing`]).
-    Packed(crate::ops::packed::Packing),
+    /// A 2-d tensor, laid out as the [`Source`] says, as the microkernel's panels
+    /// ([`Packing`]).
+    Packed(Packing, Source),
 }
 
 /// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer) as `fill` says.
@@ -262,10 +270,18 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
         Fill::Scaled(scale) => t.shape.first() == Some(&scale.len()),
         _ => true,
     };
-    let values = match (&fill, &t.shape[..]) {
-        (Fill::Packed(pk), &[n, k]) if pk.len(n, k) == Some(dst.len()) => n * k,
-        (Fill::Packed(_), _) => usize::MAX,
-        _ => dst.len(),
+    let packed = match &fill {
+        Fill::Packed(pk, source) => Some(
+            source
+                .features(&t.shape)
+                .filter(|&(n, k)| pk.len(n, k) == Some(dst.len())),
+        ),
+        _ => None,
+    };
+    let values = match packed {
+        Some(Some((n, k))) => n * k,
+        Some(None) => usize::MAX,
+        None => dst.len(),
     };
     if Some(bytes.len()) != values.checked_mul(4) || !scales_fit {
         return Err(Error::Weight {
@@ -284,8 +300,9 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
     }
     match (fill, &t.shape[..]) {
         (Fill::Transposed, &[n, k]) => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
-        (Fill::Packed(pk), &[n, k]) => {
-            if !pk.pack_le_into(&bytes, n, k, dst) {
+        (Fill::Packed(pk, source), _) => {
+            let (n, k) = packed.flatten().unwrap_or_default();
+            if !pk.pack_le_into(&bytes, source, n, k, dst) {
                 return Err(Error::Weight {
                     name: t.name.clone(),
                     what: format!("could not pack a float32 tensor of shape {:?}", t.shape),
@@ -507,7 +524,7 @@ mod tests {
             .collect();
         assert!(transposed.len() > 4);
         let (decoded, _, _) =
-            decode(&ckpt, &transposed, &HashSet::new(), |_| HashMap::new()).unwrap();
+            decode(&ckpt, &transposed, &HashMap::new(), |_| HashMap::new()).unwrap();
         assert_eq!(decoded.len(), infos.len());
         let mut storages = HashSet::new();
         let mut others = 0;

@@ -10,6 +10,7 @@ use candle_core::{DType, Tensor};
 use crate::dtype::{self, ScalarType};
 use crate::dynamic_dims::{check_dynamic_dims, dim_ranges, DimRange};
 use crate::error::{Error, Result};
+use crate::ops::packed::Source;
 use crate::ops::{op_key, OpFn, Registry};
 use crate::schema::{Argument, ExportedProgram, InputSpec, OutputSpec, TensorMeta};
 use crate::value::{Args, Env, Value};
@@ -222,11 +223,13 @@ impl Program {
                 name: fqn.to_string(),
                 what: "the program needs it but the archive does not hold it".into(),
             })?;
-            let is_packed = owned.is_some_and(|o| o.packed.contains(fqn));
+            let source = owned.and_then(|o| o.packed.get(fqn));
+            let is_packed = source.is_some();
             if let Some(meta) = g.tensor_values.get(&arg.name) {
                 if let Some(s) = meta.static_sizes() {
                     let mut want: Vec<usize> = s.iter().map(|&v| v.max(0) as usize).collect();
-                    if let (true, Some(pk), &[n, k]) = (is_packed, packing, &want[..]) {
+                    let features = source.and_then(|s| s.features(&want));
+                    if let (Some((n, k)), Some(pk)) = (features, packing) {
                         // Decoded packed (read_for_build): its values, 1-d.
                         packed.insert(arg.name.clone(), (n, k));
                         want = pk.len(n, k).into_iter().collect();
@@ -255,6 +258,13 @@ impl Program {
         drop(payloads);
         crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
         let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
+        if own_kernels {
+            // The decomposed export's Linears as Linears (read_for_build did the same when
+            // it chose the weights to pack).
+            crate::prepare::linears_from_products(&mut ep.graph_module.graph, |n| {
+                weights.contains_key(n)
+            });
+        }
         crate::prepare::fold_batch_norms_with(
             &mut ep.graph_module.graph,
             &mut weights,
@@ -332,8 +342,8 @@ impl Program {
 
     /// Every operator the program uses, with its count and whether it is supported, as run:
     /// after the load-time rewrites (batch norms and activations folded into convolutions are
-    /// gone, elementwise chains are `torchport.pointwise.default`, Linears whose weight is
-    /// packed are `torchport.linear_packed.default`; see
+    /// gone, elementwise chains are `torchport.pointwise.default`, Linears and other products
+    /// whose weight is packed are `torchport.linear_packed.default`; see
     /// [`Program::ops_of`] for the archive's program as exported).
     pub fn ops(&self) -> Vec<OpUse> {
         let nodes = self.ep.graph_module.graph.nodes.iter();
@@ -506,6 +516,10 @@ fn read_for_build(
         .iter()
         .filter_map(|s| s.weight().map(|(arg, fqn)| (arg.name.as_str(), fqn)))
         .collect();
+    if pack {
+        // As the build will (it runs this crate's kernels).
+        crate::prepare::linears_from_products(&mut g, |n| fqns.contains_key(n));
+    }
     let wanted = crate::prepare::transposed_weights(&g, |n| fqns.contains_key(n));
     // A weight bound to several placeholders is decoded transposed only if all of them
     // read it so (each would otherwise get a strided view where it expects a plain tensor).
@@ -518,22 +532,30 @@ fn read_for_build(
         .filter(|&(_, all)| all)
         .map(|(fqn, _)| fqn.to_string())
         .collect();
-    // Packed: parameters (never updated by a run) read only as a Linear's weight.
-    let linear = crate::prepare::linear_weights(&g, |n| fqns.contains_key(n));
-    let mut votes: HashMap<&str, bool> = HashMap::new();
+    // Packed: parameters (never updated by a run) read only as the weight of products the
+    // packed kernel computes, in one layout under every name they are bound to.
+    let products = crate::prepare::packable_weights(&g, |n| fqns.contains_key(n));
+    let mut votes: HashMap<&str, Option<Source>> = HashMap::new();
     for spec in &ep.graph_module.signature.input_specs {
         if let Some((arg, fqn)) = spec.weight() {
             let parameter = matches!(spec, InputSpec::Parameter { .. });
-            *votes.entry(fqn).or_insert(true) &=
-                pack && parameter && linear.contains(arg.name.as_str());
+            let source = products
+                .get(arg.name.as_str())
+                .filter(|_| pack && parameter);
+            let vote = votes.entry(fqn).or_insert(source.copied());
+            if *vote != source.copied() {
+                *vote = None;
+            }
         }
     }
-    let packed: HashSet<String> = votes
+    let packed: HashMap<String, Source> = votes
         .into_iter()
-        .filter(|&(_, all)| all)
-        .map(|(fqn, _)| fqn.to_string())
+        .filter_map(|(fqn, source)| Some((fqn.to_string(), source?)))
         .collect();
-    let transposed: HashSet<String> = transposed.difference(&packed).cloned().collect();
+    let transposed: HashSet<String> = transposed
+        .into_iter()
+        .filter(|fqn| !packed.contains_key(fqn))
+        .collect();
     // The folds planned from the norms' values, decoded first; a weight read by its conv
     // alone, under one name, is multiplied as it is decoded (the build's fold would scale
     // it in place).
@@ -579,8 +601,8 @@ fn read_for_build(
 struct Decoded {
     /// Conv weights already scaled for their batch norm's fold.
     prescaled: HashSet<String>,
-    /// Linear weights decoded packed ([`crate::ops::packed`]).
-    packed: HashSet<String>,
+    /// Weights decoded packed ([`crate::ops::packed`]), with the layout they were packed from.
+    packed: HashMap<String, Source>,
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {

@@ -13,7 +13,7 @@ mod compare;
 use compare::{numbered, output_mismatches};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 15] = [
+const MODELS: [&str; 16] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -37,6 +37,8 @@ const MODELS: [&str; 15] = [
     "hf_mixtral",
     // Padded query rows that attend to nothing (zeros, not NaN).
     "hf_modernbert",
+    // Conv1D layers: `addmm(bias, x, weight)` with the weight stored `[in, out]`.
+    "hf_gpt2",
 ];
 
 fn fixtures() -> PathBuf {
@@ -204,23 +206,30 @@ fn zoo_fixtures_exercise_what_they_are_there_for() {
         .any(|o| o.contains("wrap_with_autocast")));
 }
 
-/// Where the CPU has the gemm's microkernels, a plain export's Linears run with their
-/// weights packed at load (so `zoo_models_match_pytorch` checks that path against torch's
-/// outputs): none is left as `aten.linear`.
+/// Where the CPU has the gemm's microkernels, the Linears of a plain export, the same after
+/// `run_decompositions()` (`addmm(b, x, permute(w))`, `mm(x, permute(w))`) and GPT-2's
+/// `Conv1D` (`addmm(b, x, w)`, `w` stored `[in, out]`) run with their weights packed at load
+/// (so `zoo_models_match_pytorch` checks that path against torch's outputs): none is left
+/// as `aten.linear` or `aten.addmm`.
 #[test]
 fn linears_run_with_packed_weights() {
     if torchport_runtime::ops::packed::Packing::detect().is_none() {
         return;
     }
-    for name in [
-        "hf_bert_mask.plain.pt2",
-        "hf_llama_mask.plain.pt2",
-        "timm_vit.plain.pt2",
-    ] {
-        let p = torchport_runtime::Program::load(fixtures().join(name)).unwrap();
-        let ops = p.ops();
-        let count = |op: &str| ops.iter().find(|o| o.op == op).map_or(0, |o| o.count);
-        assert!(count("torchport.linear_packed.default") >= 4, "{name}");
-        assert_eq!(count("aten.linear.default"), 0, "{name}");
+    for model in ["hf_bert_mask", "hf_llama_mask", "timm_vit", "hf_gpt2"] {
+        for flavour in ["plain", "decomp"] {
+            let name = format!("{model}.{flavour}.pt2");
+            let p = torchport_runtime::Program::load(fixtures().join(&name)).unwrap();
+            let ops = p.ops();
+            let count = |op: &str| ops.iter().find(|o| o.op == op).map_or(0, |o| o.count);
+            let all: Vec<_> = ops.iter().map(|o| (&o.op, o.count)).collect();
+            assert!(
+                count("torchport.linear_packed.default") >= 4,
+                "{name}: {all:?}"
+            );
+            for op in ["aten.linear.default", "aten.addmm.default"] {
+                assert_eq!(count(op), 0, "{name}: {op} in {all:?}");
+            }
+        }
     }
 }

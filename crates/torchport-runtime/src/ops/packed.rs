@@ -99,10 +99,17 @@ impl Packing {
         n.checked_next_multiple_of(self.mr)?.checked_mul(k)
     }
 
-    /// Pack the `[n, k]` weight held as little-endian f32 `bytes` (row-major) into `dst`
-    /// (`self.len(n, k)` values), in blocks of [`Packing::block`] columns, panels in parallel.
-    /// Returns false (and writes nothing) when `bytes` or `dst` is too short.
-    pub fn pack_le_into(&self, bytes: &[u8], n: usize, k: usize, dst: &mut [f32]) -> bool {
+    /// Pack the weight held as little-endian f32 `bytes`, laid out as `source` says, into
+    /// `dst` (`self.len(n, k)` values), in blocks of [`Packing::block`] columns, panels in
+    /// parallel. Returns false (and writes nothing) when `bytes` or `dst` is too short.
+    pub fn pack_le_into(
+        &self,
+        bytes: &[u8],
+        source: Source,
+        n: usize,
+        k: usize,
+        dst: &mut [f32],
+    ) -> bool {
         use rayon::prelude::*;
         let mr = self.mr;
         let need = n.checked_mul(k).and_then(|v| v.checked_mul(4));
@@ -113,38 +120,79 @@ impl Packing {
             return false;
         }
         let (n_pad, kc) = (n.next_multiple_of(mr), self.block(k));
+        let le = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         let mut rest = &mut dst[..len];
         let mut p0 = 0;
         while p0 < k {
             let kb = kc.min(k - p0);
             let (block, tail) = std::mem::take(&mut rest).split_at_mut(n_pad * kb);
             rest = tail;
-            block
-                .par_chunks_mut(mr * kb)
-                .enumerate()
-                .for_each(|(q, panel)| {
-                    // 16 columns at a time: one cache line of each of the panel's rows,
-                    // written into 16 of the panel's columns (4 KiB with AVX-512).
-                    for c0 in (0..kb).step_by(16) {
-                        let c1 = (c0 + 16).min(kb);
-                        for r in 0..mr {
-                            let i = q * mr + r;
-                            let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
-                            if i < n {
-                                let at = (i * k + p0 + c0) * 4;
-                                let src = bytes[at..at + (c1 - c0) * 4].chunks_exact(4);
-                                for (d, c) in cols.zip(src) {
-                                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            match source {
+                // Each panel on its own, 16 columns at a time: one cache line of each of the
+                // panel's rows, written into 16 of the panel's columns (4 KiB with AVX-512).
+                Source::Rows => block
+                    .par_chunks_mut(mr * kb)
+                    .enumerate()
+                    .for_each(|(q, panel)| {
+                        let rows = mr.min(n - (q * mr).min(n));
+                        for c0 in (0..kb).step_by(16) {
+                            let c1 = (c0 + 16).min(kb);
+                            for r in 0..mr {
+                                let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
+                                if r < rows {
+                                    let at = ((q * mr + r) * k + p0 + c0) * 4;
+                                    let src = bytes[at..at + (c1 - c0) * 4].chunks_exact(4);
+                                    cols.zip(src).for_each(|(d, c)| *d = le(c));
+                                } else {
+                                    cols.take(c1 - c0).for_each(|d| *d = 0.0);
                                 }
-                            } else {
-                                cols.take(c1 - c0).for_each(|d| *d = 0.0);
                             }
                         }
-                    }
-                });
+                    }),
+                // A panel's column is a stretch of one row of the `[k, n]` source: 16 panels
+                // at a time, so that each row is read in stretches of 16 panels' width (4 KiB
+                // with AVX-512) rather than one, each from another page.
+                Source::Columns => {
+                    let group = 16;
+                    let panels = block.par_chunks_mut(mr * kb * group).enumerate();
+                    panels.for_each(|(g, panels)| {
+                        for c in 0..kb {
+                            for (i, panel) in panels.chunks_exact_mut(mr * kb).enumerate() {
+                                let i0 = (g * group + i) * mr;
+                                let rows = mr.min(n - i0.min(n));
+                                let at = ((p0 + c) * n + i0) * 4;
+                                let src = bytes[at..at + rows * 4].chunks_exact(4);
+                                let (vals, pad) = panel[c * mr..(c + 1) * mr].split_at_mut(rows);
+                                vals.iter_mut().zip(src).for_each(|(d, c)| *d = le(c));
+                                pad.fill(0.0);
+                            }
+                        }
+                    })
+                }
+            }
             p0 += kb;
         }
         true
+    }
+}
+
+/// How a weight to be packed is laid out in the archive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// `[n, k]`: torch's Linear weight, read as `x @ w.T`.
+    Rows,
+    /// `[k, n]`: the right operand of `x @ w` as it is (GPT-2's `Conv1D` weight, read by
+    /// `addmm(bias, x, w)`).
+    Columns,
+}
+
+impl Source {
+    /// `(n, k)`: output and input features of a weight of this layout and shape.
+    pub fn features(self, shape: &[usize]) -> Option<(usize, usize)> {
+        match (self, shape) {
+            (Source::Rows, &[n, k]) | (Source::Columns, &[k, n]) => Some((n, k)),
+            _ => None,
+        }
     }
 }
 
@@ -423,16 +471,31 @@ mod tests {
     use super::*;
     use candle_core::DType;
 
-    /// `w` (`[n, k]`, row-major) packed from its little-endian bytes.
+    /// `w` (`[n, k]`, row-major) packed from its little-endian bytes; and the same values
+    /// packed from their transpose (`[k, n]`, [`Source::Columns`]) must come out the same.
     fn pack(pk: &Packing, w: &[f32], n: usize, k: usize) -> (Vec<f32>, usize) {
-        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let le = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let bytes = le(w);
         let kc = pk.block(k);
         let mut out = vec![f32::NAN; pk.len(n, k).unwrap()];
-        assert!(pk.pack_le_into(&bytes, n, k, &mut out));
-        if !bytes.is_empty() {
-            assert!(!pk.pack_le_into(&bytes[4..], n, k, &mut out));
-            assert!(!pk.pack_le_into(&bytes, n, k, &mut out[1..]));
-            assert!(!pk.pack_le_into(&bytes, usize::MAX, k.max(2), &mut out));
+        assert!(pk.pack_le_into(&bytes, Source::Rows, n, k, &mut out));
+        let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+        let mut from_t = vec![f32::NAN; out.len()];
+        assert!(pk.pack_le_into(&le(&wt), Source::Columns, n, k, &mut from_t));
+        let differ = from_t
+            .iter()
+            .zip(&out)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            differ, None,
+            "{n} x {k} packed from [k, n]: first difference"
+        );
+        for source in [Source::Rows, Source::Columns] {
+            if !bytes.is_empty() {
+                assert!(!pk.pack_le_into(&bytes[4..], source, n, k, &mut out));
+                assert!(!pk.pack_le_into(&bytes, source, n, k, &mut out[1..]));
+                assert!(!pk.pack_le_into(&bytes, source, usize::MAX, k.max(2), &mut out));
+            }
         }
         (out, kc)
     }

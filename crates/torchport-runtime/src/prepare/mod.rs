@@ -20,7 +20,9 @@ use crate::ops::op_key;
 use crate::schema::{Argument, Graph, Node};
 
 mod pointwise;
+mod products;
 pub use pointwise::fuse_pointwise_chains;
+pub use products::linears_from_products;
 
 /// How a node reads a value: through a 2-d transpose (or as `linear`'s weight), or otherwise.
 fn transposed_read(node: &Node, input: &str) -> bool {
@@ -57,13 +59,24 @@ pub fn transposed_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> Ha
     weights_read_only(graph, is_weight, transposed_read)
 }
 
-/// The weights (graph input names for which `is_weight` holds) read only as a Linear's
-/// `weight`: those `Program::load` decodes packed for the microkernel
-/// ([`crate::ops::packed`]), rewriting their Linears with [`pack_linears`].
-pub fn linear_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> HashSet<&str> {
-    weights_read_only(graph, is_weight, |node, input| {
-        op_key(&node.target) == "aten.linear.default" && input == "weight"
-    })
+/// The weights (graph input names for which `is_weight` holds) read only as the weight of
+/// products the packed kernel computes (Linears, and `mm` / `addmm` / `matmul` with the
+/// weight as their right operand as it is; `addmm` only as `x @ w + b`), all in one layout (by
+/// name): those `Program::load` decodes packed for the microkernel ([`crate::ops::packed`]),
+/// rewriting their products with [`pack_linears`].
+pub fn packable_weights(
+    graph: &Graph,
+    is_weight: impl Fn(&str) -> bool,
+) -> HashMap<&str, crate::ops::packed::Source> {
+    use crate::ops::packed::Source;
+    let mut all = HashMap::new();
+    for source in [Source::Rows, Source::Columns] {
+        let read = weights_read_only(graph, &is_weight, |node, input| {
+            products::packable_read(graph, node, input) == Some(source)
+        });
+        all.extend(read.into_iter().map(|n| (n, source)));
+    }
+    all
 }
 
 /// The weights every reader of `graph` reads as `accept` says (and that the graph does not
@@ -99,36 +112,43 @@ fn weights_read_only(
     ok
 }
 
-/// Rewrite each Linear whose weight is a graph input in `packed` (name to `[n, k]`) to [`crate::ops::packed::TARGET`], which reads the
-/// packed values. Returns how many were rewritten, or why not, when anything else reads a
-/// packed weight (or the graph returns one): it would get the packed values.
+/// Rewrite each product (as [`packable_weights`] finds them) whose weight is a graph input in
+/// `packed` (name to `[n, k]`: output and input features) to
+/// [`crate::ops::packed::TARGET`], which reads the packed values. Returns how many were
+/// rewritten, or why not, when anything else reads a packed weight (or the graph returns
+/// one): it would get the packed values.
 pub fn pack_linears(
     graph: &mut Graph,
     packed: &HashMap<String, (usize, usize)>,
 ) -> Result<usize, String> {
-    let mut count = 0;
-    for node in &mut graph.nodes {
-        if op_key(&node.target) != "aten.linear.default" {
-            continue;
-        }
+    let mut rewrites = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
         let weight = node.inputs.iter().find_map(|a| match &a.arg {
-            Argument::AsTensor(t) if a.name == "weight" => packed.get(&t.name),
+            Argument::AsTensor(t) if products::packable_read(graph, node, &a.name).is_some() => {
+                packed.get(&t.name)
+            }
             _ => None,
         });
-        let Some(&(n, k)) = weight else { continue };
-        node.target = crate::ops::packed::TARGET.to_string();
-        for (name, v) in [("out_features", n), ("in_features", k)] {
-            node.inputs.push(crate::schema::NamedArgument {
-                name: name.to_string(),
-                arg: Argument::AsInt(v as i64),
-                kind: None,
-            });
+        if let Some(&(n, k)) = weight {
+            let mut inputs = products::packed_inputs(node);
+            for (name, v) in [("out_features", n), ("in_features", k)] {
+                inputs.push(crate::schema::NamedArgument {
+                    name: name.to_string(),
+                    arg: Argument::AsInt(v as i64),
+                    kind: None,
+                });
+            }
+            rewrites.push((i, inputs));
         }
-        count += 1;
+    }
+    let count = rewrites.len();
+    for (i, inputs) in rewrites {
+        graph.nodes[i].target = crate::ops::packed::TARGET.to_string();
+        graph.nodes[i].inputs = inputs;
     }
     let refuse = |name: &str, reader: &str| {
         Err(format!(
-            "the Linear weight '{name}' was packed at load, but {reader} also reads it"
+            "the weight '{name}' was packed at load, but {reader} also reads it"
         ))
     };
     for node in &graph.nodes {
@@ -929,6 +949,139 @@ mod tests {
         let calls: [Call; 1] = [("linear.default", &[("input", "x"), ("weight", "w")], "y")];
         let err = pack_linears(&mut graph(&calls, &[], "w"), &packed).unwrap_err();
         assert!(err.contains("output"), "{err}");
+    }
+
+    /// The decomposed export's Linears (`mm(x, t(w))`, `addmm(b, x, t(w))`) become Linears,
+    /// the transposes left unread dropped; not where the result would differ (`beta` not 1,
+    /// a bias that is not `[n]`) or the operand is not a weight; a transpose read elsewhere
+    /// too is kept.
+    #[test]
+    fn decomposed_linears_become_linears() {
+        let sizes: [(&str, &[i64]); 5] = [
+            ("w", &[8, 4]),
+            ("v", &[6, 8]),
+            ("b", &[6]),
+            ("b2", &[1, 6]),
+            ("x", &[3, 4]),
+        ];
+        let weight = |n: &str| ["w", "v", "b", "b2"].contains(&n);
+        let calls: [Call; 4] = [
+            ("t.default", &[("self", "w")], "wt"),
+            ("mm.default", &[("self", "x"), ("mat2", "wt")], "y"),
+            ("t.default", &[("self", "v")], "vt"),
+            (
+                "addmm.default",
+                &[("self", "b"), ("mat1", "y"), ("mat2", "vt")],
+                "z",
+            ),
+        ];
+        let mut g = graph(&calls, &sizes, "z");
+        assert_eq!(linears_from_products(&mut g, weight), 2);
+        let summary = |g: &Graph| -> Vec<(String, Vec<(String, String)>)> {
+            g.nodes
+                .iter()
+                .map(|n| {
+                    let args = n.inputs.iter().filter_map(|a| match &a.arg {
+                        Argument::AsTensor(t) => Some((a.name.clone(), t.name.clone())),
+                        _ => None,
+                    });
+                    (op_key(&n.target).to_string(), args.collect())
+                })
+                .collect()
+        };
+        let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            summary(&g),
+            [
+                (
+                    "aten.linear.default".to_string(),
+                    vec![s("input", "x"), s("weight", "w")]
+                ),
+                (
+                    "aten.linear.default".to_string(),
+                    vec![s("input", "y"), s("weight", "v"), s("bias", "b")]
+                ),
+            ]
+        );
+        // beta 2; a [1, 6] bias; not a weight: left as they are.
+        let mut g = graph(&calls, &sizes, "z");
+        g.nodes[3].inputs.push(
+            serde_json::from_value(serde_json::json!({"name": "beta", "arg": {"as_float": 2.0}}))
+                .unwrap(),
+        );
+        assert_eq!(linears_from_products(&mut g, weight), 1);
+        assert_eq!(op_key(&g.nodes[1].target), "aten.t.default");
+        assert_eq!(op_key(&g.nodes[2].target), "aten.addmm.default");
+        let mut calls2 = calls;
+        calls2[3].1 = &[("self", "b2"), ("mat1", "y"), ("mat2", "vt")];
+        let mut g = graph(&calls2, &sizes, "z");
+        assert_eq!(linears_from_products(&mut g, weight), 1);
+        assert_eq!(op_key(&g.nodes[2].target), "aten.addmm.default");
+        let mut g = graph(&calls, &sizes, "z");
+        assert_eq!(linears_from_products(&mut g, |n| n != "w" && weight(n)), 1);
+        assert_eq!(op_key(&g.nodes[1].target), "aten.mm.default");
+        // The transpose read by something else too: kept, the mm rewritten.
+        let mut calls3 = calls.to_vec();
+        calls3.push(("mul.Tensor", &[("self", "wt"), ("other", "wt")], "m"));
+        let mut g = graph(&calls3, &sizes, "z");
+        assert_eq!(linears_from_products(&mut g, weight), 2);
+        assert_eq!(op_key(&g.nodes[0].target), "aten.t.default");
+        assert_eq!(op_key(&g.nodes[1].target), "aten.linear.default");
+        assert_eq!(g.nodes.len(), 4);
+    }
+
+    /// Weights read as a product's right operand as they are (`[k, n]`: GPT-2's `Conv1D`)
+    /// are packable from their columns, a Linear's from its rows; one read both ways, or by
+    /// an `addmm` that is not `x @ w + b` (a `[1, n]` bias), is not. The products are
+    /// rewritten to the packed kernel with its inputs' names.
+    #[test]
+    fn products_with_a_weight_are_packed_in_their_layout() {
+        use crate::ops::packed::Source;
+        let sizes: [(&str, &[i64]); 5] = [
+            ("w", &[4, 8]),
+            ("b", &[8]),
+            ("v", &[6, 8]),
+            ("u", &[8, 5]),
+            ("b2", &[1, 5]),
+        ];
+        let calls: [Call; 4] = [
+            (
+                "addmm.default",
+                &[("self", "b"), ("mat1", "x"), ("mat2", "w")],
+                "y",
+            ),
+            ("linear.default", &[("input", "y"), ("weight", "v")], "z"),
+            (
+                "addmm.default",
+                &[("self", "b2"), ("mat1", "y"), ("mat2", "u")],
+                "o",
+            ),
+            ("mm.default", &[("self", "y"), ("mat2", "u")], "p"),
+        ];
+        let g = graph(&calls, &sizes, "z");
+        let found = packable_weights(&g, |n| ["w", "v", "u", "b", "b2"].contains(&n));
+        let want: HashMap<&str, Source> = [("w", Source::Columns), ("v", Source::Rows)].into();
+        assert_eq!(found, want);
+        let mut g = graph(&calls[..2], &sizes, "z");
+        let packed: HashMap<String, (usize, usize)> =
+            [("w".to_string(), (8, 4)), ("v".to_string(), (6, 8))].into();
+        assert_eq!(pack_linears(&mut g, &packed), Ok(2));
+        let names: Vec<Vec<&str>> = g
+            .nodes
+            .iter()
+            .map(|n| n.inputs.iter().map(|a| a.name.as_str()).collect())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                vec!["input", "weight", "bias", "out_features", "in_features"],
+                vec!["input", "weight", "out_features", "in_features"],
+            ]
+        );
+        assert!(g
+            .nodes
+            .iter()
+            .all(|n| n.target == crate::ops::packed::TARGET));
     }
 
     /// The residual fold on small graphs: folded (with the relu after) when the conv's output
