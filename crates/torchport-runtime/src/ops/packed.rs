@@ -231,22 +231,18 @@ pub fn sgemm_packed(
             .checked_mul(ldd)
             .and_then(|a| a.checked_add(w.n - 1))
             .is_some_and(|last| last < dst.len());
+    let job = Job {
+        x,
+        w,
+        out: Shared(dst.as_mut_ptr()),
+        ldd,
+        accumulate,
+        scale,
+    };
     // SAFETY: `dst` holds the [m, n] block (checked here, the rest by `into`) and its mutable
     // borrow keeps anything else from touching it meanwhile.
     #[allow(unsafe_code)]
-    let ok = fits
-        && unsafe {
-            into(
-                m,
-                x,
-                w,
-                Shared(dst.as_mut_ptr()),
-                ldd,
-                accumulate,
-                scale,
-                parallel,
-            )
-        };
+    let ok = fits && unsafe { into(m, job, parallel) };
     ok
 }
 
@@ -259,8 +255,30 @@ pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, parallel: bool) -
     // tile, the tiles cover the block, and none was read before it was written.
     #[allow(unsafe_code)]
     unsafe {
-        new_block(len, |out| into(m, x, w, out, w.n, false, scale, parallel))
+        new_block(len, |out| {
+            let job = Job {
+                x,
+                w,
+                out,
+                ldd: w.n,
+                accumulate: false,
+                scale,
+            };
+            into(m, job, parallel)
+        })
     }
+}
+
+/// One product's operands: `out = (accumulate ? out : 0) + scale * x @ w.T`, `out` an
+/// `[m, n]` block at row stride `ldd`.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    x: Mat<'a>,
+    w: Packed<'a>,
+    out: Shared,
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
 }
 
 /// The product behind [`sgemm_packed`] and [`product_packed`]; false (nothing written)
@@ -268,19 +286,11 @@ pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, parallel: bool) -
 ///
 /// # Safety
 ///
-/// `out` points to an `[m, n]` block at row stride `ldd` that nothing else reads or writes
-/// meanwhile.
-#[allow(unsafe_code, clippy::too_many_arguments)]
-unsafe fn into(
-    m: usize,
-    x: Mat,
-    w: Packed,
-    out: Shared,
-    ldd: usize,
-    accumulate: bool,
-    scale: f32,
-    parallel: bool,
-) -> bool {
+/// `job.out` points to an `[m, n]` block at row stride `job.ldd` that nothing else reads or
+/// writes meanwhile.
+#[allow(unsafe_code)]
+unsafe fn into(m: usize, job: Job, parallel: bool) -> bool {
+    let Job { x, w, ldd, .. } = job;
     let pk = w.packing;
     let (n, k) = (w.n, w.k);
     let x_fits = m == 0
@@ -321,7 +331,7 @@ unsafe fn into(
     for_each_tile(m, panels, (row_bands, col_bands), |rows, cols| {
         // SAFETY: the views fit (checked above and by the caller), the tiles are disjoint,
         // and the caller keeps the block to this call.
-        unsafe { tile(&pk, x, w, out, ldd, accumulate, scale, rows, cols) }
+        unsafe { tile(&job, rows, cols) }
     });
     true
 }
@@ -332,20 +342,20 @@ unsafe fn into(
 ///
 /// # Safety
 ///
-/// `x` and `out` (row stride `ldd`) fit `[m, k]` and `[m, n]` views, `w` holds `pk.len(n,
-/// k)` values, `rows` and `panels` lie inside, and nothing else touches the tile meanwhile.
-#[allow(unsafe_code, clippy::too_many_arguments)]
-unsafe fn tile(
-    pk: &Packing,
-    x: Mat,
-    w: Packed,
-    out: Shared,
-    ldd: usize,
-    accumulate: bool,
-    scale: f32,
-    rows: std::ops::Range<usize>,
-    panels: std::ops::Range<usize>,
-) {
+/// `job.x` and `job.out` (row stride `job.ldd`) fit `[m, k]` and `[m, n]` views, `job.w`
+/// holds its packed length, `rows` and `panels` lie inside, and nothing else touches the
+/// tile meanwhile.
+#[allow(unsafe_code)]
+unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, panels: std::ops::Range<usize>) {
+    let Job {
+        x,
+        w,
+        out,
+        ldd,
+        accumulate,
+        scale,
+    } = *job;
+    let pk = w.packing;
     let (n, k, mr, nr) = (w.n, w.k, pk.mr, pk.nr);
     let n_pad = n.next_multiple_of(mr);
     let mc = gemm_common::cache::kernel_params(n, rows.len(), k, mr, nr, 4).mc;
