@@ -223,14 +223,23 @@ impl Program {
                 name: fqn.to_string(),
                 what: "the program needs it but the archive does not hold it".into(),
             })?;
-            let source = owned.and_then(|o| o.packed.get(fqn));
-            let is_packed = source.is_some();
+            let stored = owned.and_then(|o| o.packed.get(fqn));
+            let is_packed = stored.is_some();
             if let Some(meta) = g.tensor_values.get(&arg.name) {
                 if let Some(s) = meta.static_sizes() {
                     let mut want: Vec<usize> = s.iter().map(|&v| v.max(0) as usize).collect();
-                    let features = source.and_then(|s| s.features(&want));
-                    if let (Some((n, k)), Some(pk)) = (features, packing) {
-                        // Decoded packed (read_for_build): its values, 1-d.
+                    if let (Some(&(source, (n, k))), Some(pk)) = (stored, packing) {
+                        // Decoded packed (read_for_build): its values, 1-d, which hold the
+                        // graph's shape only if the archive stored that one.
+                        if source.features(&want) != Some((n, k)) {
+                            return Err(Error::Weight {
+                                name: fqn.to_string(),
+                                what: format!(
+                                    "stored with {n} outputs of {k} inputs ({source:?}) but the \
+                                     graph expects shape {want:?}"
+                                ),
+                            });
+                        }
                         packed.insert(arg.name.clone(), (n, k));
                         want = pk.len(n, k).into_iter().collect();
                     }
@@ -594,6 +603,13 @@ fn read_for_build(
     };
     let (payloads, prescaled, packed) =
         crate::archive::decode(&ckpt, &transposed, &packed, scales)?;
+    let packed = packed
+        .into_iter()
+        .filter_map(|(fqn, source)| {
+            let stored = source.features(&infos.get(fqn.as_str())?.shape)?;
+            Some((fqn, (source, stored)))
+        })
+        .collect();
     Ok((ep, payloads, Decoded { prescaled, packed }))
 }
 
@@ -601,8 +617,9 @@ fn read_for_build(
 struct Decoded {
     /// Conv weights already scaled for their batch norm's fold.
     prescaled: HashSet<String>,
-    /// Weights decoded packed ([`crate::ops::packed`]), with the layout they were packed from.
-    packed: HashMap<String, Source>,
+    /// Weights decoded packed ([`crate::ops::packed`]): the layout they were stored in and
+    /// their `(n, k)` (output and input features) as the archive stores them.
+    packed: HashMap<String, (Source, (usize, usize))>,
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
@@ -1120,6 +1137,31 @@ mod tests {
                 .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
             assert!(worst <= 1e-5 * scale, "{name}: outputs differ by {worst}");
         }
+    }
+
+    /// A packed weight whose shape in the archive is not the one the graph reads (here:
+    /// GPT-2's `Conv1D` weight, `[in, out]`, recorded as stored `[out, in]`) is an error
+    /// naming it, not panels of the wrong orientation, though their lengths agree.
+    #[test]
+    fn a_packed_weight_stored_in_another_shape_is_refused() {
+        if crate::ops::packed::Packing::detect().is_none() {
+            return;
+        }
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/zoo/hf_gpt2.plain.pt2");
+        let (ep, payloads, mut decoded) = read_for_build(&path, true).unwrap();
+        let name = "h.0.attn.c_attn.weight";
+        let (source, (n, k)) = decoded.packed[name];
+        assert_eq!((source, n, k), (Source::Columns, 96, 32));
+        let build = |ep, payloads, decoded: &Decoded| {
+            Program::build(ep, payloads, &Registry::with_all_ops(), true, Some(decoded))
+        };
+        assert!(build(ep.clone(), payloads.clone(), &decoded).is_ok());
+        decoded
+            .packed
+            .insert(name.to_string(), (Source::Columns, (k, n)));
+        let err = build(ep, payloads, &decoded).err().unwrap().to_string();
+        assert!(err.contains(name) && err.contains("[32, 96]"), "{err}");
     }
 
     /// A weight the load scaled for a fold the build does not make is an error, not a
