@@ -12,8 +12,10 @@
 //! The layout ([`Packing`]): the `kc`-column blocks of `w` one after another; in each, the
 //! panels of `mr` rows (`n` rounded up to `mr`, the extra rows zero); in a panel, column after
 //! column, each the panel's `mr` values. `Program::load` writes it straight from the
-//! archive's bytes for the weights read only as a Linear's weight, and rewrites those nodes to
-//! [`TARGET`], whose kernel reads the packed values with [`product_packed`].
+//! archive's bytes for the weights read only as the weight of a product (a Linear's `[n, k]`
+//! weight, or the `[k, n]` right operand of `addmm` / `mm` / `matmul`: [`Source`]), and
+//! rewrites those nodes to [`TARGET`], whose kernel reads the packed values with
+//! [`product_packed`].
 
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;

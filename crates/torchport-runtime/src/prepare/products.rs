@@ -22,13 +22,18 @@ pub(crate) fn packable_read(graph: &Graph, node: &Node, input: &str) -> Option<S
         ("aten.mm.default", "mat2") | ("aten.matmul.default", "other") => Some(Source::Columns),
         ("aten.addmm.default", "mat2") => {
             let n = sizes(graph, input_tensor(node, "mat2")?)?.get(1).copied()?;
-            let plain = input_float(node, "beta", 1.0) == Some(1.0)
-                && input_float(node, "alpha", 1.0) == Some(1.0)
-                && sizes(graph, input_tensor(node, "self")?)? == [n];
-            plain.then_some(Source::Columns)
+            plain_addmm(graph, node, n).then_some(Source::Columns)
         }
         _ => None,
     }
+}
+
+/// Whether the `addmm` `node` is `mat1 @ mat2 + self` with `self` a vector of `n`, the
+/// output's width (`beta` and `alpha` 1): a Linear's form.
+fn plain_addmm(graph: &Graph, node: &Node, n: i64) -> bool {
+    input_float(node, "beta", 1.0) == Some(1.0)
+        && input_float(node, "alpha", 1.0) == Some(1.0)
+        && input_tensor(node, "self").and_then(|b| sizes(graph, b)) == Some(vec![n])
 }
 
 /// The inputs of the packed kernel (`input`, `weight`, `bias`) for a node that reads its
@@ -88,15 +93,9 @@ pub fn linears_from_products(graph: &mut Graph, is_weight: impl Fn(&str) -> bool
         let Some(w) = transposed_weight(mat2) else {
             continue;
         };
-        if let Some(b) = bias {
-            // As `packable_read` asks of an addmm: the bias a vector of the output's width.
-            let n = sizes(graph, &w).and_then(|s| s.first().copied());
-            let plain = input_float(node, "beta", 1.0) == Some(1.0)
-                && input_float(node, "alpha", 1.0) == Some(1.0)
-                && n.is_some_and(|n| b.is_some_and(|b| sizes(graph, b) == Some(vec![n])));
-            if !plain {
-                continue;
-            }
+        let n = sizes(graph, &w).and_then(|s| s.first().copied());
+        if bias.is_some() && !n.is_some_and(|n| plain_addmm(graph, node, n)) {
+            continue;
         }
         let tensor = |name: &str, t: &str| NamedArgument {
             name: name.to_string(),
