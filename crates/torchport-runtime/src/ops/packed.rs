@@ -20,7 +20,7 @@
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
 
-use super::sgemm::{for_each_tile, new_block, tiles, Mat, Shared};
+use super::sgemm::{block_fits, for_each_tile, new_block, tiles, Mat, Shared};
 use super::Registry;
 use crate::error::OpResult;
 use crate::op_bail;
@@ -227,12 +227,7 @@ pub fn sgemm_packed(
     scale: f32,
     parallel: bool,
 ) -> bool {
-    let fits = m == 0
-        || w.n == 0
-        || (m - 1)
-            .checked_mul(ldd)
-            .and_then(|a| a.checked_add(w.n - 1))
-            .is_some_and(|last| last < dst.len());
+    let fits = block_fits(dst, m, w.n, ldd);
     let job = Job {
         x,
         w,
@@ -288,23 +283,16 @@ struct Job<'a> {
 ///
 /// # Safety
 ///
-/// `job.out` points to an `[m, n]` block at row stride `job.ldd` that nothing else reads or
-/// writes meanwhile.
+/// `job.out` points to an `[m, n]` block at row stride `job.ldd` (`>= n` when `m > 1`:
+/// [`block_fits`]) that nothing else reads or writes meanwhile.
 #[allow(unsafe_code)]
 unsafe fn into(m: usize, job: Job, parallel: bool) -> bool {
     let Job { x, w, ldd, .. } = job;
     let pk = w.packing;
     let (n, k) = (w.n, w.k);
-    let x_fits = m == 0
-        || (m - 1)
-            .checked_mul(x.rs)
-            .zip((k.max(1) - 1).checked_mul(x.cs))
-            .and_then(|(a, b)| a.checked_add(b))
-            .is_some_and(|last| last < x.data.len());
     if k == 0
         || pk.len(n, k) != Some(w.data.len())
-        || !x_fits
-        || (n > ldd && m > 1)
+        || !x.fits(m, k)
         || isize::try_from(ldd).is_err()
         || isize::try_from(x.rs).is_err()
         || isize::try_from(x.cs).is_err()
@@ -656,6 +644,17 @@ mod tests {
             wp,
             &mut out[1..],
             n,
+            false,
+            1.0,
+            true
+        ));
+        // Rows that would overlap (a row stride under n), though inside the slice.
+        assert!(!sgemm_packed(
+            m,
+            Mat::rows(&x, k),
+            wp,
+            &mut out,
+            n - 1,
             false,
             1.0,
             true

@@ -29,7 +29,7 @@ impl<'a> Mat<'a> {
     }
 
     /// Whether every element of an `r x c` view lies inside `data`.
-    fn fits(&self, r: usize, c: usize) -> bool {
+    pub(crate) fn fits(&self, r: usize, c: usize) -> bool {
         if r == 0 || c == 0 {
             return true;
         }
@@ -59,12 +59,7 @@ pub fn sgemm(
     scale: f32,
     parallel: bool,
 ) -> bool {
-    let d = Mat {
-        data: dst,
-        rs: ldd,
-        cs: 1,
-    };
-    if !a.fits(m, k) || !b.fits(k, n) || !d.fits(m, n) || (n > ldd && m > 1) {
+    if !a.fits(m, k) || !b.fits(k, n) || !block_fits(dst, m, n, ldd) {
         return false;
     }
     if m == 0 || n == 0 {
@@ -95,6 +90,16 @@ pub fn sgemm(
             parallel,
         )
     }
+}
+
+/// Whether `dst` holds a row-major `[m, n]` block at row stride `ldd` (rows not overlapping).
+pub(crate) fn block_fits(dst: &[f32], m: usize, n: usize, ldd: usize) -> bool {
+    let d = Mat {
+        data: dst,
+        rs: ldd,
+        cs: 1,
+    };
+    d.fits(m, n) && !(n > ldd && m > 1)
 }
 
 /// `scale * a @ b` for `a: [m, k]` and `b: [k, n]`, as a new row-major `[m, n]` buffer
