@@ -55,7 +55,7 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 /// norm's scale folded into the conv weight before it in the pass that decodes the weight,
 /// instead of a pass of its own at build); then the rest, in one parallel pass. Only a
 /// tensor of rank 2 or more decoded into the shared buffer, not transposed, is multiplied.
-/// Returns the tensors, the names of those so multiplied, and the names of those packed.
+/// Returns the tensors, the names of those so multiplied, and those packed ([`DecodedWeights`]).
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
@@ -76,6 +76,12 @@ pub(crate) fn decode(
         })
         .collect();
     let mut slots = shared_slots(ckpt, &infos, &packs);
+    // Packed only where the tensor has a slot of the shared buffer.
+    let packs: Vec<Option<(Packing, Source)>> = packs
+        .into_iter()
+        .zip(&slots)
+        .map(|(pack, slot)| pack.filter(|_| slot.is_some()))
+        .collect();
     let total = slots.iter().flatten().map(|r| r.end).max().unwrap_or(0);
     let mut shared = crate::allocator::weight_buffer(total + ALIGN);
     // The slots are aligned from the buffer's start; shift them so that their addresses are.
@@ -98,7 +104,7 @@ pub(crate) fn decode(
                 .filter(|(((t, _), _), _)| vector(t) == vectors)
                 .try_for_each(|(((t, part), own), pack)| {
                     let fill = match (scales.get(&t.name), pack) {
-                        (_, Some((pk, source))) if part.is_some() => Fill::Packed(*pk, *source),
+                        (_, Some((pk, source))) => Fill::Packed(*pk, *source),
                         (Some(scale), _) => Fill::Scaled(scale),
                         _ if transposed.contains(&t.name) => Fill::Transposed,
                         _ => Fill::Plain,
@@ -136,12 +142,12 @@ pub(crate) fn decode(
     drop(parts);
     let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
         .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
-    let was_packed: HashMap<String, Source> = infos
+    let was_packed: HashMap<String, (Source, (usize, usize))> = infos
         .iter()
-        .zip(&slots)
         .zip(&packs)
-        .filter_map(|((t, slot), pack)| {
-            Some((t.name.clone(), (*pack).filter(|_| slot.is_some())?.1))
+        .filter_map(|(t, pack)| {
+            let (_, source) = (*pack)?;
+            Some((t.name.clone(), (source, source.features(&t.shape)?)))
         })
         .collect();
     let tensors = infos
@@ -171,11 +177,11 @@ pub(crate) fn decode(
 }
 
 /// What [`decode`] returns: the tensors by name, the names of those multiplied for a fold,
-/// and the names of those packed.
+/// and those packed, with the layout they were stored in and their `(n, k)` as stored.
 pub(crate) type DecodedWeights = (
     HashMap<String, Tensor>,
     HashSet<String>,
-    HashMap<String, Source>,
+    HashMap<String, (Source, (usize, usize))>,
 );
 
 /// The alignment of each tensor in the shared buffer of [`decode`], in f32 values (64 bytes:

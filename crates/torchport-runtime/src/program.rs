@@ -153,7 +153,7 @@ impl Program {
     /// `own_kernels`: `registry` is this crate's, so kernel-specific fusions apply.
     /// `owned`: nothing outside `payloads` holds its tensors (they were decoded by the load),
     /// so a rewrite may change one in place; it says which conv weights the load already
-    /// scaled for their batch norm's fold and which Linear weights it packed (see
+    /// scaled for their batch norm's fold and which weights it packed (see
     /// `read_for_build`).
     fn build(
         mut ep: ExportedProgram,
@@ -173,7 +173,7 @@ impl Program {
         }
         let mut weights = HashMap::new();
         let mut prescaled = HashSet::new();
-        // Packed Linear weights by graph input: [n, k].
+        // Packed weights by graph input: (n, k), output and input features.
         let mut packed = HashMap::new();
         let packing = crate::ops::packed::Packing::detect();
         let mut inputs = Vec::new();
@@ -507,9 +507,11 @@ impl Program {
 /// [`crate::prepare::plan_bn_folds`] finds them in that graph, with the norms' values,
 /// decoded first) are multiplied by the fold's scale as they are written, which spares the
 /// build a pass over them. With `pack` (the build runs this crate's own kernels), the
-/// weights read only as a Linear's weight, parameters bound to that use alone, are decoded
-/// packed for the microkernel ([`crate::ops::packed`]) instead of transposed. The third
-/// part of the result names both kinds.
+/// parameters read only as the weight of products the packed kernel computes (Linears, and
+/// `addmm` / `mm` / `matmul` of a weight stored `[in, out]`: [`crate::prepare::packable_weights`],
+/// after the decomposed export's Linears are made Linears again) are decoded packed for the
+/// microkernel ([`crate::ops::packed`]) instead of transposed. The third part of the result
+/// names both kinds.
 fn read_for_build(
     path: &Path,
     pack: bool,
@@ -603,13 +605,6 @@ fn read_for_build(
     };
     let (payloads, prescaled, packed) =
         crate::archive::decode(&ckpt, &transposed, &packed, scales)?;
-    let packed = packed
-        .into_iter()
-        .filter_map(|(fqn, source)| {
-            let stored = source.features(&infos.get(fqn.as_str())?.shape)?;
-            Some((fqn, (source, stored)))
-        })
-        .collect();
     Ok((ep, payloads, Decoded { prescaled, packed }))
 }
 
