@@ -618,58 +618,16 @@ mod tests {
             ..wp
         };
         let mut out = vec![7f32; m * n];
-        assert!(!sgemm_packed(
-            m,
-            Mat::rows(&x, k),
-            short,
-            &mut out,
-            n,
-            false,
-            1.0,
-            true
-        ));
-        assert!(!sgemm_packed(
-            m,
-            Mat::rows(&x[1..], k),
-            wp,
-            &mut out,
-            n,
-            false,
-            1.0,
-            true
-        ));
-        assert!(!sgemm_packed(
-            m,
-            Mat::rows(&x, k),
-            wp,
-            &mut out[1..],
-            n,
-            false,
-            1.0,
-            true
-        ));
+        let product = |x: &[f32], w: Packed, out: &mut [f32], ldd: usize| {
+            sgemm_packed(m, Mat::rows(x, k), w, out, ldd, false, 1.0, true)
+        };
+        assert!(!product(&x, short, &mut out, n));
+        assert!(!product(&x[1..], wp, &mut out, n));
+        assert!(!product(&x, wp, &mut out[1..], n));
         // Rows that would overlap (a row stride under n), though inside the slice.
-        assert!(!sgemm_packed(
-            m,
-            Mat::rows(&x, k),
-            wp,
-            &mut out,
-            n - 1,
-            false,
-            1.0,
-            true
-        ));
+        assert!(!product(&x, wp, &mut out, n - 1));
         assert!(out.iter().all(|&v| v == 7.0));
-        assert!(sgemm_packed(
-            m,
-            Mat::rows(&x, k),
-            wp,
-            &mut out,
-            n,
-            false,
-            1.0,
-            true
-        ));
+        assert!(product(&x, wp, &mut out, n));
         assert!(out.iter().all(|&v| v == k as f32));
     }
 
