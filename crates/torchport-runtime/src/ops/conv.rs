@@ -754,17 +754,17 @@ pub(super) fn out_len(
 /// parallel, each starting from its bias (when given), or for small planes with m = 1,
 /// blocks of channels in parallel ([`depthwise_block`]).
 fn depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &Params) -> OpResult<Tensor> {
-    depthwise_by(x, w, bias, p, SMALL_PLANE)
+    depthwise_by(x, w, bias, p, SMALL_OUTPUT)
 }
 
-/// [`depthwise`], with input planes of at most `small_plane` pixels computed by
+/// [`depthwise`], with output planes of at most `small_output` pixels computed by
 /// [`depthwise_block`] (when each input channel has one output channel).
 fn depthwise_by(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
     p: &Params,
-    small_plane: usize,
+    small_output: usize,
 ) -> OpResult<Tensor> {
     use rayon::prelude::*;
     let (n, c, h, wd) = x.dims4()?;
@@ -802,7 +802,7 @@ fn depthwise_by(
                 },
             )
         };
-        // Small planes with one output channel per input channel: blocks of channels, each
+        // Small output planes with one output channel per input channel: blocks of channels, each
         // computed with the channels innermost (see `depthwise_block`).
         let blocks = |out: &mut [f32], xs: &[f32]| {
             let pix = oh * ow;
@@ -819,7 +819,7 @@ fn depthwise_by(
                         })
                 });
         };
-        let by_blocks = m == 1 && h * wd <= small_plane;
+        let by_blocks = m == 1 && oh * ow <= small_output;
         let run = |out: &mut [f32], xs: &[f32]| {
             if by_blocks {
                 blocks(out, xs)
@@ -836,14 +836,17 @@ fn depthwise_by(
     from_f32(out, &[n, co, oh, ow])
 }
 
-/// Input planes of at most this many pixels are computed by [`depthwise_block`]: per plane,
+/// Output planes of at most this many pixels are computed by [`depthwise_block`]: per plane,
 /// the spatial path's fixed work (padding, phases, copies) outweighs its sums there. Single
 /// convolutions at batch 1 and 1 thread, spatial path / blocks (medians of 50, two runs
 /// each, with the spatial path's sums in AVX-512 registers): 960 channels 7x7 5x5 0.19 /
-/// 0.11–0.12 ms, 672 channels 14x14 5x5 stride 2 0.25 / 0.15–0.21 ms, 480 channels 14x14
-/// 3x3 0.12–0.19 / 0.15–0.16 ms (even); on 28x28 inputs the spatial path wins (120
+/// 0.11–0.12 ms, 672 channels 14x14 5x5 stride 2 (7x7 out) 0.25 / 0.15–0.21 ms, 480 channels
+/// 14x14 3x3 0.12–0.19 / 0.15–0.16 ms (even); on 28x28 inputs the spatial path wins (120
 /// channels 5x5 0.16–0.17 / 0.23–0.27 ms, 240 channels 3x3 stride 2 0.13 / 0.16–0.21 ms).
-const SMALL_PLANE: usize = 14 * 14;
+/// Once the spatial path ran its last, partial block of outputs in registers too, it won on
+/// 14x14 outputs (MobileNetV3-Large at batch 8, 1 thread: 672 channels 3x3 1.58 against
+/// 2.75 ms), so the line is drawn at 7x7 outputs (BENCHMARKS.md, issue 14).
+const SMALL_OUTPUT: usize = 7 * 7;
 
 /// Channels per task of [`depthwise_block`].
 const CHANNEL_BLOCK: usize = 64;
@@ -1005,7 +1008,10 @@ impl PlaneGeometry {
 /// reused across planes. The runs stay in bounds: a valid output `(y, x)` reads phase element
 /// `(y + qy, x + qx)` with `x + qx < wq` and `y + qy < hq` (its padded coordinates are inside
 /// the padded plane), so the run of a tap, `(oh - 1) * wq + ow` long from `qy * wq + qx`, ends
-/// inside its phase; the columns `ow..wq` of a row are scratch that is never copied out.
+/// inside its phase; the columns `ow..wq` of a row are scratch that is never copied out. The
+/// runs are computed rounded up to whole blocks of [`depthwise_taps`] (its AVX-512 path takes
+/// whole blocks only), over as many zeros more at the end of `phases`: the outputs past the
+/// last valid one are scratch too.
 fn depthwise_plane(
     dst: &mut [f32],
     src: &[f32],
@@ -1017,8 +1023,12 @@ fn depthwise_plane(
 ) {
     let ([sy, sx], [ph, pw]) = (g.stride, g.pad);
     let (hq, wq) = (g.hq, g.wq);
+    // The output run, rounded up to whole blocks of `depthwise_taps` (its fast path takes
+    // whole blocks only); the phases get as many zeros more, so every tap's run stays inside.
+    let len = (g.oh - 1) * wq + g.ow;
+    let run = len.next_multiple_of(TAP_BLOCK);
     phases.clear();
-    phases.resize(g.used.len() * hq * wq, 0.);
+    phases.resize(g.used.len() * hq * wq + (run - len), 0.);
     for (s, &[ry, rx]) in g.used.iter().enumerate() {
         let phase = &mut phases[s * hq * wq..][..hq * wq];
         // Phase columns b whose padded column b * sx + rx is an input column (>= pw, < pw + wd).
@@ -1037,9 +1047,8 @@ fn depthwise_plane(
             strided_copy(&mut prow[b0..b1], &row[c0..], sx);
         }
     }
-    let len = (g.oh - 1) * wq + g.ow;
     wide.clear();
-    wide.resize(len, 0.0);
+    wide.resize(run, 0.0);
     depthwise_taps(wide, phases, ker, &g.tap_start, bias);
     for (y, row) in dst.chunks_mut(g.ow).enumerate().take(g.oh) {
         row.copy_from_slice(&wide[y * wq..][..g.ow]);

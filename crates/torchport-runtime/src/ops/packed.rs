@@ -304,17 +304,10 @@ unsafe fn into(m: usize, job: Job, parallel: bool) -> bool {
     }
     let threads = rayon::current_num_threads();
     let panels = n.div_ceil(pk.mr);
-    // Split as the unpacked product would be split, but over whole panels of the weight first:
-    // each thread then reads its own part of the weight, where row bands each read all of it
-    // (BERT-base at batch 8 on 2 threads: the Linears took 1,055-1,157 ms this way, 1,162-
-    // 1,273 in row bands, 1,139-1,299 unpacked; BENCHMARKS.md, issue 14). Rows of x are split
-    // too only when the threads outnumber the panels.
+    // Split where the unpacked product would be split, over whole panels of the weight (see
+    // `split`).
     let (row_bands, col_bands) = match parallel {
-        true if tiles(m, n, k, threads) != (1, 1) => {
-            let cols = threads.min(panels);
-            let rows = (threads / cols).min(m / 64).max(1);
-            (rows, cols)
-        }
+        true if tiles(m, n, k, threads) != (1, 1) => split(m, panels, threads),
         _ => (1, 1),
     };
     // Rows of x against whole panels of w.
@@ -324,6 +317,29 @@ unsafe fn into(m: usize, job: Job, parallel: bool) -> bool {
         unsafe { tile(&job, rows, cols) }
     });
     true
+}
+
+/// The (row bands, panel bands) an `[m, n]` product of `panels` weight panels is split into
+/// over `threads`: the split whose largest tile (panels times rows) is smallest, row bands
+/// of at least 64 rows; of equal ones, the one with the most panel bands. Whole panels per
+/// thread let each read only its own part of the weight, where row bands each read all of
+/// it (BERT-base at batch 8 on 2 threads: the Linears took 1,055-1,157 ms this way, 1,162-
+/// 1,273 in row bands, 1,139-1,299 unpacked; BENCHMARKS.md, issue 14); rows are split too
+/// where that evens the tiles out (BERT-base's 768-wide Linears, 12 panels, at batch 8 on 16
+/// threads: 4 x 4 tiles of 3 panels and 256 rows, where one band of panels per thread would
+/// leave 4 threads idle and give the rest 1,024 rows each).
+fn split(m: usize, panels: usize, threads: usize) -> (usize, usize) {
+    let max_rows = (m / 64).max(1);
+    let mut best = (1, 1);
+    let mut best_tile = usize::MAX;
+    for cols in (1..=threads.min(panels)).rev() {
+        let rows = (threads / cols).min(max_rows);
+        let tile = panels.div_ceil(cols) * m.div_ceil(rows);
+        if tile < best_tile {
+            (best, best_tile) = ((rows, cols), tile);
+        }
+    }
+    best
 }
 
 /// Rows `rows` of `x` against panels `panels` of `w`, on this thread: for each block of
@@ -500,12 +516,28 @@ mod tests {
         (out, kc)
     }
 
+    /// The split over threads: whole panels per thread where that is as even as anything
+    /// else, rows split too where it evens the tiles out.
+    #[test]
+    fn products_split_into_even_tiles() {
+        // BERT-base's 768-wide Linears (12 panels of 64) at batch 8 and 1, its 3,072-wide
+        // ones (48 panels), on 2 and 16 threads.
+        assert_eq!(split(1024, 12, 2), (1, 2));
+        assert_eq!(split(1024, 12, 16), (4, 4));
+        assert_eq!(split(128, 12, 16), (1, 12));
+        assert_eq!(split(1024, 48, 16), (1, 16));
+        // One panel: rows only, at least 64 each.
+        assert_eq!(split(256, 1, 4), (4, 1));
+        assert_eq!(split(100, 1, 4), (1, 1));
+        assert_eq!(split(1024, 12, 1), (1, 1));
+    }
+
     /// Against a direct product in f64 (the values are multiples of 1/8 small enough that
     /// every sum is exact in f32): panels cut short (`n` not a multiple of the panel), more
     /// than one block of columns (`k` over the block width), rows of `x` not a multiple of the
     /// microkernel's, accumulation onto a bias with a scale into a wider output, a strided
-    /// `x`, and tiles over 1 to 4 threads (whole panels per thread, and rows split too where
-    /// the threads outnumber the panels). And the same bits as the unpacked product. With
+    /// `x`, and tiles over 1 to 16 threads (whole panels per thread, and rows split too where
+    /// that evens the tiles out). And the same bits as the unpacked product. With
     /// every packing the CPU has (AVX-512 and AVX2 here).
     #[test]
     fn packed_products_match_direct_products() {
@@ -525,6 +557,7 @@ mod tests {
                 (200, 131, 100, 2),
                 (131, 300, 700, 4),
                 (200, 70, 300, 4),
+                (300, 700, 64, 16),
                 (1, 70, 33, 3),
                 (67, 1, 5, 2),
             ]
