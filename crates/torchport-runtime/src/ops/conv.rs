@@ -496,11 +496,17 @@ fn conv_gemm(
     // the bias planes; else as zeros.
     let accumulate = residual.is_some();
     let from_bias = !accumulate && geometry.is_none() && per == 1;
+    // One image at a time (a batch over the threads, or a lone image over all of them), the
+    // bias planes are written image by image, each just before its product adds onto it,
+    // rather than all before the first product: an image's output is then still in the cache
+    // when its product reads it (see `bias_then`).
+    let late_bias = from_bias && (n == 1 || n >= threads);
     // A residual of another shape or dtype (the graph's metadata said otherwise) is left to
     // `conv`'s general paths.
     let mut out = match (residual, &bias) {
         (Some(r), _) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => f32_vec(r)?,
         (Some(_), _) => return Ok(None),
+        (None, Some(_)) if late_bias => Vec::new(),
         (None, Some(b)) if from_bias => super::fused::repeated_planes(n, b, pix),
         (None, _) => super::fused::zeros(n * co * pix),
     };
@@ -601,7 +607,15 @@ fn conv_gemm(
                 p.act.apply(dst);
                 ok
             };
-            let ok = if per > 1 {
+            let ok = if let (true, Some(b)) = (late_bias, &bias) {
+                let parallel = n == 1;
+                let ok;
+                (out, ok) = bias_then(n, b, pix, |i, dst| {
+                    let mut cols = Spare::take();
+                    one_image(&mut cols, &xs[i * per_image..][..per_image], dst, parallel)
+                });
+                ok
+            } else if per > 1 {
                 out.par_chunks_mut(per * co * pix)
                     .zip(xs.par_chunks(per * per_image))
                     .map_init(
@@ -629,6 +643,42 @@ fn conv_gemm(
         Some(out) => Ok(Some(Tensor::from_vec(out, (n, co, oh, ow), x.device())?)),
         None => Ok(None),
     }
+}
+
+/// `images` outputs of `[bias.len(), plane]`, each written as its bias planes and then handed
+/// to `then(image, output)` (on the pool's threads, an image each; on this thread for one
+/// image), which adds onto it; with whether every call returned true. Where all images' bias
+/// planes were written before the first product, a batch's output larger than the cache
+/// was read back from memory by each product (BENCHMARKS.md, issue 14).
+fn bias_then(
+    images: usize,
+    bias: &[f32],
+    plane: usize,
+    then: impl Fn(usize, &mut [f32]) -> bool + Sync,
+) -> (Vec<f32>, bool) {
+    use std::mem::MaybeUninit;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ok = AtomicBool::new(true);
+    let image = bias.len() * plane;
+    let write = |at: usize, chunk: &mut [MaybeUninit<f32>]| {
+        for (p, &v) in chunk.chunks_mut(plane.max(1)).zip(bias) {
+            p.fill(MaybeUninit::new(v));
+        }
+        // SAFETY: the loop above initialised every element (the chunk is one image's
+        // `bias.len()` planes), and `MaybeUninit<f32>` has `f32`'s layout.
+        #[allow(unsafe_code)]
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
+        };
+        if !then(at / image.max(1), dst) {
+            ok.store(false, Ordering::Relaxed);
+        }
+    };
+    // SAFETY: each chunk is one whole image (the chunk size is one image's), and `write`
+    // initialises all of it.
+    #[allow(unsafe_code)]
+    let out = unsafe { super::fused::written(images * image, image, write) };
+    (out, ok.load(Ordering::Relaxed))
 }
 
 /// The Winograd geometry of a convolution that `winograd` should compute: 3x3, stride 1,
