@@ -25,7 +25,9 @@ engines instead take turns run by run (torch eager, torchport through `run_timin
 onnxruntime; 100 ms apart), --runs turns, and each ratio is the median of the per-turn ratios:
 a slow spell of the machine that outlasts a turn then slows all three engines alike, where the
 rounds above can catch one engine in a slow spell and the next in a fast one.
---binary picks another run_timing build (e.g. a copy of the one before a change).
+--binary picks another run_timing build (e.g. a copy of the one before a change). --pin binds
+torchport's pool threads one to a CPU (`pin_pool_threads`), which kept batch-1 CNNs on 2 threads
+from losing their second core after the pauses of --paired (BENCHMARKS.md, 2026-12-04).
 Load time against the time to read the archive, and peak memory against torch's, are
 benches/load_bench.py's (same models and exports).
 """
@@ -149,6 +151,14 @@ def export(name, batch):
     return model, inputs, pt2, npys
 
 
+def run_timing_env(args, th):
+    """run_timing's environment: `th` pool threads, bound one to a CPU with --pin."""
+    env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
+    if args.pin:
+        env["TORCHPORT_PIN_THREADS"] = "1"
+    return env
+
+
 def least(a, b):
     """The smaller of two measurements, either of which may be missing (None)."""
     return b if a is None else a if b is None else min(a, b)
@@ -176,7 +186,7 @@ def measure(args, model, inputs, pt2, npys, onnx_path, ort, th):
     sess, feed = ort_session(ort, onnx_path, inputs, th)
     if sess:
         onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)[0]
-    env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
+    env = run_timing_env(args, th)
     res = subprocess.run(
         [str(args.binary), str(pt2), *map(str, npys), "--runs", str(args.runs)],
         capture_output=True, text=True, env=env, check=True)
@@ -198,7 +208,7 @@ def measure_paired(args, model, inputs, pt2, npys, onnx_path, ort, th):
     of the per-turn torchport / onnxruntime ratios or None)."""
     torch.set_num_threads(th)
     sess, feed = ort_session(ort, onnx_path, inputs, th)
-    env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
+    env = run_timing_env(args, th)
     proc = subprocess.Popen([str(args.binary), str(pt2), *map(str, npys), "--serve"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     if proc.stdout.readline().strip() != "ready":
@@ -249,6 +259,9 @@ def main():
     ap.add_argument("--binary", type=Path, default=TIMING,
                     help="run_timing executable (default: the release build of this checkout)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--pin", action="store_true",
+                    help="torchport's pool threads bound one to a CPU (TORCHPORT_PIN_THREADS; "
+                         "torch's and onnxruntime's threads are left as they are)")
     args = ap.parse_args()
     if args.paired and args.rounds > 1:
         ap.error("--paired takes no --rounds: give more --runs")
@@ -262,7 +275,8 @@ def main():
     batches = [int(b) for b in args.batch.split(",")]
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()[0]:.2f}; onnxruntime: "
-          f"{ort.__version__ if ort else 'not installed'}", flush=True)
+          f"{ort.__version__ if ort else 'not installed'}"
+          f"{'; torchport threads bound to CPUs' if args.pin else ''}", flush=True)
     rows = []
     for name in args.models.split(","):
         for batch in batches:

@@ -58,6 +58,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Freed intermediate buffers are recycled for later nodes instead of being returned to
     // the kernel and faulted in again (a one-shot process: keeping them costs nothing).
     torchport_runtime::retain_freed_memory();
+    // Opt-in: each of the pool's threads bound to a CPU of its own (for a machine, or a
+    // container's CPUs, that the process has to itself; docs/RUNTIME.md).
+    if std::env::var_os("TORCHPORT_PIN_THREADS").is_some() {
+        torchport_runtime::pin_pool_threads()?;
+    }
     let bar = spinner(args);
     let result = load_and_run(args, bar.as_ref());
     if let Some(b) = &bar {

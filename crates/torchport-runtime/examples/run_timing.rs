@@ -19,6 +19,8 @@
 //! right after the load, peak_rss_mb its peak (VmHWM) at the end: load and all runs
 //! (Linux; NaN elsewhere). Threads: RAYON_NUM_THREADS. Calls `retain_freed_memory` first, as
 //! the CLI does (with TORCHPORT_RETURN_FREED set, to any value, it does not: for comparison).
+//! With TORCHPORT_PIN_THREADS set (to any value), calls `pin_pool_threads` first, as the CLI
+//! does: each pool thread bound to a CPU of its own.
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr); set to a number N,
 //! each operator's time is its least over N profiled runs (a busy machine only adds time).
 
@@ -33,6 +35,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(i) = args.iter().position(|a| a == "--runs") {
         runs = args.get(i + 1).ok_or("--runs needs a number")?.parse()?;
         args.drain(i..i + 2);
+    }
+    if std::env::var_os("TORCHPORT_PIN_THREADS").is_some() {
+        torchport_runtime::pin_pool_threads()?;
     }
     let serve = args.iter().any(|a| a == "--serve");
     args.retain(|a| a != "--serve");

@@ -27,6 +27,7 @@ pub mod prepare;
 pub mod program;
 pub mod schema;
 mod subgraphs;
+mod threads;
 pub mod torchscript;
 pub mod value;
 mod views;
@@ -35,6 +36,7 @@ pub use allocator::retain_freed_memory;
 pub use error::{Error, Result};
 pub use ops::Registry;
 pub use program::{InputInfo, OpTime, OpUse, Program};
+pub use threads::pin_pool_threads;
 pub use torchscript::ScriptProgram;
 
 /// Re-export of the candle crate the runtime computes with.
