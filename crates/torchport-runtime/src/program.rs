@@ -1033,8 +1033,15 @@ fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|s| {
         let runner = rayon::current_thread_index();
         let done = &done;
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        let watch = crate::threads::CpuWatch::of_this_thread();
         for _ in 1..rayon::current_num_threads() {
-            s.spawn(move |_| wait_for_work(done, runner));
+            s.spawn(move |_| {
+                wait_for_work(done, runner, || {
+                    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                    watch.step_aside();
+                })
+            });
         }
         let r = f();
         done.store(true, Ordering::Release);
@@ -1053,7 +1060,7 @@ fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// while waiting inside a loop of its own) and on a thread already inside one
 /// (`WAITING`): there it would hold up the work it was called from. The time limit bounds
 /// any other such case (a thread that took this up while inside a stolen piece of a loop).
-fn wait_for_work(done: &AtomicBool, runner: Option<usize>) {
+fn wait_for_work(done: &AtomicBool, runner: Option<usize>, step_aside: impl Fn()) {
     thread_local! {
         static WAITING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
@@ -1061,15 +1068,24 @@ fn wait_for_work(done: &AtomicBool, runner: Option<usize>) {
         return;
     }
     let mut idle_since = std::time::Instant::now();
+    let mut checked = idle_since;
     while !done.load(Ordering::Acquire) {
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle_since = std::time::Instant::now(),
             _ if idle_since.elapsed() > WAIT_FOR_WORK => break,
+            _ if checked.elapsed() > CHECK_CPU => {
+                step_aside();
+                checked = std::time::Instant::now();
+            }
             _ => std::hint::spin_loop(),
         }
     }
     WAITING.with(|w| w.set(false));
 }
+
+/// How often [`wait_for_work`] checks, while it finds no work, that it does not share the
+/// running thread's CPU (`threads::CpuWatch`).
+const CHECK_CPU: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// How long [`wait_for_work`] looks for work that does not come before it lets its thread
 /// sleep.
