@@ -1027,19 +1027,27 @@ fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
 /// 2026-12-02).
 ///
 /// While `f` runs, the pool's other threads wait for its next parallel loop by looking for
-/// work ([`wait_for_work`]) instead of going to sleep between loops.
+/// work ([`wait_for_work`]) instead of going to sleep between loops, and move off its CPU
+/// when they find themselves on it (`threads::CpuWatch`; where the pool has no more threads
+/// than the process has CPUs).
 fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let done = AtomicBool::new(false);
     rayon::scope(|s| {
         let runner = rayon::current_thread_index();
         let done = &done;
+        let threads = rayon::current_num_threads();
+        // Only where each thread can have a CPU: with more threads than CPUs, moving off one
+        // lands on another's.
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        let watch = crate::threads::CpuWatch::of_this_thread();
-        for _ in 1..rayon::current_num_threads() {
+        let watch = (threads > 1 && threads <= crate::threads::allowed_cpus().len())
+            .then(crate::threads::CpuWatch::of_this_thread);
+        for _ in 1..threads {
             s.spawn(move |_| {
                 wait_for_work(done, runner, || {
                     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-                    watch.step_aside();
+                    if let Some(w) = watch {
+                        w.step_aside();
+                    }
                 })
             });
         }
@@ -1055,6 +1063,9 @@ fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// the loop gained (layer norm over ViT-S's [8, 197, 384] activations: 0.15 ms at 2 threads
 /// with the second thread awake, 0.37 ms when it had to be woken, 0.34 ms on one thread;
 /// BENCHMARKS.md, issue 14). OpenMP runtimes, which torch uses, spin likewise between loops.
+///
+/// Every [`CHECK_CPU`] without work it calls `step_aside` (which moves it off the running
+/// thread's CPU if it is on it).
 ///
 /// It returns at once on the thread running the program (`runner`, which picks it up only
 /// while waiting inside a loop of its own) and on a thread already inside one
