@@ -1,0 +1,385 @@
+//! The blocks path of depthwise convolutions: channels held innermost, 16 at a time.
+
+use super::PlaneGeometry;
+use crate::ops::fused::{self, Spare};
+
+/// Output planes of at most this many pixels are computed by [`depthwise_block`]: per plane,
+/// the spatial path's fixed work (padding, phases, copies) outweighs its sums there. Single
+/// convolutions at batch 1 and 1 thread, spatial path / blocks (medians of 50, two runs
+/// each, with the spatial path's sums in AVX-512 registers): 960 channels 7x7 5x5 0.19 /
+/// 0.11–0.12 ms, 672 channels 14x14 5x5 stride 2 (7x7 out) 0.25 / 0.15–0.21 ms, 480 channels
+/// 14x14 3x3 0.12–0.19 / 0.15–0.16 ms (even); on 28x28 inputs the spatial path wins (120
+/// channels 5x5 0.16–0.17 / 0.23–0.27 ms, 240 channels 3x3 stride 2 0.13 / 0.16–0.21 ms).
+/// Once the spatial path ran its last, partial block of outputs in registers too, it won on
+/// 14x14 outputs (MobileNetV3-Large at batch 8, 1 thread: 672 channels 3x3 1.58 against
+/// 2.75 ms), so the line is drawn at 7x7 outputs (BENCHMARKS.md, issue 14). Blocks still
+/// match or beat the in-place path there (960 channels 7x7 5x5 at batch 8: 0.75–0.80 against
+/// 0.81–0.83 ms), whose chunks of 16 pixels are less than half used on rows of 7.
+pub(super) const SMALL_OUTPUT: usize = 7 * 7;
+
+/// Channels per task of [`depthwise_block`].
+pub(super) const CHANNEL_BLOCK: usize = 64;
+
+/// Channels [`depthwise_block`] computes together: one AVX-512 register of f32.
+const LANES: usize = 16;
+
+/// Output planes `c0..c0 + dst.len() / (oh * ow)` of one image `img` (`[c, h, w]`) of a
+/// depthwise convolution with one output channel per input channel (`ws`: `[c, kh * kw]`),
+/// computed [`LANES`] channels at a time with the channels innermost: their input planes
+/// transposed to `[hp, wp, LANES]`, zero-padded so that every tap of every output pixel
+/// reads inside it ([`transpose_in`]); each output pixel its bias plus each tap in turn, a
+/// vector over the channels ([`block_sums`]); the result transposed back into `dst`
+/// ([`transpose_out`]). On planes of a few pixels this vectorises over channels where the
+/// spatial path works on a few pixels at a time (BENCHMARKS.md, issue 14).
+pub(super) fn depthwise_block(
+    img: &[f32],
+    ws: &[f32],
+    bias: Option<&[f32]>,
+    c0: usize,
+    g: &PlaneGeometry,
+    dst: &mut [f32],
+    simd: bool,
+) {
+    let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
+    let ([sy, sx], [ph, pw], [dy, dx]) = (g.stride, g.pad, g.dilation);
+    let (pix, kk) = (oh * ow, kh * kw);
+    // The padded rows and columns that some tap reads (at most the whole padded plane).
+    let (hp, wp) = (
+        (oh - 1) * sy + (kh - 1) * dy + 1,
+        (ow - 1) * sx + (kw - 1) * dx + 1,
+    );
+    let (mut xt, mut wt, mut yt) = (Spare::take(), Spare::take(), Spare::take());
+    for (buf, len) in [(&mut xt, hp * wp), (&mut wt, kk), (&mut yt, pix)] {
+        buf.clear();
+        buf.resize(len * LANES, 0.0);
+    }
+    let taps = BlockTaps {
+        offs: (0..kk)
+            .map(|t| ((t / kw) * dy * wp + (t % kw) * dx) * LANES)
+            .collect(),
+        out: [oh, ow],
+        stride: [sy, sx],
+        wp,
+    };
+    let rows = |q: usize| {
+        let (y, x) = (q / wd + ph, q % wd + pw);
+        (y < hp && x < wp).then_some((y * wp + x) * LANES)
+    };
+    for (k, dst) in dst.chunks_mut(LANES * pix).enumerate() {
+        let (j0, cn) = (c0 + k * LANES, dst.len() / pix);
+        if cn < LANES {
+            // The lanes past the last channel: zeros, not the last group's values.
+            xt.fill(0.0);
+            wt.fill(0.0);
+        }
+        transpose_in(
+            &img[j0 * h * wd..][..cn * h * wd],
+            h * wd,
+            &mut xt,
+            rows,
+            simd,
+        );
+        for (j, ker) in ws[j0 * kk..][..cn * kk].chunks_exact(kk).enumerate() {
+            for (row, &v) in wt.chunks_exact_mut(LANES).zip(ker) {
+                row[j] = v;
+            }
+        }
+        let mut b0 = [0f32; LANES];
+        if let Some(b) = bias {
+            b0[..cn].copy_from_slice(&b[j0..j0 + cn]);
+        }
+        block_sums(&xt, &wt, &b0, &mut yt, &taps, simd);
+        transpose_out(&yt, dst, simd);
+    }
+}
+
+/// `xt[row(q) + j] = planes[j][q]` for every channel `j` of `planes` (at most [`LANES`]
+/// planes of `pix` values) and pixel `q` that has a row (a multiple of [`LANES`]) in `xt`:
+/// 16 x 16 tiles by AVX-512 where the CPU has it (and `simd`), else one value at a time.
+fn transpose_in(
+    planes: &[f32],
+    pix: usize,
+    xt: &mut [f32],
+    row: impl Fn(usize) -> Option<usize>,
+    simd: bool,
+) {
+    let cn = planes.len() / pix;
+    assert!(cn <= LANES && planes.len() == cn * pix);
+    for t0 in (0..pix).step_by(LANES) {
+        let n = LANES.min(pix - t0);
+        let mut rows = [None; LANES];
+        for (i, r) in rows.iter_mut().enumerate().take(n) {
+            *r = row(t0 + i);
+            assert!(
+                r.is_none_or(|r| r + LANES <= xt.len()),
+                "a row outside the block"
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
+        if simd && std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F was just found; `planes` holds `cn` planes of `pix`, the
+            // tile's `n` pixels from `t0` are inside each, and every row is inside `xt`.
+            #[allow(unsafe_code)]
+            unsafe {
+                tile_in_avx512(planes, pix, cn, t0, n, &rows, xt)
+            };
+            continue;
+        }
+        for (j, plane) in planes.chunks_exact(pix).enumerate() {
+            for (r, &v) in rows.iter().zip(&plane[t0..t0 + n]) {
+                if let Some(r) = r {
+                    xt[r + j] = v;
+                }
+            }
+        }
+    }
+}
+
+/// `dst[j][q] = yt[q][j]` for the channels `j` of `dst` (at most [`LANES`] planes of as many
+/// pixels as `yt` has rows of [`LANES`]), as [`transpose_in`] does it.
+fn transpose_out(yt: &[f32], dst: &mut [f32], simd: bool) {
+    let pix = yt.len() / LANES;
+    let cn = dst.len() / pix;
+    assert!(cn <= LANES && dst.len() == cn * pix && yt.len() == pix * LANES);
+    for t0 in (0..pix).step_by(LANES) {
+        let n = LANES.min(pix - t0);
+        #[cfg(target_arch = "x86_64")]
+        if simd && std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F was just found; the tile's rows are inside `yt`, its pixels
+            // inside each of `dst`'s `cn` planes.
+            #[allow(unsafe_code)]
+            unsafe {
+                tile_out_avx512(yt, dst, pix, cn, t0, n)
+            };
+            continue;
+        }
+        for (j, plane) in dst.chunks_exact_mut(pix).enumerate() {
+            for (d, row) in plane[t0..t0 + n]
+                .iter_mut()
+                .zip(yt[t0 * LANES..].chunks_exact(LANES))
+            {
+                *d = row[j];
+            }
+        }
+    }
+}
+
+/// Pixels `t0..t0 + n` of the `cn` planes of `planes` into their rows of `xt`.
+///
+/// # Safety
+/// AVX-512F; `cn <= 16`, `n <= 16`, `t0 + n <= pix`, `cn * pix <= planes.len()`, and each
+/// `Some` row `r` has `r + 16 <= xt.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+unsafe fn tile_in_avx512(
+    planes: &[f32],
+    pix: usize,
+    cn: usize,
+    t0: usize,
+    n: usize,
+    rows: &[Option<usize>; LANES],
+    xt: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let mask: __mmask16 = ((1u32 << n) - 1) as u16;
+    let mut r = [_mm512_setzero_ps(); 16];
+    for (j, r) in r.iter_mut().enumerate().take(cn) {
+        *r = _mm512_maskz_loadu_ps(mask, planes.as_ptr().add(j * pix + t0));
+    }
+    transpose16(&mut r);
+    for (q, row) in rows.iter().enumerate().take(n) {
+        if let Some(row) = row {
+            _mm512_storeu_ps(xt.as_mut_ptr().add(*row), r[q]);
+        }
+    }
+}
+
+/// Pixels `t0..t0 + n` of `yt`'s first `cn` channels into `dst`'s planes.
+///
+/// # Safety
+/// AVX-512F; `cn <= 16`, `n <= 16`, `t0 + n <= pix`, `pix * 16 <= yt.len()`,
+/// `cn * pix <= dst.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+unsafe fn tile_out_avx512(yt: &[f32], dst: &mut [f32], pix: usize, cn: usize, t0: usize, n: usize) {
+    use std::arch::x86_64::*;
+    let mask: __mmask16 = ((1u32 << n) - 1) as u16;
+    let mut r = [_mm512_setzero_ps(); 16];
+    for (q, r) in r.iter_mut().enumerate().take(n) {
+        *r = _mm512_loadu_ps(yt.as_ptr().add((t0 + q) * LANES));
+    }
+    transpose16(&mut r);
+    for (j, r) in r.iter().enumerate().take(cn) {
+        _mm512_mask_storeu_ps(dst.as_mut_ptr().add(j * pix + t0), mask, *r);
+    }
+}
+
+/// Transposes a 16 x 16 matrix of floats held as 16 rows: pairs of rows interleaved, then
+/// pairs of pairs, then 128-bit lanes exchanged twice.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
+    use std::arch::x86_64::*;
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let pd = _mm512_castps_pd;
+    for i in 0..4 {
+        let (a, b, c, d) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
+    }
+    for h in 0..2 {
+        for i in 0..4 {
+            let (a, b) = (r[8 * h + i], r[8 * h + 4 + i]);
+            t[8 * h + i] = _mm512_shuffle_f32x4::<0x88>(a, b);
+            t[8 * h + 4 + i] = _mm512_shuffle_f32x4::<0xdd>(a, b);
+        }
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[8 + i]);
+        r[8 + i] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[8 + i]);
+    }
+}
+
+/// The sums [`block_sums`] computes: outputs `[oh, ow]` at `stride` over an input `wp`
+/// pixels wide, each the sum of the taps at `offs` (in floats, kernel order) from its first
+/// input.
+struct BlockTaps {
+    offs: Vec<usize>,
+    out: [usize; 2],
+    stride: [usize; 2],
+    wp: usize,
+}
+
+impl BlockTaps {
+    /// Where output pixel `(oy, ox)`'s taps start in the input.
+    fn base(&self, oy: usize, ox: usize) -> usize {
+        (oy * self.stride[0] * self.wp + ox * self.stride[1]) * LANES
+    }
+}
+
+/// `yt[q][l] = b0[l] + Σ_t wt[t][l] * xt[base(q) + offs[t]][l]` for every output pixel `q`
+/// and lane `l`, rows of [`LANES`] values: by AVX-512 where the CPU has it
+/// ([`block_sums_avx512`], fused multiply-adds; only if `simd`), else in plain f32
+/// operations (a multiply, then an add). Panics if a tap would read outside `xt`.
+fn block_sums(
+    xt: &[f32],
+    wt: &[f32],
+    b0: &[f32; LANES],
+    yt: &mut [f32],
+    taps: &BlockTaps,
+    simd: bool,
+) {
+    let [oh, ow] = taps.out;
+    let last_tap = taps.offs.iter().copied().max().unwrap_or(0);
+    assert!(
+        oh * ow > 0 && taps.base(oh - 1, ow - 1) + last_tap + LANES <= xt.len(),
+        "depthwise block: a tap reads past the input"
+    );
+    assert!(yt.len() == oh * ow * LANES && wt.len() == taps.offs.len() * LANES);
+    #[cfg(target_arch = "x86_64")]
+    if simd
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: only instructions the CPU was just found to support; every read and write
+        // is inside the slices, as asserted above (the last pixel's furthest tap is the
+        // furthest read).
+        #[allow(unsafe_code)]
+        unsafe {
+            match taps.offs.len() {
+                9 => block_sums_avx512::<9>(xt, wt, b0, yt, taps),
+                25 => block_sums_avx512::<25>(xt, wt, b0, yt, taps),
+                _ => block_sums_avx512::<0>(xt, wt, b0, yt, taps),
+            }
+        }
+        return;
+    }
+    fused::simd(
+        #[inline(always)]
+        || {
+            for (q, out) in yt.chunks_exact_mut(LANES).enumerate() {
+                let base = taps.base(q / ow, q % ow);
+                let mut acc = *b0;
+                for (&off, w) in taps.offs.iter().zip(wt.chunks_exact(LANES)) {
+                    let xs: &[f32; LANES] = xt[base + off..][..LANES].try_into().unwrap();
+                    for l in 0..LANES {
+                        acc[l] += w[l] * xs[l];
+                    }
+                }
+                out.copy_from_slice(&acc);
+            }
+        },
+    );
+}
+
+/// [`block_sums`] by AVX-512: the kernel's weights held in `K` registers (`K` = 9 or 25
+/// taps; 0: any kernel, its weights read per tap), four output pixels summed together (four
+/// independent fused multiply-adds hide each one's latency).
+///
+/// # Safety
+/// The CPU has AVX-512F and FMA, and the bounds [`block_sums`] asserts hold.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[allow(unsafe_code)]
+unsafe fn block_sums_avx512<const K: usize>(
+    xt: &[f32],
+    wt: &[f32],
+    b0: &[f32; LANES],
+    yt: &mut [f32],
+    taps: &BlockTaps,
+) {
+    use std::arch::x86_64::*;
+    const P: usize = 4;
+    let [oh, ow] = taps.out;
+    let (x, y, offs) = (xt.as_ptr(), yt.as_mut_ptr(), &taps.offs[..]);
+    let bias = _mm512_loadu_ps(b0.as_ptr());
+    let mut w = [_mm512_setzero_ps(); K];
+    let mut fixed = [0usize; K];
+    for t in 0..K {
+        w[t] = _mm512_loadu_ps(wt.as_ptr().add(t * LANES));
+        fixed[t] = offs[t];
+    }
+    // The next output pixel, and where its taps start.
+    let (mut oy, mut ox) = (0, 0);
+    let mut q = 0;
+    while q < oh * ow {
+        let n = P.min(oh * ow - q);
+        let mut base = [0usize; P];
+        for b in base.iter_mut().take(n) {
+            *b = taps.base(oy, ox);
+            ox += 1;
+            if ox == ow {
+                (oy, ox) = (oy + 1, 0);
+            }
+        }
+        let mut acc = [bias; P];
+        if K > 0 && n == P {
+            for t in 0..K {
+                for i in 0..P {
+                    let v = _mm512_loadu_ps(x.add(base[i] + fixed[t]));
+                    acc[i] = _mm512_fmadd_ps(w[t], v, acc[i]);
+                }
+            }
+        } else {
+            for (t, &off) in offs.iter().enumerate() {
+                let wv = _mm512_loadu_ps(wt.as_ptr().add(t * LANES));
+                for i in 0..n {
+                    let v = _mm512_loadu_ps(x.add(base[i] + off));
+                    acc[i] = _mm512_fmadd_ps(wv, v, acc[i]);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate().take(n) {
+            _mm512_storeu_ps(y.add((q + i) * LANES), *a);
+        }
+        q += n;
+    }
+}

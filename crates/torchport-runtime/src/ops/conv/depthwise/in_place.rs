@@ -1,0 +1,134 @@
+//! The in-place path of depthwise convolutions: 3x3 and 5x5 kernels read from the input
+//! planes with AVX-512 masked loads.
+
+use super::{Path, PlaneGeometry};
+
+/// One output plane of a depthwise convolution read from its input plane in place
+/// ([`plane_avx512`]), on a CPU, kernel and stride [`Path::in_place_applies`] found able.
+pub(super) fn plane_in_place(
+    dst: &mut [f32],
+    src: &[f32],
+    ker: &[f32],
+    bias: f32,
+    g: &PlaneGeometry,
+) {
+    let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
+    assert!(
+        Path::in_place_applies(g.stride, g.k, g.dilation)
+            && src.len() == h * wd
+            && dst.len() == oh * ow
+            && ker.len() == kh * kw,
+        "depthwise in place: a kernel, stride or CPU it does not take"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has the features, the kernel is 3x3 or 5x5 at dilation 1 and equal
+    // strides of 1 or 2, and the slices have the lengths the function requires (all
+    // asserted).
+    #[allow(unsafe_code)]
+    unsafe {
+        match (kh, g.stride[0]) {
+            (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, g),
+            (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, g),
+            (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, g),
+            _ => unreachable!("in_place_applies took a kernel plane_avx512 does not"),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    panic!("depthwise in place: only on x86-64 with AVX-512");
+}
+
+/// [`plane_in_place`] for a `KH x KW` kernel at stride `S` (1 or 2): the output in chunks of
+/// 16 pixels of a row, four rows of a chunk summed together in registers, with the kernel's
+/// weights held in registers too. Each input row the four need is read once per tap column
+/// and added into every output row it reaches. A read is 16 contiguous values (stride 1),
+/// or 32 whose even ones are kept (stride 2), by masked loads that leave out the values
+/// outside the row (the padding; rows outside the plane are skipped): no padded copy is
+/// made, and each chunk is stored straight into `dst` (masked where the row ends).
+///
+/// # Safety
+/// AVX-512F and FMA; `g`'s kernel `KH x KW`, both strides `S`, dilation 1 (at most 5 rows
+/// at stride 1, 3 at stride 2); `src.len() == h * wd`, `dst.len() == oh * ow`,
+/// `ker.len() == KH * KW` for `g`'s sizes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[allow(unsafe_code)]
+unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
+    dst: &mut [f32],
+    src: &[f32],
+    ker: &[f32],
+    bias: f32,
+    g: &PlaneGeometry,
+) {
+    use std::arch::x86_64::*;
+    const P: usize = 4;
+    let ([h, wd], [oh, ow], [ph, pw]) = ([g.h as isize, g.wd as isize], [g.oh, g.ow], g.pad);
+    // Lanes `lo..hi` of a 16-lane mask (none if `hi <= lo`).
+    let lanes = |lo: isize, hi: isize| -> __mmask16 {
+        let (lo, hi) = (lo.clamp(0, 16), hi.clamp(0, 16));
+        if hi <= lo {
+            0
+        } else {
+            (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16
+        }
+    };
+    let mut w = [[_mm512_setzero_ps(); KW]; KH];
+    for (i, row) in w.iter_mut().enumerate() {
+        for (j, w) in row.iter_mut().enumerate() {
+            *w = _mm512_set1_ps(ker[i * KW + j]);
+        }
+    }
+    let b = _mm512_set1_ps(bias);
+    // The even lanes of two registers (stride 2).
+    let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    for y in (0..oh).step_by(P) {
+        let n = P.min(oh - y);
+        for x0 in (0..ow).step_by(16) {
+            // Per tap column: the first input column it reads, and the lanes of each of the
+            // (at most two) loads that lie inside the row.
+            let mut cols = [(0isize, 0 as __mmask16, 0 as __mmask16); KW];
+            for (j, c) in cols.iter_mut().enumerate() {
+                let c0 = (S * x0 + j) as isize - pw as isize;
+                *c = (c0, lanes(-c0, wd - c0), lanes(-c0 - 16, wd - c0 - 16));
+            }
+            let mut acc = [b; P];
+            // Input row `r` (of the rows `S * y - ph ..`) feeds output row `k` by the
+            // kernel's row `i = r - S * k`. Written out per `r` (a literal), so that every
+            // index of `acc` is a constant and the sums stay in registers.
+            macro_rules! input_row {
+                ($($r:literal)*) => {$({
+                    let r: usize = $r;
+                    let iy = (S * y + r) as isize - ph as isize;
+                    if r < S * (n - 1) + KH && iy >= 0 && iy < h {
+                        for (j, &(c0, m0, m1)) in cols.iter().enumerate() {
+                            // Only lanes inside the row are read (a masked load touches no
+                            // other), so the address may lie outside the plane.
+                            let at = s.wrapping_offset(iy * wd + c0);
+                            let v = _mm512_maskz_loadu_ps(m0, at);
+                            let v = if S == 1 {
+                                v
+                            } else {
+                                let hi = _mm512_maskz_loadu_ps(m1, at.wrapping_add(16));
+                                _mm512_permutex2var_ps(v, evens, hi)
+                            };
+                            for k in 0..P {
+                                if r >= S * k && r - S * k < KH {
+                                    let i = r - S * k;
+                                    acc[k] = _mm512_fmadd_ps(w[i][j], v, acc[k]);
+                                }
+                            }
+                        }
+                    }
+                })*};
+            }
+            // Rows 0 .. S * (P - 1) + KH, for 5 rows at stride 1 and 3 at stride 2.
+            const _: () = assert!(P + 5 - 1 <= 9 && 2 * (P - 1) + 3 <= 9);
+            assert!(S * (P - 1) + KH <= 9);
+            input_row!(0 1 2 3 4 5 6 7 8);
+            let keep = lanes(0, (ow - x0) as isize);
+            for (k, a) in acc.iter().enumerate().take(n) {
+                _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, *a);
+            }
+        }
+    }
+}
