@@ -70,12 +70,12 @@ impl Path {
         }
     }
 
-    /// Whether [`Path::InPlace`] can run: a 3x3 or 5x5 kernel at stride 1, or 3x3 at
-    /// stride 2, dilation 1, a CPU with AVX-512 and FMA.
+    /// Whether [`Path::InPlace`] can run: a 3x3 or 5x5 kernel at equal strides of 1 or 2,
+    /// dilation 1, a CPU with AVX-512 and FMA.
     fn in_place_applies(stride: [usize; 2], k: [usize; 2], dilation: [usize; 2]) -> bool {
         let fits = dilation == [1, 1]
-            && ((stride == [1, 1] && (k == [3, 3] || k == [5, 5]))
-                || (stride == [2, 2] && k == [3, 3]));
+            && (stride == [1, 1] || stride == [2, 2])
+            && (k == [3, 3] || k == [5, 5]);
         #[cfg(target_arch = "x86_64")]
         {
             fits && std::arch::is_x86_feature_detected!("avx512f")
@@ -224,7 +224,7 @@ mod tests {
     /// runs by every path that applies on the CPU: phase planes, channel blocks (`depthwise_
     /// block`, multiplier 1, with and without AVX-512; more channels than a block in the
     /// first cases), in place
-    /// (3x3 and 5x5 at stride 1, 3x3 at stride 2, with AVX-512: rows wider than one or two
+    /// (3x3 and 5x5 at strides 1 and 2, with AVX-512: rows wider than one or two
     /// chunks of 16, padding beyond the plane, a plane of height 1).
     #[test]
     fn depthwise_phase_planes_match_other_paths() {
@@ -238,7 +238,7 @@ mod tests {
             [usize; 2],
             [usize; 2],
         );
-        let cases: [Case; 22] = [
+        let cases: [Case; 23] = [
             // More channels than one block of `depthwise_block` (and a partial one).
             ([2, 70, 7, 7], 1, [5, 5], [1, 1], [2, 2], [1, 1]),
             ([1, 130, 14, 14], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
@@ -267,6 +267,7 @@ mod tests {
             // Stride 2 on rows of several chunks (in place: two loads a chunk).
             ([1, 2, 7, 70], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
             ([2, 2, 9, 40], 2, [3, 3], [2, 2], [0, 0], [1, 1]),
+            ([1, 2, 9, 50], 1, [5, 5], [2, 2], [2, 2], [1, 1]),
         ];
         for (xs, m, [kh, kw], stride, padding, dilation) in cases {
             let c = xs[1];

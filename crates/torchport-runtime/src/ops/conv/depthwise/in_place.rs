@@ -30,7 +30,7 @@ pub(super) fn plane_in_place(
             (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, g),
             (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, g),
             (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, g),
-            _ => unreachable!("in_place_applies took a kernel plane_avx512 does not"),
+            _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, g),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -38,7 +38,8 @@ pub(super) fn plane_in_place(
 }
 
 /// [`plane_in_place`] for a `KH x KW` kernel at stride `S` (1 or 2): the output in chunks of
-/// 16 pixels of a row, four rows of a chunk summed together in registers, with the kernel's
+/// 16 pixels of a row, four rows of a chunk (two for 5x5 at stride 2) summed together in
+/// registers, with the kernel's
 /// weights held in registers too. Each input row the four need is read once per tap column
 /// and added into every output row it reaches. A read is 16 contiguous values (stride 1),
 /// or 32 whose even ones are kept (stride 2), by masked loads that leave out the values
@@ -46,8 +47,8 @@ pub(super) fn plane_in_place(
 /// made, and each chunk is stored straight into `dst` (masked where the row ends).
 ///
 /// # Safety
-/// AVX-512F and FMA; `g`'s kernel `KH x KW`, both strides `S`, dilation 1 (at most 5 rows
-/// at stride 1, 3 at stride 2); `src.len() == h * wd`, `dst.len() == oh * ow`,
+/// AVX-512F and FMA; `g`'s kernel `KH x KW` (3x3 or 5x5), both strides `S` (1 or 2),
+/// dilation 1; `src.len() == h * wd`, `dst.len() == oh * ow`,
 /// `ker.len() == KH * KW` for `g`'s sizes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
@@ -61,6 +62,10 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
 ) {
     use std::arch::x86_64::*;
     const P: usize = 4;
+    // Output rows summed together: four, or two for a 5x5 kernel at stride 2 (whose four
+    // would need 11 input rows and more registers than there are).
+    let rows = if S * (P - 1) + KH <= 9 { P } else { 2 };
+    assert!(S * (rows - 1) + KH <= 9);
     let ([h, wd], [oh, ow], [ph, pw]) = ([g.h as isize, g.wd as isize], [g.oh, g.ow], g.pad);
     // Lanes `lo..hi` of a 16-lane mask (none if `hi <= lo`).
     let lanes = |lo: isize, hi: isize| -> __mmask16 {
@@ -81,8 +86,8 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     // The even lanes of two registers (stride 2).
     let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-    for y in (0..oh).step_by(P) {
-        let n = P.min(oh - y);
+    for y in (0..oh).step_by(rows) {
+        let n = rows.min(oh - y);
         for x0 in (0..ow).step_by(16) {
             // Per tap column: the first input column it reads, and the lanes of each of the
             // (at most two) loads that lie inside the row.
@@ -111,7 +116,7 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
                                 let hi = _mm512_maskz_loadu_ps(m1, at.wrapping_add(16));
                                 _mm512_permutex2var_ps(v, evens, hi)
                             };
-                            for k in 0..P {
+                            for k in 0..rows {
                                 if r >= S * k && r - S * k < KH {
                                     let i = r - S * k;
                                     acc[k] = _mm512_fmadd_ps(w[i][j], v, acc[k]);
@@ -121,9 +126,7 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
                     }
                 })*};
             }
-            // Rows 0 .. S * (P - 1) + KH, for 5 rows at stride 1 and 3 at stride 2.
-            const _: () = assert!(P + 5 - 1 <= 9 && 2 * (P - 1) + 3 <= 9);
-            assert!(S * (P - 1) + KH <= 9);
+            // Rows 0 .. S * (rows - 1) + KH (at most 9, asserted above).
             input_row!(0 1 2 3 4 5 6 7 8);
             let keep = lanes(0, (ow - x0) as isize);
             for (k, a) in acc.iter().enumerate().take(n) {
