@@ -58,7 +58,7 @@ pub fn register(r: &mut Registry) {
     for n in ["aten.silu.default", "aten.silu_.default"] {
         r.add(n, |a| {
             let x = float(&a.tensor("self")?)?;
-            if let Some(y) = super::fused::unary(&x, super::fused::silu_fast) {
+            if let Some(y) = super::fused::unary_slices(&x, super::fused::silu_slice) {
                 return one(y);
             }
             one((&x * sigmoid(&x)?)?)

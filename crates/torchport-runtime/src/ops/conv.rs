@@ -120,11 +120,11 @@ impl Act {
     }
 
     pub(super) fn apply(self, xs: &mut [f32]) {
-        use super::fused::{hardswish_f32, relu_f32, silu_fast, simd_map_mut};
+        use super::fused::{hardswish_f32, relu_f32, silu_slice, simd_map_mut};
         match self {
             Act::None => {}
             Act::Relu => simd_map_mut(xs, relu_f32),
-            Act::Silu => simd_map_mut(xs, silu_fast),
+            Act::Silu => silu_slice(xs),
             Act::Hardswish => simd_map_mut(xs, hardswish_f32),
         }
     }

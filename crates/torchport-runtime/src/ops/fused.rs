@@ -687,6 +687,82 @@ pub fn silu_fast(x: f32) -> f32 {
     x * sigmoid_fast(x)
 }
 
+/// `x * sigmoid(x)` (silu) over a slice in place, the one definition every silu of the f32
+/// kernels uses (a convolution's fused activation, the op's own kernel, a fused chain): by
+/// [`silu_avx512`] where the CPU has AVX-512 and FMA, else [`silu_fast`] per element. The two
+/// differ in the last bits (about 1e-7 relative, checked in the tests below); a machine
+/// computes every silu one way.
+pub fn silu_slice(xs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: only instructions the CPU was just found to support.
+        #[allow(unsafe_code)]
+        unsafe {
+            silu_avx512(xs)
+        };
+        return;
+    }
+    simd_map_mut(xs, silu_fast)
+}
+
+/// [`silu_slice`] by AVX-512, 16 values at a time (the last ones by masked loads and stores):
+/// `exp(-x)` as [`exp_fast`] computes it, its polynomial and reduction by fused multiply-adds,
+/// and `1 / (1 + exp(-x))` by the reciprocal estimate (`rcp14`, 2^-14 relative) refined by
+/// one Newton step instead of a division, which on the compiler's loop cost more than half
+/// of the time (EfficientNet-B0: BENCHMARKS.md, issue 14). NaN stays NaN.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+fn silu_avx512(xs: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23, as in `exp_fast`
+    let (hi, lo) = (_mm512_set1_ps(88.3), _mm512_set1_ps(-87.3));
+    let (magic, log2e) = (
+        _mm512_set1_ps(MAGIC),
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    );
+    let (ln2_hi, ln2_lo) = (_mm512_set1_ps(0.693_145_75), _mm512_set1_ps(1.428_606_8e-6));
+    let magic_bits = _mm512_set1_epi32(MAGIC.to_bits() as i32 - 127);
+    let taylor = [
+        1.0 / 5040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ]
+    .map(|c| _mm512_set1_ps(c));
+    let one = _mm512_set1_ps(1.0);
+    for chunk in xs.chunks_mut(16) {
+        let mask: __mmask16 = ((1u32 << chunk.len()) - 1) as u16;
+        let p = chunk.as_mut_ptr();
+        // SAFETY: the mask covers the chunk's `len <= 16` values only.
+        #[allow(unsafe_code)]
+        let x = unsafe { _mm512_maskz_loadu_ps(mask, p) };
+        // -x clamped (min and max return their second operand, here -x, when it is NaN).
+        let nx = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_sub_ps(_mm512_setzero_ps(), x)));
+        let t = _mm512_fmadd_ps(nx, log2e, magic);
+        let n = _mm512_sub_ps(t, magic);
+        let r = _mm512_fnmadd_ps(n, ln2_lo, _mm512_fnmadd_ps(n, ln2_hi, nx));
+        let mut poly = taylor[0];
+        for &c in &taylor[1..] {
+            poly = _mm512_fmadd_ps(r, poly, c);
+        }
+        // 2^n from n in t's low mantissa bits: (bits(t) - bits(MAGIC) + 127) << 23.
+        let scale = _mm512_slli_epi32::<23>(_mm512_sub_epi32(_mm512_castps_si512(t), magic_bits));
+        let d = _mm512_add_ps(one, _mm512_mul_ps(poly, _mm512_castsi512_ps(scale)));
+        let y = _mm512_rcp14_ps(d);
+        let y = _mm512_fmadd_ps(_mm512_fnmadd_ps(d, y, one), y, y);
+        // SAFETY: as for the load.
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm512_mask_storeu_ps(p, mask, _mm512_mul_ps(x, y))
+        };
+    }
+}
+
 /// `max(x, 0)` (relu).
 #[inline(always)]
 pub fn relu_f32(x: f32) -> f32 {
@@ -842,6 +918,34 @@ pub fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Option<Tensor> {
         return super::strided::map_f32(x, f);
     }
     let y = with_f32(x, |xs| mapped(xs, 8192, &f))?;
+    Tensor::from_vec(y, x.shape(), x.device()).ok()
+}
+
+/// A new f32 tensor of `x`'s shape holding `f` applied to chunks of a copy of its values
+/// (each chunk copied, then `f` on it while it is in the cache; chunks over the pool's threads
+/// from `PAR_MIN` values); a strided `x` is made contiguous first. `None` unless `x` is f32.
+pub fn unary_slices(x: &Tensor, f: impl Fn(&mut [f32]) + Sync) -> Option<Tensor> {
+    if x.dtype() != DType::F32 {
+        return None;
+    }
+    let x = x.contiguous().ok()?;
+    let y = with_f32(&x, |xs| {
+        let chunk = if xs.len() >= PAR_MIN { 8192 } else { xs.len() };
+        let write = |at: usize, c: &mut [MaybeUninit<f32>]| {
+            for (d, &v) in c.iter_mut().zip(&xs[at..]) {
+                *d = MaybeUninit::new(v);
+            }
+            // SAFETY: every element of the chunk was just written; `MaybeUninit<f32>` has
+            // `f32`'s layout.
+            #[allow(unsafe_code)]
+            f(unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<f32>(), c.len()) });
+        };
+        // SAFETY: `write` initialises every element of each chunk (a copy of as many values).
+        #[allow(unsafe_code)]
+        unsafe {
+            written(xs.len(), chunk, write)
+        }
+    })?;
     Tensor::from_vec(y, x.shape(), x.device()).ok()
 }
 
@@ -1060,6 +1164,41 @@ mod tests {
         assert!(sigmoid_fast(f32::NEG_INFINITY) < 1e-38);
         // Tiny arguments keep their relative accuracy.
         assert!((tanh_fast(1e-6) - 1e-6).abs() < 1e-12);
+    }
+
+    /// silu over slices (AVX-512 where the CPU has it, any length: whole and masked chunks)
+    /// against f64's `x / (1 + e^-x)` within 1e-6 relative (plus 1e-30 absolute near 0),
+    /// and against the per-element `silu_fast`; NaN stays NaN, +inf stays +inf, far negative
+    /// inputs give at most 1e-38 in magnitude times x, as `silu_fast` does.
+    #[test]
+    fn silu_slice_matches_f64_and_silu_fast() {
+        let xs: Vec<f32> = (-900_000..=900_000).map(|i| i as f32 * 1e-4).collect();
+        for len in [xs.len(), 17, 16, 15, 1, 0] {
+            let mut got = xs[..len].to_vec();
+            silu_slice(&mut got);
+            for (&x, &y) in xs.iter().zip(&got) {
+                let want = (x as f64 / (1.0 + (-(x as f64)).exp())) as f32;
+                let tol = 1e-6 * want.abs() + 1e-30;
+                assert!((y - want).abs() <= tol, "{x}: {y} vs {want}");
+                assert!(
+                    (y - silu_fast(x)).abs() <= tol,
+                    "{x}: {y} vs {}",
+                    silu_fast(x)
+                );
+            }
+        }
+        let mut special = [f32::NAN, f32::INFINITY, 0.0, -0.0, -100.0, 100.0, f32::MAX];
+        silu_slice(&mut special);
+        assert!(special[0].is_nan());
+        assert_eq!(special[1], f32::INFINITY);
+        assert_eq!(special[2..4], [0.0, 0.0]);
+        assert!(
+            special[4].abs() < 1e-35 && special[4] <= 0.0,
+            "{}",
+            special[4]
+        );
+        assert_eq!(special[5], 100.0);
+        assert_eq!(special[6], f32::MAX);
     }
 
     /// Large enough to split across threads: same result as the composed softmax.

@@ -14,7 +14,9 @@
 
 use candle_core::{DType, Storage, Tensor};
 
-use super::fused::{cube_f32, relu_f32, rsqrt_f32, sigmoid_fast, silu_fast, square_f32, tanh_fast};
+use super::fused::{
+    cube_f32, relu_f32, rsqrt_f32, sigmoid_fast, silu_slice, square_f32, tanh_fast,
+};
 use super::strided::{by_runs, merge, offset};
 use super::Registry;
 use crate::error::OpResult;
@@ -285,7 +287,7 @@ fn unary(u: Unary, acc: &mut [f32]) {
     match u {
         Unary::Neg => map(acc, |v| -v),
         Unary::Relu => map(acc, relu_f32),
-        Unary::Silu => map(acc, silu_fast),
+        Unary::Silu => silu_slice(acc),
         Unary::Sigmoid => map(acc, sigmoid_fast),
         Unary::Tanh => map(acc, tanh_fast),
         Unary::Exp => map(acc, f32::exp),
