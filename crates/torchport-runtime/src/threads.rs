@@ -130,7 +130,7 @@ fn cpu_of(tid: libc::pid_t) -> Option<usize> {
 /// Moves the calling thread off `cpu` (its CPU set without it, then the set back); false,
 /// leaving it where it is, if `cpu` is the only one it may run on or a call fails.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub(crate) fn move_off(cpu: usize) -> bool {
+fn move_off(cpu: usize) -> bool {
     // SAFETY: as in `allowed_cpus`: plain bit sets, each call given their size.
     #[allow(unsafe_code)]
     unsafe {

@@ -10,13 +10,13 @@ use candle_core::{DType, Tensor, D};
 use super::fused::{with_f32, Spare};
 use super::sgemm::{sgemm, Mat};
 use super::winograd;
-use depthwise::depthwise;
-
-mod depthwise;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
+use depthwise::depthwise;
+
+mod depthwise;
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {

@@ -216,7 +216,7 @@ mod tests {
         assert_eq!(got, want);
     }
 
-    /// The phase-plane depthwise kernel (`depthwise`) on uneven sizes against candle's grouped
+    /// The depthwise kernels (`depthwise`, every path) on uneven sizes against candle's grouped
     /// conv2d (im2col, a different algorithm) for one stride, padding and dilation per case,
     /// and against the dense gemm path (`conv_gemm`, one channel at a time) for different
     /// strides, paddings and dilations per dim: strides 1-3, multiplier 1 and 2, taps that
@@ -227,7 +227,7 @@ mod tests {
     /// (3x3 and 5x5 at strides 1 and 2, with AVX-512: rows wider than one or two
     /// chunks of 16, padding beyond the plane, a plane of height 1).
     #[test]
-    fn depthwise_phase_planes_match_other_paths() {
+    fn depthwise_paths_match_other_algorithms() {
         let dev = Device::Cpu;
         // (input, multiplier, kernel, stride, padding, dilation)
         type Case = (
