@@ -689,7 +689,7 @@ pub fn silu_fast(x: f32) -> f32 {
 
 /// `x * sigmoid(x)` (silu) over a slice in place, the one definition every silu of the f32
 /// kernels uses (a convolution's fused activation, the op's own kernel, a fused chain): by
-/// [`silu_avx512`] where the CPU has AVX-512 and FMA, else [`silu_fast`] per element. The two
+/// an AVX-512 kernel (`silu_avx512`) where the CPU has AVX-512 and FMA, else [`silu_fast`] per element. The two
 /// differ in the last bits (about 1e-7 relative, checked in the tests below); a machine
 /// computes every silu one way.
 pub fn silu_slice(xs: &mut [f32]) {
