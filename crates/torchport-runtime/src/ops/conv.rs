@@ -17,6 +17,8 @@ use crate::value::{one, Args, Outputs};
 use depthwise::depthwise;
 
 mod depthwise;
+#[cfg(target_arch = "x86_64")]
+mod pointwise;
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
@@ -481,6 +483,11 @@ fn conv_gemm(
     let w = w.contiguous()?;
     let x = x.contiguous()?;
     let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
+    // Few input channels on a large plane: computed directly (see `pointwise`).
+    #[cfg(target_arch = "x86_64")]
+    if pointwise::applies(c, [kh, kw], pix, p) {
+        return pointwise::conv(&x, &w, bias.as_deref(), residual, p.act);
+    }
     let per_image = c * h * wd;
     let geometry = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
     // Several small images to a product, their columns side by side (see `group`): as many
