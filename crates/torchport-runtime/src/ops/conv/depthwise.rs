@@ -11,7 +11,7 @@ use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::fused::{self, with_f32, Spare};
 use crate::ops::{f32_vec, from_f32};
-use blocks::{depthwise_block, CHANNEL_BLOCK, SMALL_OUTPUT};
+use blocks::{depthwise_block, BlockPlan, CHANNEL_BLOCK, SMALL_OUTPUT};
 use in_place::plane_in_place;
 use phases::{depthwise_plane, PlaneGeometry};
 
@@ -107,7 +107,6 @@ fn depthwise_by(
     let m = co / c;
     let oh = out_len(h, kh, p.padding[0], p.stride[0], p.dilation[0])?;
     let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
-    let ws = f32_vec(w)?;
     let bias = match bias {
         Some(b) => match small_f32(b, co) {
             Some(v) => Some(v),
@@ -126,7 +125,10 @@ fn depthwise_by(
         op_bail!("the depthwise path {path:?} does not apply");
     }
     let mut out = fused::zeros(n * co * oh * ow);
-    if oh * ow > 0 {
+    let mut compute = |ws: &[f32]| {
+        if oh * ow == 0 {
+            return Ok(());
+        }
         let geo = PlaneGeometry::new([h, wd], [kh, kw], [oh, ow], p);
         let planes = |out: &mut [f32], xs: &[f32]| {
             out.par_chunks_mut(oh * ow).enumerate().for_each_init(
@@ -150,7 +152,9 @@ fn depthwise_by(
         };
         // Small output planes with one output channel per input channel: blocks of channels, each
         // computed with the channels innermost (see `depthwise_block`).
-        let blocks = |out: &mut [f32], xs: &[f32]| {
+        let plan =
+            matches!(path, Path::Blocks | Path::PortableBlocks).then(|| BlockPlan::new(ws, &geo));
+        let blocks = |out: &mut [f32], xs: &[f32], plan: &BlockPlan| {
             let pix = oh * ow;
             out.par_chunks_mut(co * pix)
                 .zip(xs.par_chunks(c * h * wd))
@@ -161,23 +165,27 @@ fn depthwise_by(
                         .for_each(|(blk, dst)| {
                             let c0 = blk * CHANNEL_BLOCK;
                             let simd = path == Path::Blocks;
-                            depthwise_block(img, &ws, bias.as_deref(), c0, &geo, dst, simd);
+                            depthwise_block(img, plan, bias.as_deref(), c0, &geo, dst, simd);
                             p.act.apply(dst);
                         })
                 });
         };
-        let run = |out: &mut [f32], xs: &[f32]| {
-            if matches!(path, Path::Blocks | Path::PortableBlocks) {
-                blocks(out, xs)
-            } else {
-                planes(out, xs)
-            }
+        let run = |out: &mut [f32], xs: &[f32]| match &plan {
+            Some(plan) => blocks(out, xs, plan),
+            None => planes(out, xs),
         };
         // The input is read in place when it is contiguous f32, copied otherwise.
         let x = x.contiguous()?;
         if with_f32(&x, |xs| run(&mut out, xs)).is_none() {
             run(&mut out, &f32_vec(&x)?);
         }
+        Ok::<(), crate::error::OpError>(())
+    };
+    // The weights are read in place when contiguous f32 (a parameter's), copied otherwise.
+    let w = w.contiguous()?;
+    match with_f32(&w, &mut compute) {
+        Some(done) => done?,
+        None => compute(&f32_vec(&w)?)?,
     }
     from_f32(out, &[n, co, oh, ow])
 }

@@ -14,7 +14,11 @@ use crate::ops::fused::{self, Spare};
 /// 14x14 outputs (MobileNetV3-Large at batch 8, 1 thread: 672 channels 3x3 1.58 against
 /// 2.75 ms), so the line is drawn at 7x7 outputs (BENCHMARKS.md, issue 14). Blocks still
 /// match or beat the in-place path there (960 channels 7x7 5x5 at batch 8: 0.75–0.80 against
-/// 0.81–0.83 ms), whose chunks of 16 pixels are less than half used on rows of 7.
+/// 0.81–0.83 ms), whose chunks of 16 pixels are less than half used on rows of 7. With the
+/// work per call done once ([`BlockPlan`]), aligned rows and sums of eight pixels, at batch 8
+/// (least of 100, 1 thread), blocks / in place: 960 channels 7x7 5x5 0.53 / 0.69 ms, 672
+/// channels 14x14 5x5 stride 2 0.52 / 1.26, 1152 channels 7x7 3x3 0.45 / 0.72; on 14x14
+/// outputs in place still wins (672 channels 3x3 0.80 / 0.54).
 pub(super) const SMALL_OUTPUT: usize = 7 * 7;
 
 /// Channels per task of [`depthwise_block`].
@@ -23,17 +27,85 @@ pub(super) const CHANNEL_BLOCK: usize = 64;
 /// Channels [`depthwise_block`] computes together: one AVX-512 register of f32.
 const LANES: usize = 16;
 
+/// What every block of one convolution shares, worked out once per call: the kernel's
+/// weights by groups of [`LANES`] channels, each input pixel's row in a block's padded input,
+/// and the taps. Per block (16 channels of an image) these cost as much as the transposes:
+/// the weights were regrouped and each pixel's row found by a division every time (960
+/// channels 5x5 on 7x7 at batch 8, 1 thread: 0.87 ms, BENCHMARKS.md, issue 14).
+pub(super) struct BlockPlan {
+    /// `[groups][kh * kw][LANES]`: tap `t` of channel `g * LANES + l` at `[g][t][l]`, zero
+    /// past the last channel.
+    wt: Vec<f32>,
+    /// Per input pixel, its row (a multiple of [`LANES`]) in the padded block, or
+    /// [`NO_ROW`] where no tap reads it.
+    rows: Vec<usize>,
+    /// The padded block's length in values (`hp * wp * LANES`).
+    len: usize,
+    taps: BlockTaps,
+}
+
+/// [`BlockPlan::rows`]' mark for a pixel no tap reads.
+const NO_ROW: usize = usize::MAX;
+
+impl BlockPlan {
+    /// The plan for weights `ws` (`[c, kh * kw]`, one output channel per input channel) of
+    /// geometry `g`.
+    pub(super) fn new(ws: &[f32], g: &PlaneGeometry) -> BlockPlan {
+        let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
+        let ([sy, sx], [ph, pw], [dy, dx]) = (g.stride, g.pad, g.dilation);
+        let kk = kh * kw;
+        // The padded rows and columns that some tap reads (at most the whole padded plane).
+        let (hp, wp) = (
+            (oh - 1) * sy + (kh - 1) * dy + 1,
+            (ow - 1) * sx + (kw - 1) * dx + 1,
+        );
+        let c = ws.len() / kk.max(1);
+        let mut wt = vec![0f32; c.div_ceil(LANES) * kk * LANES];
+        for (j, ker) in ws.chunks_exact(kk).enumerate() {
+            let group = &mut wt[(j / LANES) * kk * LANES..][..kk * LANES];
+            for (row, &v) in group.chunks_exact_mut(LANES).zip(ker) {
+                row[j % LANES] = v;
+            }
+        }
+        let rows = (0..h * wd)
+            .map(|q| {
+                let (y, x) = (q / wd + ph, q % wd + pw);
+                if y < hp && x < wp {
+                    (y * wp + x) * LANES
+                } else {
+                    NO_ROW
+                }
+            })
+            .collect();
+        let taps = BlockTaps {
+            offs: (0..kk)
+                .map(|t| ((t / kw) * dy * wp + (t % kw) * dx) * LANES)
+                .collect(),
+            out: [oh, ow],
+            stride: [sy, sx],
+            wp,
+        };
+        BlockPlan {
+            wt,
+            rows,
+            len: hp * wp * LANES,
+            taps,
+        }
+    }
+}
+
 /// Output planes `c0..c0 + dst.len() / (oh * ow)` of one image `img` (`[c, h, w]`) of a
-/// depthwise convolution with one output channel per input channel (`ws`: `[c, kh * kw]`),
-/// computed [`LANES`] channels at a time with the channels innermost: their input planes
-/// transposed to `[hp, wp, LANES]`, zero-padded so that every tap of every output pixel
-/// reads inside it ([`transpose_in`]); each output pixel its bias plus each tap in turn, a
-/// vector over the channels ([`block_sums`]); the result transposed back into `dst`
-/// ([`transpose_out`]). On planes of a few pixels this vectorises over channels where the
-/// spatial path works on a few pixels at a time (BENCHMARKS.md, issue 14).
+/// depthwise convolution with one output channel per input channel, by `plan` (made for
+/// its weights and `g`), computed [`LANES`] channels at a time with the channels innermost:
+/// their input planes transposed to `[hp, wp, LANES]`, zero-padded so that every tap of
+/// every output pixel reads inside it ([`transpose_in`]); each output pixel its bias plus
+/// each tap in turn, a vector over the channels ([`block_sums`]); the result transposed
+/// back into `dst` ([`transpose_out`]). On planes of a few pixels this vectorises over
+/// channels where the spatial path works on a few pixels at a time (BENCHMARKS.md, issue
+/// 14). `c0` is a multiple of [`LANES`].
 pub(super) fn depthwise_block(
     img: &[f32],
-    ws: &[f32],
+    plan: &BlockPlan,
     bias: Option<&[f32]>,
     c0: usize,
     g: &PlaneGeometry,
@@ -41,75 +113,55 @@ pub(super) fn depthwise_block(
     simd: bool,
 ) {
     let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
-    let ([sy, sx], [ph, pw], [dy, dx]) = (g.stride, g.pad, g.dilation);
     let (pix, kk) = (oh * ow, kh * kw);
-    // The padded rows and columns that some tap reads (at most the whole padded plane).
-    let (hp, wp) = (
-        (oh - 1) * sy + (kh - 1) * dy + 1,
-        (ow - 1) * sx + (kw - 1) * dx + 1,
+    assert!(
+        c0.is_multiple_of(LANES),
+        "a block starts at a multiple of {LANES} channels"
     );
-    let (mut xt, mut wt, mut yt) = (Spare::take(), Spare::take(), Spare::take());
-    for (buf, len) in [(&mut xt, hp * wp), (&mut wt, kk), (&mut yt, pix)] {
+    let (mut xt_buf, mut yt_buf) = (Spare::take(), Spare::take());
+    // Each row of 16 values on a 64-byte line of its own: a row across two lines costs two
+    // (960 channels 5x5 on 7x7 at batch 8, 1 thread: 0.57-0.61 ms unaligned, 0.51 aligned).
+    let [xt, yt] = [(&mut xt_buf, plan.len), (&mut yt_buf, pix * LANES)].map(|(buf, len)| {
         buf.clear();
-        buf.resize(len * LANES, 0.0);
-    }
-    let taps = BlockTaps {
-        offs: (0..kk)
-            .map(|t| ((t / kw) * dy * wp + (t % kw) * dx) * LANES)
-            .collect(),
-        out: [oh, ow],
-        stride: [sy, sx],
-        wp,
-    };
-    let rows = |q: usize| {
-        let (y, x) = (q / wd + ph, q % wd + pw);
-        (y < hp && x < wp).then_some((y * wp + x) * LANES)
-    };
+        buf.resize(len + LANES, 0.0);
+        let skew = buf.as_ptr().align_offset(64).min(LANES);
+        &mut buf[skew..][..len]
+    });
     for (k, dst) in dst.chunks_mut(LANES * pix).enumerate() {
         let (j0, cn) = (c0 + k * LANES, dst.len() / pix);
         if cn < LANES {
             // The lanes past the last channel: zeros, not the last group's values.
             xt.fill(0.0);
-            wt.fill(0.0);
         }
         transpose_in(
             &img[j0 * h * wd..][..cn * h * wd],
             h * wd,
-            &mut xt,
-            rows,
+            xt,
+            &plan.rows,
             simd,
         );
-        for (j, ker) in ws[j0 * kk..][..cn * kk].chunks_exact(kk).enumerate() {
-            for (row, &v) in wt.chunks_exact_mut(LANES).zip(ker) {
-                row[j] = v;
-            }
-        }
+        let wt = &plan.wt[(j0 / LANES) * kk * LANES..][..kk * LANES];
         let mut b0 = [0f32; LANES];
         if let Some(b) = bias {
             b0[..cn].copy_from_slice(&b[j0..j0 + cn]);
         }
-        block_sums(&xt, &wt, &b0, &mut yt, &taps, simd);
-        transpose_out(&yt, dst, simd);
+        block_sums(xt, wt, &b0, yt, &plan.taps, simd);
+        transpose_out(yt, dst, simd);
     }
 }
 
-/// `xt[row(q) + j] = planes[j][q]` for every channel `j` of `planes` (at most [`LANES`]
-/// planes of `pix` values) and pixel `q` that has a row (a multiple of [`LANES`]) in `xt`:
+/// `xt[rows[q] + j] = planes[j][q]` for every channel `j` of `planes` (at most [`LANES`]
+/// planes of `pix` values) and pixel `q` that has a row (a multiple of [`LANES`], not
+/// [`NO_ROW`]) in `xt`:
 /// 16 x 16 tiles by AVX-512 where the CPU has it (and `simd`), else one value at a time.
-fn transpose_in(
-    planes: &[f32],
-    pix: usize,
-    xt: &mut [f32],
-    row: impl Fn(usize) -> Option<usize>,
-    simd: bool,
-) {
+fn transpose_in(planes: &[f32], pix: usize, xt: &mut [f32], rows_of: &[usize], simd: bool) {
     let cn = planes.len() / pix;
-    assert!(cn <= LANES && planes.len() == cn * pix);
+    assert!(cn <= LANES && planes.len() == cn * pix && rows_of.len() == pix);
     for t0 in (0..pix).step_by(LANES) {
         let n = LANES.min(pix - t0);
         let mut rows = [None; LANES];
         for (i, r) in rows.iter_mut().enumerate().take(n) {
-            *r = row(t0 + i);
+            *r = Some(rows_of[t0 + i]).filter(|&r| r != NO_ROW);
             assert!(
                 r.is_none_or(|r| r + LANES <= xt.len()),
                 "a row outside the block"
@@ -183,13 +235,16 @@ unsafe fn tile_in_avx512(
 ) {
     use std::arch::x86_64::*;
     let mask: __mmask16 = ((1u32 << n) - 1) as u16;
+    // Loops of constant length (a condition inside), so that the rows stay in registers.
     let mut r = [_mm512_setzero_ps(); 16];
-    for (j, r) in r.iter_mut().enumerate().take(cn) {
-        *r = _mm512_maskz_loadu_ps(mask, planes.as_ptr().add(j * pix + t0));
+    for (j, r) in r.iter_mut().enumerate() {
+        if j < cn {
+            *r = _mm512_maskz_loadu_ps(mask, planes.as_ptr().add(j * pix + t0));
+        }
     }
     transpose16(&mut r);
-    for (q, row) in rows.iter().enumerate().take(n) {
-        if let Some(row) = row {
+    for (q, row) in rows.iter().enumerate() {
+        if let (true, Some(row)) = (q < n, row) {
             _mm512_storeu_ps(xt.as_mut_ptr().add(*row), r[q]);
         }
     }
@@ -206,13 +261,18 @@ unsafe fn tile_in_avx512(
 unsafe fn tile_out_avx512(yt: &[f32], dst: &mut [f32], pix: usize, cn: usize, t0: usize, n: usize) {
     use std::arch::x86_64::*;
     let mask: __mmask16 = ((1u32 << n) - 1) as u16;
+    // Loops of constant length (a condition inside), so that the rows stay in registers.
     let mut r = [_mm512_setzero_ps(); 16];
-    for (q, r) in r.iter_mut().enumerate().take(n) {
-        *r = _mm512_loadu_ps(yt.as_ptr().add((t0 + q) * LANES));
+    for (q, r) in r.iter_mut().enumerate() {
+        if q < n {
+            *r = _mm512_loadu_ps(yt.as_ptr().add((t0 + q) * LANES));
+        }
     }
     transpose16(&mut r);
-    for (j, r) in r.iter().enumerate().take(cn) {
-        _mm512_mask_storeu_ps(dst.as_mut_ptr().add(j * pix + t0), mask, *r);
+    for (j, r) in r.iter().enumerate() {
+        if j < cn {
+            _mm512_mask_storeu_ps(dst.as_mut_ptr().add(j * pix + t0), mask, *r);
+        }
     }
 }
 
@@ -294,11 +354,7 @@ fn block_sums(
         // furthest read).
         #[allow(unsafe_code)]
         unsafe {
-            match taps.offs.len() {
-                9 => block_sums_avx512::<9>(xt, wt, b0, yt, taps),
-                25 => block_sums_avx512::<25>(xt, wt, b0, yt, taps),
-                _ => block_sums_avx512::<0>(xt, wt, b0, yt, taps),
-            }
+            block_sums_avx512(xt, wt, b0, yt, taps)
         }
         return;
     }
@@ -320,16 +376,20 @@ fn block_sums(
     );
 }
 
-/// [`block_sums`] by AVX-512: the kernel's weights held in `K` registers (`K` = 9 or 25
-/// taps; 0: any kernel, its weights read per tap), four output pixels summed together (four
-/// independent fused multiply-adds hide each one's latency).
+/// [`block_sums`] by AVX-512: eight output pixels summed together (eight independent fused
+/// multiply-adds hide each one's latency), tap by tap, each tap's weights loaded once for
+/// the eight. Every loop over the eight has a constant length, so that the sums stay in
+/// registers: with the kernel's 25 weights held in registers as well, the compiler kept the
+/// sums and weights on the stack (960 channels 5x5 on 7x7 at batch 8, 1 thread: the whole
+/// convolution 0.63 ms, 0.61 this way; BENCHMARKS.md, issue 14). A last group of fewer than eight pixels
+/// repeats its last pixel's sums and stores only its own.
 ///
 /// # Safety
 /// The CPU has AVX-512F and FMA, and the bounds [`block_sums`] asserts hold.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 #[allow(unsafe_code)]
-unsafe fn block_sums_avx512<const K: usize>(
+unsafe fn block_sums_avx512(
     xt: &[f32],
     wt: &[f32],
     b0: &[f32; LANES],
@@ -337,48 +397,28 @@ unsafe fn block_sums_avx512<const K: usize>(
     taps: &BlockTaps,
 ) {
     use std::arch::x86_64::*;
-    const P: usize = 4;
+    const P: usize = 8;
     let [oh, ow] = taps.out;
-    let (x, y, offs) = (xt.as_ptr(), yt.as_mut_ptr(), &taps.offs[..]);
+    let (x, y, pix) = (xt.as_ptr(), yt.as_mut_ptr(), oh * ow);
     let bias = _mm512_loadu_ps(b0.as_ptr());
-    let mut w = [_mm512_setzero_ps(); K];
-    let mut fixed = [0usize; K];
-    for t in 0..K {
-        w[t] = _mm512_loadu_ps(wt.as_ptr().add(t * LANES));
-        fixed[t] = offs[t];
-    }
-    // The next output pixel, and where its taps start.
-    let (mut oy, mut ox) = (0, 0);
     let mut q = 0;
-    while q < oh * ow {
-        let n = P.min(oh * ow - q);
-        let mut base = [0usize; P];
-        for b in base.iter_mut().take(n) {
-            *b = taps.base(oy, ox);
-            ox += 1;
-            if ox == ow {
-                (oy, ox) = (oy + 1, 0);
-            }
-        }
+    while q < pix {
+        let n = P.min(pix - q);
+        let base: [usize; P] = std::array::from_fn(|i| {
+            let at = q + i.min(n - 1);
+            taps.base(at / ow, at % ow)
+        });
         let mut acc = [bias; P];
-        if K > 0 && n == P {
-            for t in 0..K {
-                for i in 0..P {
-                    let v = _mm512_loadu_ps(x.add(base[i] + fixed[t]));
-                    acc[i] = _mm512_fmadd_ps(w[t], v, acc[i]);
-                }
-            }
-        } else {
-            for (t, &off) in offs.iter().enumerate() {
-                let wv = _mm512_loadu_ps(wt.as_ptr().add(t * LANES));
-                for i in 0..n {
-                    let v = _mm512_loadu_ps(x.add(base[i] + off));
-                    acc[i] = _mm512_fmadd_ps(wv, v, acc[i]);
-                }
+        for (t, &off) in taps.offs.iter().enumerate() {
+            let wv = _mm512_loadu_ps(wt.as_ptr().add(t * LANES));
+            for (a, &b) in acc.iter_mut().zip(&base) {
+                *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.add(b + off)), *a);
             }
         }
-        for (i, a) in acc.iter().enumerate().take(n) {
-            _mm512_storeu_ps(y.add((q + i) * LANES), *a);
+        for (i, a) in acc.iter().enumerate() {
+            if i < n {
+                _mm512_storeu_ps(y.add((q + i) * LANES), *a);
+            }
         }
         q += n;
     }
