@@ -18,7 +18,7 @@ use depthwise::depthwise;
 
 mod depthwise;
 #[cfg(target_arch = "x86_64")]
-mod pointwise;
+mod narrow;
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
@@ -483,10 +483,11 @@ fn conv_gemm(
     let w = w.contiguous()?;
     let x = x.contiguous()?;
     let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
-    // Few input channels on a large plane: computed directly (see `pointwise`).
+    // Few columns (input channels times taps) on a large plane: computed directly (see
+    // `narrow`).
     #[cfg(target_arch = "x86_64")]
-    if pointwise::applies(c, [kh, kw], pix, p) {
-        return pointwise::conv(&x, &w, bias.as_deref(), residual, p.act);
+    if narrow::applies(c, [kh, kw], pix, p) {
+        return narrow::conv(&x, &w, bias.as_deref(), residual, p);
     }
     let per_image = c * h * wd;
     let geometry = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
@@ -757,11 +758,26 @@ fn im2col(
 /// that falls in the padding. Every element is written.
 fn im2col_row(
     xs: &[f32],
+    chw: [usize; 3],
+    k: [usize; 2],
+    ow: usize,
+    p: &Params,
+    r: usize,
+    row: &mut [f32],
+) {
+    im2col_rows(xs, chw, k, ow, p, r, 0, row)
+}
+
+/// [`im2col_row`] for the output rows from `y0` on only (`row` holds whole rows of `ow`).
+#[allow(clippy::too_many_arguments)]
+fn im2col_rows(
+    xs: &[f32],
     [_, h, wd]: [usize; 3],
     [kh, kw]: [usize; 2],
     ow: usize,
     p: &Params,
     r: usize,
+    y0: usize,
     row: &mut [f32],
 ) {
     let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
@@ -769,7 +785,7 @@ fn im2col_row(
     let src = &xs[ci * h * wd..][..h * wd];
     let di = (i * p.dilation[0]) as isize - ph;
     let dj = (j * p.dilation[1]) as isize - pw;
-    for (y, drow) in row.chunks_exact_mut(ow).enumerate() {
+    for (y, drow) in (y0..).zip(row.chunks_exact_mut(ow)) {
         let iy = (y * p.stride[0]) as isize + di;
         if iy < 0 || iy >= h as isize {
             drow.fill(0.0);

@@ -1,0 +1,597 @@
+//! Convolutions (groups 1) with few columns, that is input channels times kernel taps (a
+//! 1x1 convolution's input channels, a network's first 3x3 convolution over 3 channels: 27),
+//! computed directly on x86-64 CPUs with AVX-512: each output row (an output channel's
+//! plane) written once, its bias and residual added in registers and its activation applied
+//! while the row is in the cache.
+//!
+//! Such a convolution is the product `w [co, k] @ cols [k, pixels]` per image, `cols` the
+//! input itself for a 1x1 convolution at stride 1 without padding, else the input unfolded.
+//! With few columns (MobileNet's and EfficientNet's expansions on large planes: 16 → 64
+//! channels on 112 x 112) the gemm crate's copy of `cols` into panels and the passes over
+//! the output before (its bias planes) and after (its activation) cost as much as the
+//! multiply-adds: the output is larger than the cache, and each pass reads it back from
+//! memory; a first convolution's columns, unfolded whole, were larger than the cache too.
+//! Here the output is produced in blocks of [`PIXELS`] pixels by [`ROWS`] output channels,
+//! summed in registers over the columns, read in place or unfolded a stretch of output rows
+//! at a time into the cache (BENCHMARKS.md, issue 14).
+
+use candle_core::{DType, Tensor};
+
+use super::{im2col_rows, out_len, Act, Params};
+use crate::error::OpResult;
+use crate::ops::fused::{with_f32, Spare};
+use crate::ops::sgemm::{new_block, Shared};
+
+/// Output channels a block sums together (one register each per 16 pixels).
+const ROWS: usize = 6;
+
+/// Pixels a block sums together: four registers of 16.
+const PIXELS: usize = 64;
+
+/// The most columns (input channels times kernel taps) this path takes. Single convolutions, least of 400 runs, old path
+/// (the gemm crate's) against this one, 1 thread: 16 → 64 channels on 112 x 112 0.386 / 0.315
+/// ms at batch 1, 3.95 / 3.19 at batch 8; 96 → 24 on 56 x 56 at batch 8 1.26 / 1.12; 40 → 120
+/// on 28 x 28 at batch 8 0.650 / 0.615. With 120 or 240 input channels the gemm crate was as
+/// fast or faster (120 → 40 on 28 x 28 at batch 1: 0.069 / 0.075 ms): their input no longer
+/// fits the L1 cache along a block (BENCHMARKS.md, issue 14).
+const MAX_COLUMNS: usize = 96;
+
+/// The fewest output pixels per image this path takes: on smaller planes the pixel blocks, and so
+/// the pieces of work for the threads, are too few.
+const MIN_PIXELS: usize = 256;
+
+/// Column values (columns times pixels) of the stretch of output rows along which each
+/// group of [`ROWS`] output channels is computed in turn: 128 KiB, in the L2 cache, where
+/// the channel groups one pixel block after another had the output's rows written as
+/// scattered pieces (16 → 64 channels on 112 x 112 at batch 8, 1 thread: 5.68 ms, against
+/// 3.83 along stretches).
+const STRETCH_VALUES: usize = 1 << 15;
+
+/// How far ahead (values along a row of columns) the first group of rows of a stretch asks
+/// for its input: four blocks. Without it, products with few output channels on planes
+/// larger than the cache were up to 15% slower than the gemm crate's (32 → 16 channels on
+/// 112 x 112 at batch 8, 1 thread: 1.87 against 1.55 ms; 1.74 with it, in the same run).
+const PREFETCH: usize = 4 * PIXELS;
+
+/// Pieces of work per thread the images' pixels are cut into (at least one per image), so
+/// that threads that finish early find more.
+const PIECES_PER_THREAD: usize = 4;
+
+/// Whether [`narrow`] computes a convolution of `c` input channels by a `kernel` with these
+/// parameters, `pixels` output pixels per image: groups 1, at most [`MAX_COLUMNS`] columns,
+/// at least [`MIN_PIXELS`] pixels, a CPU with AVX-512 and FMA; a 1x1 kernel only at stride
+/// 1 without padding (read in place). A 1x1 kernel at stride 2 was faster by the gemm crate
+/// (64 → 128 channels on 56 x 56, batch 1, 1 thread: 0.148 against 0.183 ms unfolded
+/// here), where the first 3x3 and 4x4 convolutions over 3 channels were not (3 → 16
+/// channels on 224 x 224 at stride 2, batch 1, 2 threads: 0.162 against 0.109 ms; batch 8,
+/// 1 thread: 2.17 against 1.96; 3 → 96 channels 4x4 at stride 4, batch 8, 1 thread: 3.54
+/// against 3.17).
+pub(super) fn applies(c: usize, [kh, kw]: [usize; 2], pixels: usize, p: &Params) -> bool {
+    let in_place = p.stride == [1, 1] && p.padding == [0, 0];
+    p.groups == 1
+        && (kh * kw > 1 || in_place)
+        && (1..=MAX_COLUMNS).contains(&(c * kh * kw))
+        && pixels >= MIN_PIXELS
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// The convolution of `x` (`[n, c, h, w]`) by `w` (`[co, c, kh, kw]`), both contiguous f32,
+/// plus `bias` and `residual` (each optional), activated: [`narrow`] on the tensors'
+/// values. `None` (left to the other paths) for a residual that is not f32 of the output's
+/// shape.
+pub(super) fn conv(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&[f32]>,
+    residual: Option<&Tensor>,
+    p: &Params,
+) -> OpResult<Option<Tensor>> {
+    let (n, c, h, wd) = x.dims4()?;
+    let (co, _, kh, kw) = w.dims4()?;
+    let oh = out_len(h, kh, p.padding[0], p.stride[0], p.dilation[0])?;
+    let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
+    let residual = match residual {
+        Some(r) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => Some(r.contiguous()?),
+        Some(_) => return Ok(None),
+        None => None,
+    };
+    let shape = Shape {
+        input: [n, c, h, wd],
+        kernel: [kh, kw],
+        out: [oh, ow],
+    };
+    let out = with_f32(w, |w| {
+        with_f32(x, |x| match &residual {
+            Some(r) => with_f32(r, |r| narrow(x, w, &shape, p, bias, Some(r))),
+            None => Some(narrow(x, w, &shape, p, bias, None)),
+        })
+    });
+    match out.flatten().flatten() {
+        Some(out) => Ok(Some(Tensor::from_vec(out, (n, co, oh, ow), x.device())?)),
+        None => Ok(None),
+    }
+}
+
+/// The sizes of one call of [`narrow`].
+pub(super) struct Shape {
+    /// `[n, c, h, w]`.
+    pub(super) input: [usize; 4],
+    /// `[kh, kw]`.
+    pub(super) kernel: [usize; 2],
+    /// `[oh, ow]` (as `out_len` gives them for the parameters).
+    pub(super) out: [usize; 2],
+}
+
+/// `act(w @ cols + bias + residual)` per image for `x: [n, c, h, w]` (its columns: the
+/// input itself for a 1x1 kernel at stride 1 without padding, else unfolded as `im2col`
+/// does), `w: [co, c * kh * kw]`, `bias: [co]` and `residual: [n, co, oh, ow]` (each
+/// optional), as a new `[n, co, oh, ow]` buffer written once; the images' bands of output
+/// rows over the pool's threads. The sum of an output starts from its bias and adds the
+/// columns in order, then the residual. Panics unless [`applies`] said so for these sizes
+/// and the slices have them.
+pub(super) fn narrow(
+    x: &[f32],
+    w: &[f32],
+    shape: &Shape,
+    p: &Params,
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let ([n, c, h, wd], [kh, kw], [oh, ow]) = (shape.input, shape.kernel, shape.out);
+    let (k, pixels) = (c * kh * kw, oh * ow);
+    let co = w.len() / k.max(1);
+    let len = n * co * pixels;
+    assert!(
+        applies(c, [kh, kw], pixels, p)
+            && x.len() == n * c * h * wd
+            && w.len() == co * k
+            && bias.is_none_or(|b| b.len() == co)
+            && residual.is_none_or(|r| r.len() == len),
+        "narrow conv: sizes or a CPU it does not take"
+    );
+    // The input is its own columns (read in place) for a 1x1 kernel at stride 1 unpadded.
+    let in_place = [kh, kw] == [1, 1] && p.stride == [1, 1] && p.padding == [0, 0];
+    // Bands of whole output rows, enough for every thread to have a few.
+    let threads = rayon::current_num_threads();
+    let per_image = (PIECES_PER_THREAD * threads).div_ceil(n.max(1)).max(1);
+    let band = oh.div_ceil(per_image).max(1);
+    let bands = oh.div_ceil(band);
+    // Stretches of a band whose columns stay in the L2 cache while each group of output
+    // channels is computed along them.
+    let stretch = (STRETCH_VALUES / (k * ow)).max(1);
+    let zeros = vec![0f32; co];
+    let bias = bias.unwrap_or(&zeros);
+    let act = p.act;
+    let work = |out: Shared, task: usize| {
+        let (img, b) = (task / bands, task % bands);
+        let img_x = &x[img * c * h * wd..][..c * h * wd];
+        let mut cols = Spare::take();
+        for y0 in (b * band..((b + 1) * band).min(oh)).step_by(stretch) {
+            let y1 = (y0 + stretch).min((b + 1) * band).min(oh);
+            let (s0, s1) = (y0 * ow, y1 * ow);
+            // The stretch's columns: `k` rows of `s1 - s0` values, `step` apart.
+            let (src, step): (&[f32], usize) = if in_place {
+                (&img_x[s0..], pixels)
+            } else {
+                let run = s1 - s0;
+                cols.clear();
+                cols.resize(k * run, 0.0);
+                for (r, row) in cols.chunks_exact_mut(run).enumerate() {
+                    im2col_rows(img_x, [c, h, wd], [kh, kw], ow, p, r, y0, row);
+                }
+                (&cols[..], run)
+            };
+            for o in (0..co).step_by(ROWS) {
+                let rows = ROWS.min(co - o);
+                // SAFETY: `applies` found AVX-512 and FMA; the columns hold `k` rows of
+                // `s1 - s0` values `step` apart from `src`'s start (the image's planes, or the
+                // unfolded stretch), the rows `o..o + rows` lie inside the output's channels,
+                // the residual (if any) holds the image's `co` planes, and this task alone
+                // writes the image's pixels `s0..s1`, so nothing else touches them.
+                #[allow(unsafe_code)]
+                unsafe {
+                    let dst = out.0.add(img * co * pixels);
+                    let res = residual.map(|r| r.as_ptr().add(img * co * pixels));
+                    for q in (s0..s1).step_by(PIXELS) {
+                        let block = Block {
+                            cols: src.as_ptr().add(q - s0),
+                            step,
+                            at: q,
+                            pixels: PIXELS.min(s1 - q),
+                            plane: pixels,
+                        };
+                        block_avx512(&block, w, bias, res, [o, rows], dst);
+                    }
+                    if act != Act::None {
+                        for r in o..o + rows {
+                            act.apply(std::slice::from_raw_parts_mut(
+                                dst.add(r * pixels + s0),
+                                s1 - s0,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    // SAFETY: the tasks cover every image's output rows `0..oh` (bands of `band`) for every
+    // output channel (groups of `ROWS`), and `block_avx512` writes each element of its block
+    // before anything reads it.
+    #[allow(unsafe_code)]
+    let out = unsafe {
+        new_block(len, |out| {
+            (0..n * bands).into_par_iter().for_each(|t| work(out, t));
+            true
+        })
+    };
+    out.expect("the narrow conv writes every element")
+}
+
+/// Where [`block_avx512`] reads and writes: `k` rows of columns from `cols`, `step` values
+/// apart, for `pixels` (at most [`PIXELS`]) output pixels from pixel `at` of output planes
+/// of `plane` pixels.
+struct Block {
+    cols: *const f32,
+    step: usize,
+    at: usize,
+    pixels: usize,
+    plane: usize,
+}
+
+/// Output channels `o..o + rows` (`rows <= ROWS`) of one block of output pixels: `bias[o +
+/// r]` plus `w[o + r, i] * cols[i][pixel]` for each column row `i` in order, plus the
+/// residual's element (`res[(o + r) * plane + at + pixel]`), stored at `dst[(o + r) * plane
+/// + at + pixel]`.
+///
+/// # Safety
+/// AVX-512F and FMA; `block.cols` points to `k = w.len() / bias.len()` rows of at least
+/// `block.pixels` values, `block.step` apart; `w` is `[co, k]` with `co = bias.len()`, `o +
+/// rows <= co`, `block.at + block.pixels <= block.plane`; `res` (if any) points to `co`
+/// planes of `block.plane` values, and `dst` to `co` planes that nothing else reads or
+/// writes at the block's elements meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[allow(unsafe_code)]
+unsafe fn block_avx512(
+    block: &Block,
+    w: &[f32],
+    bias: &[f32],
+    res: Option<*const f32>,
+    [o, rows]: [usize; 2],
+    dst: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    const V: usize = PIXELS / 16;
+    let k = w.len() / bias.len();
+    let mask = |i: usize| -> __mmask16 {
+        let n = block.pixels.saturating_sub(16 * i).min(16);
+        ((1u32 << n) - 1) as u16
+    };
+    let masks: [__mmask16; V] = std::array::from_fn(mask);
+    // Rows past the last output channel repeat it: computed, never stored.
+    let row = |r: usize| o + r.min(rows - 1);
+    let mut acc = [[_mm512_setzero_ps(); V]; ROWS];
+    for (r, a) in acc.iter_mut().enumerate() {
+        *a = [_mm512_set1_ps(bias[row(r)]); V];
+    }
+    let wp = w.as_ptr();
+    for i in 0..k {
+        let at = block.cols.add(i * block.step);
+        // The first group of rows reads the stretch's columns from memory: ask for them ahead.
+        if o == 0 {
+            for v in 0..V {
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH + 16 * v).cast());
+            }
+        }
+        let xs: [__m512; V] =
+            std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], at.add(16 * v)));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let wv = _mm512_set1_ps(*wp.add(row(r) * k + i));
+            for (a, &xv) in a.iter_mut().zip(&xs) {
+                *a = _mm512_fmadd_ps(wv, xv, *a);
+            }
+        }
+    }
+    for (r, a) in acc.iter().enumerate().take(rows) {
+        let at = (o + r) * block.plane + block.at;
+        for (v, &s) in a.iter().enumerate() {
+            let s = match res {
+                Some(res) => {
+                    _mm512_add_ps(s, _mm512_maskz_loadu_ps(masks[v], res.add(at + 16 * v)))
+                }
+                None => s,
+            };
+            _mm512_mask_storeu_ps(dst.add(at + 16 * v), masks[v], s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0) - 1.0)
+            .collect()
+    }
+
+    /// Against sums in f64 (then the same activation), for 1x1 convolutions read in place
+    /// and kernels read unfolded (a first 3x3 convolution at stride 2, a 4x4 one at stride
+    /// 4, a 2x2 one at stride 2, dilation and unequal padding): output channel counts that
+    /// are not a multiple of a block's six (7, 13), planes that end inside a block, one and
+    /// 96 columns, a batch, with and without bias and residual, each activation.
+    #[test]
+    fn narrow_matches_f64_sums() {
+        // (input [n, c, h, w], co, kernel, stride, padding, dilation, bias, residual, act)
+        type Case = (
+            [usize; 4],
+            usize,
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            bool,
+            bool,
+            Act,
+        );
+        let one = [1, 1];
+        let cases: [Case; 9] = [
+            (
+                [2, 3, 15, 20],
+                7,
+                one,
+                one,
+                [0, 0],
+                one,
+                true,
+                true,
+                Act::Relu,
+            ),
+            (
+                [1, 96, 1, 257],
+                13,
+                one,
+                one,
+                [0, 0],
+                one,
+                false,
+                false,
+                Act::Silu,
+            ),
+            (
+                [3, 1, 16, 16],
+                6,
+                one,
+                one,
+                [0, 0],
+                one,
+                true,
+                false,
+                Act::Hardswish,
+            ),
+            (
+                [1, 16, 56, 56],
+                64,
+                one,
+                one,
+                [0, 0],
+                one,
+                true,
+                false,
+                Act::None,
+            ),
+            (
+                [1, 3, 45, 38],
+                16,
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                one,
+                true,
+                false,
+                Act::Hardswish,
+            ),
+            (
+                [2, 3, 64, 68],
+                20,
+                [4, 4],
+                [4, 4],
+                [0, 0],
+                one,
+                true,
+                true,
+                Act::None,
+            ),
+            (
+                [1, 20, 40, 30],
+                9,
+                [2, 2],
+                [2, 2],
+                [0, 0],
+                one,
+                false,
+                false,
+                Act::Relu,
+            ),
+            (
+                [1, 2, 30, 40],
+                5,
+                [3, 3],
+                one,
+                [2, 1],
+                [2, 1],
+                true,
+                false,
+                Act::Silu,
+            ),
+            (
+                [2, 5, 20, 37],
+                11,
+                [2, 3],
+                [1, 2],
+                [1, 0],
+                one,
+                false,
+                true,
+                Act::None,
+            ),
+        ];
+        let probe = Params {
+            stride: one,
+            padding: [0, 0],
+            dilation: one,
+            groups: 1,
+            act: Act::None,
+        };
+        if !applies(16, one, MIN_PIXELS, &probe) {
+            return; // no AVX-512 here: the path is never taken
+        }
+        for (input, co, kernel, stride, padding, dilation, with_bias, with_res, act) in cases {
+            let [n, c, h, wd] = input;
+            let [kh, kw] = kernel;
+            let p = Params {
+                stride,
+                padding,
+                dilation,
+                groups: 1,
+                act,
+            };
+            let oh = out_len(h, kh, padding[0], stride[0], dilation[0]).unwrap();
+            let ow = out_len(wd, kw, padding[1], stride[1], dilation[1]).unwrap();
+            assert!(applies(c, kernel, oh * ow, &p), "{input:?} {kernel:?}");
+            let x = values(n * c * h * wd, 1);
+            let w = values(co * c * kh * kw, 2);
+            let bias = with_bias.then(|| values(co, 3));
+            let res = with_res.then(|| values(n * co * oh * ow, 4));
+            let shape = Shape {
+                input,
+                kernel,
+                out: [oh, ow],
+            };
+            let got = narrow(&x, &w, &shape, &p, bias.as_deref(), res.as_deref());
+            let mut want = vec![0f32; n * co * oh * ow];
+            for (at, want) in want.iter_mut().enumerate() {
+                let (img, o, y, xo) = (
+                    at / (co * oh * ow),
+                    at / (oh * ow) % co,
+                    at / ow % oh,
+                    at % ow,
+                );
+                let mut s = bias.as_ref().map_or(0.0, |b| b[o] as f64);
+                for ci in 0..c {
+                    for i in 0..kh {
+                        for j in 0..kw {
+                            let iy =
+                                (y * stride[0] + i * dilation[0]) as isize - padding[0] as isize;
+                            let ix =
+                                (xo * stride[1] + j * dilation[1]) as isize - padding[1] as isize;
+                            if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                continue;
+                            }
+                            let v = x[((img * c + ci) * h + iy as usize) * wd + ix as usize];
+                            s += w[((o * c + ci) * kh + i) * kw + j] as f64 * v as f64;
+                        }
+                    }
+                }
+                s += res.as_ref().map_or(0.0, |r| r[at] as f64);
+                *want = s as f32;
+            }
+            act.apply(&mut want);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "{input:?} co {co} kernel {kernel:?} stride {stride:?}: element {i}: {g} against {w}"
+                );
+            }
+        }
+    }
+
+    /// The path takes convolutions of groups 1 with at most `MAX_COLUMNS` columns and at
+    /// least `MIN_PIXELS` output pixels (1x1 ones only at stride 1 unpadded), and no other.
+    #[test]
+    fn narrow_applies_only_where_it_computes() {
+        let p = Params {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+            act: Act::None,
+        };
+        if !applies(16, [1, 1], MIN_PIXELS, &p) {
+            return; // no AVX-512 here
+        }
+        assert!(applies(MAX_COLUMNS, [1, 1], MIN_PIXELS, &p));
+        assert!(applies(3, [4, 8], MIN_PIXELS, &p));
+        assert!(!applies(MAX_COLUMNS + 1, [1, 1], 4096, &p));
+        assert!(!applies(11, [3, 3], 4096, &p));
+        assert!(!applies(16, [1, 1], MIN_PIXELS - 1, &p));
+        assert!(!applies(0, [1, 1], 4096, &p));
+        assert!(!applies(16, [1, 1], 4096, &Params { groups: 2, ..p }));
+        assert!(!applies(
+            16,
+            [1, 1],
+            4096,
+            &Params {
+                stride: [2, 2],
+                ..p
+            }
+        ));
+        assert!(!applies(
+            16,
+            [1, 1],
+            4096,
+            &Params {
+                padding: [0, 1],
+                ..p
+            }
+        ));
+    }
+
+    /// Convolution nodes that take this path (through `conv`: a 1x1 one with bias, a
+    /// residual and an activation; a first 3x3 one at stride 2) give candle's own conv2d plus
+    /// the bias and residual, activated.
+    #[test]
+    fn conv_by_this_path_matches_candle() {
+        let dev = Device::Cpu;
+        // (input, co, kernel, stride, padding, residual)
+        let cases = [
+            ([2, 24, 20, 17], 30, 1, 1, 0, true),
+            ([1, 3, 40, 36], 16, 3, 2, 1, false),
+        ];
+        for ([n, c, h, wd], co, k, s, pd, with_res) in cases {
+            let p = Params {
+                stride: [s, s],
+                padding: [pd, pd],
+                dilation: [1, 1],
+                groups: 1,
+                act: Act::Relu,
+            };
+            let oh = out_len(h, k, pd, s, 1).unwrap();
+            if !applies(c, [k, k], oh * oh.max(1), &p) {
+                return; // no AVX-512 here
+            }
+            let x = Tensor::randn(0f32, 1., (n, c, h, wd), &dev).unwrap();
+            let w = Tensor::randn(0f32, 1., (co, c, k, k), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1., co, &dev).unwrap();
+            let want = x
+                .conv2d(&w, pd, s, 1, 1)
+                .unwrap()
+                .broadcast_add(&b.reshape((1, co, 1, 1)).unwrap())
+                .unwrap();
+            let r = with_res.then(|| Tensor::randn(0f32, 1., want.dims(), &dev).unwrap());
+            let want = match &r {
+                Some(r) => want.add(r).unwrap(),
+                None => want,
+            }
+            .relu()
+            .unwrap();
+            let got = super::super::conv(&x, &w, Some(&b), r.as_ref(), &p).unwrap();
+            let diff = crate::ops::max_abs_diff(&got, &want);
+            assert!(diff < 1e-4, "{:?}: {diff}", x.dims());
+        }
+    }
+}
