@@ -121,6 +121,28 @@ impl Act {
         })
     }
 
+    /// [`Act::apply`] on 16 values in a register, the same values it gives (for kernels that
+    /// apply the activation before storing their sums).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,fma")]
+    #[inline]
+    pub(super) fn apply_m512(self, x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // `max` and `min` return their second operand when either is NaN: relu's NaN gives
+        // 0 as `f32::max` does, hardswish's stays NaN as `f32::clamp` leaves it.
+        let zero = _mm512_setzero_ps();
+        match self {
+            Act::None => x,
+            Act::Relu => _mm512_max_ps(x, zero),
+            Act::Silu => super::fused::silu_m512(x),
+            Act::Hardswish => {
+                let (three, six) = (_mm512_set1_ps(3.0), _mm512_set1_ps(6.0));
+                let c = _mm512_min_ps(six, _mm512_max_ps(zero, _mm512_add_ps(x, three)));
+                _mm512_div_ps(_mm512_mul_ps(x, c), six)
+            }
+        }
+    }
+
     pub(super) fn apply(self, xs: &mut [f32]) {
         use super::fused::{hardswish_f32, relu_f32, silu_slice, simd_map_mut};
         match self {
@@ -1005,6 +1027,62 @@ pub(super) fn col2im<T: candle_core::WithDType>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each activation applied in a register (`Act::apply_m512`, for kernels that activate
+    /// their sums before storing them) gives the bits the slice kernels give, on ordinary
+    /// values and on NaN, infinities, signed zeros and hardswish's and silu's turning points.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn activations_in_registers_match_the_slice_kernels() {
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        let mut xs: Vec<f32> = vec![
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            -3.0,
+            3.0,
+            -3.5,
+            3.5,
+            88.0,
+            -88.0,
+            90.0,
+            -90.0,
+            1e-30,
+            -1e-30,
+            f32::MAX,
+        ];
+        xs.extend((0..400).map(|i| (i as f32 - 200.0) * 0.0731));
+        for act in [Act::None, Act::Relu, Act::Silu, Act::Hardswish] {
+            let mut want = xs.clone();
+            act.apply(&mut want);
+            for (chunk, want) in xs.chunks(16).zip(want.chunks(16)) {
+                let mut got = [0f32; 16];
+                // SAFETY: AVX-512F and FMA were found above; the loads and the store cover
+                // the chunk's and `got`'s values only.
+                #[allow(unsafe_code)]
+                unsafe {
+                    use std::arch::x86_64::*;
+                    let mask = ((1u32 << chunk.len()) - 1) as u16;
+                    let x = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
+                    _mm512_mask_storeu_ps(got.as_mut_ptr(), mask, act.apply_m512(x));
+                }
+                for (g, w) in got.iter().zip(want) {
+                    assert!(
+                        g.to_bits() == w.to_bits()
+                            || (g.is_nan() && w.is_nan())
+                            || (*g == 0.0 && *w == 0.0),
+                        "{act:?}: {g} against {w}"
+                    );
+                }
+            }
+        }
+    }
     use candle_core::Device;
 
     /// `f` run on a rayon pool of `threads` threads.

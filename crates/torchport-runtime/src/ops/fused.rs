@@ -715,6 +715,24 @@ pub fn silu_slice(xs: &mut [f32]) {
 #[target_feature(enable = "avx512f,fma")]
 fn silu_avx512(xs: &mut [f32]) {
     use std::arch::x86_64::*;
+    for chunk in xs.chunks_mut(16) {
+        let mask: __mmask16 = ((1u32 << chunk.len()) - 1) as u16;
+        let p = chunk.as_mut_ptr();
+        // SAFETY: the mask covers the chunk's `len <= 16` values only.
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm512_mask_storeu_ps(p, mask, silu_m512(_mm512_maskz_loadu_ps(mask, p)))
+        };
+    }
+}
+
+/// [`silu_slice`]'s AVX-512 silu of 16 values in a register (see `silu_avx512`), for kernels
+/// that apply it before storing their sums.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+pub(crate) fn silu_m512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23, as in `exp_fast`
     let (hi, lo) = (_mm512_set1_ps(88.3), _mm512_set1_ps(-87.3));
     let (magic, log2e) = (
@@ -735,32 +753,21 @@ fn silu_avx512(xs: &mut [f32]) {
     ]
     .map(|c| _mm512_set1_ps(c));
     let one = _mm512_set1_ps(1.0);
-    for chunk in xs.chunks_mut(16) {
-        let mask: __mmask16 = ((1u32 << chunk.len()) - 1) as u16;
-        let p = chunk.as_mut_ptr();
-        // SAFETY: the mask covers the chunk's `len <= 16` values only.
-        #[allow(unsafe_code)]
-        let x = unsafe { _mm512_maskz_loadu_ps(mask, p) };
-        // -x clamped (min and max return their second operand, here -x, when it is NaN).
-        let nx = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_sub_ps(_mm512_setzero_ps(), x)));
-        let t = _mm512_fmadd_ps(nx, log2e, magic);
-        let n = _mm512_sub_ps(t, magic);
-        let r = _mm512_fnmadd_ps(n, ln2_lo, _mm512_fnmadd_ps(n, ln2_hi, nx));
-        let mut poly = taylor[0];
-        for &c in &taylor[1..] {
-            poly = _mm512_fmadd_ps(r, poly, c);
-        }
-        // 2^n from n in t's low mantissa bits: (bits(t) - bits(MAGIC) + 127) << 23.
-        let scale = _mm512_slli_epi32::<23>(_mm512_sub_epi32(_mm512_castps_si512(t), magic_bits));
-        let d = _mm512_add_ps(one, _mm512_mul_ps(poly, _mm512_castsi512_ps(scale)));
-        let y = _mm512_rcp14_ps(d);
-        let y = _mm512_fmadd_ps(_mm512_fnmadd_ps(d, y, one), y, y);
-        // SAFETY: as for the load.
-        #[allow(unsafe_code)]
-        unsafe {
-            _mm512_mask_storeu_ps(p, mask, _mm512_mul_ps(x, y))
-        };
+    // -x clamped (min and max return their second operand, here -x, when it is NaN).
+    let nx = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_sub_ps(_mm512_setzero_ps(), x)));
+    let t = _mm512_fmadd_ps(nx, log2e, magic);
+    let n = _mm512_sub_ps(t, magic);
+    let r = _mm512_fnmadd_ps(n, ln2_lo, _mm512_fnmadd_ps(n, ln2_hi, nx));
+    let mut poly = taylor[0];
+    for &c in &taylor[1..] {
+        poly = _mm512_fmadd_ps(r, poly, c);
     }
+    // 2^n from n in t's low mantissa bits: (bits(t) - bits(MAGIC) + 127) << 23.
+    let scale = _mm512_slli_epi32::<23>(_mm512_sub_epi32(_mm512_castps_si512(t), magic_bits));
+    let d = _mm512_add_ps(one, _mm512_mul_ps(poly, _mm512_castsi512_ps(scale)));
+    let y = _mm512_rcp14_ps(d);
+    let y = _mm512_fmadd_ps(_mm512_fnmadd_ps(d, y, one), y, y);
+    _mm512_mul_ps(x, y)
 }
 
 /// `max(x, 0)` (relu).

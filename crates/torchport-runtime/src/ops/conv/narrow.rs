@@ -1,8 +1,8 @@
 //! Convolutions (groups 1) with few columns, that is input channels times kernel taps (a
 //! 1x1 convolution's input channels, a network's first 3x3 convolution over 3 channels: 27),
 //! computed directly on x86-64 CPUs with AVX-512: each output row (an output channel's
-//! plane) written once, its bias and residual added in registers and its activation applied
-//! while the row is in the cache.
+//! plane) written once, its bias and residual added and its activation applied in
+//! registers.
 //!
 //! Such a convolution is the product `w [co, k] @ cols [k, pixels]` per image, `cols` the
 //! input itself for a 1x1 convolution at stride 1 without padding, else the input unfolded.
@@ -202,15 +202,7 @@ pub(super) fn narrow(
                             pixels: PIXELS.min(s1 - q),
                             plane: pixels,
                         };
-                        block_avx512(&block, w, bias, res, [o, rows], dst);
-                    }
-                    if act != Act::None {
-                        for r in o..o + rows {
-                            act.apply(std::slice::from_raw_parts_mut(
-                                dst.add(r * pixels + s0),
-                                s1 - s0,
-                            ));
-                        }
+                        block_avx512(&block, w, bias, res, act, [o, rows], dst);
                     }
                 }
             }
@@ -242,8 +234,8 @@ struct Block {
 
 /// Output channels `o..o + rows` (`rows <= ROWS`) of one block of output pixels: `bias[o +
 /// r]` plus `w[o + r, i] * cols[i][pixel]` for each column row `i` in order, plus the
-/// residual's element (`res[(o + r) * plane + at + pixel]`), stored at `dst[(o + r) * plane
-/// + at + pixel]`.
+/// residual's element (`res[(o + r) * plane + at + pixel]`), activated ([`Act::apply_m512`])
+/// and stored at `dst[(o + r) * plane + at + pixel]`.
 ///
 /// # Safety
 /// AVX-512F and FMA; `block.cols` points to `k = w.len() / bias.len()` rows of at least
@@ -259,6 +251,7 @@ unsafe fn block_avx512(
     w: &[f32],
     bias: &[f32],
     res: Option<*const f32>,
+    act: Act,
     [o, rows]: [usize; 2],
     dst: *mut f32,
 ) {
@@ -303,7 +296,7 @@ unsafe fn block_avx512(
                 }
                 None => s,
             };
-            _mm512_mask_storeu_ps(dst.add(at + 16 * v), masks[v], s);
+            _mm512_mask_storeu_ps(dst.add(at + 16 * v), masks[v], act.apply_m512(s));
         }
     }
 }
