@@ -319,119 +319,20 @@ mod tests {
     /// 96 columns, a batch, with and without bias and residual, each activation.
     #[test]
     fn narrow_matches_f64_sums() {
-        // (input [n, c, h, w], co, kernel, stride, padding, dilation, bias, residual, act)
-        type Case = (
-            [usize; 4],
-            usize,
-            [usize; 2],
-            [usize; 2],
-            [usize; 2],
-            [usize; 2],
-            bool,
-            bool,
-            Act,
-        );
+        // (input [n, c, h, w], co, [kernel, stride, padding, dilation], bias, residual, act)
+        type Case = ([usize; 4], usize, [[usize; 2]; 4], bool, bool, Act);
         let one = [1, 1];
+        #[rustfmt::skip]
         let cases: [Case; 9] = [
-            (
-                [2, 3, 15, 20],
-                7,
-                one,
-                one,
-                [0, 0],
-                one,
-                true,
-                true,
-                Act::Relu,
-            ),
-            (
-                [1, 96, 1, 257],
-                13,
-                one,
-                one,
-                [0, 0],
-                one,
-                false,
-                false,
-                Act::Silu,
-            ),
-            (
-                [3, 1, 16, 16],
-                6,
-                one,
-                one,
-                [0, 0],
-                one,
-                true,
-                false,
-                Act::Hardswish,
-            ),
-            (
-                [1, 16, 56, 56],
-                64,
-                one,
-                one,
-                [0, 0],
-                one,
-                true,
-                false,
-                Act::None,
-            ),
-            (
-                [1, 3, 45, 38],
-                16,
-                [3, 3],
-                [2, 2],
-                [1, 1],
-                one,
-                true,
-                false,
-                Act::Hardswish,
-            ),
-            (
-                [2, 3, 64, 68],
-                20,
-                [4, 4],
-                [4, 4],
-                [0, 0],
-                one,
-                true,
-                true,
-                Act::None,
-            ),
-            (
-                [1, 20, 40, 30],
-                9,
-                [2, 2],
-                [2, 2],
-                [0, 0],
-                one,
-                false,
-                false,
-                Act::Relu,
-            ),
-            (
-                [1, 2, 30, 40],
-                5,
-                [3, 3],
-                one,
-                [2, 1],
-                [2, 1],
-                true,
-                false,
-                Act::Silu,
-            ),
-            (
-                [2, 5, 20, 37],
-                11,
-                [2, 3],
-                [1, 2],
-                [1, 0],
-                one,
-                false,
-                true,
-                Act::None,
-            ),
+            ([2, 3, 15, 20], 7, [one, one, [0, 0], one], true, true, Act::Relu),
+            ([1, 96, 1, 257], 13, [one, one, [0, 0], one], false, false, Act::Silu),
+            ([3, 1, 16, 16], 6, [one, one, [0, 0], one], true, false, Act::Hardswish),
+            ([1, 16, 56, 56], 64, [one, one, [0, 0], one], true, false, Act::None),
+            ([1, 3, 45, 38], 16, [[3, 3], [2, 2], [1, 1], one], true, false, Act::Hardswish),
+            ([2, 3, 64, 68], 20, [[4, 4], [4, 4], [0, 0], one], true, true, Act::None),
+            ([1, 20, 40, 30], 9, [[2, 2], [2, 2], [0, 0], one], false, false, Act::Relu),
+            ([1, 2, 30, 40], 5, [[3, 3], one, [2, 1], [2, 1]], true, false, Act::Silu),
+            ([2, 5, 20, 37], 11, [[2, 3], [1, 2], [1, 0], one], false, true, Act::None),
         ];
         let probe = Params {
             stride: one,
@@ -443,7 +344,7 @@ mod tests {
         if !applies(16, one, MIN_PIXELS, &probe) {
             return; // no AVX-512 here: the path is never taken
         }
-        for (input, co, kernel, stride, padding, dilation, with_bias, with_res, act) in cases {
+        for (input, co, [kernel, stride, padding, dilation], with_bias, with_res, act) in cases {
             let [n, c, h, wd] = input;
             let [kh, kw] = kernel;
             let p = Params {
