@@ -1027,6 +1027,7 @@ pub(super) fn col2im<T: candle_core::WithDType>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     /// Each activation applied in a register (`Act::apply_m512`, for kernels that activate
     /// their sums before storing them) gives the bits the slice kernels give, on ordinary
@@ -1083,7 +1084,6 @@ mod tests {
             }
         }
     }
-    use candle_core::Device;
 
     /// `f` run on a rayon pool of `threads` threads.
     fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {

@@ -689,9 +689,9 @@ pub fn silu_fast(x: f32) -> f32 {
 
 /// `x * sigmoid(x)` (silu) over a slice in place, the one definition every silu of the f32
 /// kernels uses (a convolution's fused activation, the op's own kernel, a fused chain): by
-/// an AVX-512 kernel (`silu_avx512`) where the CPU has AVX-512 and FMA, else [`silu_fast`] per element. The two
-/// differ in the last bits (about 1e-7 relative, checked in the tests below); a machine
-/// computes every silu one way.
+/// an AVX-512 kernel (`silu_avx512`, `silu_m512` per register) where the CPU has AVX-512
+/// and FMA, else [`silu_fast`] per element. The two differ in the last bits (about 1e-7
+/// relative, checked in the tests below); a machine computes every silu one way.
 pub fn silu_slice(xs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
