@@ -602,7 +602,7 @@ fn conv_gemm(
                 cols.resize(k * wide, 0.0);
                 for (r, row) in cols.chunks_exact_mut(wide).enumerate() {
                     for (img, part) in imgs.chunks_exact(per_image).zip(row.chunks_exact_mut(pix)) {
-                        im2col_row(img, [c, h, wd], [kh, kw], ow, p, r, part);
+                        im2col_rows(img, [c, h, wd], [kh, kw], ow, p, r, 0, part);
                     }
                 }
                 prod.resize(co * wide, 0.0);
@@ -750,7 +750,7 @@ fn small_f32(t: &Tensor, len: usize) -> Option<Vec<f32>> {
         .ok()
 }
 
-/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` (see [`im2col_row`]).
+/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` (see [`im2col_rows`]).
 /// Every element is written. Rows are filled in parallel when asked.
 fn im2col(
     xs: &[f32],
@@ -767,7 +767,7 @@ fn im2col(
         return;
     }
     let cols = &mut cols[..chw[0] * k[0] * k[1] * pix];
-    let fill = |(r, row): (usize, &mut [f32])| im2col_row(xs, chw, k, ow, p, r, row);
+    let fill = |(r, row): (usize, &mut [f32])| im2col_rows(xs, chw, k, ow, p, r, 0, row);
     if parallel {
         cols.par_chunks_mut(pix).enumerate().for_each(fill);
     } else {
@@ -775,22 +775,10 @@ fn im2col(
     }
 }
 
-/// Row `r = (ci, i, j)` of one image's unfolded columns into `row` (`oh * ow` values): the
-/// input pixel each output pixel sees through kernel tap `(i, j)` of channel `ci`, zero where
-/// that falls in the padding. Every element is written.
-fn im2col_row(
-    xs: &[f32],
-    chw: [usize; 3],
-    k: [usize; 2],
-    ow: usize,
-    p: &Params,
-    r: usize,
-    row: &mut [f32],
-) {
-    im2col_rows(xs, chw, k, ow, p, r, 0, row)
-}
-
-/// [`im2col_row`] for the output rows from `y0` on only (`row` holds whole rows of `ow`).
+/// Row `r = (ci, i, j)` of one image's unfolded columns for the output rows from `y0` on
+/// into `row` (whole rows of `ow` values; all `oh * ow` from `y0 = 0`): the input pixel each
+/// output pixel sees through kernel tap `(i, j)` of channel `ci`, zero where that falls in
+/// the padding. Every element is written.
 #[allow(clippy::too_many_arguments)]
 fn im2col_rows(
     xs: &[f32],

@@ -28,16 +28,17 @@ const ROWS: usize = 6;
 /// Pixels a block sums together: four registers of 16.
 const PIXELS: usize = 64;
 
-/// The most columns (input channels times kernel taps) this path takes. Single convolutions, least of 400 runs, old path
-/// (the gemm crate's) against this one, 1 thread: 16 → 64 channels on 112 x 112 0.386 / 0.315
-/// ms at batch 1, 3.95 / 3.19 at batch 8; 96 → 24 on 56 x 56 at batch 8 1.26 / 1.12; 40 → 120
-/// on 28 x 28 at batch 8 0.650 / 0.615. With 120 or 240 input channels the gemm crate was as
-/// fast or faster (120 → 40 on 28 x 28 at batch 1: 0.069 / 0.075 ms): their input no longer
-/// fits the L1 cache along a block (BENCHMARKS.md, issue 14).
+/// The most columns (input channels times kernel taps) this path takes. Single
+/// convolutions, least of 400 runs, old path (the gemm crate's) against this one, 1 thread:
+/// 16 → 64 channels on 112 x 112 0.386 / 0.315 ms at batch 1, 3.95 / 3.19 at batch 8; 96 →
+/// 24 on 56 x 56 at batch 8 1.26 / 1.12; 40 → 120 on 28 x 28 at batch 8 0.650 / 0.615. With
+/// 120 or 240 input channels the gemm crate was as fast or faster (120 → 40 on 28 x 28 at
+/// batch 1: 0.069 / 0.075 ms): their input no longer fits the L1 cache along a block
+/// (BENCHMARKS.md, issue 14).
 const MAX_COLUMNS: usize = 96;
 
-/// The fewest output pixels per image this path takes: on smaller planes the pixel blocks, and so
-/// the pieces of work for the threads, are too few.
+/// The fewest output pixels per image this path takes: on smaller planes the pixel blocks,
+/// and so the pieces of work for the threads, are too few.
 const MIN_PIXELS: usize = 256;
 
 /// Column values (columns times pixels) of the stretch of output rows along which each
@@ -67,13 +68,17 @@ const PIECES_PER_THREAD: usize = 4;
 /// 1 thread: 2.17 against 1.96; 3 → 96 channels 4x4 at stride 4, batch 8, 1 thread: 3.54
 /// against 3.17).
 pub(super) fn applies(c: usize, [kh, kw]: [usize; 2], pixels: usize, p: &Params) -> bool {
-    let in_place = p.stride == [1, 1] && p.padding == [0, 0];
     p.groups == 1
-        && (kh * kw > 1 || in_place)
+        && (kh * kw > 1 || reads_in_place([kh, kw], p))
         && (1..=MAX_COLUMNS).contains(&(c * kh * kw))
         && pixels >= MIN_PIXELS
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Whether the input is its own columns (read in place): a 1x1 kernel at stride 1 unpadded.
+fn reads_in_place(kernel: [usize; 2], p: &Params) -> bool {
+    kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0, 0]
 }
 
 /// The convolution of `x` (`[n, c, h, w]`) by `w` (`[co, c, kh, kw]`), both contiguous f32,
@@ -114,13 +119,13 @@ pub(super) fn conv(
 }
 
 /// The sizes of one call of [`narrow`].
-pub(super) struct Shape {
+struct Shape {
     /// `[n, c, h, w]`.
-    pub(super) input: [usize; 4],
+    input: [usize; 4],
     /// `[kh, kw]`.
-    pub(super) kernel: [usize; 2],
+    kernel: [usize; 2],
     /// `[oh, ow]` (as `out_len` gives them for the parameters).
-    pub(super) out: [usize; 2],
+    out: [usize; 2],
 }
 
 /// `act(w @ cols + bias + residual)` per image for `x: [n, c, h, w]` (its columns: the
@@ -130,7 +135,7 @@ pub(super) struct Shape {
 /// rows over the pool's threads. The sum of an output starts from its bias and adds the
 /// columns in order, then the residual. Panics unless [`applies`] said so for these sizes
 /// and the slices have them.
-pub(super) fn narrow(
+fn narrow(
     x: &[f32],
     w: &[f32],
     shape: &Shape,
@@ -151,8 +156,7 @@ pub(super) fn narrow(
             && residual.is_none_or(|r| r.len() == len),
         "narrow conv: sizes or a CPU it does not take"
     );
-    // The input is its own columns (read in place) for a 1x1 kernel at stride 1 unpadded.
-    let in_place = [kh, kw] == [1, 1] && p.stride == [1, 1] && p.padding == [0, 0];
+    let in_place = reads_in_place([kh, kw], p);
     // Bands of whole output rows, enough for every thread to have a few.
     let threads = rayon::current_num_threads();
     let per_image = (PIECES_PER_THREAD * threads).div_ceil(n.max(1)).max(1);
@@ -243,7 +247,6 @@ struct Block {
 /// rows <= co`, `block.at + block.pixels <= block.plane`; `res` (if any) points to `co`
 /// planes of `block.plane` values, and `dst` to `co` planes that nothing else reads or
 /// writes at the block's elements meanwhile.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 #[allow(unsafe_code)]
 unsafe fn block_avx512(
@@ -306,6 +309,27 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
+    /// Groups 1 with these stride, padding, dilation and activation.
+    fn params(stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], act: Act) -> Params {
+        Params {
+            stride,
+            padding,
+            dilation,
+            groups: 1,
+            act,
+        }
+    }
+
+    /// Whether this CPU takes the path at all (AVX-512 and FMA).
+    fn cpu_takes_it() -> bool {
+        applies(
+            16,
+            [1, 1],
+            MIN_PIXELS,
+            &params([1, 1], [0, 0], [1, 1], Act::None),
+        )
+    }
+
     fn values(len: usize, seed: usize) -> Vec<f32> {
         (0..len)
             .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0) - 1.0)
@@ -334,26 +358,13 @@ mod tests {
             ([1, 2, 30, 40], 5, [[3, 3], one, [2, 1], [2, 1]], true, false, Act::Silu),
             ([2, 5, 20, 37], 11, [[2, 3], [1, 2], [1, 0], one], false, true, Act::None),
         ];
-        let probe = Params {
-            stride: one,
-            padding: [0, 0],
-            dilation: one,
-            groups: 1,
-            act: Act::None,
-        };
-        if !applies(16, one, MIN_PIXELS, &probe) {
+        if !cpu_takes_it() {
             return; // no AVX-512 here: the path is never taken
         }
         for (input, co, [kernel, stride, padding, dilation], with_bias, with_res, act) in cases {
             let [n, c, h, wd] = input;
             let [kh, kw] = kernel;
-            let p = Params {
-                stride,
-                padding,
-                dilation,
-                groups: 1,
-                act,
-            };
+            let p = params(stride, padding, dilation, act);
             let oh = out_len(h, kh, padding[0], stride[0], dilation[0]).unwrap();
             let ow = out_len(wd, kw, padding[1], stride[1], dilation[1]).unwrap();
             assert!(applies(c, kernel, oh * ow, &p), "{input:?} {kernel:?}");
@@ -408,16 +419,10 @@ mod tests {
     /// least `MIN_PIXELS` output pixels (1x1 ones only at stride 1 unpadded), and no other.
     #[test]
     fn narrow_applies_only_where_it_computes() {
-        let p = Params {
-            stride: [1, 1],
-            padding: [0, 0],
-            dilation: [1, 1],
-            groups: 1,
-            act: Act::None,
-        };
-        if !applies(16, [1, 1], MIN_PIXELS, &p) {
+        if !cpu_takes_it() {
             return; // no AVX-512 here
         }
+        let p = params([1, 1], [0, 0], [1, 1], Act::None);
         assert!(applies(MAX_COLUMNS, [1, 1], MIN_PIXELS, &p));
         assert!(applies(3, [4, 8], MIN_PIXELS, &p));
         assert!(!applies(MAX_COLUMNS + 1, [1, 1], 4096, &p));
@@ -425,24 +430,10 @@ mod tests {
         assert!(!applies(16, [1, 1], MIN_PIXELS - 1, &p));
         assert!(!applies(0, [1, 1], 4096, &p));
         assert!(!applies(16, [1, 1], 4096, &Params { groups: 2, ..p }));
-        assert!(!applies(
-            16,
-            [1, 1],
-            4096,
-            &Params {
-                stride: [2, 2],
-                ..p
-            }
-        ));
-        assert!(!applies(
-            16,
-            [1, 1],
-            4096,
-            &Params {
-                padding: [0, 1],
-                ..p
-            }
-        ));
+        let stride_2 = params([2, 2], [0, 0], [1, 1], Act::None);
+        assert!(!applies(16, [1, 1], 4096, &stride_2));
+        let padded = params([1, 1], [0, 1], [1, 1], Act::None);
+        assert!(!applies(16, [1, 1], 4096, &padded));
     }
 
     /// Convolution nodes that take this path (through `conv`: a 1x1 one with bias, a
@@ -456,18 +447,16 @@ mod tests {
             ([2, 24, 20, 17], 30, 1, 1, 0, true),
             ([1, 3, 40, 36], 16, 3, 2, 1, false),
         ];
+        if !cpu_takes_it() {
+            return; // no AVX-512 here
+        }
         for ([n, c, h, wd], co, k, s, pd, with_res) in cases {
-            let p = Params {
-                stride: [s, s],
-                padding: [pd, pd],
-                dilation: [1, 1],
-                groups: 1,
-                act: Act::Relu,
-            };
-            let oh = out_len(h, k, pd, s, 1).unwrap();
-            if !applies(c, [k, k], oh * oh.max(1), &p) {
-                return; // no AVX-512 here
-            }
+            let p = params([s, s], [pd, pd], [1, 1], Act::Relu);
+            let (oh, ow) = (
+                out_len(h, k, pd, s, 1).unwrap(),
+                out_len(wd, k, pd, s, 1).unwrap(),
+            );
+            assert!(applies(c, [k, k], oh * ow, &p), "{:?}", [n, c, h, wd]);
             let x = Tensor::randn(0f32, 1., (n, c, h, wd), &dev).unwrap();
             let w = Tensor::randn(0f32, 1., (co, c, k, k), &dev).unwrap();
             let b = Tensor::randn(0f32, 1., co, &dev).unwrap();

@@ -36,16 +36,13 @@ pub(super) struct BlockPlan {
     /// `[groups][kh * kw][LANES]`: tap `t` of channel `g * LANES + l` at `[g][t][l]`, zero
     /// past the last channel.
     wt: Vec<f32>,
-    /// Per input pixel, its row (a multiple of [`LANES`]) in the padded block, or
-    /// [`NO_ROW`] where no tap reads it.
-    rows: Vec<usize>,
+    /// Per input pixel, its row (a multiple of [`LANES`]) in the padded block, if some tap
+    /// reads it.
+    rows: Vec<Option<usize>>,
     /// The padded block's length in values (`hp * wp * LANES`).
     len: usize,
     taps: BlockTaps,
 }
-
-/// [`BlockPlan::rows`]' mark for a pixel no tap reads.
-const NO_ROW: usize = usize::MAX;
 
 impl BlockPlan {
     /// The plan for weights `ws` (`[c, kh * kw]`, one output channel per input channel) of
@@ -70,11 +67,7 @@ impl BlockPlan {
         let rows = (0..h * wd)
             .map(|q| {
                 let (y, x) = (q / wd + ph, q % wd + pw);
-                if y < hp && x < wp {
-                    (y * wp + x) * LANES
-                } else {
-                    NO_ROW
-                }
+                (y < hp && x < wp).then_some((y * wp + x) * LANES)
             })
             .collect();
         let taps = BlockTaps {
@@ -151,17 +144,16 @@ pub(super) fn depthwise_block(
 }
 
 /// `xt[rows[q] + j] = planes[j][q]` for every channel `j` of `planes` (at most [`LANES`]
-/// planes of `pix` values) and pixel `q` that has a row (a multiple of [`LANES`], not
-/// [`NO_ROW`]) in `xt`:
+/// planes of `pix` values) and pixel `q` that has a row (a multiple of [`LANES`]) in `xt`:
 /// 16 x 16 tiles by AVX-512 where the CPU has it (and `simd`), else one value at a time.
-fn transpose_in(planes: &[f32], pix: usize, xt: &mut [f32], rows_of: &[usize], simd: bool) {
+fn transpose_in(planes: &[f32], pix: usize, xt: &mut [f32], rows_of: &[Option<usize>], simd: bool) {
     let cn = planes.len() / pix;
     assert!(cn <= LANES && planes.len() == cn * pix && rows_of.len() == pix);
     for t0 in (0..pix).step_by(LANES) {
         let n = LANES.min(pix - t0);
         let mut rows = [None; LANES];
         for (i, r) in rows.iter_mut().enumerate().take(n) {
-            *r = Some(rows_of[t0 + i]).filter(|&r| r != NO_ROW);
+            *r = rows_of[t0 + i];
             assert!(
                 r.is_none_or(|r| r + LANES <= xt.len()),
                 "a row outside the block"
@@ -381,8 +373,8 @@ fn block_sums(
 /// the eight. Every loop over the eight has a constant length, so that the sums stay in
 /// registers: with the kernel's 25 weights held in registers as well, the compiler kept the
 /// sums and weights on the stack (960 channels 5x5 on 7x7 at batch 8, 1 thread: the whole
-/// convolution 0.63 ms, 0.61 this way; BENCHMARKS.md, issue 14). A last group of fewer than eight pixels
-/// repeats its last pixel's sums and stores only its own.
+/// convolution 0.63 ms, 0.61 this way; BENCHMARKS.md, issue 14). A last group of fewer than
+/// eight pixels repeats its last pixel's sums and stores only its own.
 ///
 /// # Safety
 /// The CPU has AVX-512F and FMA, and the bounds [`block_sums`] asserts hold.
