@@ -602,7 +602,7 @@ fn conv_gemm(
                 cols.resize(k * wide, 0.0);
                 for (r, row) in cols.chunks_exact_mut(wide).enumerate() {
                     for (img, part) in imgs.chunks_exact(per_image).zip(row.chunks_exact_mut(pix)) {
-                        im2col_rows(img, [c, h, wd], [kh, kw], ow, p, r, 0, part);
+                        im2col_span(img, [c, h, wd], [kh, kw], ow, p, r, 0, part);
                     }
                 }
                 prod.resize(co * wide, 0.0);
@@ -750,7 +750,7 @@ fn small_f32(t: &Tensor, len: usize) -> Option<Vec<f32>> {
         .ok()
 }
 
-/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` (see [`im2col_rows`]).
+/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` (see [`im2col_span`]).
 /// Every element is written. Rows are filled in parallel when asked.
 fn im2col(
     xs: &[f32],
@@ -767,7 +767,7 @@ fn im2col(
         return;
     }
     let cols = &mut cols[..chw[0] * k[0] * k[1] * pix];
-    let fill = |(r, row): (usize, &mut [f32])| im2col_rows(xs, chw, k, ow, p, r, 0, row);
+    let fill = |(r, row): (usize, &mut [f32])| im2col_span(xs, chw, k, ow, p, r, 0, row);
     if parallel {
         cols.par_chunks_mut(pix).enumerate().for_each(fill);
     } else {
@@ -775,19 +775,19 @@ fn im2col(
     }
 }
 
-/// Row `r = (ci, i, j)` of one image's unfolded columns for the output rows from `y0` on
-/// into `row` (whole rows of `ow` values; all `oh * ow` from `y0 = 0`): the input pixel each
-/// output pixel sees through kernel tap `(i, j)` of channel `ci`, zero where that falls in
-/// the padding. Every element is written.
+/// Row `r = (ci, i, j)` of one image's unfolded columns for the output pixels from `start`
+/// on (row-major over the `ow`-wide output) into `row` (all `oh * ow` from `start = 0`): the
+/// input pixel each output pixel sees through kernel tap `(i, j)` of channel `ci`, zero where
+/// that falls in the padding. Every element is written.
 #[allow(clippy::too_many_arguments)]
-fn im2col_rows(
+fn im2col_span(
     xs: &[f32],
     [_, h, wd]: [usize; 3],
     [kh, kw]: [usize; 2],
     ow: usize,
     p: &Params,
     r: usize,
-    y0: usize,
+    start: usize,
     row: &mut [f32],
 ) {
     let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
@@ -795,26 +795,34 @@ fn im2col_rows(
     let src = &xs[ci * h * wd..][..h * wd];
     let di = (i * p.dilation[0]) as isize - ph;
     let dj = (j * p.dilation[1]) as isize - pw;
-    for (y, drow) in (y0..).zip(row.chunks_exact_mut(ow)) {
+    // Valid output columns x0..x1: 0 <= x * stride + dj < wd. Empty when the tap lies wholly
+    // in the padding (dilation wider than the image, e.g. DeepLab's ASPP).
+    let sx = p.stride[1] as isize;
+    let x0 = ((-dj).max(0) + sx - 1) / sx;
+    let x1 = ((wd as isize - dj).max(0) + sx - 1) / sx;
+    let (x0, x1) = (x0.min(ow as isize) as usize, x1.min(ow as isize) as usize);
+    let x1 = x1.max(x0);
+    let (mut px, mut rest) = (start, row);
+    while !rest.is_empty() {
+        // Output columns xa..xb of output row y.
+        let (y, xa) = (px / ow, px % ow);
+        let n = (ow - xa).min(rest.len());
+        let (seg, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        (px, rest) = (px + n, tail);
         let iy = (y * p.stride[0]) as isize + di;
         if iy < 0 || iy >= h as isize {
-            drow.fill(0.0);
+            seg.fill(0.0);
             continue;
         }
         let srow = &src[iy as usize * wd..][..wd];
-        // Valid output columns x0..x1: 0 <= x * stride + dj < wd. Empty when the tap lies
-        // wholly in the padding (dilation wider than the image, e.g. DeepLab's ASPP).
-        let sx = p.stride[1] as isize;
-        let x0 = ((-dj).max(0) + sx - 1) / sx;
-        let x1 = ((wd as isize - dj).max(0) + sx - 1) / sx;
-        let (x0, x1) = (x0.min(ow as isize) as usize, x1.min(ow as isize) as usize);
-        let x1 = x1.max(x0);
-        drow[..x0].fill(0.0);
-        if x1 > x0 {
-            let s0 = (x0 as isize * sx + dj) as usize;
-            strided_copy(&mut drow[x0..x1], &srow[s0..], p.stride[1]);
+        let a = x0.clamp(xa, xa + n);
+        let b = x1.clamp(a, xa + n);
+        seg[..a - xa].fill(0.0);
+        if b > a {
+            let s0 = (a as isize * sx + dj) as usize;
+            strided_copy(&mut seg[a - xa..b - xa], &srow[s0..], p.stride[1]);
         }
-        drow[x1..].fill(0.0);
+        seg[b - xa..].fill(0.0);
     }
 }
 

@@ -8,10 +8,12 @@ use candle_core::Tensor;
 
 use candle_core::{DType, WithDType};
 
+use super::fused::{put, simd, with_f32, written, Spare};
 use super::{float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs, Value};
+use std::mem::MaybeUninit;
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
@@ -243,9 +245,11 @@ fn nan_max(acc: f32, v: f32) -> f32 {
 }
 
 /// Max pooling without indices, for a contiguous f32 input: per output row, the window's rows
-/// are first reduced into one row (a vectorisable elementwise max), then each output column
-/// takes the max over its window of that row. Planes in parallel. `None` when the input is not
-/// a contiguous f32 tensor (the general kernel takes it).
+/// are first reduced into one row (an elementwise max), written between `-inf` paddings, and
+/// then each output column takes the max over its window of that row, with no bounds to check.
+/// Both loops run in [`simd`] (AVX-512 where the CPU has it). Groups of planes in parallel,
+/// each output value written once. `None` when the input is not a contiguous f32 tensor or
+/// has no values (the general kernel takes it).
 fn max_pool_values(
     x: &Tensor,
     k: [usize; 2],
@@ -254,7 +258,17 @@ fn max_pool_values(
     d: [usize; 2],
     ceil: bool,
 ) -> OpResult<Option<Tensor>> {
-    use rayon::prelude::*;
+    max_pool_values_on(x, [k, s, p, d], ceil, avx512())
+}
+
+/// [`max_pool_values`] with its window (kernel, stride, padding, dilation), on AVX-512 when
+/// `avx512` (the CPU has it).
+fn max_pool_values_on(
+    x: &Tensor,
+    [k, s, p, d]: [[usize; 2]; 4],
+    ceil: bool,
+    avx512: bool,
+) -> OpResult<Option<Tensor>> {
     if x.rank() != 3 && x.rank() != 4 {
         return Ok(None);
     }
@@ -265,43 +279,42 @@ fn max_pool_values(
     let lead = x.dims()[..r - 2].to_vec();
     let np: usize = lead.iter().product();
     let per = oh * ow;
-    let out = super::fused::with_f32(x, |xs| {
-        let mut out = vec![0f32; np * per];
-        if per == 0 || h * w == 0 {
-            return out;
+    if per == 0 || h * w == 0 {
+        return Ok(None);
+    }
+    let win = Window {
+        k,
+        s,
+        p,
+        d,
+        h,
+        w,
+        ow,
+        wide: avx512,
+    };
+    // The horizontal pass computes `ow` rounded up to 16 outputs, and the padded row holds
+    // every column their windows read.
+    let outs = ow.next_multiple_of(16);
+    let padded = (outs * s[1] + (k[1] - 1) * d[1]).max(p[1] + w);
+    let planes_per_task = POOL_TASK_VALUES.div_ceil(per);
+    let out = with_f32(x, |xs| {
+        // SAFETY: every plane of every chunk is written whole by `pool_plane`.
+        #[allow(unsafe_code)]
+        unsafe {
+            written(np * per, planes_per_task * per, |at, c| {
+                let mut buf = Spare::take();
+                buf.clear();
+                buf.resize(padded + outs, f32::NEG_INFINITY);
+                let (row, best) = buf.split_at_mut(padded);
+                for (i, dst) in c.chunks_mut(per).enumerate() {
+                    let src = &xs[(at / per + i) * h * w..][..h * w];
+                    simd(
+                        #[inline(always)]
+                        || pool_plane(src, dst, row, best, &win),
+                    );
+                }
+            })
         }
-        out.par_chunks_mut(per).enumerate().for_each(|(pl, dst)| {
-            let src = &xs[pl * h * w..][..h * w];
-            let mut row = vec![f32::NEG_INFINITY; w];
-            for (y, drow) in dst.chunks_mut(ow).enumerate() {
-                row.fill(f32::NEG_INFINITY);
-                let mut any = false;
-                for i in 0..k[0] {
-                    let iy = (y * s[0] + i * d[0]) as isize - p[0] as isize;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
-                    }
-                    any = true;
-                    let srow = &src[iy as usize * w..][..w];
-                    for (a, &v) in row.iter_mut().zip(srow) {
-                        *a = nan_max(*a, v);
-                    }
-                }
-                for (xo, o) in drow.iter_mut().enumerate() {
-                    let mut best = f32::NEG_INFINITY;
-                    for j in 0..k[1] {
-                        let ix = (xo * s[1] + j * d[1]) as isize - p[1] as isize;
-                        if ix >= 0 && ix < w as isize {
-                            best = nan_max(best, row[ix as usize]);
-                        }
-                    }
-                    // A window wholly in the padding cannot happen (pad <= kernel / 2), but
-                    // keep -inf there as the general kernel does.
-                    *o = if any { best } else { f32::NEG_INFINITY };
-                }
-            }
-        });
-        out
     });
     let Some(out) = out else {
         return Ok(None);
@@ -309,6 +322,213 @@ fn max_pool_values(
     let mut shape = lead;
     shape.extend([oh, ow]);
     Ok(Some(from_f32(out, &shape)?))
+}
+
+/// Rows of a plane for [`rows_max`]: `count` rows starting at offset `first`, `step` apart.
+#[derive(Clone, Copy)]
+struct RowSet {
+    first: usize,
+    count: usize,
+    step: usize,
+}
+
+/// The vertical pass of [`max_pool_values`]: `out[x]` the [`nan_max`] of column `x` over
+/// `rows` of `src` in order (`-inf` for no rows), on AVX-512 when `wide`.
+#[inline(always)]
+fn rows_max(out: &mut [f32], src: &[f32], rows: RowSet, wide: bool) {
+    let w = out.len();
+    let row = |r: usize| &src[rows.first + r * rows.step..][..w];
+    if rows.count == 0 {
+        out.fill(f32::NEG_INFINITY);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: `wide` is set only when the CPU has AVX-512.
+        #[allow(unsafe_code)]
+        unsafe {
+            return rows_max_avx512(out, row(0), (1..rows.count).map(row));
+        }
+    }
+    out.copy_from_slice(row(0));
+    for r in 1..rows.count {
+        for (a, &v) in out.iter_mut().zip(row(r)) {
+            *a = nan_max(*a, v);
+        }
+    }
+}
+
+/// [`rows_max`] on AVX-512: `out = first`, then the max with each of `rest`, 16 columns at
+/// a time (the last ones under a mask), so each row is read once and `out` written once.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn rows_max_avx512<'a>(
+    out: &mut [f32],
+    first: &[f32],
+    rest: impl Iterator<Item = &'a [f32]> + Clone,
+) {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    assert!(first.len() == n, "rows_max_avx512: row lengths differ");
+    for r in rest.clone() {
+        assert!(r.len() == n, "rows_max_avx512: row lengths differ");
+    }
+    let mut i = 0;
+    while i < n {
+        let mask: __mmask16 = if n - i >= 16 {
+            !0
+        } else {
+            (1u16 << (n - i)) - 1
+        };
+        // SAFETY: the mask covers only columns `i..n`, inside every row (all `n` long).
+        #[allow(unsafe_code)]
+        unsafe {
+            let mut acc = _mm512_maskz_loadu_ps(mask, first.as_ptr().add(i));
+            for r in rest.clone() {
+                acc = nan_max_m512(acc, _mm512_maskz_loadu_ps(mask, r.as_ptr().add(i)));
+            }
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), mask, acc);
+        }
+        i += 16;
+    }
+}
+
+/// The horizontal pass of [`max_pool_values`]: `best[xo] = max_j row[xo * s + j * d]` over
+/// the padded row, for all of `best` (`ow` rounded up to a multiple of 16; the padded row is
+/// long enough for every window of it). On AVX-512 for strides 1 and 2, 16 outputs at a time.
+#[inline(always)]
+fn window_max(row: &[f32], best: &mut [f32], g: &Window) {
+    let (s, k, d) = (g.s[1], g.k[1], g.d[1]);
+    #[cfg(target_arch = "x86_64")]
+    if g.wide && s <= 2 {
+        // SAFETY: `wide` is set only when the CPU has AVX-512, and the stride is 1 or 2.
+        #[allow(unsafe_code)]
+        unsafe {
+            return window_max_avx512(row, best, s, k, d);
+        }
+    }
+    for (b, &v) in best.iter_mut().zip(row.iter().step_by(s)) {
+        *b = v;
+    }
+    for j in 1..k {
+        for (b, &v) in best.iter_mut().zip(row[j * d..].iter().step_by(s)) {
+            *b = nan_max(*b, v);
+        }
+    }
+}
+
+/// [`window_max`] on AVX-512 for a stride `s` of 1 or 2: each tap's 16 values are one load
+/// (stride 1) or the even lanes of two (stride 2).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn window_max_avx512(row: &[f32], best: &mut [f32], s: usize, k: usize, d: usize) {
+    use std::arch::x86_64::*;
+    assert!(s == 1 || s == 2, "window_max_avx512: stride {s}");
+    assert!(
+        best.len().is_multiple_of(16),
+        "window_max_avx512: {} outputs",
+        best.len()
+    );
+    // The last block's last tap reads up to here.
+    assert!(
+        row.len() >= best.len() * s + (k - 1) * d,
+        "window_max_avx512: padded row too short"
+    );
+    let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let at = |i: usize| -> __m512 {
+        // SAFETY: `i + 16 * s <= row.len()` for every tap of every block (asserted above).
+        #[allow(unsafe_code)]
+        unsafe {
+            if s == 1 {
+                _mm512_loadu_ps(row.as_ptr().add(i))
+            } else {
+                let (lo, hi) = (row.as_ptr().add(i), row.as_ptr().add(i + 16));
+                _mm512_permutex2var_ps(_mm512_loadu_ps(lo), evens, _mm512_loadu_ps(hi))
+            }
+        }
+    };
+    for (o, out) in best.chunks_exact_mut(16).enumerate() {
+        let base = o * 16 * s;
+        let mut acc = at(base);
+        for j in 1..k {
+            acc = nan_max_m512(acc, at(base + j * d));
+        }
+        // SAFETY: `out` holds 16 values.
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm512_storeu_ps(out.as_mut_ptr(), acc)
+        };
+    }
+}
+
+/// [`nan_max`] on 16 lanes: `v` where it is greater or NaN, else `acc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn nan_max_m512(
+    acc: std::arch::x86_64::__m512,
+    v: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let take = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, acc) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+    _mm512_mask_blend_ps(take, acc, v)
+}
+
+/// Whether this CPU has AVX-512 (detected at run time).
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// About this many output values per parallel task of [`max_pool_values`] (whole planes).
+const POOL_TASK_VALUES: usize = 1 << 14;
+
+/// A max pool's window geometry over one `h` x `w` plane, `ow` output columns.
+struct Window {
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [usize; 2],
+    d: [usize; 2],
+    h: usize,
+    w: usize,
+    ow: usize,
+    /// Both passes run on AVX-512 (the horizontal one for strides 1 and 2: see
+    /// [`window_max`]).
+    wide: bool,
+}
+
+/// One plane of [`max_pool_values`] into `dst`: `row` is the padded row (its paddings
+/// `-inf`, kept so), `best` a row of `ow` values to reduce into.
+#[inline(always)]
+fn pool_plane(
+    src: &[f32],
+    dst: &mut [MaybeUninit<f32>],
+    row: &mut [f32],
+    best: &mut [f32],
+    g: &Window,
+) {
+    let (w, left) = (g.w, g.p[1]);
+    for (y, drow) in dst.chunks_mut(g.ow).enumerate() {
+        // The window's rows inside the plane: `i` in `lo..hi`, at `y * s - p + i * d`.
+        let top = (y * g.s[0]) as isize - g.p[0] as isize;
+        let d = g.d[0] as isize;
+        let lo = if top < 0 { (-top + d - 1) / d } else { 0 }.min(g.k[0] as isize);
+        let hi = ((g.h as isize - top + d - 1) / d).clamp(lo, g.k[0] as isize);
+        let rows = RowSet {
+            first: (top + lo * d) as usize * w,
+            count: (hi - lo) as usize,
+            step: g.d[0] * w,
+        };
+        // No row (not possible while pad <= kernel / 2) leaves -inf, as the general kernel.
+        rows_max(&mut row[left..left + w], src, rows, g.wide);
+        window_max(row, best, g);
+        put(drow, &best[..g.ow]);
+    }
 }
 
 fn avg_pool(a: &Args) -> OpResult<Outputs> {
@@ -492,50 +712,65 @@ mod tests {
     use candle_core::Device;
 
     /// The value-only max pool against a direct window scan (every tap, row-major, ATen's
-    /// NaN rule) over paddings, strides, dilations and ceil mode, with NaNs in the input.
+    /// NaN rule) over paddings, strides, dilations and ceil mode, with NaNs in the input: on
+    /// the portable loops and on AVX-512 where this CPU has it, over rows shorter than one
+    /// vector and rows of two vectors and a part.
     #[test]
     fn max_pool_values_matches_window_scan() {
-        let (h, w) = (9, 11);
-        let mut data: Vec<f32> = (0..2 * 3 * h * w)
-            .map(|i| ((i * 7919) % 101) as f32 - 50.0)
-            .collect();
-        data[17] = f32::NAN;
-        data[200] = f32::NAN;
-        let x = Tensor::from_vec(data.clone(), (2, 3, h, w), &Device::Cpu).unwrap();
         // (kernel, stride, padding, dilation, ceil)
         let cases = [
             ([3, 3], [2, 2], [1, 1], [1, 1], false),
             ([2, 2], [2, 2], [0, 0], [1, 1], true),
             ([3, 2], [1, 2], [1, 0], [2, 1], false),
             ([3, 3], [2, 3], [1, 1], [1, 2], true),
+            ([3, 3], [1, 1], [1, 1], [1, 2], false),
+            ([5, 5], [1, 1], [2, 2], [1, 1], false),
         ];
-        for (k, s, p, d, ceil) in cases {
-            let got = max_pool_values(&x, k, s, p, d, ceil).unwrap().unwrap();
-            let oh = pool_len(h, k[0], p[0], s[0], d[0], ceil).unwrap();
-            let ow = pool_len(w, k[1], p[1], s[1], d[1], ceil).unwrap();
-            assert_eq!(got.dims(), &[2, 3, oh, ow]);
-            let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            for pl in 0..6 {
-                for y in 0..oh {
-                    for xo in 0..ow {
-                        let mut best = f32::NEG_INFINITY;
-                        for i in 0..k[0] {
-                            for j in 0..k[1] {
-                                let iy = (y * s[0] + i * d[0]) as isize - p[0] as isize;
-                                let ix = (xo * s[1] + j * d[1]) as isize - p[1] as isize;
-                                if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
-                                    let v = data[pl * h * w + iy as usize * w + ix as usize];
-                                    if v > best || v.is_nan() {
-                                        best = v;
+        let engines = if avx512() {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
+        for (h, w) in [(9, 11), (6, 37)] {
+            let mut data: Vec<f32> = (0..2 * 3 * h * w)
+                .map(|i| ((i * 7919) % 101) as f32 - 50.0)
+                .collect();
+            data[17] = f32::NAN;
+            data[200] = f32::NAN;
+            let x = Tensor::from_vec(data.clone(), (2, 3, h, w), &Device::Cpu).unwrap();
+            for ((k, s, p, d, ceil), &wide) in cases
+                .iter()
+                .flat_map(|c| engines.iter().map(move |e| (*c, e)))
+            {
+                let got = max_pool_values_on(&x, [k, s, p, d], ceil, wide)
+                    .unwrap()
+                    .unwrap();
+                let oh = pool_len(h, k[0], p[0], s[0], d[0], ceil).unwrap();
+                let ow = pool_len(w, k[1], p[1], s[1], d[1], ceil).unwrap();
+                assert_eq!(got.dims(), &[2, 3, oh, ow]);
+                let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                for pl in 0..6 {
+                    for y in 0..oh {
+                        for xo in 0..ow {
+                            let mut best = f32::NEG_INFINITY;
+                            for i in 0..k[0] {
+                                for j in 0..k[1] {
+                                    let iy = (y * s[0] + i * d[0]) as isize - p[0] as isize;
+                                    let ix = (xo * s[1] + j * d[1]) as isize - p[1] as isize;
+                                    if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
+                                        let v = data[pl * h * w + iy as usize * w + ix as usize];
+                                        if v > best || v.is_nan() {
+                                            best = v;
+                                        }
                                     }
                                 }
                             }
+                            let g = got[(pl * oh + y) * ow + xo];
+                            assert!(
+                                g == best || (g.is_nan() && best.is_nan()),
+                                "{h}x{w} {k:?} {s:?} {p:?} {d:?} {ceil} avx512 {wide}: plane {pl} ({y}, {xo}): {g} vs {best}"
+                            );
                         }
-                        let g = got[(pl * oh + y) * ow + xo];
-                        assert!(
-                            g == best || (g.is_nan() && best.is_nan()),
-                            "{k:?} {s:?} {p:?} {d:?} {ceil}: plane {pl} ({y}, {xo}): {g} vs {best}"
-                        );
                     }
                 }
             }

@@ -2,7 +2,8 @@
 //! convolution before it ([`fold_batch_norms`]), then the relu / silu / hardswish after a
 //! convolution into it ([`fuse_conv_activations`]), residual adds (and the activation after)
 //! into the convolution before them ([`fuse_conv_residuals`]), chains of elementwise ops into
-//! one pass ([`fuse_pointwise_chains`]), and store each Linear weight in
+//! one pass ([`fuse_pointwise_chains`]), run max pools whose indices nothing reads without
+//! them ([`drop_unread_pool_indices`]), and store each Linear weight in
 //! the layout its matmul reads, so that no run pays for a transposed operand.
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
@@ -878,6 +879,33 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
     plans.len()
 }
 
+/// Run each max pool whose indices nothing reads as the pool without indices: the decomposed
+/// export writes `max_pool2d` as `max_pool2d_with_indices` (and `max_pool1d` likewise), whose
+/// general kernel computes both outputs one value at a time, while the pool without indices
+/// has a vectorised kernel giving the same values. The node's target changes and its unread
+/// indices output becomes `None`. Returns how many.
+pub fn drop_unread_pool_indices(graph: &mut Graph) -> usize {
+    let (readers, _) = readers_and_producers(graph);
+    let mut changed = 0;
+    for node in &mut graph.nodes {
+        let plain = match op_key(&node.target) {
+            "aten.max_pool2d_with_indices.default" => "aten.max_pool2d.default",
+            "aten.max_pool1d_with_indices.default" => "aten.max_pool1d.default",
+            _ => continue,
+        };
+        let [Argument::AsTensor(_), Argument::AsTensor(indices)] = node.outputs.as_slice() else {
+            continue;
+        };
+        if readers.contains_key(&indices.name) {
+            continue;
+        }
+        node.target = format!("torch.ops.{plain}");
+        node.outputs[1] = Argument::AsNone(serde_json::Value::Null);
+        changed += 1;
+    }
+    changed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -913,6 +941,35 @@ mod tests {
             "tensor_values": meta,
         }))
         .unwrap()
+    }
+
+    /// A max pool's indices output that nothing reads is dropped and the node runs as the
+    /// pool without indices; indices that a node reads, or the graph returns, are kept.
+    #[test]
+    fn unread_pool_indices_are_dropped() {
+        let calls: [Call; 3] = [
+            ("max_pool2d_with_indices.default", &[("self", "x")], "y"),
+            ("max_pool1d_with_indices.default", &[("self", "x")], "z"),
+            ("max_pool2d_with_indices.default", &[("self", "x")], "u"),
+        ];
+        let mut g = graph(&calls, &[], "u_idx");
+        for (node, idx) in g.nodes.iter_mut().zip(["y_idx", "z_idx", "u_idx"]) {
+            node.outputs
+                .push(Argument::AsTensor(crate::schema::TensorArgument {
+                    name: idx.into(),
+                }));
+        }
+        // The second pool's indices are read by a node.
+        let mut g2 = graph(&[("neg.default", &[("self", "z_idx")], "w")], &[], "w");
+        g.nodes.push(g2.nodes.remove(0));
+        assert_eq!(drop_unread_pool_indices(&mut g), 1);
+        assert_eq!(op_key(&g.nodes[0].target), "aten.max_pool2d.default");
+        assert!(matches!(g.nodes[0].outputs[1], Argument::AsNone(_)));
+        assert!(matches!(&g.nodes[0].outputs[0], Argument::AsTensor(t) if t.name == "y"));
+        for node in &g.nodes[1..3] {
+            assert!(op_key(&node.target).ends_with("_with_indices.default"));
+            assert!(matches!(node.outputs[1], Argument::AsTensor(_)));
+        }
     }
 
     /// Only the Linears reading a packed weight are rewritten, with its shape; a

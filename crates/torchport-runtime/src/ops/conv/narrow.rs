@@ -12,12 +12,12 @@
 //! multiply-adds: the output is larger than the cache, and each pass reads it back from
 //! memory; a first convolution's columns, unfolded whole, were larger than the cache too.
 //! Here the output is produced in blocks of [`PIXELS`] pixels by [`ROWS`] output channels,
-//! summed in registers over the columns, read in place or unfolded a stretch of output rows
-//! at a time into the cache (BENCHMARKS.md, issue 14).
+//! summed in registers over the columns, read in place or unfolded a stretch of output
+//! pixels at a time into the cache (BENCHMARKS.md, issue 14).
 
 use candle_core::{DType, Tensor};
 
-use super::{im2col_rows, out_len, Act, Params};
+use super::{im2col_span, out_len, Act, Params};
 use crate::error::OpResult;
 use crate::ops::fused::{with_f32, Spare};
 use crate::ops::sgemm::{new_block, Shared};
@@ -37,16 +37,43 @@ const PIXELS: usize = 64;
 /// (BENCHMARKS.md, issue 14).
 const MAX_COLUMNS: usize = 96;
 
+/// The most columns of a network's first convolution, over at most [`FIRST_CHANNELS`] input
+/// channels: ResNet's 7x7 over 3 channels has 147. Its input unfolded whole is larger than
+/// the cache (7.4 MB for one 224 x 224 image); here it is unfolded a stretch at a time.
+/// Single convolutions, least of 100 runs, the gemm crate's path against this one: 3 → 64
+/// channels, 7x7 at stride 2 on 224 x 224, batch 1, 1 thread 2.95 / 2.76 ms, batch 8 26.0 /
+/// 24.3, 2 threads 1.59 / 1.41 and 14.1 / 12.0. With 16 input channels and 3x3 kernels (144
+/// columns) the gemm crate (or Winograd's algorithm) was faster: 16 → 32 at stride 2 on 112
+/// x 112, batch 1, 1 thread 0.41 / 0.47 ms (BENCHMARKS.md, issue 14).
+const MAX_FIRST_COLUMNS: usize = 160;
+
+/// Input channels of a network's first convolution (an image's, at most RGBA).
+const FIRST_CHANNELS: usize = 4;
+
+/// The most columns this path takes for `c` input channels.
+fn max_columns(c: usize) -> usize {
+    if c <= FIRST_CHANNELS {
+        MAX_FIRST_COLUMNS
+    } else {
+        MAX_COLUMNS
+    }
+}
+
 /// The fewest output pixels per image this path takes: on smaller planes the pixel blocks,
 /// and so the pieces of work for the threads, are too few.
 const MIN_PIXELS: usize = 256;
 
-/// Column values (columns times pixels) of the stretch of output rows along which each
+/// Column values (columns times pixels) of the stretch of output pixels along which each
 /// group of [`ROWS`] output channels is computed in turn: 128 KiB, in the L2 cache, where
 /// the channel groups one pixel block after another had the output's rows written as
 /// scattered pieces (16 → 64 channels on 112 x 112 at batch 8, 1 thread: 5.68 ms, against
 /// 3.83 along stretches).
 const STRETCH_VALUES: usize = 1 << 15;
+
+/// The fewest blocks in a stretch: with many columns (ResNet's first convolution, 147), a
+/// stretch of [`STRETCH_VALUES`] would hold three. Six took that convolution from 2.75 to
+/// 2.66 ms at batch 1 and from 23.6 to 22.2 at batch 8 (1 thread, least of 100 runs).
+const MIN_STRETCH_BLOCKS: usize = 6;
 
 /// How far ahead (values along a row of columns) the first group of rows of a stretch asks
 /// for its input: four blocks. Without it, products with few output channels on planes
@@ -59,8 +86,8 @@ const PREFETCH: usize = 4 * PIXELS;
 const PIECES_PER_THREAD: usize = 4;
 
 /// Whether [`narrow`] computes a convolution of `c` input channels by a `kernel` with these
-/// parameters, `pixels` output pixels per image: groups 1, at most [`MAX_COLUMNS`] columns,
-/// at least [`MIN_PIXELS`] pixels, a CPU with AVX-512 and FMA; a 1x1 kernel only at stride
+/// parameters, `pixels` output pixels per image: groups 1, at most [`MAX_COLUMNS`] columns
+/// ([`MAX_FIRST_COLUMNS`] for a first convolution), at least [`MIN_PIXELS`] pixels, a CPU with AVX-512 and FMA; a 1x1 kernel only at stride
 /// 1 without padding (read in place). A 1x1 kernel at stride 2 was faster by the gemm crate
 /// (64 → 128 channels on 56 x 56, batch 1, 1 thread: 0.148 against 0.183 ms unfolded
 /// here), where the first 3x3 and 4x4 convolutions over 3 channels were not (3 → 16
@@ -70,7 +97,7 @@ const PIECES_PER_THREAD: usize = 4;
 pub(super) fn applies(c: usize, [kh, kw]: [usize; 2], pixels: usize, p: &Params) -> bool {
     p.groups == 1
         && (kh * kw > 1 || reads_in_place([kh, kw], p))
-        && (1..=MAX_COLUMNS).contains(&(c * kh * kw))
+        && (1..=max_columns(c)).contains(&(c * kh * kw))
         && pixels >= MIN_PIXELS
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("fma")
@@ -131,8 +158,8 @@ struct Shape {
 /// `act(w @ cols + bias + residual)` per image for `x: [n, c, h, w]` (its columns: the
 /// input itself for a 1x1 kernel at stride 1 without padding, else unfolded as `im2col`
 /// does), `w: [co, c * kh * kw]`, `bias: [co]` and `residual: [n, co, oh, ow]` (each
-/// optional), as a new `[n, co, oh, ow]` buffer written once; the images' bands of output
-/// rows over the pool's threads. The sum of an output starts from its bias and adds the
+/// optional), as a new `[n, co, oh, ow]` buffer written once; pieces of the images' output
+/// pixels (whole blocks) over the pool's threads. The sum of an output starts from its bias and adds the
 /// columns in order, then the residual. Panics unless [`applies`] said so for these sizes
 /// and the slices have them.
 fn narrow(
@@ -157,24 +184,24 @@ fn narrow(
         "narrow conv: sizes or a CPU it does not take"
     );
     let in_place = reads_in_place([kh, kw], p);
-    // Bands of whole output rows, enough for every thread to have a few.
+    // Pieces of whole blocks of an image's pixels, enough for every thread to have a few.
     let threads = rayon::current_num_threads();
     let per_image = (PIECES_PER_THREAD * threads).div_ceil(n.max(1)).max(1);
-    let band = oh.div_ceil(per_image).max(1);
-    let bands = oh.div_ceil(band);
-    // Stretches of a band whose columns stay in the L2 cache while each group of output
-    // channels is computed along them.
-    let stretch = (STRETCH_VALUES / (k * ow)).max(1);
+    let piece = pixels.div_ceil(per_image).next_multiple_of(PIXELS);
+    let pieces = pixels.div_ceil(piece);
+    // Stretches of a piece, whole blocks, whose columns stay in the L2 cache while each
+    // group of output channels is computed along them.
+    let stretch = (STRETCH_VALUES / k / PIXELS).max(MIN_STRETCH_BLOCKS) * PIXELS;
     let zeros = vec![0f32; co];
     let bias = bias.unwrap_or(&zeros);
     let act = p.act;
     let work = |out: Shared, task: usize| {
-        let (img, b) = (task / bands, task % bands);
+        let (img, b) = (task / pieces, task % pieces);
         let img_x = &x[img * c * h * wd..][..c * h * wd];
         let mut cols = Spare::take();
-        for y0 in (b * band..((b + 1) * band).min(oh)).step_by(stretch) {
-            let y1 = (y0 + stretch).min((b + 1) * band).min(oh);
-            let (s0, s1) = (y0 * ow, y1 * ow);
+        let end = ((b + 1) * piece).min(pixels);
+        for s0 in (b * piece..end).step_by(stretch) {
+            let s1 = (s0 + stretch).min(end);
             // The stretch's columns: `k` rows of `s1 - s0` values, `step` apart.
             let (src, step): (&[f32], usize) = if in_place {
                 (&img_x[s0..], pixels)
@@ -183,7 +210,7 @@ fn narrow(
                 cols.clear();
                 cols.resize(k * run, 0.0);
                 for (r, row) in cols.chunks_exact_mut(run).enumerate() {
-                    im2col_rows(img_x, [c, h, wd], [kh, kw], ow, p, r, y0, row);
+                    im2col_span(img_x, [c, h, wd], [kh, kw], ow, p, r, s0, row);
                 }
                 (&cols[..], run)
             };
@@ -212,13 +239,13 @@ fn narrow(
             }
         }
     };
-    // SAFETY: the tasks cover every image's output rows `0..oh` (bands of `band`) for every
+    // SAFETY: the tasks cover every image's output pixels `0..pixels` (pieces of `piece`) for every
     // output channel (groups of `ROWS`), and `block_avx512` writes each element of its block
     // before anything reads it.
     #[allow(unsafe_code)]
     let out = unsafe {
         new_block(len, |out| {
-            (0..n * bands).into_par_iter().for_each(|t| work(out, t));
+            (0..n * pieces).into_par_iter().for_each(|t| work(out, t));
             true
         })
     };
@@ -340,14 +367,16 @@ mod tests {
     /// and kernels read unfolded (a first 3x3 convolution at stride 2, a 4x4 one at stride
     /// 4, a 2x2 one at stride 2, dilation and unequal padding): output channel counts that
     /// are not a multiple of a block's six (7, 13), planes that end inside a block, one and
-    /// 96 columns, a batch, with and without bias and residual, each activation.
+    /// 96 columns, a batch, with and without bias and residual, each activation; and a first
+    /// 7x7 convolution (147 columns) whose pieces hold more than one stretch. The pieces and
+    /// stretches begin and end inside output rows.
     #[test]
     fn narrow_matches_f64_sums() {
         // (input [n, c, h, w], co, [kernel, stride, padding, dilation], bias, residual, act)
         type Case = ([usize; 4], usize, [[usize; 2]; 4], bool, bool, Act);
         let one = [1, 1];
         #[rustfmt::skip]
-        let cases: [Case; 9] = [
+        let cases: [Case; 10] = [
             ([2, 3, 15, 20], 7, [one, one, [0, 0], one], true, true, Act::Relu),
             ([1, 96, 1, 257], 13, [one, one, [0, 0], one], false, false, Act::Silu),
             ([3, 1, 16, 16], 6, [one, one, [0, 0], one], true, false, Act::Hardswish),
@@ -357,6 +386,7 @@ mod tests {
             ([1, 20, 40, 30], 9, [[2, 2], [2, 2], [0, 0], one], false, false, Act::Relu),
             ([1, 2, 30, 40], 5, [[3, 3], one, [2, 1], [2, 1]], true, false, Act::Silu),
             ([2, 5, 20, 37], 11, [[2, 3], [1, 2], [1, 0], one], false, true, Act::None),
+            ([1, 3, 130, 130], 10, [[7, 7], [2, 2], [3, 3], one], true, true, Act::Relu),
         ];
         if !cpu_takes_it() {
             return; // no AVX-512 here: the path is never taken
@@ -415,8 +445,9 @@ mod tests {
         }
     }
 
-    /// The path takes convolutions of groups 1 with at most `MAX_COLUMNS` columns and at
-    /// least `MIN_PIXELS` output pixels (1x1 ones only at stride 1 unpadded), and no other.
+    /// The path takes convolutions of groups 1 with at most `MAX_COLUMNS` columns (at most
+    /// `MAX_FIRST_COLUMNS` over at most `FIRST_CHANNELS` input channels) and at least
+    /// `MIN_PIXELS` output pixels (1x1 ones only at stride 1 unpadded), and no other.
     #[test]
     fn narrow_applies_only_where_it_computes() {
         if !cpu_takes_it() {
@@ -427,6 +458,10 @@ mod tests {
         assert!(applies(3, [4, 8], MIN_PIXELS, &p));
         assert!(!applies(MAX_COLUMNS + 1, [1, 1], 4096, &p));
         assert!(!applies(11, [3, 3], 4096, &p));
+        assert!(applies(FIRST_CHANNELS, [5, 8], 4096, &p));
+        assert!(applies(3, [7, 7], 4096, &p));
+        assert!(!applies(FIRST_CHANNELS, [7, 7], 4096, &p));
+        assert!(!applies(FIRST_CHANNELS + 1, [5, 5], 4096, &p));
         assert!(!applies(16, [1, 1], MIN_PIXELS - 1, &p));
         assert!(!applies(0, [1, 1], 4096, &p));
         assert!(!applies(16, [1, 1], 4096, &Params { groups: 2, ..p }));
