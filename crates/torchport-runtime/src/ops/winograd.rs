@@ -18,7 +18,10 @@
 
 use rayon::prelude::*;
 
+use std::mem::MaybeUninit;
+
 use super::conv::Act;
+use super::fused::put;
 use super::sgemm::{sgemm, Mat};
 
 /// Bytes of transformed input (or products) one block of tile rows may take.
@@ -52,40 +55,78 @@ impl Geometry {
     }
 }
 
-/// The transformed weights `U[16][c_out][c_in]` of a `[c_out, c_in, 3, 3]` weight.
+/// The transformed weights `U[16][c_out][c_in]` of a `[c_out, c_in, 3, 3]` weight, blocks
+/// of [`WEIGHT_CHANNELS_PER_TASK`] output channels on the pool's threads, each value written
+/// once. Done on every call of a convolution: on one thread it took 0.16–0.20 ms for 128 x 128
+/// channels (ResNet-18's whole batch-1 convolution on 28 x 28: about 2.1 ms) and 0.57–0.81 ms
+/// for 256 x 256; on 2 threads 0.155 → 0.076 and 0.80 → 0.28 ms with this split (least of
+/// 50 calls; BENCHMARKS.md, issue 14). Panics if `w` holds fewer than `co * c * 9` values.
 pub(super) fn weights(w: &[f32], co: usize, c: usize) -> Vec<f32> {
-    let mut u = vec![0f32; 16 * co * c];
-    if c == 0 {
+    let len = 16 * co * c;
+    assert!(
+        w.len() >= co * c * 9,
+        "winograd weights: {} values for {co} x {c} x 3 x 3",
+        w.len()
+    );
+    let mut u: Vec<f32> = Vec::with_capacity(len);
+    if c == 0 || co == 0 {
         return u;
     }
+    // Each task's rows of each U[i]: output channels b * per .. (b + 1) * per.
+    let per = WEIGHT_CHANNELS_PER_TASK;
+    let mut tasks: Vec<Vec<&mut [MaybeUninit<f32>]>> = (0..co.div_ceil(per))
+        .map(|_| Vec::with_capacity(16))
+        .collect();
+    for ui in u.spare_capacity_mut()[..len].chunks_exact_mut(co * c) {
+        for (task, rows) in tasks.iter_mut().zip(ui.chunks_mut(per * c)) {
+            task.push(rows);
+        }
+    }
     // Per output channel, vectorised over input channels: the taps as 9 planes of c, then
-    // G g (4 x 3 planes), then (G g) Gᵀ (4 x 4 planes), each into its row of U[i].
-    let mut taps = vec![0f32; 9 * c];
-    let mut gg = vec![0f32; 12 * c];
-    super::fused::simd(
-        #[inline(always)]
-        || {
-            for (oc, wo) in w.chunks_exact(c * 9).take(co).enumerate() {
-                for (ic, k) in wo.chunks_exact(9).enumerate() {
-                    for (t, &x) in k.iter().enumerate() {
-                        taps[t * c + ic] = x;
+    // G g (4 x 3 planes), then (G g) Gᵀ (4 x 4 planes), each copied into its row of U[i].
+    let scratch = || (vec![0f32; 9 * c], vec![0f32; 12 * c], vec![0f32; 4 * c]);
+    tasks
+        .into_par_iter()
+        .enumerate()
+        .for_each_init(scratch, |(taps, gg, ggt), (b, mut rows)| {
+            super::fused::simd(
+                #[inline(always)]
+                || {
+                    let first = b * per;
+                    for (l, wo) in w.chunks_exact(c * 9).skip(first).take(per).enumerate() {
+                        for (ic, k) in wo.chunks_exact(9).enumerate() {
+                            for (t, &x) in k.iter().enumerate() {
+                                taps[t * c + ic] = x;
+                            }
+                        }
+                        let tap = |t: usize| &taps[t * c..][..c];
+                        for j in 0..3 {
+                            let out = pieces_mut(gg, c, [j, 3 + j, 6 + j, 9 + j].map(|i| i * c));
+                            transform_g([tap(j), tap(3 + j), tap(6 + j)], out);
+                        }
+                        for r in 0..4 {
+                            let g = |j: usize| &gg[(r * 3 + j) * c..][..c];
+                            let out = pieces_mut(ggt, c, [0, c, 2 * c, 3 * c]);
+                            transform_g([g(0), g(1), g(2)], out);
+                            for (s, ui) in rows[4 * r..4 * r + 4].iter_mut().enumerate() {
+                                put(&mut ui[l * c..][..c], &ggt[s * c..][..c]);
+                            }
+                        }
                     }
-                }
-                let tap = |t: usize| &taps[t * c..][..c];
-                for j in 0..3 {
-                    let out = pieces_mut(&mut gg, c, [j, 3 + j, 6 + j, 9 + j].map(|i| i * c));
-                    transform_g([tap(j), tap(3 + j), tap(6 + j)], out);
-                }
-                for r in 0..4 {
-                    let g = |j: usize| &gg[(r * 3 + j) * c..][..c];
-                    let starts = [0, 1, 2, 3].map(|s| ((4 * r + s) * co + oc) * c);
-                    transform_g([g(0), g(1), g(2)], pieces_mut(&mut u, c, starts));
-                }
-            }
-        },
-    );
+                },
+            );
+        });
+    // SAFETY: the tasks' rows cover every U[i] whole (blocks of `per` output channels), and
+    // each task wrote every row of each of its output channels.
+    #[allow(unsafe_code)]
+    unsafe {
+        u.set_len(len)
+    };
     u
 }
+
+/// Output channels per task of [`weights`].
+const WEIGHT_CHANNELS_PER_TASK: usize = 8;
 
 /// Four disjoint `n`-long pieces of `buf`, starting at `starts` (increasing, each at least
 /// `n` past the one before).
@@ -410,7 +451,8 @@ mod tests {
             (2, 3, 7, 4, [2, 1], 3, true, Act::Hardswish),
             (1, 2, 1, 8, [1, 0], 2, true, Act::None),
             (5, 4, 3, 3, [2, 2], 2, false, Act::Silu),
-            // 1 tile row per block from the cache budget: 5 blocks.
+            // 1 tile row per block from the cache budget: 5 blocks. The weights transformed
+            // in blocks of 8 output channels, the last of 2.
             (70, 66, 9, 300, [1, 1], 1, true, Act::Relu),
             // 2 blocks from the cache budget, the second shorter.
             (8, 8, 50, 200, [1, 1], 1, true, Act::Relu),
