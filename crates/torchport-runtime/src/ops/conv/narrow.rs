@@ -207,12 +207,14 @@ fn narrow(
                 (&img_x[s0..], pixels)
             } else {
                 let run = s1 - s0;
-                cols.clear();
-                cols.resize(k * run, 0.0);
-                for (r, row) in cols.chunks_exact_mut(run).enumerate() {
+                // Every value is written by `im2col_span`: the buffer only grows (not zeroed).
+                if cols.len() < k * run {
+                    cols.resize(k * run, 0.0);
+                }
+                for (r, row) in cols[..k * run].chunks_exact_mut(run).enumerate() {
                     im2col_span(img_x, [c, h, wd], [kh, kw], ow, p, r, s0, row);
                 }
-                (&cols[..], run)
+                (&cols[..k * run], run)
             };
             for o in (0..co).step_by(ROWS) {
                 let rows = ROWS.min(co - o);
