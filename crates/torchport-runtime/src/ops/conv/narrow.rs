@@ -87,13 +87,13 @@ const PIECES_PER_THREAD: usize = 4;
 
 /// Whether [`narrow`] computes a convolution of `c` input channels by a `kernel` with these
 /// parameters, `pixels` output pixels per image: groups 1, at most [`MAX_COLUMNS`] columns
-/// ([`MAX_FIRST_COLUMNS`] for a first convolution), at least [`MIN_PIXELS`] pixels, a CPU with AVX-512 and FMA; a 1x1 kernel only at stride
-/// 1 without padding (read in place). A 1x1 kernel at stride 2 was faster by the gemm crate
-/// (64 → 128 channels on 56 x 56, batch 1, 1 thread: 0.148 against 0.183 ms unfolded
-/// here), where the first 3x3 and 4x4 convolutions over 3 channels were not (3 → 16
-/// channels on 224 x 224 at stride 2, batch 1, 2 threads: 0.162 against 0.109 ms; batch 8,
-/// 1 thread: 2.17 against 1.96; 3 → 96 channels 4x4 at stride 4, batch 8, 1 thread: 3.54
-/// against 3.17).
+/// ([`MAX_FIRST_COLUMNS`] for a first convolution), at least [`MIN_PIXELS`] pixels, a CPU with
+/// AVX-512 and FMA; a 1x1 kernel only at stride 1 without padding (read in place). A 1x1 kernel
+/// at stride 2 was faster by the gemm crate (64 → 128 channels on 56 x 56, batch 1, 1 thread:
+/// 0.148 against 0.183 ms unfolded here), where the first 3x3 and 4x4 convolutions over 3
+/// channels were not (3 → 16 channels on 224 x 224 at stride 2, batch 1, 2 threads: 0.162
+/// against 0.109 ms; batch 8, 1 thread: 2.17 against 1.96; 3 → 96 channels 4x4 at stride 4,
+/// batch 8, 1 thread: 3.54 against 3.17).
 pub(super) fn applies(c: usize, [kh, kw]: [usize; 2], pixels: usize, p: &Params) -> bool {
     p.groups == 1
         && (kh * kw > 1 || reads_in_place([kh, kw], p))
@@ -155,13 +155,13 @@ struct Shape {
     out: [usize; 2],
 }
 
-/// `act(w @ cols + bias + residual)` per image for `x: [n, c, h, w]` (its columns: the
-/// input itself for a 1x1 kernel at stride 1 without padding, else unfolded as `im2col`
-/// does), `w: [co, c * kh * kw]`, `bias: [co]` and `residual: [n, co, oh, ow]` (each
-/// optional), as a new `[n, co, oh, ow]` buffer written once; pieces of the images' output
-/// pixels (whole blocks) over the pool's threads. The sum of an output starts from its bias and adds the
-/// columns in order, then the residual. Panics unless [`applies`] said so for these sizes
-/// and the slices have them.
+/// `act(w @ cols + bias + residual)` per image for `x: [n, c, h, w]` (its columns: the input
+/// itself for a 1x1 kernel at stride 1 without padding, else unfolded as `im2col` does), `w:
+/// [co, c * kh * kw]`, `bias: [co]` and `residual: [n, co, oh, ow]` (each optional), as a new
+/// `[n, co, oh, ow]` buffer written once; pieces of the images' output pixels (whole blocks)
+/// over the pool's threads. The sum of an output starts from its bias and adds the columns in
+/// order, then the residual. Panics unless [`applies`] said so for these sizes and the slices
+/// have them.
 fn narrow(
     x: &[f32],
     w: &[f32],
