@@ -13,7 +13,9 @@ transformers BERT-base (input ids + attention mask), GPT-2 small and a Llama-sty
 `torch.export.export` (the graph as given, no decompositions) under benches/out/
 (gitignored). For every (model, batch, threads) the script times torch eager
 (`torch.inference_mode`, `torch.set_num_threads`), onnxruntime (CPU EP,
-`intra_op_num_threads`; only if `import onnxruntime` works) and torchport's run_timing
+`intra_op_num_threads`; only if `import onnxruntime` works; each model exported to ONNX once,
+by the TorchScript-based exporter or, where it lacks an operator as for GPT-2 and the
+Llama-style model, the torch.export-based one, which needs onnxscript) and torchport's run_timing
 (`RAYON_NUM_THREADS`) back to back: medians of --runs after one warm-up run, and each one's
 process CPU time per run (all threads; on a busy machine wall time mostly measures the other
 processes, CPU time much less; at 2+ threads torch's OpenMP workers spin while waiting, which
@@ -164,6 +166,25 @@ def least(a, b):
     return b if a is None else a if b is None else min(a, b)
 
 
+def export_onnx(name, m, inputs, onnx_path):
+    """Write `m`'s ONNX export to `onnx_path`: by the TorchScript-based exporter (opset 17),
+    else, where that lacks an operator (GPT-2's and the Llama-style model's `aten::diff`), by
+    the `torch.export`-based one (needs onnxscript); neither: no onnxruntime column."""
+    try:
+        torch.onnx.export(m, inputs, onnx_path, dynamo=False, opset_version=17)
+        return
+    except Exception as e:
+        first = f"{type(e).__name__}: {str(e)[:120]}"
+        onnx_path.unlink(missing_ok=True)
+    try:
+        torch.onnx.export(m, inputs, onnx_path, dynamo=True)
+        print(f"{name}: ONNX by the torch.export-based exporter ({first})", flush=True)
+    except Exception as e:
+        print(f"{name}: no ONNX export ({first}; torch.export-based: {type(e).__name__}: "
+              f"{str(e)[:120]})", flush=True)
+        onnx_path.unlink(missing_ok=True)
+
+
 def ort_session(ort, onnx_path, inputs, th):
     """(onnxruntime session on `th` threads, its input feed), or (None, None) without
     onnxruntime or an ONNX export."""
@@ -284,12 +305,7 @@ def main():
             onnx_path = pt2.with_suffix(".onnx")
             if ort and not onnx_path.exists():
                 m = ByKeyword(model, KEYWORDS[name]) if name in KEYWORDS else model
-                try:
-                    torch.onnx.export(m, inputs, onnx_path, dynamo=False, opset_version=17)
-                except Exception as e:  # the exporter lacks an operator: no onnxruntime column
-                    print(f"{name}: no ONNX export ({type(e).__name__}: {str(e)[:120]})",
-                          flush=True)
-                    onnx_path.unlink(missing_ok=True)
+                export_onnx(name, m, inputs, onnx_path)
             for th in threads:
                 if args.paired:
                     eager, eager_cpu, onnx_ms, tp, by_eager, by_ort = measure_paired(
