@@ -140,34 +140,6 @@ fn bnfold_folds_only_foldable_norms() {
     }
 }
 
-/// A decomposed export's max pools, `max_pool2d_with_indices` whose indices nothing reads,
-/// run as the pool without indices (the vectorised kernel) after the load, in the families
-/// that pool (their outputs against torch's: the tests above).
-#[test]
-fn unread_pool_indices_are_dropped_at_load() {
-    let count = |ops: &[torchport_runtime::OpUse], op: &str| {
-        ops.iter().find(|o| o.op == op).map_or(0, |o| o.count)
-    };
-    let with = "aten.max_pool2d_with_indices.default";
-    let without = "aten.max_pool2d.default";
-    for family in ["resnet", "vgg", "squeezenet"] {
-        let path = fixtures().join(format!("{family}.decomp.pt2"));
-        let exported = Program::ops_of(&path).unwrap();
-        let pools = count(&exported, with);
-        assert!(
-            pools > 0,
-            "{family}: no max_pool2d_with_indices as exported"
-        );
-        let ops = Program::load(&path).unwrap().ops();
-        assert_eq!(count(&ops, with), 0, "{family}: pools with indices left");
-        assert_eq!(
-            count(&ops, without),
-            pools,
-            "{family}: pools without indices"
-        );
-    }
-}
-
 /// `Program::from_parts` folds batch norms into copies: the tensors its caller handed over
 /// (and still holds) keep their values, while `Program::load`, which owns the weights it
 /// decodes, may scale them in place. Both programs give torch's outputs (the `bnfold` test).

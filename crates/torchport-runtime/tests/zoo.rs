@@ -121,6 +121,25 @@ fn residual_adds_are_folded_into_their_convolutions() {
     }
 }
 
+/// timm's ResNet-18d exported decomposed writes its max pool as `max_pool2d_with_indices`,
+/// whose indices nothing reads; after the load it runs as the pool without indices (the
+/// vectorised kernel). `zoo_models_match_pytorch` checks this program's outputs.
+#[test]
+fn unread_pool_indices_are_dropped_at_load() {
+    let count = |ops: &[torchport_runtime::OpUse], op: &str| {
+        ops.iter().find(|o| o.op == op).map_or(0, |o| o.count)
+    };
+    let with = "aten.max_pool2d_with_indices.default";
+    let without = "aten.max_pool2d.default";
+    let path = fixtures().join("timm_resnet18d.decomp.pt2");
+    let exported = Program::ops_of(&path).unwrap();
+    let pools = count(&exported, with);
+    assert!(pools > 0, "no max_pool2d_with_indices as exported");
+    let ops = Program::load(&path).unwrap().ops();
+    assert_eq!(count(&ops, with), 0, "pools with indices left");
+    assert_eq!(count(&ops, without), pools, "pools without indices");
+}
+
 /// Chains of elementwise ops fused into one pass compute exactly what the ops compute one by
 /// one: every zoo program, with and without `prepare::fuse_pointwise_chains` (through a
 /// registry of this crate's kernels, so that no other fusion applies to either), gives the

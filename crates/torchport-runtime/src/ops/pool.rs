@@ -347,7 +347,7 @@ fn rows_max(out: &mut [f32], src: &[f32], rows: RowSet, wide: bool) {
         // SAFETY: `wide` is set only when the CPU has AVX-512.
         #[allow(unsafe_code)]
         unsafe {
-            return rows_max_avx512(out, row(0), (1..rows.count).map(row));
+            return rows_max_avx512(out, src, rows);
         }
     }
     out.copy_from_slice(row(0));
@@ -358,21 +358,18 @@ fn rows_max(out: &mut [f32], src: &[f32], rows: RowSet, wide: bool) {
     }
 }
 
-/// [`rows_max`] on AVX-512: `out = first`, then the max with each of `rest`, 16 columns at
-/// a time (the last ones under a mask), so each row is read once and `out` written once.
+/// [`rows_max`] on AVX-512 for at least one row: 16 columns at a time (the last ones under a
+/// mask), each row read once and `out` written once.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn rows_max_avx512<'a>(
-    out: &mut [f32],
-    first: &[f32],
-    rest: impl Iterator<Item = &'a [f32]> + Clone,
-) {
+fn rows_max_avx512(out: &mut [f32], src: &[f32], rows: RowSet) {
     use std::arch::x86_64::*;
     let n = out.len();
-    assert!(first.len() == n, "rows_max_avx512: row lengths differ");
-    for r in rest.clone() {
-        assert!(r.len() == n, "rows_max_avx512: row lengths differ");
-    }
+    // The rows lie in `src` in increasing order: the last one's end bounds them all.
+    assert!(
+        rows.count > 0 && rows.first + (rows.count - 1) * rows.step + n <= src.len(),
+        "rows_max_avx512: rows outside the plane"
+    );
     let mut i = 0;
     while i < n {
         let mask: __mmask16 = if n - i >= 16 {
@@ -380,12 +377,13 @@ fn rows_max_avx512<'a>(
         } else {
             (1u16 << (n - i)) - 1
         };
-        // SAFETY: the mask covers only columns `i..n`, inside every row (all `n` long).
+        // SAFETY: the mask covers only columns `i..n` of each row, inside `src` (asserted).
         #[allow(unsafe_code)]
         unsafe {
-            let mut acc = _mm512_maskz_loadu_ps(mask, first.as_ptr().add(i));
-            for r in rest.clone() {
-                acc = nan_max_m512(acc, _mm512_maskz_loadu_ps(mask, r.as_ptr().add(i)));
+            let at = |r: usize| src.as_ptr().add(rows.first + r * rows.step + i);
+            let mut acc = _mm512_maskz_loadu_ps(mask, at(0));
+            for r in 1..rows.count {
+                acc = nan_max_m512(acc, _mm512_maskz_loadu_ps(mask, at(r)));
             }
             _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), mask, acc);
         }

@@ -241,9 +241,9 @@ fn narrow(
             }
         }
     };
-    // SAFETY: the tasks cover every image's output pixels `0..pixels` (pieces of `piece`) for every
-    // output channel (groups of `ROWS`), and `block_avx512` writes each element of its block
-    // before anything reads it.
+    // SAFETY: the tasks cover every image's output pixels `0..pixels` (pieces of `piece`) for
+    // every output channel (groups of `ROWS`), and `block_avx512` writes each element of its
+    // block before anything reads it.
     #[allow(unsafe_code)]
     let out = unsafe {
         new_block(len, |out| {
