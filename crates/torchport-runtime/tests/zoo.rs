@@ -252,3 +252,51 @@ fn linears_run_with_packed_weights() {
         }
     }
 }
+
+/// The convolutions (groups 1) of timm's ResNet-18d and torchvision's MobileNetV3-Small
+/// whose output planes have at most `small::MAX_PIXELS` pixels run with their weights packed
+/// at load, in both flavours: the last stages' convolutions, and MobileNet's
+/// squeeze-and-excitation convolutions on one pixel (so `zoo_models_match_pytorch` checks
+/// that path against torch's outputs); none of the others does.
+#[test]
+fn convolutions_on_small_planes_run_with_packed_weights() {
+    use torchport_runtime::ops::conv::small::{MAX_PIXELS, TARGET};
+    use torchport_runtime::schema::{Argument, Graph};
+    if torchport_runtime::ops::packed::Packing::detect().is_none() {
+        return;
+    }
+    // The dense convolutions on small planes, and all convolutions, as the export has them.
+    let convs = |g: &Graph| {
+        let conv =
+            |t: &str| t.ends_with("aten.conv2d.default") || t.ends_with("aten.convolution.default");
+        let dense = |n: &torchport_runtime::schema::Node| {
+            !n.inputs
+                .iter()
+                .any(|a| a.name == "groups" && !matches!(a.arg, Argument::AsInt(1)))
+        };
+        let small = |n: &torchport_runtime::schema::Node| {
+            let [Argument::AsTensor(y)] = n.outputs.as_slice() else {
+                return false;
+            };
+            let s = g.tensor_values[&y.name].static_sizes().unwrap();
+            s[2] * s[3] <= MAX_PIXELS as i64
+        };
+        let all: Vec<_> = g.nodes.iter().filter(|n| conv(&n.target)).collect();
+        let packed = all.iter().filter(|n| dense(n) && small(n)).count();
+        (packed, all.len())
+    };
+    for model in ["timm_resnet18d", "tv_mobilenet_v3_small"] {
+        for flavour in ["plain", "decomp"] {
+            let path = fixtures().join(format!("{model}.{flavour}.pt2"));
+            let raw = torchport_runtime::archive::read_program(&path).unwrap();
+            let (small, all) = convs(&raw.graph_module.graph);
+            assert!(
+                small > 0 && small < all,
+                "{model} {flavour}: {small} of {all}"
+            );
+            let ops = Program::load(&path).unwrap().ops();
+            let count = |op: &str| ops.iter().find(|o| o.op == op).map_or(0, |o| o.count);
+            assert_eq!(count(TARGET), small, "{model} {flavour}");
+        }
+    }
+}

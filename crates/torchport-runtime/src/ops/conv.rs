@@ -19,6 +19,7 @@ use depthwise::depthwise;
 mod depthwise;
 #[cfg(target_arch = "x86_64")]
 mod narrow;
+pub mod small;
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
@@ -29,6 +30,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.convolution.default", convolution);
     r.add("aten.conv_transpose2d.input", conv_transpose);
     r.add("aten.conv_transpose1d.default", conv_transpose);
+    small::register(r);
 }
 
 /// Output pixels per image (14 x 14) and per batch (28 x 28) from which a 3x3 stride-1

@@ -112,17 +112,26 @@ impl Packing {
         k: usize,
         dst: &mut [f32],
     ) -> bool {
+        self.pack_into(Values::Le(bytes), source, n, k, dst)
+    }
+
+    /// [`Packing::pack_le_into`] from a row-major `[n, k]` matrix of f32 values (a weight
+    /// already decoded).
+    pub fn pack_f32_into(&self, src: &[f32], n: usize, k: usize, dst: &mut [f32]) -> bool {
+        self.pack_into(Values::F32(src), Source::Rows, n, k, dst)
+    }
+
+    /// [`Packing::pack_le_into`] from either kind of [`Values`].
+    fn pack_into(&self, src: Values, source: Source, n: usize, k: usize, dst: &mut [f32]) -> bool {
         use rayon::prelude::*;
         let mr = self.mr;
-        let need = n.checked_mul(k).and_then(|v| v.checked_mul(4));
-        let (Some(need), Some(len)) = (need, self.len(n, k)) else {
+        let (Some(need), Some(len)) = (n.checked_mul(k), self.len(n, k)) else {
             return false;
         };
-        if bytes.len() < need || dst.len() < len {
+        if src.len() < need || dst.len() < len {
             return false;
         }
         let (n_pad, kc) = (n.next_multiple_of(mr), self.block(k));
-        let le = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         let mut rest = &mut dst[..len];
         let mut p0 = 0;
         while p0 < k {
@@ -142,9 +151,7 @@ impl Packing {
                             for r in 0..mr {
                                 let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
                                 if r < rows {
-                                    let at = ((q * mr + r) * k + p0 + c0) * 4;
-                                    let src = bytes[at..at + (c1 - c0) * 4].chunks_exact(4);
-                                    cols.zip(src).for_each(|(d, c)| *d = le(c));
+                                    src.copy((q * mr + r) * k + p0 + c0, c1 - c0, cols);
                                 } else {
                                     cols.take(c1 - c0).for_each(|d| *d = 0.0);
                                 }
@@ -162,10 +169,8 @@ impl Packing {
                             for (i, panel) in panels.chunks_exact_mut(mr * kb).enumerate() {
                                 let i0 = (g * group + i) * mr;
                                 let rows = mr.min(n - i0.min(n));
-                                let at = ((p0 + c) * n + i0) * 4;
-                                let src = bytes[at..at + rows * 4].chunks_exact(4);
                                 let (vals, pad) = panel[c * mr..(c + 1) * mr].split_at_mut(rows);
-                                vals.iter_mut().zip(src).for_each(|(d, c)| *d = le(c));
+                                src.copy((p0 + c) * n + i0, rows, vals.iter_mut());
                                 pad.fill(0.0);
                             }
                         }
@@ -175,6 +180,35 @@ impl Packing {
             p0 += kb;
         }
         true
+    }
+}
+
+/// The values a weight is packed from: little-endian f32 bytes (the archive's) or f32.
+#[derive(Clone, Copy)]
+enum Values<'a> {
+    Le(&'a [u8]),
+    F32(&'a [f32]),
+}
+
+impl Values<'_> {
+    /// How many values.
+    fn len(&self) -> usize {
+        match self {
+            Values::Le(b) => b.len() / 4,
+            Values::F32(v) => v.len(),
+        }
+    }
+
+    /// Values `at..at + count` into `dst`, in order.
+    fn copy<'d>(&self, at: usize, count: usize, dst: impl Iterator<Item = &'d mut f32>) {
+        match self {
+            Values::Le(b) => {
+                let src = b[at * 4..(at + count) * 4].chunks_exact(4);
+                let le = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                dst.zip(src).for_each(|(d, c)| *d = le(c));
+            }
+            Values::F32(v) => dst.zip(&v[at..at + count]).for_each(|(d, &v)| *d = v),
+        }
     }
 }
 

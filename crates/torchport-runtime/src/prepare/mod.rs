@@ -3,8 +3,9 @@
 //! convolution into it ([`fuse_conv_activations`]), residual adds (and the activation after)
 //! into the convolution before them ([`fuse_conv_residuals`]), chains of elementwise ops into
 //! one pass ([`fuse_pointwise_chains`]), run max pools whose indices nothing reads without
-//! them ([`drop_unread_pool_indices`]), and store each Linear weight in
-//! the layout its matmul reads, so that no run pays for a transposed operand.
+//! them ([`drop_unread_pool_indices`]), store the weights of convolutions on small planes
+//! packed for the microkernel ([`pack_small_convs`]), and store each Linear weight in the
+//! layout its matmul reads, so that no run pays for a transposed operand.
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
 //! (candle's gemm) is given `w.T`, a strided view. A weight that is only ever read through a
@@ -22,8 +23,10 @@ use crate::schema::{Argument, Graph, Node};
 
 mod pointwise;
 mod products;
+mod small_convs;
 pub use pointwise::fuse_pointwise_chains;
 pub use products::linears_from_products;
+pub use small_convs::pack_small_convs;
 
 /// How a node reads a value: through a 2-d transpose (or as `linear`'s weight), or otherwise.
 fn transposed_read(node: &Node, input: &str) -> bool {

@@ -1,0 +1,484 @@
+//! Convolutions (groups 1, float32) on small output planes, with the weight packed at load
+//! for the gemm's microkernel ([`crate::ops::packed`]), output channels along its registers.
+//!
+//! The general path computes each image's `w [co, k] @ cols [k, pixels]` through the gemm
+//! crate, which puts the pixels along the microkernel's registers (16 lanes each, 64 to a
+//! panel). A 7 x 7 plane has 49 pixels: a panel of 64 with 15 lanes idle, its results
+//! written back element by element. Here the product is `cols.T [pixels, k] @ w.T`, the
+//! packed weight's panels of 64 output channels along the registers (1152 channels fill 18
+//! panels), into a `[pixels, co]` buffer; one pass then writes each output channel's plane
+//! from it with the bias, the residual and the activation. Single 1x1 convolutions, products
+//! alone, least of 200, 1 thread: 192 → 1152 channels on 7 x 7 0.250 ms through the gemm
+//! crate, 0.193 packed; 320 → 1280 0.458 / 0.355 (BENCHMARKS.md, issue 14). On larger planes
+//! the pixels fill the panels and the pass that transposes the output costs more than it
+//! saves: `prepare::pack_small_convs` packs only convolutions whose output plane has at
+//! most [`MAX_PIXELS`] pixels.
+
+use candle_core::{DType, Tensor};
+
+use super::{fused_act, fused_residual, im2col, out_len, pair, Act, Params};
+use crate::error::OpResult;
+use crate::op_bail;
+use crate::ops::fused::{with_f32, Spare};
+use crate::ops::packed::{sgemm_packed, Packed, Packing};
+use crate::ops::sgemm::Mat;
+use crate::ops::{float, usize_of, Registry};
+use crate::value::{one, Args, Outputs};
+
+/// The node target of a convolution whose weight is packed: the arguments of
+/// `aten.conv2d.default` (`input`, `weight`, `bias`, `stride`, `padding`, `dilation`; groups
+/// 1), the fused activation and residual if any, and `weight_shape`, the weight's
+/// `[out_channels, in_channels, kh, kw]`; `weight` holds the `[out_channels, in_channels *
+/// kh * kw]` matrix packed ([`Packing`]), 1-d.
+pub const TARGET: &str = "torchport.conv2d_packed.default";
+
+/// The most output pixels per image for which a convolution's weight is packed (7 x 7 and
+/// smaller planes; see the module's docs).
+pub const MAX_PIXELS: usize = 64;
+
+/// Output channels per tile of the pass that writes the planes.
+const TILE: usize = 16;
+
+/// Output values per task (at least) of the pass that writes the planes when it runs over
+/// the pool's threads: smaller tasks cost more to hand out than to run.
+const VALUES_PER_TASK: usize = 1 << 14;
+
+/// Register the kernel.
+pub fn register(r: &mut Registry) {
+    r.add(TARGET, conv2d_packed);
+}
+
+/// `torchport.conv2d_packed`.
+fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let w = a.tensor("weight")?;
+    let shape = a.ints("weight_shape")?;
+    let [co, ci, kh, kw] = match shape.as_slice() {
+        &[co, ci, kh, kw] => [co, ci, kh, kw].map(|v| usize::try_from(v).unwrap_or(usize::MAX)),
+        _ => op_bail!("weight_shape must be [out, in, kh, kw], got {shape:?}"),
+    };
+    let stride = pair(&a.ints_or("stride", &[1])?, "stride", false)?;
+    let padding = pair(&a.ints_or("padding", &[0])?, "padding", false)?;
+    let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", false)?;
+    let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
+    if groups != 1 {
+        op_bail!("a packed convolution has groups 1, got {groups}");
+    }
+    let p = Params {
+        stride,
+        padding,
+        dilation,
+        groups,
+        act: fused_act(a)?,
+    };
+    let (n, c, h, wd) = match x.dims() {
+        &[n, c, h, wd] if x.dtype() == DType::F32 => (n, c, h, wd),
+        d => op_bail!(
+            "a packed convolution takes a float32 [N, C, H, W] input, got {:?} {d:?}",
+            x.dtype()
+        ),
+    };
+    if c != ci {
+        op_bail!("input of {c} channels for a weight of {ci} input channels");
+    }
+    let oh = out_len(h, kh, p.padding[0], p.stride[0], p.dilation[0])?;
+    let ow = out_len(wd, kw, p.padding[1], p.stride[1], p.dilation[1])?;
+    let bias = a
+        .opt_tensor("bias")?
+        .map(|b| -> OpResult<Vec<f32>> { Ok(float(&b)?.flatten_all()?.to_vec1::<f32>()?) })
+        .transpose()?;
+    if bias.as_ref().is_some_and(|b| b.len() != co) {
+        op_bail!(
+            "bias of {} values for {co} output channels",
+            bias.unwrap().len()
+        );
+    }
+    let residual = fused_residual(a, false)?
+        .map(|r| {
+            if r.dims() != [n, co, oh, ow] || r.dtype() != DType::F32 {
+                op_bail!(
+                    "residual of shape {:?} for an output of shape {:?}",
+                    r.dims(),
+                    [n, co, oh, ow]
+                );
+            }
+            Ok(r.contiguous()?)
+        })
+        .transpose()?;
+    let Some(packing) = Packing::detect() else {
+        op_bail!("this CPU has no microkernel for packed weights");
+    };
+    let Some(k) = ci.checked_mul(kh).and_then(|v| v.checked_mul(kw)) else {
+        op_bail!("weight_shape {shape:?} is too large");
+    };
+    if w.rank() != 1 || packing.len(co, k) != Some(w.elem_count()) || w.dtype() != DType::F32 {
+        op_bail!(
+            "packed weight of shape {:?} does not hold [{co}, {k}] for this CPU's microkernel",
+            w.dims()
+        );
+    }
+    let x = x.contiguous()?;
+    let geometry = Geometry {
+        chw: [c, h, wd],
+        k: [kh, kw],
+        out: [oh, ow],
+    };
+    let run = |res: Option<&[f32]>| {
+        with_f32(&w, |wd| {
+            let w = Packed {
+                packing,
+                data: wd,
+                n: co,
+                k,
+            };
+            with_f32(&x, |xs| conv(xs, n, w, &geometry, bias.as_deref(), res, &p))
+        })
+        .flatten()
+        .flatten()
+    };
+    let out = match &residual {
+        Some(r) => with_f32(r, |rs| run(Some(rs))).flatten(),
+        None => run(None),
+    };
+    match out {
+        Some(y) => one(Tensor::from_vec(y, (n, co, oh, ow), x.device())?),
+        None => op_bail!("packed convolution: an operand does not fit its shape"),
+    }
+}
+
+/// An image's input plane size, kernel size and output plane size.
+pub(super) struct Geometry {
+    pub(super) chw: [usize; 3],
+    pub(super) k: [usize; 2],
+    pub(super) out: [usize; 2],
+}
+
+/// The convolution of the `n` images in `xs` by the packed weight `w` (`[co, k]`), as one
+/// `[n, co, oh, ow]` buffer: `act(conv + bias + residual)`. Images over the pool's threads
+/// when there are at least as many as threads, else each image's product and pass over the
+/// threads. `None` when a view does not fit.
+pub(super) fn conv(
+    xs: &[f32],
+    n: usize,
+    w: Packed,
+    g: &Geometry,
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    p: &Params,
+) -> Option<Vec<f32>> {
+    use rayon::prelude::*;
+    let [c, h, wd] = g.chw;
+    let (co, pix) = (w.n, g.out[0] * g.out[1]);
+    let (per_in, per_out) = (c * h * wd, co * pix);
+    let mut out = vec![0f32; n * per_out];
+    if per_out == 0 {
+        return Some(out);
+    }
+    let direct = g.k == [1, 1] && p.stride == [1, 1] && p.padding == [0, 0];
+    if direct && pix == 1 {
+        // One pixel per image (a squeeze-and-excitation's convolutions): the output `[n,
+        // co]` is the product's own layout, so all images are one product, a row each, onto
+        // the bias rows and the residual.
+        if let Some(r) = residual {
+            out.copy_from_slice(&r[..n * per_out]);
+        }
+        if let Some(b) = bias {
+            out.chunks_exact_mut(co)
+                .for_each(|row| row.iter_mut().zip(b).for_each(|(d, &b)| *d += b));
+        }
+        let x = Mat::rows(&xs[..n * per_in], per_in);
+        let ok = sgemm_packed(n, x, w, &mut out, co, true, 1.0, true);
+        p.act.apply(&mut out);
+        return ok.then_some(out);
+    }
+    let image = |i: usize, dst: &mut [f32], parallel: bool| -> bool {
+        let (mut cols, mut prod) = (Spare::take(), Spare::take());
+        let img = &xs[i * per_in..][..per_in];
+        let cols: &[f32] = if direct {
+            img
+        } else {
+            cols.resize(w.k * pix, 0.0);
+            im2col(img, g.chw, g.k, g.out, p, &mut cols, parallel);
+            &cols
+        };
+        // cols.T: pixel j's column kk at kk * pix + j.
+        let x = Mat {
+            data: cols,
+            rs: 1,
+            cs: pix,
+        };
+        prod.resize(pix * co, 0.0);
+        if !sgemm_packed(pix, x, w, &mut prod, co, false, 1.0, parallel) {
+            return false;
+        }
+        let res = residual.map(|r| &r[i * per_out..][..per_out]);
+        planes(&prod, pix, bias, res, p.act, dst, parallel);
+        true
+    };
+    let threads = rayon::current_num_threads();
+    let ok = if n > 1 && n >= threads {
+        out.par_chunks_mut(per_out)
+            .enumerate()
+            .all(|(i, dst)| image(i, dst, false))
+    } else {
+        out.chunks_mut(per_out)
+            .enumerate()
+            .all(|(i, dst)| image(i, dst, true))
+    };
+    ok.then_some(out)
+}
+
+/// Writes `dst` (`[co, pixels]`) from the product `prod` (`[pixels, co]`): each output
+/// channel's plane, plus its bias and residual, through the activation, in tiles of
+/// [`TILE`] channels by [`TILE`] pixels, each read as stretches of the product's rows (one
+/// cache line each) and written as stretches of the planes; blocks of at least
+/// [`VALUES_PER_TASK`] values over the pool's threads when `parallel`. Reading a channel's plane straight down the
+/// product instead went one row of `co` values at a time, with 512 or more channels the
+/// same cache set each time: 1.4% of ResNet-50's time at batch 1 (`perf`).
+fn planes(
+    prod: &[f32],
+    pix: usize,
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    act: Act,
+    dst: &mut [f32],
+    parallel: bool,
+) {
+    use rayon::prelude::*;
+    const T: usize = TILE;
+    let co = dst.len() / pix;
+    let tile_of_channels = |(b, rows): (usize, &mut [f32])| {
+        let (o0, nr) = (b * T, rows.len() / pix);
+        let mut tile = [[0f32; T]; T];
+        for j0 in (0..pix).step_by(T) {
+            let nj = T.min(pix - j0);
+            for (j, t) in tile[..nj].iter_mut().enumerate() {
+                t[..nr].copy_from_slice(&prod[(j0 + j) * co + o0..][..nr]);
+            }
+            for (r, row) in rows.chunks_exact_mut(pix).enumerate() {
+                let add = bias.map_or(0.0, |b| b[o0 + r]);
+                let out = &mut row[j0..j0 + nj];
+                out.iter_mut().zip(&tile).for_each(|(d, t)| *d = t[r] + add);
+            }
+        }
+        for (r, row) in rows.chunks_exact_mut(pix).enumerate() {
+            if let Some(res) = residual {
+                let res = &res[(o0 + r) * pix..][..pix];
+                row.iter_mut().zip(res).for_each(|(d, r)| *d += r);
+            }
+            act.apply(row);
+        }
+    };
+    // A block: whole tiles of channels, `first` the block's first tile.
+    let block = |(first, rows): (usize, &mut [f32])| {
+        rows.chunks_mut(T * pix)
+            .enumerate()
+            .for_each(|(t, rows)| tile_of_channels((first + t, rows)));
+    };
+    let per_task = VALUES_PER_TASK.div_ceil(T * pix) * T;
+    if parallel && per_task < co {
+        let blocks = dst.par_chunks_mut(per_task * pix).enumerate();
+        blocks.for_each(|(b, rows)| block((b * per_task / T, rows)));
+    } else {
+        block((0, dst));
+    }
+}
+
+/// The `[co, ci, kh, kw]` f32 weight `w` packed for this CPU's microkernel as the `[co, ci *
+/// kh * kw]` matrix it is, 1-d; `None` where there is no microkernel or `w` is not so.
+pub fn pack_weight(w: &Tensor) -> Option<Tensor> {
+    let packing = Packing::detect()?;
+    let (co, ci, kh, kw) = w.dims4().ok()?;
+    let k = ci * kh * kw;
+    let w = w.contiguous().ok()?;
+    let packed = with_f32(&w, |src| {
+        let mut dst = crate::allocator::weight_buffer(packing.len(co, k)?);
+        packing.pack_f32_into(src, co, k, &mut dst).then_some(dst)
+    })??;
+    Tensor::from_vec(packed, packing.len(co, k)?, w.device()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// `act(conv2d(x, w) + bias + residual)` by candle's own convolution, for comparison.
+    fn reference(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor, p: &Params) -> Tensor {
+        let y = x
+            .conv2d(w, p.padding[0], p.stride[0], p.dilation[0], 1)
+            .unwrap();
+        let y = y.broadcast_add(&b.reshape((1, (), 1, 1)).unwrap()).unwrap();
+        let y = (y + r).unwrap();
+        match p.act {
+            Act::Relu => y.relu().unwrap(),
+            _ => y,
+        }
+    }
+
+    /// The packed kernel against candle's convolution: 1x1 at stride 1 (the input read in
+    /// place; on one pixel, the images as one product), strided, padded and dilated 3x3
+    /// (unfolded), output channels that leave the last panel part-filled, more input
+    /// columns than one block of the microkernel, batches over the pool's threads and
+    /// within each product, planes written by several tasks, with bias, residual and relu.
+    #[test]
+    fn packed_convolutions_match_candles() {
+        let dev = Device::Cpu;
+        if Packing::detect().is_none() {
+            return;
+        }
+        // (input [n, c, h, w], out channels, kernel, stride, padding, dilation)
+        let cases: [([usize; 4], usize, usize, usize, usize, usize); 8] = [
+            ([1, 24, 7, 7], 70, 1, 1, 0, 1),
+            ([1, 8, 7, 7], 700, 1, 1, 0, 1),
+            ([3, 24, 7, 7], 70, 1, 1, 0, 1),
+            ([1, 40, 1, 1], 130, 1, 1, 0, 1),
+            ([5, 40, 1, 1], 130, 1, 1, 0, 1),
+            ([2, 16, 13, 11], 33, 3, 2, 1, 1),
+            ([1, 300, 6, 6], 64, 3, 1, 2, 2),
+            ([1, 8, 1, 1], 16, 3, 1, 1, 1),
+        ];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for (dims, co, k, s, pd, d) in cases {
+            for act in [Act::None, Act::Relu] {
+                let x = Tensor::randn(0f32, 1., dims.to_vec(), &dev).unwrap();
+                let w = Tensor::randn(0f32, 0.1, (co, dims[1], k, k), &dev).unwrap();
+                let b = Tensor::randn(0f32, 1., co, &dev).unwrap();
+                let p = Params {
+                    stride: [s, s],
+                    padding: [pd, pd],
+                    dilation: [d, d],
+                    groups: 1,
+                    act,
+                };
+                let r0 = x.conv2d(&w, pd, s, d, 1).unwrap();
+                let r = Tensor::randn(0f32, 1., r0.dims(), &dev).unwrap();
+                let want = reference(&x, &w, &b, &r, &p);
+                let packed = pack_weight(&w).unwrap();
+                let (oh, ow) = (r0.dims()[2], r0.dims()[3]);
+                let g = Geometry {
+                    chw: [dims[1], dims[2], dims[3]],
+                    k: [k, k],
+                    out: [oh, ow],
+                };
+                let w = Packed {
+                    packing: Packing::detect().unwrap(),
+                    data: &packed.to_vec1::<f32>().unwrap(),
+                    n: co,
+                    k: dims[1] * k * k,
+                };
+                let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let bs = b.to_vec1::<f32>().unwrap();
+                let rs = r.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let got = pool
+                    .install(|| conv(&xs, dims[0], w, &g, Some(&bs), Some(&rs), &p))
+                    .unwrap();
+                let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(got.len(), want.len());
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-4,
+                    "{dims:?} -> {co} k{k} s{s} p{pd} d{d}: {worst}"
+                );
+            }
+        }
+    }
+
+    /// The node as the load writes it runs; crafted ones are refused with an error each:
+    /// a packed weight of the wrong length, a `weight_shape` that is not 4 sizes, an input
+    /// of other channels, rank or dtype, a residual of another shape, groups other than 1.
+    #[test]
+    fn crafted_nodes_are_refused() {
+        use serde_json::json;
+        let Some(pk) = Packing::detect() else {
+            return;
+        };
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1., (1, 8, 3, 3), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1., (4, 8, 1, 1), &dev).unwrap();
+        let packed = pack_weight(&w).unwrap();
+        assert_eq!(packed.elem_count(), pk.len(4, 8).unwrap());
+        let short = packed.narrow(0, 1, packed.elem_count() - 1).unwrap();
+        let run = |input: &Tensor, weight: &Tensor, extra: &[(&str, serde_json::Value)]| {
+            let mut args = vec![
+                ("input", json!({"as_tensor": {"name": "x"}})),
+                ("weight", json!({"as_tensor": {"name": "w"}})),
+                ("weight_shape", json!({"as_ints": [4, 8, 1, 1]})),
+            ];
+            for (name, v) in extra {
+                args.retain(|(n, _)| n != name);
+                args.push((name, v.clone()));
+            }
+            let r = Tensor::zeros((1, 5, 3, 3), DType::F32, &dev).unwrap();
+            let tensors = [("x", input.clone()), ("w", weight.clone()), ("r", r)];
+            crate::ops::run_node(register, TARGET, &args, &tensors)
+        };
+        let crate::value::Value::Tensor(y) = run(&x, &packed, &[]).unwrap().remove(0) else {
+            panic!("not a tensor");
+        };
+        let want = x.conv2d(&w, 0, 1, 1, 1).unwrap();
+        assert!(crate::ops::max_abs_diff(&y, &want) < 1e-5);
+        // (what is wrong, input, weight, arguments replaced or added)
+        type Case<'a> = (&'a str, Tensor, Tensor, Vec<(&'a str, serde_json::Value)>);
+        let refused: Vec<Case> = vec![
+            ("short weight", x.clone(), short, vec![]),
+            ("plain weight", x.clone(), w.clone(), vec![]),
+            (
+                "shape",
+                x.clone(),
+                packed.clone(),
+                vec![("weight_shape", json!({"as_ints": [4, 8, 1]}))],
+            ),
+            (
+                "negative shape",
+                x.clone(),
+                packed.clone(),
+                vec![("weight_shape", json!({"as_ints": [4, -8, 1, 1]}))],
+            ),
+            (
+                "huge kernel",
+                x.clone(),
+                packed.clone(),
+                vec![("weight_shape", json!({"as_ints": [4, 8, -1, -1]}))],
+            ),
+            (
+                "channels",
+                x.narrow(1, 0, 6).unwrap(),
+                packed.clone(),
+                vec![],
+            ),
+            ("rank", x.squeeze(0).unwrap(), packed.clone(), vec![]),
+            (
+                "dtype",
+                x.to_dtype(DType::F64).unwrap(),
+                packed.clone(),
+                vec![],
+            ),
+            (
+                "residual",
+                x.clone(),
+                packed.clone(),
+                vec![(
+                    super::super::FUSED_RESIDUAL_ARG,
+                    json!({"as_tensor": {"name": "r"}}),
+                )],
+            ),
+            (
+                "groups",
+                x.clone(),
+                packed.clone(),
+                vec![("groups", json!({"as_int": 2}))],
+            ),
+        ];
+        for (what, input, weight, extra) in refused {
+            assert!(run(&input, &weight, &extra).is_err(), "{what}");
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Convolutions on small output planes rewritten to read their weight packed
+//! ([`crate::ops::conv::small`]).
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor};
+
+use super::{input_tensor, is_forward_conv, readers_and_producers};
+use crate::ops::conv::small::{pack_weight, MAX_PIXELS, TARGET};
+use crate::ops::op_key;
+use crate::schema::{Argument, Graph, NamedArgument};
+
+/// Store the weight of each float32 2-d convolution (groups 1) whose output plane has at
+/// most [`MAX_PIXELS`] pixels packed for the microkernel, and run the node as
+/// [`TARGET`]. Only where the graph's metadata gives the input and output static `[N, C, H,
+/// W]` sizes, the weight is a 4-d float32 tensor of `weights` that nothing else reads, and
+/// this CPU has a microkernel; padding given as a string (`conv2d.padding`) is left alone.
+/// Run after the batch norms are folded (the fold rescales the weight it packs). Returns
+/// how many.
+pub fn pack_small_convs(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+    let (readers, _) = readers_and_producers(graph);
+    let mut changed = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        let target = op_key(&node.target);
+        if !matches!(target, "aten.conv2d.default" | "aten.convolution.default")
+            || !is_forward_conv(node)
+        {
+            continue;
+        }
+        let groups = node.inputs.iter().find(|a| a.name == "groups");
+        if groups.is_some_and(|g| !matches!(g.arg, Argument::AsInt(1))) {
+            continue;
+        }
+        let (Some(x), Some(w), [Argument::AsTensor(y)]) = (
+            input_tensor(node, "input"),
+            input_tensor(node, "weight"),
+            node.outputs.as_slice(),
+        ) else {
+            continue;
+        };
+        let meta = |name: &str| {
+            let m = graph.tensor_values.get(name)?;
+            let s = m.static_sizes()?;
+            (m.dtype == crate::dtype::FLOAT && s.len() == 4).then_some(s)
+        };
+        let (Some(_), Some(out)) = (meta(x), meta(&y.name)) else {
+            continue;
+        };
+        if out[2].saturating_mul(out[3]) > MAX_PIXELS as i64 || readers.get(w) != Some(&1) {
+            continue;
+        }
+        let Some(weight) = weights
+            .get(w)
+            .filter(|t| t.rank() == 4 && t.dtype() == DType::F32)
+        else {
+            continue;
+        };
+        let shape: Vec<i64> = weight.dims().iter().map(|&d| d as i64).collect();
+        let Some(packed) = pack_weight(weight) else {
+            continue;
+        };
+        weights.insert(w.to_string(), packed);
+        let node = &mut graph.nodes[i];
+        node.target = TARGET.to_string();
+        node.inputs.push(NamedArgument {
+            name: "weight_shape".into(),
+            arg: Argument::AsInts(shape),
+            kind: None,
+        });
+        changed += 1;
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use serde_json::json;
+
+    /// Only the convolution on a 7 x 7 plane whose weight nothing else reads, with groups 1,
+    /// is rewritten; one on 8 x 9 (72 pixels), one whose weight another node reads, a
+    /// grouped one and one without static sizes are left as they are.
+    #[test]
+    fn only_small_dense_convolutions_with_their_own_weight_are_packed() {
+        if crate::ops::packed::Packing::detect().is_none() {
+            return;
+        }
+        let conv = |w: &str, y: &str, extra: serde_json::Value| {
+            let mut inputs = vec![
+                json!({"name": "input", "arg": {"as_tensor": {"name": "x"}}}),
+                json!({"name": "weight", "arg": {"as_tensor": {"name": w}}}),
+            ];
+            if !extra.is_null() {
+                inputs.push(extra);
+            }
+            json!({"target": "torch.ops.aten.convolution.default", "inputs": inputs,
+                   "outputs": [{"as_tensor": {"name": y}}]})
+        };
+        let not_transposed = json!({"name": "transposed", "arg": {"as_bool": false}});
+        let mut nodes = vec![
+            conv("w1", "y1", not_transposed.clone()),
+            conv("w2", "y2", not_transposed.clone()),
+            conv("w3", "y3", not_transposed.clone()),
+            conv("w4", "y4", json!({"name": "groups", "arg": {"as_int": 2}})),
+            conv("w5", "y5", not_transposed),
+        ];
+        // `transposed` is read by is_forward_conv: the grouped one needs it too.
+        nodes[3]["inputs"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "transposed", "arg": {"as_bool": false}}));
+        nodes.push(json!({"target": "torch.ops.aten.add.Tensor", "inputs": [
+            {"name": "self", "arg": {"as_tensor": {"name": "w3"}}},
+            {"name": "other", "arg": {"as_tensor": {"name": "w3"}}}],
+            "outputs": [{"as_tensor": {"name": "w3x2"}}]}));
+        let sizes = |s: &[i64]| -> serde_json::Value {
+            let sizes: Vec<_> = s.iter().map(|v| json!({ "as_int": v })).collect();
+            json!({"dtype": 7, "sizes": sizes, "device": {"type": "cpu"}, "strides": [],
+                   "storage_offset": {"as_int": 0}, "layout": 7})
+        };
+        let mut meta = serde_json::Map::new();
+        for (name, s) in [
+            ("x", [1, 4, 9, 9]),
+            ("y1", [1, 8, 7, 7]),
+            ("y2", [1, 8, 8, 9]),
+            ("y3", [1, 8, 7, 7]),
+            ("y4", [1, 8, 7, 7]),
+        ] {
+            meta.insert(name.into(), sizes(&s));
+        }
+        let mut y5 = sizes(&[1, 8, 7, 7]);
+        y5["sizes"][2] = json!({"as_expr": {"expr_str": "s0"}});
+        meta.insert("y5".into(), y5);
+        let mut graph: Graph = serde_json::from_value(json!({
+            "inputs": [], "outputs": [{"as_tensor": {"name": "y1"}}], "nodes": nodes,
+            "tensor_values": meta,
+        }))
+        .unwrap();
+        let dev = Device::Cpu;
+        let mut weights: HashMap<String, Tensor> = ["w1", "w2", "w3", "w4", "w5"]
+            .iter()
+            .map(|n| {
+                let w = Tensor::randn(0f32, 1., (8, 4, 3, 3), &dev).unwrap();
+                (n.to_string(), w)
+            })
+            .collect();
+        assert_eq!(pack_small_convs(&mut graph, &mut weights), 1);
+        assert_eq!(graph.nodes[0].target, TARGET);
+        assert!(graph.nodes[0]
+            .inputs
+            .iter()
+            .any(|a| a.name == "weight_shape"
+                && matches!(&a.arg, Argument::AsInts(s) if s == &[8, 4, 3, 3])));
+        assert_eq!(weights["w1"].rank(), 1);
+        for (i, w) in ["w2", "w3", "w4", "w5"].iter().enumerate() {
+            assert_eq!(
+                graph.nodes[i + 1].target,
+                "torch.ops.aten.convolution.default"
+            );
+            assert_eq!(weights[*w].dims(), [8, 4, 3, 3]);
+        }
+    }
+}
