@@ -286,7 +286,8 @@ impl Program {
             crate::prepare::fuse_conv_residuals(&mut ep.graph_module.graph);
             crate::prepare::fuse_pointwise_chains(&mut ep.graph_module.graph);
             crate::prepare::drop_unread_pool_indices(&mut ep.graph_module.graph);
-            crate::prepare::pack_small_convs(&mut ep.graph_module.graph, &mut weights);
+            let owned = owned.is_some();
+            crate::prepare::pack_small_convs(&mut ep.graph_module.graph, &mut weights, owned);
         }
         crate::prepare::pack_linears(&mut ep.graph_module.graph, &packed)
             .map_err(Error::Program)?;

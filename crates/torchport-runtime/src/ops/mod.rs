@@ -43,6 +43,7 @@ pub mod sort;
 pub mod stats;
 pub mod strided;
 pub mod sym;
+mod tile;
 pub mod unfold;
 pub mod volume;
 mod winograd;

@@ -21,6 +21,7 @@ use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
 
 use super::sgemm::{block_fits, for_each_tile, new_block, tiles, Mat, Shared};
+use super::tile::{transpose, SIDE};
 use super::Registry;
 use crate::error::OpResult;
 use crate::op_bail;
@@ -131,6 +132,7 @@ impl Packing {
         if src.len() < need || dst.len() < len {
             return false;
         }
+        let src = src.as_f32();
         let (n_pad, kc) = (n.next_multiple_of(mr), self.block(k));
         let mut rest = &mut dst[..len];
         let mut p0 = 0;
@@ -139,21 +141,34 @@ impl Packing {
             let (block, tail) = std::mem::take(&mut rest).split_at_mut(n_pad * kb);
             rest = tail;
             match source {
-                // Each panel on its own, 16 columns at a time: one cache line of each of the
-                // panel's rows, written into 16 of the panel's columns (4 KiB with AVX-512).
+                // Each panel on its own. f32 values in memory by tiles of 16 x 16 (`tile`),
+                // 16 rows at a time along the block: 16 streams of reads, which the CPU's
+                // prefetchers follow (a whole panel's 64 rows 16 columns at a time, the
+                // reads waited on memory). Else 16 columns at a time: one cache line of each
+                // of the panel's rows, written into 16 of the panel's columns.
                 Source::Rows => block
                     .par_chunks_mut(mr * kb)
                     .enumerate()
                     .for_each(|(q, panel)| {
                         let rows = mr.min(n - (q * mr).min(n));
-                        for c0 in (0..kb).step_by(16) {
-                            let c1 = (c0 + 16).min(kb);
+                        let first = (q * mr) * k + p0;
+                        if let Values::F32(v) = src {
+                            for r0 in (0..rows).step_by(SIDE) {
+                                let rn = SIDE.min(rows - r0);
+                                for c0 in (0..kb).step_by(SIDE) {
+                                    let (at, cn) = (first + r0 * k + c0, SIDE.min(kb - c0));
+                                    transpose(v, at, k, rn, cn, panel, c0 * mr + r0, mr);
+                                }
+                            }
+                        }
+                        for c0 in (0..kb).step_by(SIDE) {
+                            let c1 = (c0 + SIDE).min(kb);
                             for r in 0..mr {
                                 let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
-                                if r < rows {
-                                    src.copy((q * mr + r) * k + p0 + c0, c1 - c0, cols);
-                                } else {
+                                if r >= rows {
                                     cols.take(c1 - c0).for_each(|d| *d = 0.0);
+                                } else if let Values::Le(_) = src {
+                                    src.copy(first + r * k + c0, c1 - c0, cols);
                                 }
                             }
                         }
@@ -190,7 +205,27 @@ enum Values<'a> {
     F32(&'a [f32]),
 }
 
-impl Values<'_> {
+impl<'a> Values<'a> {
+    /// The same values as f32 where the bytes are those of f32 values in memory (a
+    /// little-endian CPU, 4-byte aligned), so that they can be read a vector at a time.
+    fn as_f32(self) -> Values<'a> {
+        match self {
+            Values::Le(b) if cfg!(target_endian = "little") => {
+                // SAFETY: every bit pattern is a valid f32, and `align_to` gives a middle
+                // part whose alignment suits f32; on a little-endian CPU the bytes of
+                // each are its little-endian encoding.
+                #[allow(unsafe_code)]
+                let (head, values, _) = unsafe { b.align_to::<f32>() };
+                if head.is_empty() {
+                    Values::F32(values)
+                } else {
+                    self
+                }
+            }
+            other => other,
+        }
+    }
+
     /// How many values.
     fn len(&self) -> usize {
         match self {
@@ -522,7 +557,8 @@ mod tests {
     use candle_core::DType;
 
     /// `w` (`[n, k]`, row-major) packed from its little-endian bytes; and the same values
-    /// packed from their transpose (`[k, n]`, [`Source::Columns`]) must come out the same.
+    /// packed from their transpose (`[k, n]`, [`Source::Columns`]), from bytes not aligned
+    /// as f32 (one value at a time) and from f32 values must come out the same.
     fn pack(pk: &Packing, w: &[f32], n: usize, k: usize) -> (Vec<f32>, usize) {
         let le = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|v| v.to_le_bytes()).collect() };
         let bytes = le(w);
@@ -540,6 +576,21 @@ mod tests {
             differ, None,
             "{n} x {k} packed from [k, n]: first difference"
         );
+        // Bytes not aligned as f32 (read one value at a time) and f32 values (by tiles)
+        // give the same panels.
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(&bytes);
+        let mut unaligned = vec![f32::NAN; out.len()];
+        assert!(pk.pack_le_into(&shifted[1..], Source::Rows, n, k, &mut unaligned));
+        let mut from_f32 = vec![f32::NAN; out.len()];
+        assert!(pk.pack_f32_into(w, n, k, &mut from_f32));
+        for (what, other) in [("unaligned bytes", &unaligned), ("f32", &from_f32)] {
+            let same = other
+                .iter()
+                .zip(&out)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{n} x {k} packed from {what}");
+        }
         for source in [Source::Rows, Source::Columns] {
             if !bytes.is_empty() {
                 assert!(!pk.pack_le_into(&bytes[4..], source, n, k, &mut out));

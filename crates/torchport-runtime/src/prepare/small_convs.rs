@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor};
 
 use super::{input_tensor, is_forward_conv, readers_and_producers};
-use crate::ops::conv::small::{pack_weight, MAX_PIXELS, TARGET};
+use crate::ops::conv::small::{pack_weight, pack_weight_in_place, MAX_PIXELS, TARGET};
 use crate::ops::op_key;
 use crate::schema::{Argument, Graph, NamedArgument};
 
@@ -15,10 +15,21 @@ use crate::schema::{Argument, Graph, NamedArgument};
 /// [`TARGET`]. Only where the graph's metadata gives the input and output static `[N, C, H,
 /// W]` sizes, the weight is a 4-d float32 tensor of `weights` that nothing else reads, and
 /// this CPU has a microkernel; padding given as a string (`conv2d.padding`) is left alone.
-/// Run after the batch norms are folded (the fold rescales the weight it packs). Returns
-/// how many.
-pub fn pack_small_convs(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+/// `in_place`: the caller owns every tensor of `weights`, so a weight bound to one name is
+/// packed over its own values where it can be ([`pack_weight_in_place`]) rather than into
+/// a new buffer. Run after the batch norms are folded (the fold rescales the weight it
+/// packs). Returns how many.
+pub fn pack_small_convs(
+    graph: &mut Graph,
+    weights: &mut HashMap<String, Tensor>,
+    in_place: bool,
+) -> usize {
     let (readers, _) = readers_and_producers(graph);
+    // How many names each tensor is bound to (a tensor under two names is shared).
+    let mut names_of: HashMap<candle_core::TensorId, usize> = HashMap::new();
+    for t in weights.values() {
+        *names_of.entry(t.id()).or_default() += 1;
+    }
     let mut changed = 0;
     for i in 0..graph.nodes.len() {
         let node = &graph.nodes[i];
@@ -57,7 +68,9 @@ pub fn pack_small_convs(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
             continue;
         };
         let shape: Vec<i64> = weight.dims().iter().map(|&d| d as i64).collect();
-        let Some(packed) = pack_weight(weight) else {
+        let sole = in_place && names_of.get(&weight.id()) == Some(&1);
+        let in_place = sole.then(|| pack_weight_in_place(weight)).flatten();
+        let Some(packed) = in_place.or_else(|| pack_weight(weight)) else {
             continue;
         };
         weights.insert(w.to_string(), packed);
@@ -146,7 +159,7 @@ mod tests {
                 (n.to_string(), w)
             })
             .collect();
-        assert_eq!(pack_small_convs(&mut graph, &mut weights), 1);
+        assert_eq!(pack_small_convs(&mut graph, &mut weights, false), 1);
         assert_eq!(graph.nodes[0].target, TARGET);
         assert!(graph.nodes[0]
             .inputs

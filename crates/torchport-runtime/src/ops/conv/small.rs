@@ -22,6 +22,7 @@ use crate::op_bail;
 use crate::ops::fused::{with_f32, Spare};
 use crate::ops::packed::{sgemm_packed, Packed, Packing};
 use crate::ops::sgemm::Mat;
+use crate::ops::tile::{transpose, SIDE};
 use crate::ops::{float, usize_of, Registry};
 use crate::value::{one, Args, Outputs};
 
@@ -35,9 +36,6 @@ pub const TARGET: &str = "torchport.conv2d_packed.default";
 /// The most output pixels per image for which a convolution's weight is packed (7 x 7 and
 /// smaller planes; see the module's docs).
 pub const MAX_PIXELS: usize = 64;
-
-/// Output channels per tile of the pass that writes the planes.
-const TILE: usize = 16;
 
 /// Output values per task (at least) of the pass that writes the planes when it runs over
 /// the pool's threads: smaller tasks cost more to hand out than to run.
@@ -229,12 +227,12 @@ pub(super) fn conv(
 }
 
 /// Writes `dst` (`[co, pixels]`) from the product `prod` (`[pixels, co]`): each output
-/// channel's plane, plus its bias and residual, through the activation, in tiles of
-/// [`TILE`] channels by [`TILE`] pixels, each read as stretches of the product's rows (one
-/// cache line each) and written as stretches of the planes; blocks of at least
-/// [`VALUES_PER_TASK`] values over the pool's threads when `parallel`. Reading a channel's plane straight down the
-/// product instead went one row of `co` values at a time, with 512 or more channels the
-/// same cache set each time: 1.4% of ResNet-50's time at batch 1 (`perf`).
+/// channel's plane, plus its bias and residual, through the activation. The planes are
+/// transposed from the product in 16 x 16 tiles (`tile`), then finished a channel at a
+/// time, in blocks of at least [`VALUES_PER_TASK`] values over the pool's threads when
+/// `parallel`. Reading a channel's plane straight down the product instead went one row of
+/// `co` values at a time, with 512 or more channels the same cache set each time: 1.4% of
+/// ResNet-50's time at batch 1 (`perf`).
 fn planes(
     prod: &[f32],
     pix: usize,
@@ -245,47 +243,106 @@ fn planes(
     parallel: bool,
 ) {
     use rayon::prelude::*;
-    const T: usize = TILE;
     let co = dst.len() / pix;
-    let tile_of_channels = |(b, rows): (usize, &mut [f32])| {
-        let (o0, nr) = (b * T, rows.len() / pix);
-        let mut tile = [[0f32; T]; T];
-        for j0 in (0..pix).step_by(T) {
-            let nj = T.min(pix - j0);
-            for (j, t) in tile[..nj].iter_mut().enumerate() {
-                t[..nr].copy_from_slice(&prod[(j0 + j) * co + o0..][..nr]);
-            }
-            for (r, row) in rows.chunks_exact_mut(pix).enumerate() {
-                let add = bias.map_or(0.0, |b| b[o0 + r]);
-                let out = &mut row[j0..j0 + nj];
-                out.iter_mut().zip(&tile).for_each(|(d, t)| *d = t[r] + add);
+    // Channels `first..` into `rows`, whole planes.
+    let block = |(first, rows): (usize, &mut [f32])| {
+        let n = rows.len() / pix;
+        for c0 in (0..n).step_by(SIDE) {
+            for j0 in (0..pix).step_by(SIDE) {
+                let (cn, jn) = (SIDE.min(n - c0), SIDE.min(pix - j0));
+                let at = j0 * co + first + c0;
+                transpose(prod, at, co, jn, cn, rows, c0 * pix + j0, pix);
             }
         }
         for (r, row) in rows.chunks_exact_mut(pix).enumerate() {
-            if let Some(res) = residual {
-                let res = &res[(o0 + r) * pix..][..pix];
-                row.iter_mut().zip(res).for_each(|(d, r)| *d += r);
+            let o = first + r;
+            match (bias, residual) {
+                (Some(b), Some(res)) => {
+                    let res = &res[o * pix..][..pix];
+                    row.iter_mut()
+                        .zip(res)
+                        .for_each(|(d, r)| *d = *d + b[o] + r);
+                }
+                (Some(b), None) => row.iter_mut().for_each(|d| *d += b[o]),
+                (None, Some(res)) => {
+                    let res = &res[o * pix..][..pix];
+                    row.iter_mut().zip(res).for_each(|(d, r)| *d += r);
+                }
+                (None, None) => {}
             }
             act.apply(row);
         }
     };
-    // A block: whole tiles of channels, `first` the block's first tile.
-    let block = |(first, rows): (usize, &mut [f32])| {
-        rows.chunks_mut(T * pix)
-            .enumerate()
-            .for_each(|(t, rows)| tile_of_channels((first + t, rows)));
-    };
-    let per_task = VALUES_PER_TASK.div_ceil(T * pix) * T;
+    let per_task = VALUES_PER_TASK.div_ceil(SIDE * pix) * SIDE;
     if parallel && per_task < co {
         let blocks = dst.par_chunks_mut(per_task * pix).enumerate();
-        blocks.for_each(|(b, rows)| block((b * per_task / T, rows)));
+        blocks.for_each(|(b, rows)| block((b * per_task, rows)));
     } else {
         block((0, dst));
     }
 }
 
+/// [`pack_weight`], written over `w`'s own values where the packed weight is as long (its
+/// output channels fill whole panels, as 512 or 1152 do) and `w` is contiguous: the load's
+/// weights then take no more memory packed. `w` must be the only tensor that reads those
+/// values (the caller owns it, under one name). `None` where it does not apply.
+pub fn pack_weight_in_place(w: &Tensor) -> Option<Tensor> {
+    let packing = Packing::detect()?;
+    let (co, ci, kh, kw) = w.dims4().ok()?;
+    let k = ci * kh * kw;
+    if packing.len(co, k)? != w.elem_count() || w.dtype() != DType::F32 || !w.is_contiguous() {
+        return None;
+    }
+    w.inplace_op1(&PackInPlace { packing, co, k }).ok()?;
+    w.flatten_all().ok()
+}
+
+/// Packs a contiguous `[co, k]` f32 weight whose packed length is its own, in place: into a
+/// scratch buffer, then back.
+struct PackInPlace {
+    packing: Packing,
+    co: usize,
+    k: usize,
+}
+
+impl candle_core::InplaceOp1 for PackInPlace {
+    fn name(&self) -> &'static str {
+        "pack-in-place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        let fail = |what: &str| Err(candle_core::Error::Msg(format!("pack in place: {what}")));
+        let (candle_core::CpuStorage::F32(v), Some((start, end))) =
+            (storage, layout.contiguous_offsets())
+        else {
+            return fail("not a contiguous f32 tensor");
+        };
+        let w = &mut v[start..end];
+        if self.packing.len(self.co, self.k) != Some(w.len()) {
+            return fail("the packed weight would be longer");
+        }
+        let packed = crate::ops::fused::with_scratch_len(w.len(), |tmp| {
+            let ok = self.packing.pack_f32_into(w, self.co, self.k, tmp);
+            if ok {
+                w.copy_from_slice(tmp);
+            }
+            ok
+        });
+        if packed {
+            Ok(())
+        } else {
+            fail("the weight does not hold its shape")
+        }
+    }
+}
+
 /// The `[co, ci, kh, kw]` f32 weight `w` packed for this CPU's microkernel as the `[co, ci *
-/// kh * kw]` matrix it is, 1-d; `None` where there is no microkernel or `w` is not so.
+/// kh * kw]` matrix it is, 1-d, in a new buffer; `None` where there is no microkernel or `w`
+/// is not so.
 pub fn pack_weight(w: &Tensor) -> Option<Tensor> {
     let packing = Packing::detect()?;
     let (co, ci, kh, kw) = w.dims4().ok()?;
@@ -389,6 +446,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A weight packed over its own values holds what a new buffer would; one whose
+    /// packed form is longer (70 output channels: a part-filled panel) is left alone.
+    #[test]
+    fn weights_packed_in_place_hold_the_same_values() {
+        if Packing::detect().is_none() {
+            return;
+        }
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1., (128, 24, 3, 3), &dev).unwrap();
+        let want = pack_weight(&w).unwrap().to_vec1::<f32>().unwrap();
+        let got = pack_weight_in_place(&w).unwrap();
+        assert_eq!(got.to_vec1::<f32>().unwrap(), want);
+        // Written over the weight's own storage: the 4-d tensor now holds the packed values.
+        assert_eq!(w.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
+        let odd = Tensor::randn(0f32, 1., (70, 24, 1, 1), &dev).unwrap();
+        assert!(pack_weight_in_place(&odd).is_none());
+        let strided = Tensor::randn(0f32, 1., (24, 128, 1, 1), &dev).unwrap();
+        assert!(pack_weight_in_place(&strided.transpose(0, 1).unwrap()).is_none());
     }
 
     /// The node as the load writes it runs; crafted ones are refused with an error each:

@@ -2,6 +2,8 @@
 
 use super::PlaneGeometry;
 use crate::ops::fused::{self, Spare};
+#[cfg(target_arch = "x86_64")]
+use crate::ops::tile::transpose16;
 
 /// Output planes of at most this many pixels are computed by [`depthwise_block`]: per plane,
 /// the spatial path's fixed work (padding, phases, copies) outweighs its sums there. Single
@@ -265,38 +267,6 @@ unsafe fn tile_out_avx512(yt: &[f32], dst: &mut [f32], pix: usize, cn: usize, t0
         if j < cn {
             _mm512_mask_storeu_ps(dst.as_mut_ptr().add(j * pix + t0), mask, *r);
         }
-    }
-}
-
-/// Transposes a 16 x 16 matrix of floats held as 16 rows: pairs of rows interleaved, then
-/// pairs of pairs, then 128-bit lanes exchanged twice.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
-    use std::arch::x86_64::*;
-    let mut t = [_mm512_setzero_ps(); 16];
-    for i in 0..8 {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    let pd = _mm512_castps_pd;
-    for i in 0..4 {
-        let (a, b, c, d) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
-        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
-        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
-        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
-        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
-    }
-    for h in 0..2 {
-        for i in 0..4 {
-            let (a, b) = (r[8 * h + i], r[8 * h + 4 + i]);
-            t[8 * h + i] = _mm512_shuffle_f32x4::<0x88>(a, b);
-            t[8 * h + 4 + i] = _mm512_shuffle_f32x4::<0xdd>(a, b);
-        }
-    }
-    for i in 0..8 {
-        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[8 + i]);
-        r[8 + i] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[8 + i]);
     }
 }
 
