@@ -15,7 +15,8 @@
 //! archive's bytes for the weights read only as the weight of a product (a Linear's `[n, k]`
 //! weight, or the `[k, n]` right operand of `addmm` / `mm` / `matmul`: [`Source`]), and
 //! rewrites those nodes to [`TARGET`], whose kernel reads the packed values with
-//! [`product_packed`].
+//! [`product_packed`]. The weights of convolutions on small planes are packed the same way,
+//! from their decoded values, at build (`ops/conv/small.rs`).
 
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
@@ -161,9 +162,11 @@ impl Packing {
                                 }
                             }
                         }
+                        // The rows past `n` (zeros), and those of bytes read one at a time.
+                        let from = if let Values::F32(_) = src { rows } else { 0 };
                         for c0 in (0..kb).step_by(SIDE) {
                             let c1 = (c0 + SIDE).min(kb);
-                            for r in 0..mr {
+                            for r in from..mr {
                                 let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
                                 if r >= rows {
                                     cols.take(c1 - c0).for_each(|d| *d = 0.0);

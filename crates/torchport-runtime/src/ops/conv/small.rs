@@ -7,12 +7,13 @@
 //! written back element by element. Here the product is `cols.T [pixels, k] @ w.T`, the
 //! packed weight's panels of 64 output channels along the registers (1152 channels fill 18
 //! panels), into a `[pixels, co]` buffer; one pass then writes each output channel's plane
-//! from it with the bias, the residual and the activation. Single 1x1 convolutions, products
-//! alone, least of 200, 1 thread: 192 → 1152 channels on 7 x 7 0.250 ms through the gemm
-//! crate, 0.193 packed; 320 → 1280 0.458 / 0.355 (BENCHMARKS.md, issue 14). On larger planes
-//! the pixels fill the panels and the pass that transposes the output costs more than it
-//! saves: `prepare::pack_small_convs` packs only convolutions whose output plane has at
-//! most [`MAX_PIXELS`] pixels.
+//! from it with the bias, the residual and the activation. Single convolutions on 7 x 7,
+//! least of 200, 1 thread, the gemm crate's path against this one: 192 → 1152 channels 1x1
+//! 0.279 / 0.249 ms, 2048 → 512 1.20 / 0.95, ResNet's 512-channel 3x3 3.09 / 2.75
+//! (BENCHMARKS.md, issue 14). On 14 x 14 the pixels fill all but the last panel and the two
+//! paths were within 0.90–1.04x of each other (1.13x the other way once, on 2 threads):
+//! `prepare::pack_small_convs` packs only convolutions whose output plane has at most
+//! [`MAX_PIXELS`] pixels.
 
 use candle_core::{DType, Tensor};
 
