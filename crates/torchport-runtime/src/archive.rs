@@ -104,7 +104,9 @@ pub(crate) fn decode(
                 .filter(|(((t, _), _), _)| vector(t) == vectors)
                 .try_for_each(|(((t, part), own), pack)| {
                     let fill = match (scales.get(&t.name), pack) {
-                        (_, Some((pk, source))) => Fill::Packed(*pk, *source),
+                        (scale, Some((pk, source))) => {
+                            Fill::Packed(*pk, *source, scale.map(Vec::as_slice))
+                        }
                         (Some(scale), _) => Fill::Scaled(scale),
                         _ if transposed.contains(&t.name) => Fill::Transposed,
                         _ => Fill::Plain,
@@ -126,14 +128,19 @@ pub(crate) fn decode(
         .collect();
     let mut scales = scales(&first);
     drop(first);
-    // Only a tensor of rank 2 or more in the shared buffer, not transposed or packed, is
-    // multiplied.
+    // Only a tensor of rank 2 or more in the shared buffer, not transposed, and not packed
+    // unless a convolution's weight, is multiplied.
     let scalable: HashSet<&str> = infos
         .iter()
         .zip(&slots)
         .zip(&packs)
         .filter(|((t, slot), pack)| {
-            slot.is_some() && pack.is_none() && !vector(t) && !transposed.contains(&t.name)
+            // Packed: a convolution's weight (rows are its output channels).
+            let packed_conv = matches!(pack, Some((_, Source::Rows))) && t.shape.len() >= 3;
+            slot.is_some()
+                && (pack.is_none() || packed_conv)
+                && !vector(t)
+                && !transposed.contains(&t.name)
         })
         .map(|((t, _), _)| t.name.as_str())
         .collect();
@@ -261,9 +268,10 @@ enum Fill<'a> {
     /// f32: [`crate::prepare::bn_scaled`], as the build's fold of a batch norm computes it),
     /// as it is written.
     Scaled(&'a [f64]),
-    /// A 2-d tensor, laid out as the [`Source`] says, as the microkernel's panels
-    /// ([`Packing`]).
-    Packed(Packing, Source),
+    /// A tensor laid out as the [`Source`] says (a convolution's weight as its `[co, k]`
+    /// rows), as the microkernel's panels ([`Packing`]); each row multiplied by its scale
+    /// as [`Fill::Scaled`] does, if given.
+    Packed(Packing, Source, Option<&'a [f64]>),
 }
 
 /// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer) as `fill` says.
@@ -273,11 +281,13 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
         what: e.to_string(),
     })?;
     let scales_fit = match fill {
-        Fill::Scaled(scale) => t.shape.first() == Some(&scale.len()),
+        Fill::Scaled(scale) | Fill::Packed(_, _, Some(scale)) => {
+            t.shape.first() == Some(&scale.len())
+        }
         _ => true,
     };
     let packed = match &fill {
-        Fill::Packed(pk, source) => Some(
+        Fill::Packed(pk, source, _) => Some(
             source
                 .features(&t.shape)
                 .filter(|&(n, k)| pk.len(n, k) == Some(dst.len())),
@@ -306,9 +316,9 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
     }
     match (fill, &t.shape[..]) {
         (Fill::Transposed, &[n, k]) => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
-        (Fill::Packed(pk, source), _) => {
+        (Fill::Packed(pk, source, scale), _) => {
             let (n, k) = packed.flatten().unwrap_or_default();
-            if !pk.pack_le_into(&bytes, source, n, k, dst) {
+            if !pk.pack_le_into(&bytes, source, n, k, dst, scale) {
                 return Err(Error::Weight {
                     name: t.name.clone(),
                     what: format!("could not pack a float32 tensor of shape {:?}", t.shape),

@@ -175,6 +175,8 @@ impl Program {
         let mut prescaled = HashSet::new();
         // Packed weights by graph input: (n, k), output and input features.
         let mut packed = HashMap::new();
+        // Of those, the convolutions' weights: their [co, ci, kh, kw] by graph input.
+        let mut conv_dims: HashMap<String, Vec<usize>> = HashMap::new();
         let packing = crate::ops::packed::Packing::detect();
         let mut inputs = Vec::new();
         for spec in specs {
@@ -241,6 +243,10 @@ impl Program {
                             });
                         }
                         packed.insert(arg.name.clone(), (n, k));
+                        if want.len() == 4 {
+                            // A convolution's weight ([co, ci, kh, kw]).
+                            conv_dims.insert(arg.name.clone(), want.clone());
+                        }
                         want = pk.len(n, k).into_iter().collect();
                     }
                     if t.dims() != want.as_slice() {
@@ -274,11 +280,17 @@ impl Program {
                 weights.contains_key(n)
             });
         }
+        // The convolutions' weights decoded packed, by tensor: the fold renames them.
+        let packed_convs: HashMap<candle_core::TensorId, Vec<usize>> = conv_dims
+            .iter()
+            .filter_map(|(name, dims)| Some((weights.get(name)?.id(), dims.clone())))
+            .collect();
         crate::prepare::fold_batch_norms_with(
             &mut ep.graph_module.graph,
             &mut weights,
             owned.is_some(),
             &prescaled,
+            &conv_dims,
         )
         .map_err(Error::Program)?;
         if own_kernels {
@@ -287,7 +299,9 @@ impl Program {
             crate::prepare::fuse_pointwise_chains(&mut ep.graph_module.graph);
             crate::prepare::drop_unread_pool_indices(&mut ep.graph_module.graph);
             let owned = owned.is_some();
-            crate::prepare::pack_small_convs(&mut ep.graph_module.graph, &mut weights, owned);
+            let g = &mut ep.graph_module.graph;
+            crate::prepare::pack_small_convs(g, &mut weights, owned, &packed_convs)
+                .map_err(Error::Program)?;
         }
         crate::prepare::pack_linears(&mut ep.graph_module.graph, &packed)
             .map_err(Error::Program)?;
@@ -513,8 +527,10 @@ impl Program {
 /// parameters read only as the weight of products the packed kernel computes (Linears, and
 /// `addmm` / `mm` / `matmul` of a weight stored `[in, out]`: [`crate::prepare::packable_weights`],
 /// after the decomposed export's Linears are made Linears again) are decoded packed for the
-/// microkernel ([`crate::ops::packed`]) instead of transposed. The third part of the result
-/// names both kinds.
+/// microkernel ([`crate::ops::packed`]) instead of transposed, and so are the weights of
+/// the convolutions on small planes that the build runs packed
+/// ([`crate::prepare::small_conv_weights`]), each multiplied by its fold's scale as it is
+/// packed. The third part of the result names both kinds.
 fn read_for_build(
     path: &Path,
     pack: bool,
@@ -548,7 +564,12 @@ fn read_for_build(
         .collect();
     // Packed: parameters (never updated by a run) read only as the weight of products the
     // packed kernel computes, in one layout under every name they are bound to.
-    let products = crate::prepare::packable_weights(&g, |n| fqns.contains_key(n));
+    let mut products = crate::prepare::packable_weights(&g, |n| fqns.contains_key(n));
+    if pack {
+        // The convolutions on small planes the build runs packed (`prepare::pack_small_convs`).
+        let convs = crate::prepare::small_conv_weights(&g);
+        products.extend(convs.into_iter().map(|n| (n, Source::Rows)));
+    }
     let mut votes: HashMap<&str, Option<Source>> = HashMap::new();
     for spec in &ep.graph_module.signature.input_specs {
         if let Some((arg, fqn)) = spec.weight() {
@@ -1114,7 +1135,9 @@ mod tests {
     /// bits as those the build makes itself from plainly decoded weights
     /// (`Program::from_parts`), and the outputs agree (to rounding: the load's classifier
     /// reads its weight packed, `from_parts`'s through the gemm's own path, which for one row
-    /// sums in another order). On timm's ResNet-18d and torchvision's
+    /// sums in another order). The weights of convolutions on small planes are packed in
+    /// both: the load's as they are decoded and scaled, the build's after its fold. On
+    /// timm's ResNet-18d and torchvision's
     /// MobileNetV3-Small as torch.export wrote them (`batch_norm` in one, the decomposed
     /// `_native_batch_norm_legit_no_training` in the other).
     #[test]
@@ -1207,8 +1230,14 @@ mod tests {
         let g = &mut ep.graph_module.graph;
         let fc = "p_fc_weight".to_string();
         assert!(weights.contains_key(&fc));
-        let err =
-            crate::prepare::fold_batch_norms_with(g, &mut weights, true, &[fc].into()).unwrap_err();
+        let err = crate::prepare::fold_batch_norms_with(
+            g,
+            &mut weights,
+            true,
+            &[fc].into(),
+            &HashMap::new(),
+        )
+        .unwrap_err();
         assert!(err.contains("p_fc_weight"), "{err}");
     }
 }

@@ -105,7 +105,11 @@ impl Packing {
 
     /// Pack the weight held as little-endian f32 `bytes`, laid out as `source` says, into
     /// `dst` (`self.len(n, k)` values), in blocks of [`Packing::block`] columns, panels in
-    /// parallel. Returns false (and writes nothing) when `bytes` or `dst` is too short.
+    /// parallel. With `scale` (`[Source::Rows]` only: a convolution's weight and its batch
+    /// norm's scale), row `i` is multiplied by `scale[i]` as
+    /// [`crate::prepare::fold_batch_norms`] multiplies it, while its panel is in cache.
+    /// Returns false (and writes nothing) when `bytes`, `dst` or `scale` is too short, or a
+    /// scale comes with [`Source::Columns`].
     pub fn pack_le_into(
         &self,
         bytes: &[u8],
@@ -113,24 +117,38 @@ impl Packing {
         n: usize,
         k: usize,
         dst: &mut [f32],
+        scale: Option<&[f64]>,
     ) -> bool {
-        self.pack_into(Values::Le(bytes), source, n, k, dst)
+        self.pack_into(Values::Le(bytes), source, n, k, dst, scale)
     }
 
     /// [`Packing::pack_le_into`] from a row-major `[n, k]` matrix of f32 values (a weight
-    /// already decoded).
+    /// already decoded), unscaled.
     pub fn pack_f32_into(&self, src: &[f32], n: usize, k: usize, dst: &mut [f32]) -> bool {
-        self.pack_into(Values::F32(src), Source::Rows, n, k, dst)
+        self.pack_into(Values::F32(src), Source::Rows, n, k, dst, None)
     }
 
     /// [`Packing::pack_le_into`] from either kind of [`Values`].
-    fn pack_into(&self, src: Values, source: Source, n: usize, k: usize, dst: &mut [f32]) -> bool {
+    fn pack_into(
+        &self,
+        src: Values,
+        source: Source,
+        n: usize,
+        k: usize,
+        dst: &mut [f32],
+        scale: Option<&[f64]>,
+    ) -> bool {
         use rayon::prelude::*;
         let mr = self.mr;
         let (Some(need), Some(len)) = (n.checked_mul(k), self.len(n, k)) else {
             return false;
         };
-        if src.len() < need || dst.len() < len {
+        let scale_fits = match (scale, source) {
+            (None, _) => true,
+            (Some(s), Source::Rows) => s.len() >= n,
+            (Some(_), Source::Columns) => false,
+        };
+        if src.len() < need || dst.len() < len || !scale_fits {
             return false;
         }
         let src = src.as_f32();
@@ -174,6 +192,20 @@ impl Packing {
                                     src.copy(first + r * k + c0, c1 - c0, cols);
                                 }
                             }
+                        }
+                        if let Some(scale) = scale {
+                            let scale = &scale[q * mr..q * mr + rows];
+                            // In wide registers where the CPU has them (`fused::simd`).
+                            super::fused::simd(
+                                #[inline(always)]
+                                || {
+                                    for col in panel.chunks_exact_mut(mr) {
+                                        for (v, &s) in col.iter_mut().zip(scale) {
+                                            *v = crate::prepare::bn_scaled(*v, s);
+                                        }
+                                    }
+                                },
+                            );
                         }
                     }),
                 // A panel's column is a stretch of one row of the `[k, n]` source: 16 panels
@@ -253,7 +285,8 @@ impl<'a> Values<'a> {
 /// How a weight to be packed is laid out in the archive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
-    /// `[n, k]`: torch's Linear weight, read as `x @ w.T`.
+    /// `[n, k]`: torch's Linear weight, read as `x @ w.T`; or `[n, ...]`, a convolution's
+    /// weight, read as the `[n, k]` matrix it is (`k` the product of the other sizes).
     Rows,
     /// `[k, n]`: the right operand of `x @ w` as it is (GPT-2's `Conv1D` weight, read by
     /// `addmm(bias, x, w)`).
@@ -265,6 +298,9 @@ impl Source {
     pub fn features(self, shape: &[usize]) -> Option<(usize, usize)> {
         match (self, shape) {
             (Source::Rows, &[n, k]) | (Source::Columns, &[k, n]) => Some((n, k)),
+            (Source::Rows, &[n, ref rest @ ..]) if rest.len() >= 2 => {
+                Some((n, rest.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?))
+            }
             _ => None,
         }
     }
@@ -567,10 +603,10 @@ mod tests {
         let bytes = le(w);
         let kc = pk.block(k);
         let mut out = vec![f32::NAN; pk.len(n, k).unwrap()];
-        assert!(pk.pack_le_into(&bytes, Source::Rows, n, k, &mut out));
+        assert!(pk.pack_le_into(&bytes, Source::Rows, n, k, &mut out, None));
         let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
         let mut from_t = vec![f32::NAN; out.len()];
-        assert!(pk.pack_le_into(&le(&wt), Source::Columns, n, k, &mut from_t));
+        assert!(pk.pack_le_into(&le(&wt), Source::Columns, n, k, &mut from_t, None));
         let differ = from_t
             .iter()
             .zip(&out)
@@ -584,7 +620,7 @@ mod tests {
         let mut shifted = vec![0u8; bytes.len() + 1];
         shifted[1..].copy_from_slice(&bytes);
         let mut unaligned = vec![f32::NAN; out.len()];
-        assert!(pk.pack_le_into(&shifted[1..], Source::Rows, n, k, &mut unaligned));
+        assert!(pk.pack_le_into(&shifted[1..], Source::Rows, n, k, &mut unaligned, None));
         let mut from_f32 = vec![f32::NAN; out.len()];
         assert!(pk.pack_f32_into(w, n, k, &mut from_f32));
         for (what, other) in [("unaligned bytes", &unaligned), ("f32", &from_f32)] {
@@ -596,9 +632,9 @@ mod tests {
         }
         for source in [Source::Rows, Source::Columns] {
             if !bytes.is_empty() {
-                assert!(!pk.pack_le_into(&bytes[4..], source, n, k, &mut out));
-                assert!(!pk.pack_le_into(&bytes, source, n, k, &mut out[1..]));
-                assert!(!pk.pack_le_into(&bytes, source, usize::MAX, k.max(2), &mut out));
+                assert!(!pk.pack_le_into(&bytes[4..], source, n, k, &mut out, None));
+                assert!(!pk.pack_le_into(&bytes, source, n, k, &mut out[1..], None));
+                assert!(!pk.pack_le_into(&bytes, source, usize::MAX, k.max(2), &mut out, None));
             }
         }
         (out, kc)

@@ -26,7 +26,7 @@ mod products;
 mod small_convs;
 pub use pointwise::fuse_pointwise_chains;
 pub use products::linears_from_products;
-pub use small_convs::pack_small_convs;
+pub use small_convs::{pack_small_convs, small_conv_weights};
 
 /// How a node reads a value: through a 2-d transpose (or as `linear`'s weight), or otherwise.
 fn transposed_read(node: &Node, input: &str) -> bool {
@@ -161,7 +161,9 @@ pub fn pack_linears(
                 .into_iter()
                 .find(|n| packed.contains_key(*n));
             if let Some(n) = read {
-                if node.target != crate::ops::packed::TARGET || a.name != "weight" {
+                let packed_read = node.target == crate::ops::packed::TARGET
+                    || node.target == crate::ops::conv::small::TARGET;
+                if !packed_read || a.name != "weight" {
                     return refuse(n, &node.target);
                 }
             }
@@ -421,7 +423,7 @@ fn same_meta(graph: &Graph, a: &str, b: &str) -> bool {
 /// or without a bias, norms with or without affine parameters. Returns how many were folded;
 /// weights nothing reads any more are dropped.
 pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
-    fold_batch_norms_with(graph, weights, false, &HashSet::new()).unwrap_or(0)
+    fold_batch_norms_with(graph, weights, false, &HashSet::new(), &HashMap::new()).unwrap_or(0)
 }
 
 /// [`fold_batch_norms`]; `in_place`: the caller owns every tensor of `weights` (nothing
@@ -430,12 +432,14 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
 /// `prescaled`: conv weights (by name in `graph`) whose values the load already multiplied
 /// by their fold's scale as it decoded them ([`plan_bn_folds`] decided that fold on the same
 /// graph and values); they are used as they are. One of them whose norm does not fold is an
-/// error, never a silently scaled weight.
+/// error, never a silently scaled weight. `packed_dims`: the shapes of weights the load
+/// decoded packed (1-d tensors), by name in `graph`.
 pub(crate) fn fold_batch_norms_with(
     graph: &mut Graph,
     weights: &mut HashMap<String, Tensor>,
     in_place: bool,
     prescaled: &HashSet<String>,
+    packed_dims: &HashMap<String, Vec<usize>>,
 ) -> Result<usize, String> {
     use crate::schema::{NamedArgument, TensorArgument};
     let (readers, producer) = readers_and_producers(graph);
@@ -444,7 +448,8 @@ pub(crate) fn fold_batch_norms_with(
         (&readers, &producer),
         |n| {
             let w = weights.get(n)?;
-            (w.dtype() == DType::F32).then(|| w.dims().to_vec())
+            let dims = packed_dims.get(n).cloned();
+            (w.dtype() == DType::F32).then(|| dims.unwrap_or_else(|| w.dims().to_vec()))
         },
         |n, len| values(weights, Some(n), len),
         |n| weights.contains_key(n),

@@ -1,29 +1,83 @@
 //! Convolutions on small output planes rewritten to read their weight packed
 //! ([`crate::ops::conv::small`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use candle_core::{DType, Tensor};
 
 use super::{input_tensor, is_forward_conv, readers_and_producers};
 use crate::ops::conv::small::{pack_weight, pack_weight_in_place, MAX_PIXELS, TARGET};
 use crate::ops::op_key;
-use crate::schema::{Argument, Graph, NamedArgument};
+use crate::schema::{Argument, Graph, NamedArgument, Node};
+
+/// The weight (by name in `graph`) of `node` if it is a float32 2-d convolution (groups 1)
+/// that [`pack_small_convs`] runs packed: the graph's metadata gives its input and output
+/// static `[N, C, H, W]` sizes, its output plane has at most [`MAX_PIXELS`] pixels (any, with
+/// `any_plane`), and nothing else reads the weight (`readers`, as
+/// [`readers_and_producers`] counts them). Padding given as a string (`conv2d.padding`) is
+/// left alone.
+pub(crate) fn packed_weight<'g>(
+    graph: &'g Graph,
+    node: &'g Node,
+    readers: &HashMap<String, usize>,
+    any_plane: bool,
+) -> Option<&'g str> {
+    let target = op_key(&node.target);
+    if !matches!(target, "aten.conv2d.default" | "aten.convolution.default")
+        || !is_forward_conv(node)
+    {
+        return None;
+    }
+    let groups = node.inputs.iter().find(|a| a.name == "groups");
+    if groups.is_some_and(|g| !matches!(g.arg, Argument::AsInt(1))) {
+        return None;
+    }
+    let (Some(x), Some(w), [Argument::AsTensor(y)]) = (
+        input_tensor(node, "input"),
+        input_tensor(node, "weight"),
+        node.outputs.as_slice(),
+    ) else {
+        return None;
+    };
+    let meta = |name: &str| {
+        let m = graph.tensor_values.get(name)?;
+        let s = m.static_sizes()?;
+        (m.dtype == crate::dtype::FLOAT && s.len() == 4).then_some(s)
+    };
+    let (_, out) = (meta(x)?, meta(&y.name)?);
+    let small = out[2].saturating_mul(out[3]) <= MAX_PIXELS as i64;
+    ((small || any_plane) && readers.get(w) == Some(&1)).then_some(w)
+}
+
+/// The weights (by name in `graph`) of the convolutions [`pack_small_convs`] will run
+/// packed, so that the load can decode them packed.
+pub fn small_conv_weights(graph: &Graph) -> HashSet<&str> {
+    let (readers, _) = readers_and_producers(graph);
+    graph
+        .nodes
+        .iter()
+        .filter_map(|node| packed_weight(graph, node, &readers, false))
+        .collect()
+}
 
 /// Store the weight of each float32 2-d convolution (groups 1) whose output plane has at
-/// most [`MAX_PIXELS`] pixels packed for the microkernel, and run the node as
-/// [`TARGET`]. Only where the graph's metadata gives the input and output static `[N, C, H,
-/// W]` sizes, the weight is a 4-d float32 tensor of `weights` that nothing else reads, and
-/// this CPU has a microkernel; padding given as a string (`conv2d.padding`) is left alone.
+/// most [`MAX_PIXELS`] pixels packed for the microkernel, and run the node as [`TARGET`]:
+/// where the graph's metadata gives its input and output static `[N, C, H, W]` sizes and
+/// nothing else reads the weight (padding given as a string, `conv2d.padding`, is left
+/// alone), the weight is a 4-d float32 tensor of `weights`, and this CPU has a microkernel.
 /// `in_place`: the caller owns every tensor of `weights`, so a weight bound to one name is
-/// packed over its own values where it can be ([`pack_weight_in_place`]) rather than into
-/// a new buffer. Run after the batch norms are folded (the fold rescales the weight it
-/// packs). Returns how many.
+/// packed over its own values where it can be ([`pack_weight_in_place`]) rather than into a
+/// new buffer. `decoded`: weights the load
+/// already decoded packed, by tensor, with their `[co, ci, kh, kw]`: their convolutions are
+/// rewritten whatever their plane, and a weight of them that some other node reads is an
+/// error. Run after the batch norms are folded (the fold rescales the weight it packs).
+/// Returns how many.
 pub fn pack_small_convs(
     graph: &mut Graph,
     weights: &mut HashMap<String, Tensor>,
     in_place: bool,
-) -> usize {
+    decoded: &HashMap<candle_core::TensorId, Vec<usize>>,
+) -> Result<usize, String> {
     let (readers, _) = readers_and_producers(graph);
     // How many names each tensor is bound to (a tensor under two names is shared).
     let mut names_of: HashMap<candle_core::TensorId, usize> = HashMap::new();
@@ -33,57 +87,58 @@ pub fn pack_small_convs(
     let mut changed = 0;
     for i in 0..graph.nodes.len() {
         let node = &graph.nodes[i];
-        let target = op_key(&node.target);
-        if !matches!(target, "aten.conv2d.default" | "aten.convolution.default")
-            || !is_forward_conv(node)
-        {
+        let packed_at_load =
+            input_tensor(node, "weight").and_then(|w| decoded.get(&weights.get(w)?.id()));
+        let Some(w) = packed_weight(graph, node, &readers, packed_at_load.is_some()) else {
             continue;
+        };
+        let (shape, packed) = match packed_at_load {
+            Some(shape) => (shape.clone(), None),
+            None => {
+                let Some(weight) = weights
+                    .get(w)
+                    .filter(|t| t.rank() == 4 && t.dtype() == DType::F32)
+                else {
+                    continue;
+                };
+                let sole = in_place && names_of.get(&weight.id()) == Some(&1);
+                let in_place = sole.then(|| pack_weight_in_place(weight)).flatten();
+                let Some(packed) = in_place.or_else(|| pack_weight(weight)) else {
+                    continue;
+                };
+                (weight.dims().to_vec(), Some(packed))
+            }
+        };
+        if let Some(packed) = packed {
+            weights.insert(w.to_string(), packed);
         }
-        let groups = node.inputs.iter().find(|a| a.name == "groups");
-        if groups.is_some_and(|g| !matches!(g.arg, Argument::AsInt(1))) {
-            continue;
-        }
-        let (Some(x), Some(w), [Argument::AsTensor(y)]) = (
-            input_tensor(node, "input"),
-            input_tensor(node, "weight"),
-            node.outputs.as_slice(),
-        ) else {
-            continue;
-        };
-        let meta = |name: &str| {
-            let m = graph.tensor_values.get(name)?;
-            let s = m.static_sizes()?;
-            (m.dtype == crate::dtype::FLOAT && s.len() == 4).then_some(s)
-        };
-        let (Some(_), Some(out)) = (meta(x), meta(&y.name)) else {
-            continue;
-        };
-        if out[2].saturating_mul(out[3]) > MAX_PIXELS as i64 || readers.get(w) != Some(&1) {
-            continue;
-        }
-        let Some(weight) = weights
-            .get(w)
-            .filter(|t| t.rank() == 4 && t.dtype() == DType::F32)
-        else {
-            continue;
-        };
-        let shape: Vec<i64> = weight.dims().iter().map(|&d| d as i64).collect();
-        let sole = in_place && names_of.get(&weight.id()) == Some(&1);
-        let in_place = sole.then(|| pack_weight_in_place(weight)).flatten();
-        let Some(packed) = in_place.or_else(|| pack_weight(weight)) else {
-            continue;
-        };
-        weights.insert(w.to_string(), packed);
         let node = &mut graph.nodes[i];
         node.target = TARGET.to_string();
         node.inputs.push(NamedArgument {
             name: "weight_shape".into(),
-            arg: Argument::AsInts(shape),
+            arg: Argument::AsInts(shape.iter().map(|&d| d as i64).collect()),
             kind: None,
         });
         changed += 1;
     }
-    changed
+    // A weight decoded packed is read by its packed convolution alone.
+    for node in &graph.nodes {
+        for a in &node.inputs {
+            let Argument::AsTensor(t) = &a.arg else {
+                continue;
+            };
+            let packed = weights
+                .get(&t.name)
+                .is_some_and(|w| decoded.contains_key(&w.id()));
+            if packed && (node.target != TARGET || a.name != "weight") {
+                return Err(format!(
+                    "the weight '{}' was decoded packed, but {} reads it as '{}'",
+                    t.name, node.target, a.name
+                ));
+            }
+        }
+    }
+    Ok(changed)
 }
 
 #[cfg(test)]
@@ -159,7 +214,8 @@ mod tests {
                 (n.to_string(), w)
             })
             .collect();
-        assert_eq!(pack_small_convs(&mut graph, &mut weights, false), 1);
+        let packed = pack_small_convs(&mut graph, &mut weights, false, &HashMap::new());
+        assert_eq!(packed, Ok(1));
         assert_eq!(graph.nodes[0].target, TARGET);
         assert!(graph.nodes[0]
             .inputs
@@ -174,5 +230,51 @@ mod tests {
             );
             assert_eq!(weights[*w].dims(), [8, 4, 3, 3]);
         }
+    }
+
+    /// A weight the load decoded packed runs packed whatever its plane; one that another
+    /// node also reads is an error, not a 1-d tensor handed to a kernel expecting 4-d.
+    #[test]
+    fn weights_decoded_packed_are_read_packed_only() {
+        if crate::ops::packed::Packing::detect().is_none() {
+            return;
+        }
+        let graph = |extra: bool| -> Graph {
+            let mut nodes = vec![
+                json!({"target": "torch.ops.aten.conv2d.default", "inputs": [
+                {"name": "input", "arg": {"as_tensor": {"name": "x"}}},
+                {"name": "weight", "arg": {"as_tensor": {"name": "w"}}}],
+                "outputs": [{"as_tensor": {"name": "y"}}]}),
+            ];
+            if extra {
+                nodes.push(json!({"target": "torch.ops.aten.neg.default", "inputs": [
+                    {"name": "self", "arg": {"as_tensor": {"name": "w"}}}],
+                    "outputs": [{"as_tensor": {"name": "z"}}]}));
+            }
+            let sizes = |s: [i64; 4]| {
+                let sizes: Vec<_> = s.iter().map(|v| json!({ "as_int": v })).collect();
+                json!({"dtype": 7, "sizes": sizes, "device": {"type": "cpu"}, "strides": [],
+                       "storage_offset": {"as_int": 0}, "layout": 7})
+            };
+            // A 16 x 16 output plane: packed only because the load decoded it so.
+            serde_json::from_value(json!({
+                "inputs": [], "outputs": [{"as_tensor": {"name": "y"}}], "nodes": nodes,
+                "tensor_values": {"x": sizes([1, 4, 16, 16]), "y": sizes([1, 8, 16, 16])},
+            }))
+            .unwrap()
+        };
+        let w = Tensor::zeros(8 * 64, DType::F32, &Device::Cpu).unwrap();
+        let decoded: HashMap<_, _> = [(w.id(), vec![8, 4, 1, 1])].into();
+        let mut weights: HashMap<String, Tensor> = [("w".to_string(), w)].into();
+        let mut g = graph(false);
+        assert_eq!(
+            pack_small_convs(&mut g, &mut weights, true, &decoded),
+            Ok(1)
+        );
+        assert_eq!(g.nodes[0].target, TARGET);
+        let shape = g.nodes[0].inputs.iter().find(|a| a.name == "weight_shape");
+        assert!(matches!(&shape.unwrap().arg, Argument::AsInts(s) if s == &[8, 4, 1, 1]));
+        let err = pack_small_convs(&mut graph(true), &mut weights, true, &decoded).unwrap_err();
+        assert!(err.contains("'w' was decoded packed"), "{err}");
     }
 }
