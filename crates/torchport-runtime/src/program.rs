@@ -1212,6 +1212,49 @@ mod tests {
         assert!(err.contains(name) && err.contains("[32, 96]"), "{err}");
     }
 
+    /// A weight the load decoded packed but did not scale (bound to two names) keeps its
+    /// batch norm as a node: a fold would scale its panels as if they were rows.
+    #[test]
+    fn a_packed_weight_not_scaled_keeps_its_norm() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/zoo/timm_resnet18d.plain.pt2");
+        let (ep, payloads) = crate::archive::read(&path).unwrap();
+        let weights: HashMap<String, Tensor> = ep
+            .graph_module
+            .signature
+            .input_specs
+            .iter()
+            .filter_map(|s| s.weight())
+            .map(|(arg, fqn)| (arg.name.clone(), payloads[fqn].clone()))
+            .collect();
+        let fold = |packed_dims: &HashMap<String, Vec<usize>>| {
+            let (mut g, mut w) = (ep.graph_module.graph.clone(), weights.clone());
+            let none = HashSet::new();
+            let n =
+                crate::prepare::fold_batch_norms_with(&mut g, &mut w, false, &none, packed_dims);
+            (n.unwrap(), w)
+        };
+        let (all, folded) = fold(&HashMap::new());
+        // A conv weight that folds (the fold drops its unscaled copy).
+        let conv = weights
+            .keys()
+            .find(|n| weights[*n].rank() == 4 && !folded.contains_key(*n))
+            .unwrap()
+            .clone();
+        let dims = weights[&conv].dims().to_vec();
+        let (some, kept) = fold(&[(conv.clone(), dims)].into());
+        assert_eq!(some + 1, all, "{conv}");
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(
+            bits(&kept[&conv]),
+            bits(&weights[&conv]),
+            "{conv} was changed"
+        );
+    }
+
     /// A weight the load scaled for a fold the build does not make is an error, not a
     /// silently scaled weight.
     #[test]

@@ -478,6 +478,11 @@ pub(crate) fn fold_batch_norms_with(
             }
             continue;
         };
+        if packed_dims.contains_key(&plan.weight) && !scaled {
+            // Decoded packed but not scaled (a weight bound to two names): its values are
+            // not in the layout a fold scales, so its norm stays a node of its own.
+            continue;
+        }
         let co = plan.scale.len();
         let (wn, bname) = (
             format!("{}__folded_weight", plan.out),
