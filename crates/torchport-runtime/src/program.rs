@@ -175,8 +175,9 @@ impl Program {
         let mut prescaled = HashSet::new();
         // Packed weights by graph input: (n, k), output and input features.
         let mut packed = HashMap::new();
-        // Of those, the convolutions' weights: their [co, ci, kh, kw] by graph input.
-        let mut conv_dims: HashMap<String, Vec<usize>> = HashMap::new();
+        // Of those, the convolutions' weights: their [co, ci, kh, kw] by tensor (the fold
+        // renames them).
+        let mut packed_convs: HashMap<candle_core::TensorId, Vec<usize>> = HashMap::new();
         let packing = crate::ops::packed::Packing::detect();
         let mut inputs = Vec::new();
         for spec in specs {
@@ -244,8 +245,7 @@ impl Program {
                         }
                         packed.insert(arg.name.clone(), (n, k));
                         if want.len() == 4 {
-                            // A convolution's weight ([co, ci, kh, kw]).
-                            conv_dims.insert(arg.name.clone(), want.clone());
+                            packed_convs.insert(t.id(), want.clone());
                         }
                         want = pk.len(n, k).into_iter().collect();
                     }
@@ -280,17 +280,12 @@ impl Program {
                 weights.contains_key(n)
             });
         }
-        // The convolutions' weights decoded packed, by tensor: the fold renames them.
-        let packed_convs: HashMap<candle_core::TensorId, Vec<usize>> = conv_dims
-            .iter()
-            .filter_map(|(name, dims)| Some((weights.get(name)?.id(), dims.clone())))
-            .collect();
         crate::prepare::fold_batch_norms_with(
             &mut ep.graph_module.graph,
             &mut weights,
             owned.is_some(),
             &prescaled,
-            &conv_dims,
+            &packed_convs,
         )
         .map_err(Error::Program)?;
         if own_kernels {
@@ -298,9 +293,8 @@ impl Program {
             crate::prepare::fuse_conv_residuals(&mut ep.graph_module.graph);
             crate::prepare::fuse_pointwise_chains(&mut ep.graph_module.graph);
             crate::prepare::drop_unread_pool_indices(&mut ep.graph_module.graph);
-            let owned = owned.is_some();
             let g = &mut ep.graph_module.graph;
-            crate::prepare::pack_small_convs(g, &mut weights, owned, &packed_convs)
+            crate::prepare::pack_small_convs(g, &mut weights, &packed_convs)
                 .map_err(Error::Program)?;
         }
         crate::prepare::pack_linears(&mut ep.graph_module.graph, &packed)
@@ -1212,14 +1206,13 @@ mod tests {
         assert!(err.contains(name) && err.contains("[32, 96]"), "{err}");
     }
 
-    /// A weight the load decoded packed but did not scale (bound to two names) keeps its
-    /// batch norm as a node: a fold would scale its panels as if they were rows.
-    #[test]
-    fn a_packed_weight_not_scaled_keeps_its_norm() {
+    /// timm's ResNet-18d (the zoo fixture, exported plain) and its weights, decoded plainly,
+    /// by graph input name.
+    fn resnet18d_weights() -> (ExportedProgram, HashMap<String, Tensor>) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/zoo/timm_resnet18d.plain.pt2");
         let (ep, payloads) = crate::archive::read(&path).unwrap();
-        let weights: HashMap<String, Tensor> = ep
+        let weights = ep
             .graph_module
             .signature
             .input_specs
@@ -1227,7 +1220,15 @@ mod tests {
             .filter_map(|s| s.weight())
             .map(|(arg, fqn)| (arg.name.clone(), payloads[fqn].clone()))
             .collect();
-        let fold = |packed_dims: &HashMap<String, Vec<usize>>| {
+        (ep, weights)
+    }
+
+    /// A weight the load decoded packed but did not scale (bound to two names) keeps its
+    /// batch norm as a node: a fold would scale its panels as if they were rows.
+    #[test]
+    fn a_packed_weight_not_scaled_keeps_its_norm() {
+        let (ep, weights) = resnet18d_weights();
+        let fold = |packed_dims: &HashMap<candle_core::TensorId, Vec<usize>>| {
             let (mut g, mut w) = (ep.graph_module.graph.clone(), weights.clone());
             let none = HashSet::new();
             let n =
@@ -1242,7 +1243,7 @@ mod tests {
             .unwrap()
             .clone();
         let dims = weights[&conv].dims().to_vec();
-        let (some, kept) = fold(&[(conv.clone(), dims)].into());
+        let (some, kept) = fold(&[(weights[&conv].id(), dims)].into());
         assert_eq!(some + 1, all, "{conv}");
         let bits = |t: &Tensor| -> Vec<u32> {
             let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
@@ -1259,17 +1260,7 @@ mod tests {
     /// silently scaled weight.
     #[test]
     fn a_weight_scaled_for_no_fold_is_refused() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/zoo/timm_resnet18d.plain.pt2");
-        let (mut ep, payloads) = crate::archive::read(&path).unwrap();
-        let mut weights: HashMap<String, Tensor> = ep
-            .graph_module
-            .signature
-            .input_specs
-            .iter()
-            .filter_map(|s| s.weight())
-            .map(|(arg, fqn)| (arg.name.clone(), payloads[fqn].clone()))
-            .collect();
+        let (mut ep, mut weights) = resnet18d_weights();
         let g = &mut ep.graph_module.graph;
         let fc = "p_fc_weight".to_string();
         assert!(weights.contains_key(&fc));

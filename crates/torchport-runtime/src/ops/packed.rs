@@ -15,8 +15,9 @@
 //! archive's bytes for the weights read only as the weight of a product (a Linear's `[n, k]`
 //! weight, or the `[k, n]` right operand of `addmm` / `mm` / `matmul`: [`Source`]), and
 //! rewrites those nodes to [`TARGET`], whose kernel reads the packed values with
-//! [`product_packed`]. The weights of convolutions on small planes are packed the same way,
-//! from their decoded values, at build (`ops/conv/small.rs`).
+//! [`product_packed`]. The weights of convolutions on small planes (`ops/conv/small.rs`)
+//! are decoded packed the same way, each row scaled for its batch norm's fold as it is
+//! packed (`Program::from_parts`, whose weights come decoded, packs them at build).
 
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;

@@ -433,13 +433,13 @@ pub fn fold_batch_norms(graph: &mut Graph, weights: &mut HashMap<String, Tensor>
 /// by their fold's scale as it decoded them ([`plan_bn_folds`] decided that fold on the same
 /// graph and values); they are used as they are. One of them whose norm does not fold is an
 /// error, never a silently scaled weight. `packed_dims`: the shapes of weights the load
-/// decoded packed (1-d tensors), by name in `graph`.
+/// decoded packed (1-d tensors), by tensor.
 pub(crate) fn fold_batch_norms_with(
     graph: &mut Graph,
     weights: &mut HashMap<String, Tensor>,
     in_place: bool,
     prescaled: &HashSet<String>,
-    packed_dims: &HashMap<String, Vec<usize>>,
+    packed_dims: &HashMap<candle_core::TensorId, Vec<usize>>,
 ) -> Result<usize, String> {
     use crate::schema::{NamedArgument, TensorArgument};
     let (readers, producer) = readers_and_producers(graph);
@@ -448,7 +448,7 @@ pub(crate) fn fold_batch_norms_with(
         (&readers, &producer),
         |n| {
             let w = weights.get(n)?;
-            let dims = packed_dims.get(n).cloned();
+            let dims = packed_dims.get(&w.id()).cloned();
             (w.dtype() == DType::F32).then(|| dims.unwrap_or_else(|| w.dims().to_vec()))
         },
         |n, len| values(weights, Some(n), len),
@@ -478,7 +478,7 @@ pub(crate) fn fold_batch_norms_with(
             }
             continue;
         };
-        if packed_dims.contains_key(&plan.weight) && !scaled {
+        if packed_dims.contains_key(&w.id()) && !scaled {
             // Decoded packed but not scaled (a weight bound to two names): its values are
             // not in the layout a fold scales, so its norm stays a node of its own.
             continue;

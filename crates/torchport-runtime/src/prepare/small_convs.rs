@@ -3,10 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use candle_core::{DType, Tensor};
+use candle_core::{Tensor, TensorId};
 
 use super::{input_tensor, is_forward_conv, readers_and_producers};
-use crate::ops::conv::small::{pack_weight, pack_weight_in_place, MAX_PIXELS, TARGET};
+use crate::ops::conv::small::{pack_weight, MAX_PIXELS, TARGET};
 use crate::ops::op_key;
 use crate::schema::{Argument, Graph, NamedArgument, Node};
 
@@ -61,29 +61,20 @@ pub fn small_conv_weights(graph: &Graph) -> HashSet<&str> {
 }
 
 /// Store the weight of each float32 2-d convolution (groups 1) whose output plane has at
-/// most [`MAX_PIXELS`] pixels packed for the microkernel, and run the node as [`TARGET`]:
-/// where the graph's metadata gives its input and output static `[N, C, H, W]` sizes and
-/// nothing else reads the weight (padding given as a string, `conv2d.padding`, is left
-/// alone), the weight is a 4-d float32 tensor of `weights`, and this CPU has a microkernel.
-/// `in_place`: the caller owns every tensor of `weights`, so a weight bound to one name is
-/// packed over its own values where it can be ([`pack_weight_in_place`]) rather than into a
-/// new buffer. `decoded`: weights the load
-/// already decoded packed, by tensor, with their `[co, ci, kh, kw]`: their convolutions are
-/// rewritten whatever their plane, and a weight of them that some other node reads is an
-/// error. Run after the batch norms are folded (the fold rescales the weight it packs).
-/// Returns how many.
+/// most [`MAX_PIXELS`] pixels packed for the microkernel, in a new buffer, and run the node
+/// as [`TARGET`]: where the graph's metadata gives its input and output static `[N, C, H,
+/// W]` sizes and nothing else reads the weight (padding given as a string,
+/// `conv2d.padding`, is left alone), the weight is a 4-d float32 tensor of `weights`, and
+/// this CPU has a microkernel. `decoded`: weights the load already decoded packed, by
+/// tensor, with their `[co, ci, kh, kw]`: their convolutions are rewritten whatever their
+/// plane, and a weight of them that some other node reads is an error. Run after the batch
+/// norms are folded (the fold rescales the weight it packs). Returns how many.
 pub fn pack_small_convs(
     graph: &mut Graph,
     weights: &mut HashMap<String, Tensor>,
-    in_place: bool,
-    decoded: &HashMap<candle_core::TensorId, Vec<usize>>,
+    decoded: &HashMap<TensorId, Vec<usize>>,
 ) -> Result<usize, String> {
     let (readers, _) = readers_and_producers(graph);
-    // How many names each tensor is bound to (a tensor under two names is shared).
-    let mut names_of: HashMap<candle_core::TensorId, usize> = HashMap::new();
-    for t in weights.values() {
-        *names_of.entry(t.id()).or_default() += 1;
-    }
     let mut changed = 0;
     for i in 0..graph.nodes.len() {
         let node = &graph.nodes[i];
@@ -92,26 +83,19 @@ pub fn pack_small_convs(
         let Some(w) = packed_weight(graph, node, &readers, packed_at_load.is_some()) else {
             continue;
         };
-        let (shape, packed) = match packed_at_load {
-            Some(shape) => (shape.clone(), None),
+        let shape = match packed_at_load {
+            Some(shape) => shape.clone(),
             None => {
-                let Some(weight) = weights
-                    .get(w)
-                    .filter(|t| t.rank() == 4 && t.dtype() == DType::F32)
+                let weight = weights.get(w).filter(|t| t.rank() == 4);
+                let Some((dims, packed)) =
+                    weight.and_then(|t| Some((t.dims().to_vec(), pack_weight(t)?)))
                 else {
                     continue;
                 };
-                let sole = in_place && names_of.get(&weight.id()) == Some(&1);
-                let in_place = sole.then(|| pack_weight_in_place(weight)).flatten();
-                let Some(packed) = in_place.or_else(|| pack_weight(weight)) else {
-                    continue;
-                };
-                (weight.dims().to_vec(), Some(packed))
+                weights.insert(w.to_string(), packed);
+                dims
             }
         };
-        if let Some(packed) = packed {
-            weights.insert(w.to_string(), packed);
-        }
         let node = &mut graph.nodes[i];
         node.target = TARGET.to_string();
         node.inputs.push(NamedArgument {
@@ -214,7 +198,7 @@ mod tests {
                 (n.to_string(), w)
             })
             .collect();
-        let packed = pack_small_convs(&mut graph, &mut weights, false, &HashMap::new());
+        let packed = pack_small_convs(&mut graph, &mut weights, &HashMap::new());
         assert_eq!(packed, Ok(1));
         assert_eq!(graph.nodes[0].target, TARGET);
         assert!(graph.nodes[0]
@@ -263,18 +247,15 @@ mod tests {
             }))
             .unwrap()
         };
-        let w = Tensor::zeros(8 * 64, DType::F32, &Device::Cpu).unwrap();
+        let w = Tensor::zeros(8 * 64, candle_core::DType::F32, &Device::Cpu).unwrap();
         let decoded: HashMap<_, _> = [(w.id(), vec![8, 4, 1, 1])].into();
         let mut weights: HashMap<String, Tensor> = [("w".to_string(), w)].into();
         let mut g = graph(false);
-        assert_eq!(
-            pack_small_convs(&mut g, &mut weights, true, &decoded),
-            Ok(1)
-        );
+        assert_eq!(pack_small_convs(&mut g, &mut weights, &decoded), Ok(1));
         assert_eq!(g.nodes[0].target, TARGET);
         let shape = g.nodes[0].inputs.iter().find(|a| a.name == "weight_shape");
         assert!(matches!(&shape.unwrap().arg, Argument::AsInts(s) if s == &[8, 4, 1, 1]));
-        let err = pack_small_convs(&mut graph(true), &mut weights, true, &decoded).unwrap_err();
+        let err = pack_small_convs(&mut graph(true), &mut weights, &decoded).unwrap_err();
         assert!(err.contains("'w' was decoded packed"), "{err}");
     }
 }

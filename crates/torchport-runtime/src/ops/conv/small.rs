@@ -146,17 +146,17 @@ fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
 }
 
 /// An image's input plane size, kernel size and output plane size.
-pub(super) struct Geometry {
-    pub(super) chw: [usize; 3],
-    pub(super) k: [usize; 2],
-    pub(super) out: [usize; 2],
+struct Geometry {
+    chw: [usize; 3],
+    k: [usize; 2],
+    out: [usize; 2],
 }
 
 /// The convolution of the `n` images in `xs` by the packed weight `w` (`[co, k]`), as one
 /// `[n, co, oh, ow]` buffer: `act(conv + bias + residual)`. Images over the pool's threads
 /// when there are at least as many as threads, else each image's product and pass over the
 /// threads. `None` when a view does not fit.
-pub(super) fn conv(
+fn conv(
     xs: &[f32],
     n: usize,
     w: Packed,
@@ -257,19 +257,12 @@ fn planes(
         }
         for (r, row) in rows.chunks_exact_mut(pix).enumerate() {
             let o = first + r;
-            match (bias, residual) {
-                (Some(b), Some(res)) => {
-                    let res = &res[o * pix..][..pix];
-                    row.iter_mut()
-                        .zip(res)
-                        .for_each(|(d, r)| *d = *d + b[o] + r);
-                }
-                (Some(b), None) => row.iter_mut().for_each(|d| *d += b[o]),
-                (None, Some(res)) => {
-                    let res = &res[o * pix..][..pix];
-                    row.iter_mut().zip(res).for_each(|(d, r)| *d += r);
-                }
-                (None, None) => {}
+            if let Some(b) = bias {
+                row.iter_mut().for_each(|d| *d += b[o]);
+            }
+            if let Some(res) = residual {
+                let res = &res[o * pix..][..pix];
+                row.iter_mut().zip(res).for_each(|(d, r)| *d += r);
             }
             act.apply(row);
         }
@@ -283,66 +276,9 @@ fn planes(
     }
 }
 
-/// [`pack_weight`], written over `w`'s own values where the packed weight is as long (its
-/// output channels fill whole panels, as 512 or 1152 do) and `w` is contiguous: the load's
-/// weights then take no more memory packed. `w` must be the only tensor that reads those
-/// values (the caller owns it, under one name). `None` where it does not apply.
-pub fn pack_weight_in_place(w: &Tensor) -> Option<Tensor> {
-    let packing = Packing::detect()?;
-    let (co, ci, kh, kw) = w.dims4().ok()?;
-    let k = ci * kh * kw;
-    if packing.len(co, k)? != w.elem_count() || w.dtype() != DType::F32 || !w.is_contiguous() {
-        return None;
-    }
-    w.inplace_op1(&PackInPlace { packing, co, k }).ok()?;
-    w.flatten_all().ok()
-}
-
-/// Packs a contiguous `[co, k]` f32 weight whose packed length is its own, in place: into a
-/// scratch buffer, then back.
-struct PackInPlace {
-    packing: Packing,
-    co: usize,
-    k: usize,
-}
-
-impl candle_core::InplaceOp1 for PackInPlace {
-    fn name(&self) -> &'static str {
-        "pack-in-place"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &mut candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<()> {
-        let fail = |what: &str| Err(candle_core::Error::Msg(format!("pack in place: {what}")));
-        let (candle_core::CpuStorage::F32(v), Some((start, end))) =
-            (storage, layout.contiguous_offsets())
-        else {
-            return fail("not a contiguous f32 tensor");
-        };
-        let w = &mut v[start..end];
-        if self.packing.len(self.co, self.k) != Some(w.len()) {
-            return fail("the packed weight would be longer");
-        }
-        let packed = crate::ops::fused::with_scratch_len(w.len(), |tmp| {
-            let ok = self.packing.pack_f32_into(w, self.co, self.k, tmp);
-            if ok {
-                w.copy_from_slice(tmp);
-            }
-            ok
-        });
-        if packed {
-            Ok(())
-        } else {
-            fail("the weight does not hold its shape")
-        }
-    }
-}
-
 /// The `[co, ci, kh, kw]` f32 weight `w` packed for this CPU's microkernel as the `[co, ci *
-/// kh * kw]` matrix it is, 1-d, in a new buffer; `None` where there is no microkernel or `w`
+/// kh * kw]` matrix it is, 1-d, in a new buffer (the weights `Program::load` decodes are
+/// packed as they are decoded instead); `None` where there is no microkernel or `w`
 /// is not so.
 pub fn pack_weight(w: &Tensor) -> Option<Tensor> {
     let packing = Packing::detect()?;
@@ -447,26 +383,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// A weight packed over its own values holds what a new buffer would; one whose
-    /// packed form is longer (70 output channels: a part-filled panel) is left alone.
-    #[test]
-    fn weights_packed_in_place_hold_the_same_values() {
-        if Packing::detect().is_none() {
-            return;
-        }
-        let dev = Device::Cpu;
-        let w = Tensor::randn(0f32, 1., (128, 24, 3, 3), &dev).unwrap();
-        let want = pack_weight(&w).unwrap().to_vec1::<f32>().unwrap();
-        let got = pack_weight_in_place(&w).unwrap();
-        assert_eq!(got.to_vec1::<f32>().unwrap(), want);
-        // Written over the weight's own storage: the 4-d tensor now holds the packed values.
-        assert_eq!(w.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
-        let odd = Tensor::randn(0f32, 1., (70, 24, 1, 1), &dev).unwrap();
-        assert!(pack_weight_in_place(&odd).is_none());
-        let strided = Tensor::randn(0f32, 1., (24, 128, 1, 1), &dev).unwrap();
-        assert!(pack_weight_in_place(&strided.transpose(0, 1).unwrap()).is_none());
     }
 
     /// The node as the load writes it runs; crafted ones are refused with an error each:
