@@ -27,6 +27,10 @@ engines instead take turns run by run (torch eager, torchport through `run_timin
 onnxruntime; 100 ms apart), --runs turns, and each ratio is the median of the per-turn ratios:
 a slow spell of the machine that outlasts a turn then slows all three engines alike, where the
 rounds above can catch one engine in a slow spell and the next in a fast one.
+--export-only writes the missing exports and stops (run one such process per model to export
+in parallel); --no-export then measures what is there and skips the rest.
+--check CLI runs each export once with that torchport CLI build first and prints how far its
+first output is from torch eager's.
 --binary picks another run_timing build (e.g. a copy of the one before a change). --pin binds
 torchport's pool threads one to a CPU (`pin_pool_threads`), which kept batch-1 CNNs on 2 threads
 from losing their second core after the pauses of --paired (BENCHMARKS.md, 2026-12-04).
@@ -151,6 +155,27 @@ def export(name, batch):
     for p, x in zip(npys, inputs):
         np.save(p, x.numpy())
     return model, inputs, pt2, npys
+
+
+def check(cli, model, inputs, pt2, npys):
+    """How far torchport's first output (`cli run` on the export) is from torch eager's, as a
+    line to print: a speed is worth only what the outputs are."""
+    out = pt2.with_suffix(".check.npz")
+    cmd = [str(cli), "run", str(pt2), *(a for p in npys for a in ("--input", str(p))),
+           "--output", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return "torchport run failed: " + (p.stderr.strip().splitlines() or ["?"])[-1]
+    with torch.inference_mode():
+        ref = model(*inputs)
+    ref = (ref if isinstance(ref, torch.Tensor) else ref[0]).numpy().astype(np.float64)
+    with np.load(out) as z:
+        got = z["output_0"].astype(np.float64)
+    out.unlink()
+    if got.shape != ref.shape:
+        return f"output 0 has shape {got.shape}, torch's {ref.shape}"
+    return (f"max abs error {np.max(np.abs(got - ref)):.1e} "
+            f"(largest |value| {np.max(np.abs(ref)):.1e})")
 
 
 def run_timing_env(args, th):
@@ -280,13 +305,24 @@ def main():
     ap.add_argument("--binary", type=Path, default=TIMING,
                     help="run_timing executable (default: the release build of this checkout)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--export-only", action="store_true",
+                    help="write the exports (.pt2, inputs, .onnx) that are missing, then stop: "
+                         "several models can be exported in parallel processes this way")
+    ap.add_argument("--no-export", action="store_true",
+                    help="measure only what is exported already: a (model, batch) without its "
+                         ".pt2 is skipped, and onnxruntime without its .onnx")
+    ap.add_argument("--check", type=Path, metavar="CLI",
+                    help="before timing, run each export once with this torchport CLI build "
+                         "(`CLI run`) and print how far its first output is from torch eager's")
     ap.add_argument("--pin", action="store_true",
                     help="torchport's pool threads bound one to a CPU (TORCHPORT_PIN_THREADS; "
                          "torch's and onnxruntime's threads are left as they are)")
     args = ap.parse_args()
     if args.paired and args.rounds > 1:
         ap.error("--paired takes no --rounds: give more --runs")
-    if not args.binary.exists():
+    if args.export_only and args.no_export:
+        ap.error("--export-only and --no-export exclude each other")
+    if not (args.export_only or args.binary.exists()):
         sys.exit("build first: cargo build --release -p torchport-runtime --example run_timing")
     try:
         import onnxruntime as ort
@@ -301,11 +337,20 @@ def main():
     rows = []
     for name in args.models.split(","):
         for batch in batches:
+            if args.no_export and not (OUT / f"{name}_b{batch}.pt2").exists():
+                print(f"{name} b{batch}: not exported, skipped", flush=True)
+                continue
             model, inputs, pt2, npys = export(name, batch)
             onnx_path = pt2.with_suffix(".onnx")
-            if ort and not onnx_path.exists():
+            if ort and not onnx_path.exists() and not args.no_export:
                 m = ByKeyword(model, KEYWORDS[name]) if name in KEYWORDS else model
                 export_onnx(name, m, inputs, onnx_path)
+            if args.export_only:
+                continue
+            if args.check:
+                torch.set_num_threads(max(threads))
+                print(f"{name} b{batch}: {check(args.check, model, inputs, pt2, npys)}",
+                      flush=True)
             for th in threads:
                 if args.paired:
                     eager, eager_cpu, onnx_ms, tp, by_eager, by_ort = measure_paired(
@@ -332,6 +377,8 @@ def main():
                       f"load {tp['load_ms']:6.0f}  cpu {float('nan') if tp_cpu is None else tp_cpu:7.1f} / "
                       f"{eager_cpu:7.1f} {ort_s}", flush=True)
 
+    if args.export_only:
+        return
     how = ("paired: the engines in turn, one run each; ratios are medians of the per-turn "
            "ratios" if args.paired else
            f"rounds={args.rounds} (least median of the rounds, ms)")

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Thread scaling of torchport against PyTorch eager and onnxruntime on a many-core machine
+# (issue 14), as one unattended script: the machine's CPUs and torch's threading first, then
+# every model exported in parallel processes (one per model), then benches/run_bench.py one
+# model at a time, so that a model that fails leaves the others' rows.
+#
+#   cargo build --release -p torchport-runtime --example run_timing && cargo build --release -p torchport-cli
+#   benches/scaling.sh [THREADS (1,4,16)] [RUNS (5)]
+#
+# Environment: PYTHON (python3) with torch, torchvision, timm, transformers, onnxruntime and
+# onnxscript; BINARY (target/release/examples/run_timing); CLI (target/release/torchport, whose
+# `run` checks each export's output against torch eager's first); MODELS (all eight, space-separated,
+# in the order measured); BATCH (1,8); EXPORT_S (240, the limit on each model's exports).
+set -u
+cd "$(dirname "$0")/.."
+THREADS=${1:-1,4,16}
+RUNS=${2:-5}
+PY=${PYTHON:-python3}
+BIN=${BINARY:-target/release/examples/run_timing}
+CLI=${CLI:-target/release/torchport}
+BATCH=${BATCH:-1,8}
+MODELS=${MODELS:-resnet18 vit_small bert_base resnet50 mobilenet_v3_large efficientnet_b0 gpt2_small llama_100m}
+export PYTHONUNBUFFERED=1
+
+date -u
+echo "CPUs: $(nproc)"
+lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L2|L3)' || true
+grep -o -w -E 'avx512f|avx512_bf16|amx_tile|avx2' /proc/cpuinfo | sort | uniq -c || true
+$PY -c 'import torch; print("torch", torch.__version__); print(torch.__config__.parallel_info())'
+
+t0=$(date +%s)
+for m in $MODELS; do
+  OMP_NUM_THREADS=2 timeout "${EXPORT_S:-240}" "$PY" benches/run_bench.py --export-only \
+    --models "$m" --batch "$BATCH" >"/tmp/scaling_export_$m.log" 2>&1 &
+done
+wait
+echo "exports: $(($(date +%s) - t0)) s"
+for m in $MODELS; do grep -v '^load average' "/tmp/scaling_export_$m.log" | tail -n 3; done
+
+for m in $MODELS; do
+  "$PY" benches/run_bench.py --no-export --models "$m" --batch "$BATCH" --threads "$THREADS" \
+    --runs "$RUNS" --binary "$BIN" --check "$CLI" || echo "$m: run_bench failed"
+done
+date -u
