@@ -8,7 +8,7 @@
 use candle_core::{DType, Tensor, D};
 
 use super::fused::{with_f32, Spare};
-use super::sgemm::{sgemm, Mat};
+use super::sgemm::{sgemm, sgemm_on, Mat};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
@@ -469,11 +469,11 @@ fn conv(
 /// stride 1 on large enough images runs by Winograd's algorithm instead (`winograd`). The
 /// output starts as the residual (if any) plus the bias (if any), and the product is
 /// accumulated onto it. Each
-/// image's product goes straight into its place in the batch's output; with more images than
-/// threads the images run in parallel (one single-threaded product each; small unfolded
-/// images several to a product, one group per thread: `GROUP_MAX_PIXELS`), otherwise the
-/// product itself is split. Any per-dim stride, padding and dilation. `None` when the layout
-/// does not apply.
+/// image's product goes straight into its place in the batch's output; with at least as many
+/// images as threads the images run in parallel (one single-threaded product each; small
+/// unfolded images several to a product, one group per thread: `GROUP_MAX_PIXELS`); with
+/// fewer, side by side too, each product split over its share of the threads (`share`). Any
+/// per-dim stride, padding and dilation. `None` when the layout does not apply.
 fn conv_gemm(
     x: &Tensor,
     w: &Tensor,
@@ -518,6 +518,7 @@ fn conv_gemm(
     // Several small images to a product, their columns side by side (see `group`): as many
     // groups as threads, each computed on one.
     let threads = rayon::current_num_threads();
+    let share = share(n, threads);
     let small = (2..GROUP_MAX_PIXELS).contains(&pix);
     let per = if geometry.is_none() && !direct && small && n > 1 && n >= threads {
         n.div_ceil(threads)
@@ -526,21 +527,18 @@ fn conv_gemm(
     };
     // The output starts as the residual (the products are added onto it); else, where the
     // product is accumulated onto the output in place (not Winograd's, not a group's), as
-    // the bias planes; else as zeros.
+    // the bias planes, written image by image (on the pool's threads, each with its share of
+    // them), each just before its product adds onto it rather than all before the first
+    // product: an image's output is then still in the cache when its product reads it (see
+    // `bias_then`); else as zeros.
     let accumulate = residual.is_some();
-    let from_bias = !accumulate && geometry.is_none() && per == 1;
-    // One image at a time (a batch over the threads, or a lone image over all of them), the
-    // bias planes are written image by image, each just before its product adds onto it,
-    // rather than all before the first product: an image's output is then still in the cache
-    // when its product reads it (see `bias_then`).
-    let late_bias = from_bias && (n == 1 || n >= threads);
+    let late_bias = !accumulate && geometry.is_none() && per == 1;
     // A residual of another shape or dtype (the graph's metadata said otherwise) is left to
     // `conv`'s general paths.
     let mut out = match (residual, &bias) {
         (Some(r), _) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => f32_vec(r)?,
         (Some(_), _) => return Ok(None),
         (None, Some(_)) if late_bias => Vec::new(),
-        (None, Some(b)) if from_bias => super::fused::repeated_planes(n, b, pix),
         (None, _) => super::fused::zeros(n * co * pix),
     };
     let res = with_f32(&w, |wm| {
@@ -550,16 +548,13 @@ fn conv_gemm(
             if pix == 0 || co == 0 {
                 return Some(out);
             }
-            // `cols`: the unfolded image, a buffer each thread reuses from image to image.
+            // `cols`: the unfolded image, a buffer each thread reuses from image to image; the
+            // image's work split for `threads` threads.
             let one_image =
-                |cols: &mut Vec<f32>, img: &[f32], dst: &mut [f32], parallel: bool| -> bool {
+                |cols: &mut Vec<f32>, img: &[f32], dst: &mut [f32], threads: usize| -> bool {
+                    let parallel = threads > 1;
                     if let Some((g, u)) = &wino {
                         let b = bias.as_deref();
-                        let threads = if parallel {
-                            rayon::current_num_threads()
-                        } else {
-                            1
-                        };
                         return winograd::conv_image(img, u, g, b, p.act, dst, accumulate, threads);
                     }
                     // The bias is added here onto a residual (the output started as the bias
@@ -577,7 +572,7 @@ fn conv_gemm(
                         im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, cols, parallel);
                         cols
                     };
-                    let ok = sgemm(
+                    let ok = sgemm_on(
                         co,
                         pix,
                         k,
@@ -587,7 +582,7 @@ fn conv_gemm(
                         pix,
                         onto,
                         1.0,
-                        parallel,
+                        threads,
                     );
                     if parallel && p.act != Act::None {
                         dst.par_chunks_mut(pix).for_each(|c| p.act.apply(c));
@@ -641,11 +636,10 @@ fn conv_gemm(
                 ok
             };
             let ok = if let (true, Some(b)) = (late_bias, &bias) {
-                let parallel = n == 1;
                 let ok;
                 (out, ok) = bias_then(n, b, pix, |i, dst| {
                     let mut cols = Spare::take();
-                    one_image(&mut cols, &xs[i * per_image..][..per_image], dst, parallel)
+                    one_image(&mut cols, &xs[i * per_image..][..per_image], dst, share)
                 });
                 ok
             } else if per > 1 {
@@ -656,18 +650,18 @@ fn conv_gemm(
                         |(cols, prod), (dst, imgs)| group(cols, prod, dst, imgs),
                     )
                     .all(|ok| ok)
-            } else if n > 1 && n >= threads {
+            } else if n > 1 {
                 out.par_chunks_mut(co * pix)
                     .zip(xs.par_chunks(per_image))
                     .map_init(Spare::take, |cols, (dst, img)| {
-                        one_image(cols, img, dst, false)
+                        one_image(cols, img, dst, share)
                     })
                     .all(|ok| ok)
             } else {
                 let mut cols = Spare::take();
                 out.chunks_mut(co * pix)
                     .zip(xs.chunks(per_image))
-                    .all(|(dst, img)| one_image(&mut cols, img, dst, true))
+                    .all(|(dst, img)| one_image(&mut cols, img, dst, share))
             };
             ok.then_some(out)
         })
@@ -675,6 +669,20 @@ fn conv_gemm(
     match res.flatten().flatten() {
         Some(out) => Ok(Some(Tensor::from_vec(out, (n, co, oh, ow), x.device())?)),
         None => Ok(None),
+    }
+}
+
+/// The threads each of `images` images running side by side gets of `threads`: 1 where there
+/// are at least as many images as threads, else an equal share, rounded up so that no thread
+/// idles (a batch of 8 on 16 threads: 2 each; one image: all). Running the images of a small
+/// batch one after another, each split over all the threads, cut their products and Winograd
+/// blocks into slivers: ResNet-50 at batch 8 took 280 ms in its convolutions on 16 threads
+/// against 142 on 8 (BENCHMARKS.md, issue 14).
+fn share(images: usize, threads: usize) -> usize {
+    if images >= threads {
+        1
+    } else {
+        threads.div_ceil(images.max(1))
     }
 }
 
@@ -1134,19 +1142,27 @@ mod tests {
                 .product();
             let geometry = winograd_geometry([n, c, h, wd], ws[0], [ws[2], ws[3]], &p, pix);
             assert_eq!(geometry.is_some(), by_winograd, "{xs:?} {ws:?}");
-            let want = x.conv2d(&w, pad, stride, dil, 1).unwrap();
+            let plain = x.conv2d(&w, pad, stride, dil, 1).unwrap();
+            let b = Tensor::randn(0f32, 1., ws[0], &dev).unwrap();
+            let with_bias = plain.broadcast_add(&b.reshape((1, (), 1, 1)).unwrap());
             // One thread (a batch in one product when its images are small), two (a lone
-            // image's product in tiles) and three (images in groups, or one at a time).
-            for threads in [1, 2, 3] {
-                let got = with_threads(threads, || conv_gemm(&x, &w, None, None, &p))
-                    .unwrap()
-                    .expect("fast path applies");
-                assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
-                let diff = crate::ops::max_abs_diff(&got, &want);
-                assert!(
-                    diff < 1e-4,
-                    "{xs:?} {ws:?} stride {stride} pad {pad} dil {dil}, {threads} threads: {diff}"
-                );
+            // image's product in tiles), three (images in groups, or one at a time) and eight
+            // (fewer images than threads: side by side, each on its share of the threads);
+            // without a bias and with one (its planes written image by image).
+            for (bias, want) in [(None, plain), (Some(&b), with_bias.unwrap())] {
+                for threads in [1, 2, 3, 8] {
+                    let got = with_threads(threads, || conv_gemm(&x, &w, bias, None, &p))
+                        .unwrap()
+                        .expect("fast path applies");
+                    assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
+                    let diff = crate::ops::max_abs_diff(&got, &want);
+                    assert!(
+                        diff < 1e-4,
+                        "{xs:?} {ws:?} stride {stride} pad {pad} dil {dil}, bias {}, \
+                         {threads} threads: {diff}",
+                        bias.is_some()
+                    );
+                }
             }
         }
     }
@@ -1223,7 +1239,7 @@ mod tests {
                 groups,
                 act: Act::Relu,
             };
-            for threads in [1, 2, 3] {
+            for threads in [1, 2, 3, 8] {
                 let got = with_threads(threads, || conv(&x, &w, Some(&b), Some(&r), &p)).unwrap();
                 assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
                 assert_eq!(got.dtype(), dt);

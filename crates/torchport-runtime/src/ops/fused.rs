@@ -83,32 +83,6 @@ pub fn repeated_rows(rows: usize, row: &[f32]) -> Vec<f32> {
     }
 }
 
-/// `images` copies of `[values.len(), plane]` in which plane `c` holds `values[c]` in every
-/// element (a convolution's bias under its product), in parallel when large.
-pub fn repeated_planes(images: usize, values: &[f32], plane: usize) -> Vec<f32> {
-    let total = images * values.len() * plane;
-    if plane == 0 {
-        return Vec::new();
-    }
-    // Whole planes per chunk: all of them below the parallel size, else about 64 Ki values
-    // (or one plane, when larger).
-    let chunk = if total < PAR_ZERO_MIN {
-        total
-    } else {
-        (1 << 16) / plane.min(1 << 16) * plane
-    };
-    // SAFETY: the chunk size and `total` are multiples of `plane`, so every chunk is whole
-    // planes, and each of them is filled.
-    #[allow(unsafe_code)]
-    unsafe {
-        written(total, chunk, |at, c| {
-            for (i, p) in c.chunks_mut(plane).enumerate() {
-                p.fill(MaybeUninit::new(values[(at / plane + i) % values.len()]));
-            }
-        })
-    }
-}
-
 /// `dst[i] = src[i]` for every element of `dst` (new memory) from `src` of the same length.
 #[inline(always)]
 pub(crate) fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
@@ -1063,16 +1037,6 @@ mod tests {
                 row.repeat(rows),
                 "{rows} x {width}"
             );
-        }
-        // Bias planes: small planes (several to a chunk, planes not dividing it), planes
-        // larger than a chunk, below and above the parallel size, and empty ones.
-        for (images, channels, plane) in [(2, 3, 5), (3, 700, 196), (2, 5, 70_000), (2, 3, 0)] {
-            let values: Vec<f32> = (0..channels).map(|c| (c * 2 + 1) as f32).collect();
-            let want: Vec<f32> = (0..images * channels * plane)
-                .map(|i| values[i / plane % channels])
-                .collect();
-            let got = repeated_planes(images, &values, plane);
-            assert_eq!(got, want, "{images} x {channels} x {plane}");
         }
     }
 

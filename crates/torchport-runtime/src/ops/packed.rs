@@ -336,6 +336,27 @@ pub fn sgemm_packed(
     scale: f32,
     parallel: bool,
 ) -> bool {
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    sgemm_packed_on(m, x, w, dst, ldd, accumulate, scale, threads)
+}
+
+/// [`sgemm_packed`] split for `threads` threads of the pool (1: not split), for a caller that
+/// runs several products side by side, each on its share of the pool.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_packed_on(
+    m: usize,
+    x: Mat,
+    w: Packed,
+    dst: &mut [f32],
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) -> bool {
     let fits = block_fits(dst, m, w.n, ldd);
     let job = Job {
         x,
@@ -348,7 +369,7 @@ pub fn sgemm_packed(
     // SAFETY: `dst` holds the [m, n] block (checked here, the rest by `into`) and its mutable
     // borrow keeps anything else from touching it meanwhile.
     #[allow(unsafe_code)]
-    let ok = fits && unsafe { into(m, job, parallel) };
+    let ok = fits && unsafe { into(m, job, threads) };
     ok
 }
 
@@ -370,7 +391,12 @@ pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, parallel: bool) -
                 accumulate: false,
                 scale,
             };
-            into(m, job, parallel)
+            let threads = if parallel {
+                rayon::current_num_threads()
+            } else {
+                1
+            };
+            into(m, job, threads)
         })
     }
 }
@@ -387,15 +413,15 @@ struct Job<'a> {
     scale: f32,
 }
 
-/// The product behind [`sgemm_packed`] and [`product_packed`]; false (nothing written)
-/// where [`sgemm_packed`] says.
+/// The product behind [`sgemm_packed`] and [`product_packed`], split for `threads` threads
+/// (1: on this one); false (nothing written) where [`sgemm_packed`] says.
 ///
 /// # Safety
 ///
 /// `job.out` points to an `[m, n]` block at row stride `job.ldd` (`>= n` when `m > 1`:
 /// [`block_fits`]) that nothing else reads or writes meanwhile.
 #[allow(unsafe_code)]
-unsafe fn into(m: usize, job: Job, parallel: bool) -> bool {
+unsafe fn into(m: usize, job: Job, threads: usize) -> bool {
     let Job { x, w, ldd, .. } = job;
     let pk = w.packing;
     let (n, k) = (w.n, w.k);
@@ -411,11 +437,10 @@ unsafe fn into(m: usize, job: Job, parallel: bool) -> bool {
     if m == 0 || n == 0 {
         return true;
     }
-    let threads = rayon::current_num_threads();
     let panels = n.div_ceil(pk.mr);
     // Split where the unpacked product would be split, over whole panels of the weight (see
     // `split`).
-    let (row_bands, col_bands) = match parallel {
+    let (row_bands, col_bands) = match threads > 1 {
         true if tiles(m, n, k, threads) != (1, 1) => split(m, panels, threads),
         _ => (1, 1),
     };

@@ -59,6 +59,29 @@ pub fn sgemm(
     scale: f32,
     parallel: bool,
 ) -> bool {
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    sgemm_on(m, n, k, a, b, dst, ldd, accumulate, scale, threads)
+}
+
+/// [`sgemm`] split into tiles for `threads` threads of the pool (1: not split), for a caller
+/// that runs several products side by side, each on its share of the pool.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_on(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    dst: &mut [f32],
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) -> bool {
     if !a.fits(m, k) || !b.fits(k, n) || !block_fits(dst, m, n, ldd) {
         return false;
     }
@@ -87,7 +110,7 @@ pub fn sgemm(
             ldd,
             accumulate,
             scale,
-            parallel,
+            threads,
         )
     }
 }
@@ -134,7 +157,12 @@ pub fn product(
     #[allow(unsafe_code)]
     unsafe {
         new_block(len, |out| {
-            into(m, n, k, a, b, out, n, false, scale, parallel)
+            let threads = if parallel {
+                rayon::current_num_threads()
+            } else {
+                1
+            };
+            into(m, n, k, a, b, out, n, false, scale, threads)
         })
     }
 }
@@ -184,7 +212,8 @@ pub(crate) fn for_each_tile(
     }
 }
 
-/// The product behind [`sgemm`] and [`product`], into `dst`, over tiles when `parallel`.
+/// The product behind [`sgemm`] and [`product`], into `dst`, over tiles for `threads`
+/// threads (1: on this one).
 ///
 /// # Safety
 ///
@@ -201,17 +230,16 @@ unsafe fn into(
     ldd: usize,
     accumulate: bool,
     scale: f32,
-    parallel: bool,
+    threads: usize,
 ) -> bool {
-    let threads = rayon::current_num_threads();
     // Over the pool: tiles of the output, one single-threaded product each (see
     // [`tiles`]); where no tiling fits, the gemm's own split.
-    let (row_bands, col_bands) = if parallel {
+    let (row_bands, col_bands) = if threads > 1 {
         tiles(m, n, k, threads)
     } else {
         (1, 1)
     };
-    let par = if parallel && threads > 1 && row_bands * col_bands < 2 {
+    let par = if threads > 1 && row_bands * col_bands < 2 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None

@@ -21,7 +21,7 @@ use super::{fused_act, fused_residual, im2col, out_len, pair, Act, Params};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::fused::{with_f32, Spare};
-use crate::ops::packed::{sgemm_packed, Packed, Packing};
+use crate::ops::packed::{sgemm_packed, sgemm_packed_on, Packed, Packing};
 use crate::ops::sgemm::Mat;
 use crate::ops::tile::{transpose, SIDE};
 use crate::ops::{float, usize_of, Registry};
@@ -153,9 +153,10 @@ struct Geometry {
 }
 
 /// The convolution of the `n` images in `xs` by the packed weight `w` (`[co, k]`), as one
-/// `[n, co, oh, ow]` buffer: `act(conv + bias + residual)`. Images over the pool's threads
-/// when there are at least as many as threads, else each image's product and pass over the
-/// threads. `None` when a view does not fit.
+/// `[n, co, oh, ow]` buffer: `act(conv + bias + residual)`. Images side by side over the
+/// pool's threads, each image's product and pass split over its share of them
+/// (`super::share`: none where there are at least as many images as threads). `None` when a
+/// view does not fit.
 fn conv(
     xs: &[f32],
     n: usize,
@@ -190,7 +191,9 @@ fn conv(
         p.act.apply(&mut out);
         return ok.then_some(out);
     }
-    let image = |i: usize, dst: &mut [f32], parallel: bool| -> bool {
+    // Image `i` into `dst`, its work split for `threads` threads.
+    let image = |i: usize, dst: &mut [f32], threads: usize| -> bool {
+        let parallel = threads > 1;
         let (mut cols, mut prod) = (Spare::take(), Spare::take());
         let img = &xs[i * per_in..][..per_in];
         let cols: &[f32] = if direct {
@@ -207,23 +210,18 @@ fn conv(
             cs: pix,
         };
         prod.resize(pix * co, 0.0);
-        if !sgemm_packed(pix, x, w, &mut prod, co, false, 1.0, parallel) {
+        if !sgemm_packed_on(pix, x, w, &mut prod, co, false, 1.0, threads) {
             return false;
         }
         let res = residual.map(|r| &r[i * per_out..][..per_out]);
         planes(&prod, pix, bias, res, p.act, dst, parallel);
         true
     };
-    let threads = rayon::current_num_threads();
-    let ok = if n > 1 && n >= threads {
-        out.par_chunks_mut(per_out)
-            .enumerate()
-            .all(|(i, dst)| image(i, dst, false))
-    } else {
-        out.chunks_mut(per_out)
-            .enumerate()
-            .all(|(i, dst)| image(i, dst, true))
-    };
+    let share = super::share(n, rayon::current_num_threads());
+    let ok = out
+        .par_chunks_mut(per_out)
+        .enumerate()
+        .all(|(i, dst)| image(i, dst, share));
     ok.then_some(out)
 }
 
@@ -332,11 +330,13 @@ mod tests {
             ([1, 300, 6, 6], 64, 3, 1, 2, 2),
             ([1, 8, 1, 1], 16, 3, 1, 1, 1),
         ];
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        for (dims, co, k, s, pd, d) in cases {
+        // Two threads (a batch image by image, a lone image split) and eight (fewer images
+        // than threads: side by side, each split over its share).
+        let pools = [2, 8].map(|t| rayon::ThreadPoolBuilder::new().num_threads(t).build());
+        for ((dims, co, k, s, pd, d), pool) in cases
+            .into_iter()
+            .flat_map(|c| pools.iter().map(move |p| (c, p.as_ref().unwrap())))
+        {
             for act in [Act::None, Act::Relu] {
                 let x = Tensor::randn(0f32, 1., dims.to_vec(), &dev).unwrap();
                 let w = Tensor::randn(0f32, 0.1, (co, dims[1], k, k), &dev).unwrap();
@@ -379,7 +379,8 @@ mod tests {
                     .fold(0f32, f32::max);
                 assert!(
                     worst < 1e-4,
-                    "{dims:?} -> {co} k{k} s{s} p{pd} d{d}: {worst}"
+                    "{dims:?} -> {co} k{k} s{s} p{pd} d{d}, {} threads: {worst}",
+                    pool.current_num_threads()
                 );
             }
         }
