@@ -7,10 +7,16 @@
 #   cargo build --release -p torchport-runtime --example run_timing && cargo build --release -p torchport-cli
 #   benches/scaling.sh [THREADS (1,4,16)] [RUNS (5)]
 #
+# On a 16-core Xeon all eight models at 1, 2 and 16 threads, batch 1 and 8, 5 runs, back to
+# back (--rounds 1), took 548 s, exports (62 s) included; plan a device's time by that.
+#
 # Environment: PYTHON (python3) with torch, torchvision, timm, transformers, onnxruntime and
 # onnxscript; BINARY (target/release/examples/run_timing); CLI (target/release/torchport, whose
 # `run` checks each export's output against torch eager's first); MODELS (all eight, space-separated,
-# in the order measured); BATCH (1,8); EXPORT_S (240, the limit on each model's exports).
+# in the order measured); BATCH (1,8); EXPORT_S (240, the limit on each model's exports);
+# MODE (--paired: the engines in turns, run by run, each ratio the median of the per-turn
+# ratios; on the 16-core machine of BENCHMARKS.md, 2026-12-04, one engine's one-thread times
+# moved by up to 1.5x between runs one after another; "--rounds 1" for back-to-back runs).
 set -u
 cd "$(dirname "$0")/.."
 THREADS=${1:-1,4,16}
@@ -19,6 +25,7 @@ PY=${PYTHON:-python3}
 BIN=${BINARY:-target/release/examples/run_timing}
 CLI=${CLI:-target/release/torchport}
 BATCH=${BATCH:-1,8}
+MODE=${MODE:---paired}
 MODELS=${MODELS:-resnet18 vit_small bert_base resnet50 mobilenet_v3_large efficientnet_b0 gpt2_small llama_100m}
 export PYTHONUNBUFFERED=1
 
@@ -39,6 +46,6 @@ for m in $MODELS; do grep -v '^load average' "/tmp/scaling_export_$m.log" | tail
 
 for m in $MODELS; do
   "$PY" benches/run_bench.py --no-export --models "$m" --batch "$BATCH" --threads "$THREADS" \
-    --runs "$RUNS" --binary "$BIN" --check "$CLI" || echo "$m: run_bench failed"
+    --runs "$RUNS" --binary "$BIN" --check "$CLI" $MODE || echo "$m: run_bench failed"
 done
 date -u
