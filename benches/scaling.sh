@@ -16,7 +16,10 @@
 # in the order measured); BATCH (1,8); EXPORT_S (240, the limit on each model's exports);
 # MODE (--paired: the engines in turns, run by run, each ratio the median of the per-turn
 # ratios; on the 16-core machine of BENCHMARKS.md, 2026-12-04, one engine's one-thread times
-# moved by up to 1.5x between runs one after another; "--rounds 1" for back-to-back runs).
+# moved by up to 1.5x between runs one after another; "--rounds 1" for back-to-back runs);
+# PROFILE (1: after the timings, each export's operators and its 12 slowest nodes at the
+# fewest and the most threads, each node's least of 3 runs, TORCHPORT_PROFILE of run_timing;
+# 0: not).
 set -u
 cd "$(dirname "$0")/.."
 THREADS=${1:-1,4,16}
@@ -48,4 +51,17 @@ for m in $MODELS; do
   "$PY" benches/run_bench.py --no-export --models "$m" --batch "$BATCH" --threads "$THREADS" \
     --runs "$RUNS" --binary "$BIN" --check "$CLI" $MODE || echo "$m: run_bench failed"
 done
+if [ "${PROFILE:-1}" = 1 ]; then
+  for m in $MODELS; do
+    for b in ${BATCH//,/ }; do
+      stem=benches/out/${m}_b$b
+      [ -f "$stem.pt2" ] || continue
+      for t in "${THREADS%%,*}" "${THREADS##*,}"; do
+        echo "== profile $m batch $b, $t threads"
+        TORCHPORT_PROFILE=3 TORCHPORT_PROFILE_NODES=12 RAYON_NUM_THREADS=$t \
+          "$BIN" "$stem.pt2" "$stem".input_*.npy --runs 1 2>&1 | grep -v '^{'
+      done
+    done
+  done
+fi
 date -u

@@ -22,7 +22,9 @@
 //! With TORCHPORT_PIN_THREADS set (to any value), calls `pin_pool_threads` first, as the CLI
 //! does: each pool thread bound to a CPU of its own.
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr); set to a number N,
-//! each operator's time is its least over N profiled runs (a busy machine only adds time).
+//! each node's time is its least over N profiled runs (a busy machine only adds time), an
+//! operator's the sum of its nodes'. With TORCHPORT_PROFILE_NODES=K too, then the K slowest
+//! nodes, each with its operator and output shape.
 
 use std::time::Instant;
 
@@ -104,19 +106,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     times.sort_by(f64::total_cmp);
     if let Some(p) = std::env::var_os("TORCHPORT_PROFILE") {
         let n: usize = p.to_str().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
-        let mut least: std::collections::HashMap<String, (std::time::Duration, usize)> =
-            std::collections::HashMap::new();
-        for _ in 0..n {
-            let (_, ops) = program.profile(&inputs)?;
-            for o in ops {
-                let e = least.entry(o.op).or_insert((o.total, o.count));
-                e.0 = e.0.min(o.total);
+        // Each node's least time over the n runs, in graph order.
+        let mut nodes = program.profile_nodes(&inputs)?.1;
+        for _ in 1..n {
+            for (least, t) in nodes.iter_mut().zip(program.profile_nodes(&inputs)?.1) {
+                least.time = least.time.min(t.time);
             }
         }
-        let mut ops: Vec<_> = least.into_iter().collect();
+        let mut ops: std::collections::HashMap<&str, (std::time::Duration, usize)> =
+            std::collections::HashMap::new();
+        for node in &nodes {
+            let e = ops.entry(&node.op).or_default();
+            *e = (e.0 + node.time, e.1 + 1);
+        }
+        let mut ops: Vec<_> = ops.into_iter().collect();
         ops.sort_by_key(|(_, (t, _))| std::cmp::Reverse(*t));
+        let ms = |t: std::time::Duration| t.as_secs_f64() * 1e3;
         for (op, (total, count)) in ops.iter().take(12) {
-            eprintln!("{:>9.2} ms {count:>4}x {op}", total.as_secs_f64() * 1e3);
+            eprintln!("{:>9.2} ms {count:>4}x {op}", ms(*total));
+        }
+        let shown: usize = std::env::var("TORCHPORT_PROFILE_NODES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        nodes.sort_by_key(|node| std::cmp::Reverse(node.time));
+        for node in nodes.iter().take(shown) {
+            let (name, op, shape) = (&node.node, &node.op, &node.shape);
+            eprintln!("{:>9.3} ms  {name} {op} {shape:?}", ms(node.time));
         }
     }
     let peak_rss_mb = proc_status_mb("VmHWM:");

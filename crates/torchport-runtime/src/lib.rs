@@ -35,7 +35,7 @@ mod views;
 pub use allocator::retain_freed_memory;
 pub use error::{Error, Result};
 pub use ops::Registry;
-pub use program::{InputInfo, OpTime, OpUse, Program};
+pub use program::{InputInfo, NodeTime, OpTime, OpUse, Program};
 pub use threads::pin_pool_threads;
 pub use torchscript::ScriptProgram;
 

@@ -37,6 +37,20 @@ pub struct OpTime {
     pub count: usize,
 }
 
+/// Time spent in one node of a run ([`Program::profile_nodes`]).
+#[derive(Debug, Clone)]
+pub struct NodeTime {
+    /// The node's name in the graph (as the load left it: fused nodes keep the name of the
+    /// node they replaced).
+    pub node: String,
+    /// Its overload (`aten.conv2d.default`, `torchport.linear_packed.default`).
+    pub op: String,
+    /// Time in its kernel.
+    pub time: std::time::Duration,
+    /// The shape of its first output, if that is a tensor (empty otherwise).
+    pub shape: Vec<usize>,
+}
+
 /// What a user input of the program expects.
 #[derive(Debug, Clone)]
 pub struct InputInfo {
@@ -410,19 +424,37 @@ impl Program {
     /// Run like [`Program::run`] and also return the time spent in each operator (total,
     /// node count), slowest first: what to look at before optimizing.
     pub fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<OpTime>)> {
+        let (out, nodes) = self.profile_nodes(inputs)?;
         let mut times: HashMap<String, OpTime> = HashMap::new();
-        let out = in_pool(|| self.run_inner(inputs, Some(&mut times)))?;
+        for n in nodes {
+            let e = times.entry(n.op).or_insert_with_key(|op| OpTime {
+                op: op.clone(),
+                total: std::time::Duration::ZERO,
+                count: 0,
+            });
+            e.total += n.time;
+            e.count += 1;
+        }
         let mut v: Vec<OpTime> = times.into_values().collect();
         v.sort_by_key(|o| std::cmp::Reverse(o.total));
         Ok((out, v))
     }
 
-    /// The graph walk behind [`Program::run`], [`Program::run_here`] and [`Program::profile`],
-    /// on the calling thread.
+    /// Run like [`Program::run`] and also return the time spent in each node, in the graph's
+    /// order, with its operator and output shape: which layer to look at (a convolution that
+    /// scales worse than the others with threads, say).
+    pub fn profile_nodes(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<NodeTime>)> {
+        let mut nodes = Vec::with_capacity(self.ep.graph_module.graph.nodes.len());
+        let out = in_pool(|| self.run_inner(inputs, Some(&mut nodes)))?;
+        Ok((out, nodes))
+    }
+
+    /// The graph walk behind [`Program::run`], [`Program::run_here`] and the profiles, on the
+    /// calling thread; each node's time recorded in `times` when given.
     fn run_inner(
         &self,
         inputs: &[Tensor],
-        mut times: Option<&mut HashMap<String, OpTime>>,
+        mut times: Option<&mut Vec<NodeTime>>,
     ) -> Result<Vec<Tensor>> {
         if !self.unsupported.is_empty() {
             return Err(Error::UnsupportedOps(self.unsupported.clone()));
@@ -460,14 +492,17 @@ impl Program {
             let start = times.as_ref().map(|_| std::time::Instant::now());
             let outs = crate::ops::call(kernel, &Args::new(node, &env)).map_err(|e| op_err(e.0))?;
             if let (Some(t), Some(start)) = (times.as_deref_mut(), start) {
-                let key = op_key(&node.target);
-                let e = t.entry(key.to_string()).or_insert_with(|| OpTime {
-                    op: key.to_string(),
-                    total: std::time::Duration::ZERO,
-                    count: 0,
+                let time = start.elapsed();
+                let shape = match outs.first() {
+                    Some(Value::Tensor(x)) => x.dims().to_vec(),
+                    _ => Vec::new(),
+                };
+                t.push(NodeTime {
+                    node: name.clone(),
+                    op: op_key(&node.target).to_string(),
+                    time,
+                    shape,
                 });
-                e.total += start.elapsed();
-                e.count += 1;
             }
             bind_outputs(node, outs, &mut env).map_err(op_err)?;
             for dead in &self.frees[i] {

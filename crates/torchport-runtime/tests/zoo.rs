@@ -300,3 +300,47 @@ fn convolutions_on_small_planes_run_with_packed_weights() {
         }
     }
 }
+
+/// `profile_nodes` on timm's ResNet-18d as torch exported it: the outputs are `run`'s, bit
+/// for bit; every node the load left is timed once, in order (as many as `ops()` counts, per
+/// operator too, and `profile` counts the same per operator); each node's
+/// shape is its first output's (the last node's is the program's output, the convolutions'
+/// are 4-d over the batch).
+#[test]
+fn node_profiles_time_every_node_once() {
+    let path = fixtures().join("timm_resnet18d.plain.pt2");
+    let program = Program::load(&path).unwrap();
+    let inputs = numbered(&fixtures(), "timm_resnet18d", "input");
+    let want = program.run(&inputs).unwrap();
+    let (got, nodes) = program.profile_nodes(&inputs).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let bits = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(bits(g), bits(w));
+    }
+    let ops = program.ops();
+    assert_eq!(nodes.len(), ops.iter().map(|o| o.count).sum::<usize>());
+    for o in &ops {
+        let n = nodes.iter().filter(|n| n.op == o.op).count();
+        assert_eq!(n, o.count, "{}", o.op);
+    }
+    let names: std::collections::HashSet<_> = nodes.iter().map(|n| &n.node).collect();
+    assert_eq!(names.len(), nodes.len(), "node names repeat");
+    assert_eq!(nodes.last().unwrap().shape, want[0].dims());
+    let batch = inputs[0].dims()[0];
+    let convs: Vec<_> = nodes.iter().filter(|n| n.op.contains("conv2d")).collect();
+    assert!(convs.len() > 10, "{} convolutions", convs.len());
+    for c in convs {
+        assert!(
+            c.shape.len() == 4 && c.shape[0] == batch,
+            "{}: {:?}",
+            c.node,
+            c.shape
+        );
+    }
+    let (_, per_op) = program.profile(&inputs).unwrap();
+    for o in &per_op {
+        let n = nodes.iter().filter(|n| n.op == o.op).count();
+        assert_eq!(n, o.count, "{}", o.op);
+    }
+}
