@@ -301,7 +301,7 @@ fn fused_attention(
                             s,
                             false,
                             scale,
-                            false,
+                            1,
                         );
                         if !ok {
                             return false;
@@ -360,7 +360,7 @@ fn fused_attention(
                             ev,
                             false,
                             1.0,
-                            false,
+                            1,
                         )
                     })
                 };

@@ -8,7 +8,7 @@
 use candle_core::{DType, Tensor, D};
 
 use super::fused::{with_f32, Spare};
-use super::sgemm::{sgemm, sgemm_on, Mat};
+use super::sgemm::{sgemm, Mat};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
@@ -572,7 +572,7 @@ fn conv_gemm(
                         im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, cols, parallel);
                         cols
                     };
-                    let ok = sgemm_on(
+                    let ok = sgemm(
                         co,
                         pix,
                         k,
@@ -619,7 +619,7 @@ fn conv_gemm(
                     wide,
                     bias.is_some(),
                     1.0,
-                    false,
+                    1,
                 );
                 // The product's row o holds channel o of each image in turn.
                 for (o, row) in prod.chunks_exact(wide).enumerate() {

@@ -238,9 +238,20 @@ pub fn gemm_bias(
                 let a = Mat::rows(xs, k);
                 match out {
                     // Onto the bias rows.
-                    Some(mut out) => sgemm(rows, n, k, a, b, &mut out, n, true, alpha as f32, true)
-                        .then_some(out),
-                    None => product(rows, n, k, a, b, alpha as f32, true),
+                    Some(mut out) => sgemm(
+                        rows,
+                        n,
+                        k,
+                        a,
+                        b,
+                        &mut out,
+                        n,
+                        true,
+                        alpha as f32,
+                        rayon::current_num_threads(),
+                    )
+                    .then_some(out),
+                    None => product(rows, n, k, a, b, alpha as f32, rayon::current_num_threads()),
                 }
             })
         })

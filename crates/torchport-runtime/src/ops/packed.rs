@@ -322,32 +322,11 @@ pub struct Packed<'a> {
 }
 
 /// `dst = (accumulate ? dst : 0) + scale * x @ w.T` for `x: [m, k]` (any strides) and `dst` a
-/// row-major `[m, n]` block with row stride `ldd`, over the pool's threads as output tiles
-/// when `parallel` (as [`super::sgemm::sgemm`]). Returns false (and writes nothing) when a
+/// row-major `[m, n]` block with row stride `ldd`, split into output tiles for `threads` of
+/// the pool's threads (as [`super::sgemm::sgemm`]). Returns false (and writes nothing) when a
 /// view does not fit its slice, the packed length does not match, or `k` is 0.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_packed(
-    m: usize,
-    x: Mat,
-    w: Packed,
-    dst: &mut [f32],
-    ldd: usize,
-    accumulate: bool,
-    scale: f32,
-    parallel: bool,
-) -> bool {
-    let threads = if parallel {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    sgemm_packed_on(m, x, w, dst, ldd, accumulate, scale, threads)
-}
-
-/// [`sgemm_packed`] split for `threads` threads of the pool (1: not split), for a caller that
-/// runs several products side by side, each on its share of the pool.
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm_packed_on(
     m: usize,
     x: Mat,
     w: Packed,
@@ -375,7 +354,7 @@ pub fn sgemm_packed_on(
 
 /// `scale * x @ w.T` for `x: [m, k]` as a new row-major `[m, n]` buffer, written once by the
 /// product; threads as in [`sgemm_packed`]. `None` where it returns false.
-pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, parallel: bool) -> Option<Vec<f32>> {
+pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, threads: usize) -> Option<Vec<f32>> {
     let len = m.checked_mul(w.n)?;
     // SAFETY: the block is new, so nothing else touches it; when `into` returns true with
     // `accumulate` false, k > 0, so the first block of columns wrote every element of every
@@ -390,11 +369,6 @@ pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, parallel: bool) -
                 ldd: w.n,
                 accumulate: false,
                 scale,
-            };
-            let threads = if parallel {
-                rayon::current_num_threads()
-            } else {
-                1
             };
             into(m, job, threads)
         })
@@ -599,9 +573,19 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
                 // Onto the bias rows (each written once: no zeroing first).
                 Some(b) => {
                     let mut out = repeated_rows(rows, &b.to_vec1::<f32>().ok()?);
-                    sgemm_packed(rows, x, w, &mut out, n, true, 1.0, true).then_some(out)
+                    sgemm_packed(
+                        rows,
+                        x,
+                        w,
+                        &mut out,
+                        n,
+                        true,
+                        1.0,
+                        rayon::current_num_threads(),
+                    )
+                    .then_some(out)
                 }
-                None => product_packed(rows, x, w, 1.0, true),
+                None => product_packed(rows, x, w, 1.0, rayon::current_num_threads()),
             }
         })
         .flatten()
@@ -738,10 +722,21 @@ mod tests {
             };
             let ldd = n + 3;
             let mut got = vec![2.0f32; m * ldd];
-            let ok = pool.install(|| sgemm_packed(m, x, wp, &mut got, ldd, true, 0.5, true));
+            let ok = pool.install(|| {
+                sgemm_packed(
+                    m,
+                    x,
+                    wp,
+                    &mut got,
+                    ldd,
+                    true,
+                    0.5,
+                    rayon::current_num_threads(),
+                )
+            });
             assert!(ok, "{m} x {n} x {k}");
             let fresh = pool
-                .install(|| product_packed(m, x, wp, 1.0, true))
+                .install(|| product_packed(m, x, wp, 1.0, rayon::current_num_threads()))
                 .unwrap();
             let mut unpacked = vec![0f32; m * n];
             let wt = Mat {
@@ -759,7 +754,7 @@ mod tests {
                 n,
                 false,
                 1.0,
-                false
+                1
             ));
             for j in 0..m {
                 for i in 0..ldd {
@@ -802,7 +797,7 @@ mod tests {
         };
         let mut out = vec![7f32; m * n];
         let product = |x: &[f32], w: Packed, out: &mut [f32], ldd: usize| {
-            sgemm_packed(m, Mat::rows(x, k), w, out, ldd, false, 1.0, true)
+            sgemm_packed(m, Mat::rows(x, k), w, out, ldd, false, 1.0, 1)
         };
         assert!(!product(&x, short, &mut out, n));
         assert!(!product(&x[1..], wp, &mut out, n));

@@ -1,8 +1,8 @@
 //! A checked f32 matrix product on slices, straight to the `gemm` crate candle's CPU matmul
 //! calls, for kernels that need what candle's `matmul` does not offer: accumulating into an
 //! output that already holds a bias, writing into a slice of a larger buffer (one image of a
-//! batch, one head of an attention), a scale folded into the product, and choosing whether the
-//! product itself splits across threads (not when the caller already runs one product per
+//! batch, one head of an attention), a scale folded into the product, and choosing over how
+//! many threads the product itself splits (none when the caller already runs one product per
 //! thread).
 
 use std::ops::Range;
@@ -42,35 +42,13 @@ impl<'a> Mat<'a> {
 }
 
 /// `dst = (accumulate ? dst : 0) + scale * a @ b` for `a: [m, k]`, `b: [k, n]` and `dst` a
-/// row-major `[m, n]` block with row stride `ldd`. `parallel` lets the product use the rayon
-/// pool's threads (as tiles of the output, one single-threaded product each, which scaled
-/// better than the gemm's own split: `tiles`). Returns false (and writes nothing) when a
-/// view does not fit its slice.
+/// row-major `[m, n]` block with row stride `ldd`, split for `threads` of the rayon pool's
+/// threads (as tiles of the output, one single-threaded product each, which scaled better
+/// than the gemm's own split: `tiles`): 1 runs it on this thread, the pool's size over all
+/// of them, fewer for a caller running several products side by side. Returns false (and
+/// writes nothing) when a view does not fit its slice.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Mat,
-    b: Mat,
-    dst: &mut [f32],
-    ldd: usize,
-    accumulate: bool,
-    scale: f32,
-    parallel: bool,
-) -> bool {
-    let threads = if parallel {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    sgemm_on(m, n, k, a, b, dst, ldd, accumulate, scale, threads)
-}
-
-/// [`sgemm`] split into tiles for `threads` threads of the pool (1: not split), for a caller
-/// that runs several products side by side, each on its share of the pool.
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm_on(
     m: usize,
     n: usize,
     k: usize,
@@ -135,7 +113,7 @@ pub fn product(
     a: Mat,
     b: Mat,
     scale: f32,
-    parallel: bool,
+    threads: usize,
 ) -> Option<Vec<f32>> {
     let len = m.checked_mul(n)?;
     if !a.fits(m, k) || !b.fits(k, n) {
@@ -148,7 +126,7 @@ pub fn product(
         // The gemm's matrix-vector paths take their output as a slice: give them one that
         // holds values.
         let mut out = vec![0.0; len];
-        return sgemm(m, n, k, a, b, &mut out, n, false, scale, parallel).then_some(out);
+        return sgemm(m, n, k, a, b, &mut out, n, false, scale, threads).then_some(out);
     }
     // SAFETY: the block is new, so it aliases neither input; with k > 0 and `accumulate`
     // false, the product writes every element of the [m, n] block (gemm's `dst = beta * lhs
@@ -157,11 +135,6 @@ pub fn product(
     #[allow(unsafe_code)]
     unsafe {
         new_block(len, |out| {
-            let threads = if parallel {
-                rayon::current_num_threads()
-            } else {
-                1
-            };
             into(m, n, k, a, b, out, n, false, scale, threads)
         })
     }
@@ -402,14 +375,34 @@ mod tests {
                     n,
                     false,
                     0.5,
-                    false
+                    1
                 ));
-                let got = product(m, n, k, Mat::rows(&a, k), b, 0.5, parallel);
+                let got = product(
+                    m,
+                    n,
+                    k,
+                    Mat::rows(&a, k),
+                    b,
+                    0.5,
+                    if parallel {
+                        rayon::current_num_threads()
+                    } else {
+                        1
+                    },
+                );
                 assert_eq!(got, Some(want), "{m} x {n} x {k}");
             }
             let a = vec![1f32; 12];
             assert_eq!(
-                product(4, 4, 4, Mat::rows(&a, 4), Mat::rows(&a, 4), 1.0, true),
+                product(
+                    4,
+                    4,
+                    4,
+                    Mat::rows(&a, 4),
+                    Mat::rows(&a, 4),
+                    1.0,
+                    rayon::current_num_threads()
+                ),
                 None
             );
         });
@@ -461,7 +454,7 @@ mod tests {
             ldd,
             true,
             0.5,
-            true,
+            rayon::current_num_threads(),
         );
         assert!(ok);
         for i in 0..m {
@@ -487,7 +480,7 @@ mod tests {
             n,
             false,
             1.0,
-            true
+            rayon::current_num_threads()
         ));
         for i in 0..m {
             for j in 0..n {
@@ -506,7 +499,7 @@ mod tests {
             n,
             false,
             1.0,
-            false
+            1
         ));
     }
 }

@@ -221,7 +221,7 @@ pub(super) fn conv_image(
                 16 * tb,
                 false,
                 1.0,
-                false,
+                1,
             );
             if !ok {
                 return false;

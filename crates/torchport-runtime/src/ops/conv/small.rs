@@ -21,7 +21,7 @@ use super::{fused_act, fused_residual, im2col, out_len, pair, Act, Params};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::fused::{with_f32, Spare};
-use crate::ops::packed::{sgemm_packed, sgemm_packed_on, Packed, Packing};
+use crate::ops::packed::{sgemm_packed, Packed, Packing};
 use crate::ops::sgemm::Mat;
 use crate::ops::tile::{transpose, SIDE};
 use crate::ops::{float, usize_of, Registry};
@@ -187,7 +187,16 @@ fn conv(
                 .for_each(|row| row.iter_mut().zip(b).for_each(|(d, &b)| *d += b));
         }
         let x = Mat::rows(&xs[..n * per_in], per_in);
-        let ok = sgemm_packed(n, x, w, &mut out, co, true, 1.0, true);
+        let ok = sgemm_packed(
+            n,
+            x,
+            w,
+            &mut out,
+            co,
+            true,
+            1.0,
+            rayon::current_num_threads(),
+        );
         p.act.apply(&mut out);
         return ok.then_some(out);
     }
@@ -210,7 +219,7 @@ fn conv(
             cs: pix,
         };
         prod.resize(pix * co, 0.0);
-        if !sgemm_packed_on(pix, x, w, &mut prod, co, false, 1.0, threads) {
+        if !sgemm_packed(pix, x, w, &mut prod, co, false, 1.0, threads) {
             return false;
         }
         let res = residual.map(|r| &r[i * per_out..][..per_out]);
