@@ -18,8 +18,8 @@
 # ratios; on the 16-core machine of BENCHMARKS.md, 2026-12-04, one engine's one-thread times
 # moved by up to 1.5x between runs one after another; "--rounds 1" for back-to-back runs);
 # PROFILE (1: after the timings, each export's operators and its 12 slowest nodes at the
-# fewest and the most threads, each node's least of 3 runs, TORCHPORT_PROFILE of run_timing;
-# 0: not).
+# fewest and the most threads, each node's least of 3 runs, TORCHPORT_PROFILE of run_timing,
+# then run_timing's JSON line: load, warm read and read into new memory, peak RSS; 0: not).
 set -u
 cd "$(dirname "$0")/.."
 THREADS=${1:-1,4,16}
@@ -59,7 +59,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
       for t in "${THREADS%%,*}" "${THREADS##*,}"; do
         echo "== profile $m batch $b, $t threads"
         TORCHPORT_PROFILE=3 TORCHPORT_PROFILE_NODES=12 RAYON_NUM_THREADS=$t \
-          "$BIN" "$stem.pt2" "$stem".input_*.npy --runs 1 2>&1 | grep -v '^{'
+          "$BIN" "$stem.pt2" "$stem".input_*.npy --runs 1 2>&1
       done
     done
   done
