@@ -8,7 +8,9 @@
 #   benches/scaling.sh [THREADS (1,4,16)] [RUNS (5)]
 #
 # On a 16-core Xeon all eight models at 1, 2 and 16 threads, batch 1 and 8, 5 runs, back to
-# back (--rounds 1), took 548 s, exports (62 s) included; plan a device's time by that.
+# back (--rounds 1, no profiles), took 548 s, exports (62 s) included. With the turns of
+# --paired (3 pauses of 0.1 s a turn) and the profiles on top, that is more than one 10-minute
+# call: split MODELS over two calls, or measure THREADS=1,16.
 #
 # Environment: PYTHON (python3) with torch, torchvision, timm, transformers, onnxruntime and
 # onnxscript; BINARY (target/release/examples/run_timing); CLI (target/release/torchport, whose
