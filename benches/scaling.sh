@@ -21,7 +21,9 @@
 # moved by up to 1.5x between runs one after another; "--rounds 1" for back-to-back runs);
 # PROFILE (1: after the timings, each export's operators and its 12 slowest nodes at the
 # fewest and the most threads, each node's least of 3 runs, TORCHPORT_PROFILE of run_timing,
-# then run_timing's JSON line: load, warm read and read into new memory, peak RSS; 0: not).
+# then run_timing's JSON line: load, warm read and read into new memory, peak RSS; and the
+# median at the most threads with the pool's threads waiting actively and passively,
+# TORCHPORT_WAIT_POLICY; 0: not).
 set -u
 cd "$(dirname "$0")/.."
 THREADS=${1:-1,4,16}
@@ -62,6 +64,13 @@ if [ "${PROFILE:-1}" = 1 ]; then
         echo "== profile $m batch $b, $t threads"
         TORCHPORT_PROFILE=3 TORCHPORT_PROFILE_NODES=12 RAYON_NUM_THREADS=$t \
           "$BIN" "$stem.pt2" "$stem".input_*.npy --runs 1 2>&1
+      done
+      # The pool's threads between loops at the most threads: looking for work (torchport's
+      # default) or asleep (TORCHPORT_WAIT_POLICY=passive), alternated twice.
+      for policy in active passive active passive; do
+        echo "== $m batch $b, ${THREADS##*,} threads, wait policy $policy: $(
+          TORCHPORT_WAIT_POLICY=$policy RAYON_NUM_THREADS=${THREADS##*,} "$BIN" "$stem.pt2" \
+            "$stem".input_*.npy --runs 5 2>&1 | grep -o '"median_ms": [0-9.]*')"
       done
     done
   done

@@ -1083,12 +1083,24 @@ fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
 /// work ([`wait_for_work`]) instead of going to sleep between loops, and move off its CPU
 /// when they find themselves on it (`threads::CpuWatch`; where the pool has no more threads
 /// than the process has CPUs).
+///
+/// With `TORCHPORT_WAIT_POLICY=passive` ([`waits_actively`]) they do not: they sleep between
+/// loops, as rayon's idle threads do, and each loop wakes them.
 fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    in_pool_waiting(waits_actively(), f)
+}
+
+/// [`in_pool`], the pool's other threads looking for work between loops or not (`active`).
+fn in_pool_waiting<R: Send>(active: bool, f: impl FnOnce() -> R + Send) -> R {
     let done = AtomicBool::new(false);
     rayon::scope(|s| {
         let runner = rayon::current_thread_index();
         let done = &done;
-        let threads = rayon::current_num_threads();
+        let threads = if active {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
         // Only where each thread can have a CPU: with more threads than CPUs, moving off one
         // lands on another's.
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -1145,6 +1157,20 @@ fn wait_for_work(done: &AtomicBool, runner: Option<usize>, step_aside: impl Fn()
         }
     }
     WAITING.with(|w| w.set(false));
+}
+
+/// Whether the pool's threads wait for a run's next parallel loop by looking for work
+/// ([`in_pool`]): yes unless `TORCHPORT_WAIT_POLICY` is `passive` (any case), as OpenMP's
+/// `OMP_WAIT_POLICY` says it for torch's threads. Read once.
+fn waits_actively() -> bool {
+    static ACTIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ACTIVE.get_or_init(|| wait_policy_active(std::env::var("TORCHPORT_WAIT_POLICY").ok()))
+}
+
+/// The policy a `TORCHPORT_WAIT_POLICY` value names: passive (false) for `passive` in any
+/// case, active (true) for anything else or nothing.
+fn wait_policy_active(value: Option<String>) -> bool {
+    !value.is_some_and(|v| v.trim().eq_ignore_ascii_case("passive"))
 }
 
 /// How often [`wait_for_work`] checks, while it finds no work, that it does not share the
@@ -1243,6 +1269,43 @@ mod tests {
 
     /// timm's ResNet-18d (the zoo fixture, exported plain) and its weights, decoded plainly,
     /// by graph input name.
+    /// `TORCHPORT_WAIT_POLICY`: `passive` in any case (and around blanks) makes the pool's
+    /// threads sleep between loops; nothing, `active` or anything else keeps them looking for
+    /// work. A run gives the same bits either way (timm's ResNet-18d on a pool of 4 threads,
+    /// where 3 of them wait or not).
+    #[test]
+    fn wait_policies_name_their_waiting_and_compute_the_same() {
+        for (value, active) in [
+            (None, true),
+            (Some("active"), true),
+            (Some("passive"), false),
+            (Some(" PASSIVE\n"), false),
+            (Some("spin"), true),
+        ] {
+            assert_eq!(
+                wait_policy_active(value.map(String::from)),
+                active,
+                "{value:?}"
+            );
+        }
+        let zoo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo");
+        let p = Program::load(zoo.join("timm_resnet18d.plain.pt2")).unwrap();
+        let x = crate::npy::read_npy(&zoo.join("timm_resnet18d.input_0.npy")).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let run = |active: bool| {
+            let out = pool.install(|| in_pool_waiting(active, || p.run_inner(&[x.clone()], None)));
+            out.unwrap()[0]
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        assert_eq!(run(true), run(false));
+    }
+
     fn resnet18d_weights() -> (ExportedProgram, HashMap<String, Tensor>) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/zoo/timm_resnet18d.plain.pt2");
