@@ -1296,7 +1296,9 @@ mod tests {
             .build()
             .unwrap();
         let run = |active: bool| {
-            let out = pool.install(|| in_pool_waiting(active, || p.run_inner(&[x.clone()], None)));
+            let out = pool.install(|| {
+                in_pool_waiting(active, || p.run_inner(std::slice::from_ref(&x), None))
+            });
             out.unwrap()[0]
                 .flatten_all()
                 .unwrap()
