@@ -1267,8 +1267,6 @@ mod tests {
         assert!(err.contains(name) && err.contains("[32, 96]"), "{err}");
     }
 
-    /// timm's ResNet-18d (the zoo fixture, exported plain) and its weights, decoded plainly,
-    /// by graph input name.
     /// `TORCHPORT_WAIT_POLICY`: `passive` in any case (and around blanks) makes the pool's
     /// threads sleep between loops; nothing, `active` or anything else keeps them looking for
     /// work. A run gives the same bits either way (timm's ResNet-18d on a pool of 4 threads,
@@ -1308,6 +1306,8 @@ mod tests {
         assert_eq!(run(true), run(false));
     }
 
+    /// timm's ResNet-18d (the zoo fixture, exported plain) and its weights, decoded plainly,
+    /// by graph input name.
     fn resnet18d_weights() -> (ExportedProgram, HashMap<String, Tensor>) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/zoo/timm_resnet18d.plain.pt2");
