@@ -222,28 +222,34 @@ def ort_session(ort, onnx_path, inputs, th):
     return sess, {i.name: x.numpy() for i, x in zip(sess.get_inputs(), inputs)}
 
 
+# Between two engines' runs: the threads of the one that just ran (OpenMP's, onnxruntime's)
+# spin a while before they sleep, and must not take the next one's cores (with 10 ms between
+# the turns of --paired here, torch eager's MobileNetV3 at batch 1 on 2 threads took 81 ms a
+# run instead of 28; with 100 or 300 ms, 28).
+PAUSE_S = 0.1
+
+
 def measure(args, model, inputs, pt2, npys, onnx_path, ort, th):
     """One round at `th` threads: (eager median ms, eager CPU ms per run, onnxruntime median
-    ms or None, run_timing's JSON), each engine timed back to back."""
+    ms or None, run_timing's JSON), each engine timed after the other, `PAUSE_S` apart (on the
+    16-core machine of BENCHMARKS.md, 2026-12-04, torchport timed straight after onnxruntime
+    on 16 threads came out slower than in a process of its own later, ViT-S at batch 1 50.7
+    against 32.2 ms; why was not established)."""
     torch.set_num_threads(th)
     with torch.inference_mode():
         eager, eager_cpu = time_it(lambda: model(*inputs), args.runs)
+    time.sleep(PAUSE_S)
     onnx_ms = None
     sess, feed = ort_session(ort, onnx_path, inputs, th)
     if sess:
         onnx_ms = time_it(lambda: sess.run(None, feed), args.runs)[0]
+        del sess
+        time.sleep(PAUSE_S)
     env = run_timing_env(args, th)
     res = subprocess.run(
         [str(args.binary), str(pt2), *map(str, npys), "--runs", str(args.runs)],
         capture_output=True, text=True, env=env, check=True)
     return eager, eager_cpu, onnx_ms, json.loads(res.stdout.strip().splitlines()[-1])
-
-
-# Between two engines' runs in --paired mode: the threads of the one that just ran (OpenMP's,
-# onnxruntime's) spin a while before they sleep, and must not take the next one's cores (with
-# 10 ms here, torch eager's MobileNetV3 at batch 1 on 2 threads took 81 ms a run instead of
-# 28; with 100 or 300 ms, 28).
-PAUSE_S = 0.1
 
 
 def measure_paired(args, model, inputs, pt2, npys, onnx_path, ort, th):
