@@ -61,6 +61,22 @@ struct Params {
     act: Act,
 }
 
+/// The sizes of one convolution call, for the kernels that take them together.
+struct Shape {
+    /// `[n, c, h, w]`.
+    input: [usize; 4],
+    /// `[kh, kw]`.
+    kernel: [usize; 2],
+    /// `[oh, ow]` (as `out_len` gives them for the parameters).
+    out: [usize; 2],
+}
+
+/// Whether the input is its own columns (read in place, not unfolded): a 1x1 kernel at stride
+/// 1 unpadded.
+fn reads_in_place(kernel: [usize; 2], p: &Params) -> bool {
+    kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0, 0]
+}
+
 /// The activation a convolution applies to its output (the graph's own relu / silu /
 /// hardswish node, folded into the conv at load), computed as those kernels compute it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -506,7 +522,7 @@ fn conv_gemm(
     let pix = oh * ow;
     let w = w.contiguous()?;
     let x = x.contiguous()?;
-    let direct = kh == 1 && kw == 1 && p.stride == [1, 1] && p.padding == [0, 0];
+    let direct = reads_in_place([kh, kw], p);
     // Few columns (input channels times taps) on a large plane: computed directly (see
     // `narrow`).
     #[cfg(target_arch = "x86_64")]

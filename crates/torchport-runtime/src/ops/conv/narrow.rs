@@ -17,7 +17,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{im2col_span, out_len, Act, Params};
+use super::{im2col_span, out_len, reads_in_place, Act, Params, Shape};
 use crate::error::OpResult;
 use crate::ops::fused::{with_f32, Spare};
 use crate::ops::sgemm::{new_block, Shared};
@@ -103,11 +103,6 @@ pub(super) fn applies(c: usize, [kh, kw]: [usize; 2], pixels: usize, p: &Params)
         && std::arch::is_x86_feature_detected!("fma")
 }
 
-/// Whether the input is its own columns (read in place): a 1x1 kernel at stride 1 unpadded.
-fn reads_in_place(kernel: [usize; 2], p: &Params) -> bool {
-    kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0, 0]
-}
-
 /// The convolution of `x` (`[n, c, h, w]`) by `w` (`[co, c, kh, kw]`), both contiguous f32,
 /// plus `bias` and `residual` (each optional), activated: [`narrow`] on the tensors'
 /// values. `None` (left to the other paths) for a residual that is not f32 of the output's
@@ -143,16 +138,6 @@ pub(super) fn conv(
         Some(out) => Ok(Some(Tensor::from_vec(out, (n, co, oh, ow), x.device())?)),
         None => Ok(None),
     }
-}
-
-/// The sizes of one call of [`narrow`].
-struct Shape {
-    /// `[n, c, h, w]`.
-    input: [usize; 4],
-    /// `[kh, kw]`.
-    kernel: [usize; 2],
-    /// `[oh, ow]` (as `out_len` gives them for the parameters).
-    out: [usize; 2],
 }
 
 /// `act(w @ cols + bias + residual)` per image for `x: [n, c, h, w]` (its columns: the input

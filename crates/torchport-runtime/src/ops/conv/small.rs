@@ -17,7 +17,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{fused_act, fused_residual, im2col, out_len, pair, Act, Params};
+use super::{fused_act, fused_residual, im2col, out_len, pair, reads_in_place, Act, Params, Shape};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::fused::{with_f32, Spare};
@@ -117,9 +117,9 @@ fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
         );
     }
     let x = x.contiguous()?;
-    let geometry = Geometry {
-        chw: [c, h, wd],
-        k: [kh, kw],
+    let shape = Shape {
+        input: [n, c, h, wd],
+        kernel: [kh, kw],
         out: [oh, ow],
     };
     let run = |res: Option<&[f32]>| {
@@ -130,7 +130,7 @@ fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
                 n: co,
                 k,
             };
-            with_f32(&x, |xs| conv(xs, n, w, &geometry, bias.as_deref(), res, &p))
+            with_f32(&x, |xs| conv(xs, w, &shape, bias.as_deref(), res, &p))
         })
         .flatten()
         .flatten()
@@ -145,36 +145,28 @@ fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
     }
 }
 
-/// An image's input plane size, kernel size and output plane size.
-struct Geometry {
-    chw: [usize; 3],
-    k: [usize; 2],
-    out: [usize; 2],
-}
-
-/// The convolution of the `n` images in `xs` by the packed weight `w` (`[co, k]`), as one
-/// `[n, co, oh, ow]` buffer: `act(conv + bias + residual)`. Images side by side over the
-/// pool's threads, each image's product and pass split over its share of them
+/// The convolution of the images in `xs` (`shape.input`) by the packed weight `w` (`[co,
+/// k]`), as one `[n, co, oh, ow]` buffer: `act(conv + bias + residual)`. Images side by side
+/// over the pool's threads, each image's product and pass split over its share of them
 /// (`super::share`: none where there are at least as many images as threads). `None` when a
 /// view does not fit.
 fn conv(
     xs: &[f32],
-    n: usize,
     w: Packed,
-    g: &Geometry,
+    shape: &Shape,
     bias: Option<&[f32]>,
     residual: Option<&[f32]>,
     p: &Params,
 ) -> Option<Vec<f32>> {
     use rayon::prelude::*;
-    let [c, h, wd] = g.chw;
-    let (co, pix) = (w.n, g.out[0] * g.out[1]);
+    let [n, c, h, wd] = shape.input;
+    let (co, pix) = (w.n, shape.out[0] * shape.out[1]);
     let (per_in, per_out) = (c * h * wd, co * pix);
     let mut out = vec![0f32; n * per_out];
     if per_out == 0 {
         return Some(out);
     }
-    let direct = g.k == [1, 1] && p.stride == [1, 1] && p.padding == [0, 0];
+    let direct = reads_in_place(shape.kernel, p);
     if direct && pix == 1 {
         // One pixel per image (a squeeze-and-excitation's convolutions): the output `[n,
         // co]` is the product's own layout, so all images are one product, a row each, onto
@@ -209,7 +201,15 @@ fn conv(
             img
         } else {
             cols.resize(w.k * pix, 0.0);
-            im2col(img, g.chw, g.k, g.out, p, &mut cols, parallel);
+            im2col(
+                img,
+                [c, h, wd],
+                shape.kernel,
+                shape.out,
+                p,
+                &mut cols,
+                parallel,
+            );
             &cols
         };
         // cols.T: pixel j's column kk at kk * pix + j.
@@ -362,9 +362,9 @@ mod tests {
                 let want = reference(&x, &w, &b, &r, &p);
                 let packed = pack_weight(&w).unwrap();
                 let (oh, ow) = (r0.dims()[2], r0.dims()[3]);
-                let g = Geometry {
-                    chw: [dims[1], dims[2], dims[3]],
-                    k: [k, k],
+                let shape = Shape {
+                    input: dims,
+                    kernel: [k, k],
                     out: [oh, ow],
                 };
                 let w = Packed {
@@ -377,7 +377,7 @@ mod tests {
                 let bs = b.to_vec1::<f32>().unwrap();
                 let rs = r.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 let got = pool
-                    .install(|| conv(&xs, dims[0], w, &g, Some(&bs), Some(&rs), &p))
+                    .install(|| conv(&xs, w, &shape, Some(&bs), Some(&rs), &p))
                     .unwrap();
                 let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 assert_eq!(got.len(), want.len());
