@@ -99,6 +99,13 @@ impl Packing {
             .clamp(1, k.max(1))
     }
 
+    /// The panels per run of a product with `n` weight rows (panels' rows), `m` rows of `x`
+    /// and inner dimension `k`: as many as the gemm's own L2 blocking (`mc`) holds.
+    fn run(&self, n: usize, m: usize, k: usize) -> usize {
+        let mc = gemm_common::cache::kernel_params(n, m, k, self.mr, self.nr, 4).mc;
+        (mc / self.mr).max(1)
+    }
+
     /// The packed length of an `[n, k]` weight, `None` on overflow.
     pub fn len(&self, n: usize, k: usize) -> Option<usize> {
         n.checked_next_multiple_of(self.mr)?.checked_mul(k)
@@ -470,10 +477,9 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, panels: std::ops::Range<
         scale,
     } = *job;
     let pk = w.packing;
-    let (n, k, mr, nr) = (w.n, w.k, pk.mr, pk.nr);
+    let (n, k, mr) = (w.n, w.k, pk.mr);
     let n_pad = n.next_multiple_of(mr);
-    let mc = gemm_common::cache::kernel_params(n, rows.len(), k, mr, nr, 4).mc;
-    let run = (mc / mr).max(1);
+    let run = pk.run(n, rows.len(), k);
     let kc = pk.block(k);
     let mut p0 = 0;
     while p0 < k {
@@ -484,41 +490,156 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, panels: std::ops::Range<
         let mut q0 = panels.start;
         while q0 < panels.end {
             let q1 = (q0 + run).min(panels.end);
-            let mut j = rows.start;
-            while j < rows.end {
-                let nj = nr.min(rows.end - j);
-                let xj = x.data.as_ptr().add(j * x.rs + p0 * x.cs);
-                for q in q0..q1 {
-                    let i0 = q * mr;
-                    let mi = mr.min(n - i0);
-                    let kernel = (pk.kernel)(mi.div_ceil(pk.lanes) - 1, nj - 1);
-                    kernel(
-                        mi,
-                        nj,
-                        kb,
-                        out.0.add(j * ldd + i0),
-                        block.add(q * mr * kb),
-                        xj,
-                        ldd as isize,
-                        1,
-                        mr as isize,
-                        x.cs as isize,
-                        x.rs as isize,
-                        1.0,
-                        scale,
-                        status,
-                        false,
-                        false,
-                        false,
-                        std::ptr::null(),
-                    );
-                }
-                j += nj;
-            }
+            let panels = Panels {
+                data: block.add(q0 * mr * kb),
+                cols: q0 * mr..(q1 * mr).min(n),
+                kb,
+            };
+            kernels(&pk, x, rows.clone(), p0, &panels, out, ldd, status, scale);
             q0 = q1;
         }
         p0 += kb;
     }
+}
+
+/// Consecutive packed panels of one block of `kb` columns: for output columns `cols` (the
+/// first at a panel's start), each panel `mr` rows by `kb` columns, column after column.
+struct Panels {
+    data: *const f32,
+    cols: std::ops::Range<usize>,
+    kb: usize,
+}
+
+/// The microkernel over rows `rows` of `x` (columns `p0..p0 + panels.kb`) against each of
+/// `panels`, for each `nr` rows of `x` in turn, into `out` (row stride `ldd`): `status` 0
+/// writes, 1 adds to what `out` holds.
+///
+/// # Safety
+///
+/// `x` fits the rows and columns read, `panels.data` holds the panels' values, and `out`
+/// holds rows `rows` by columns `panels.cols` at row stride `ldd`, which nothing else touches
+/// meanwhile.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+unsafe fn kernels(
+    pk: &Packing,
+    x: Mat,
+    rows: std::ops::Range<usize>,
+    p0: usize,
+    panels: &Panels,
+    out: Shared,
+    ldd: usize,
+    status: u8,
+    scale: f32,
+) {
+    let (mr, nr, kb) = (pk.mr, pk.nr, panels.kb);
+    let mut j = rows.start;
+    while j < rows.end {
+        let nj = nr.min(rows.end - j);
+        let xj = x.data.as_ptr().add(j * x.rs + p0 * x.cs);
+        for (q, i0) in panels.cols.clone().step_by(mr).enumerate() {
+            let mi = mr.min(panels.cols.end - i0);
+            let kernel = (pk.kernel)(mi.div_ceil(pk.lanes) - 1, nj - 1);
+            kernel(
+                mi,
+                nj,
+                kb,
+                out.0.add(j * ldd + i0),
+                panels.data.add(q * mr * kb),
+                xj,
+                ldd as isize,
+                1,
+                mr as isize,
+                x.cs as isize,
+                x.rs as isize,
+                1.0,
+                scale,
+                status,
+                false,
+                false,
+                false,
+                std::ptr::null(),
+            );
+        }
+        j += nj;
+    }
+}
+
+/// `out = (accumulate ? out : 0) + scale * x @ b` for `x: [m, k]` and an unpacked
+/// `b: [k, n]` (any strides), on this thread, through the same microkernels as a packed
+/// weight: `b` is packed a run of panels at a time (the columns that fit the L2 cache, one
+/// block of `kc` rows) into a buffer this thread keeps, and the rows of `x` run against each
+/// run. Nothing is allocated after a thread's first product of a size: the gemm crate's own
+/// product allocates its packing buffers on every call, from one heap under one lock with
+/// [`crate::retain_freed_memory`]. On a 16-core machine the products of ResNet-18's Winograd
+/// blocks at batch 1 (16 calls a block) took 5x as long on 16 threads as on 8, each with
+/// half the work; those allocations, 16 threads at once, are the suspect (BENCHMARKS.md,
+/// issue 14).
+///
+/// # Safety
+///
+/// `x` and `b` fit `[m, k]` and `[k, n]` views, `k > 0`, and `out` points to an `[m, n]`
+/// block at row stride `ldd` (`>= n` when `m > 1`) that nothing else touches meanwhile.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+pub(crate) unsafe fn unpacked_product(
+    pk: &Packing,
+    (m, n, k): (usize, usize, usize),
+    x: Mat,
+    b: Mat,
+    out: Shared,
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+) {
+    thread_local! {
+        static PACKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let (mr, lanes) = (pk.mr, pk.lanes);
+    let (kc, run) = (pk.block(k), pk.run(n, m, k));
+    // Taken for the product and given back after it (a product inside this one would find
+    // none and use its own).
+    let mut spare = PACKED.with_borrow_mut(std::mem::take);
+    // The panels start on a cache line (64 bytes), as the gemm's own packing buffers do:
+    // the microkernel reads a panel a register (64 bytes with AVX-512) at a time.
+    let need = run.min(n.div_ceil(mr)) * mr * kc + 16;
+    if spare.len() < need {
+        spare.resize(need, 0.0);
+    }
+    let start = spare.as_ptr().align_offset(64).min(16);
+    let buf = &mut spare[start..];
+    let mut p0 = 0;
+    while p0 < k {
+        let kb = kc.min(k - p0);
+        let status = if p0 == 0 && !accumulate { 0 } else { 1 };
+        let mut j0 = 0;
+        while j0 < n {
+            let j1 = (j0 + run * mr).min(n);
+            for (panel, i0) in buf.chunks_exact_mut(mr * kb).zip((j0..j1).step_by(mr)) {
+                let mi = mr.min(j1 - i0);
+                // The rows up to the microkernel's register width are read: zeros past `mi`.
+                let read = mi.next_multiple_of(lanes).min(mr);
+                for (c, col) in panel.chunks_exact_mut(mr).enumerate() {
+                    let at = (p0 + c) * b.rs + i0 * b.cs;
+                    if b.cs == 1 {
+                        col[..mi].copy_from_slice(&b.data[at..at + mi]);
+                    } else {
+                        for (r, v) in col[..mi].iter_mut().enumerate() {
+                            *v = b.data[at + r * b.cs];
+                        }
+                    }
+                    col[mi..read].fill(0.0);
+                }
+            }
+            let panels = Panels {
+                data: buf.as_ptr(),
+                cols: j0..j1,
+                kb,
+            };
+            kernels(pk, x, 0..m, p0, &panels, out, ldd, status, scale);
+            j0 = j1;
+        }
+        p0 += kb;
+    }
+    PACKED.with_borrow_mut(|b| *b = spare);
 }
 
 /// `torchport.linear_packed`: `input @ weight.T + bias` with the weight packed.
@@ -770,6 +891,71 @@ mod tests {
             }
             if m > 64 && n > 64 {
                 assert_eq!(fresh, unpacked, "the unpacked gemm's bits, {m}x{n}x{k}");
+            }
+        }
+    }
+
+    /// `unpacked_product` against a direct product in f64 (values exact in f32, so the order
+    /// of the sums does not matter), with every packing the CPU has: `b` row-major and stored
+    /// transposed, more than one block of `k` and more than one run of panels (`n` past what
+    /// one run holds, the last panel partial), a strided `x`, writing and adding (onto 2.0,
+    /// scaled by 0.5) into a block inside a wider output whose other columns stay as they
+    /// were; twice on the same thread (its buffer reused, larger then smaller).
+    #[test]
+    fn unpacked_products_match_direct_products() {
+        for pk in Packing::available() {
+            for (m, k) in [(9, 1100), (5, 40)] {
+                // A run holds at most 8 panels (the gemm's `mc` is at most 8 `mr`).
+                let n = if k > 100 { 16 * pk.mr + 7 } else { 3 };
+                assert!(k < 100 || pk.block(k) < k, "more than one block of k");
+                assert!(k < 100 || n > pk.run(n, m, k) * pk.mr, "more than one run");
+                // x stored transposed (x[i, p] at p * m + i).
+                let xt: Vec<f32> = (0..m * k).map(|i| (i % 9) as f32 * 0.5 - 2.0).collect();
+                let x = Mat {
+                    data: &xt,
+                    rs: 1,
+                    cs: m,
+                };
+                let bv: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+                for (transposed, accumulate) in [(false, false), (true, true)] {
+                    // b[p, j] at p * n + j, or at j * k + p (the same values, transposed).
+                    let bt: Vec<f32>;
+                    let b = if transposed {
+                        bt = (0..k * n).map(|i| bv[(i % k) * n + i / k]).collect();
+                        Mat {
+                            data: &bt,
+                            rs: 1,
+                            cs: k,
+                        }
+                    } else {
+                        Mat::rows(&bv, n)
+                    };
+                    let ldd = n + 3;
+                    let mut got = vec![2.0f32; m * ldd];
+                    let scale = if accumulate { 0.5 } else { 1.0 };
+                    // SAFETY: the views fit [m, k] and [k, n], k > 0, and `got` holds the
+                    // [m, n] block at row stride n + 3.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        let out = Shared(got.as_mut_ptr());
+                        unpacked_product(&pk, (m, n, k), x, b, out, ldd, accumulate, scale);
+                    }
+                    for i in 0..m {
+                        for j in 0..ldd {
+                            let want = if j < n {
+                                let dot: f64 = (0..k)
+                                    .map(|p| f64::from(xt[p * m + i]) * f64::from(bv[p * n + j]))
+                                    .sum();
+                                let before = if accumulate { 2.0 } else { 0.0 };
+                                before + f64::from(scale) * dot
+                            } else {
+                                2.0
+                            };
+                            let at = format!("{m}x{n}x{k} at ({i}, {j})");
+                            assert_eq!(got[i * ldd + j], want as f32, "{at}");
+                        }
+                    }
+                }
             }
         }
     }

@@ -1,9 +1,11 @@
-//! A checked f32 matrix product on slices, straight to the `gemm` crate candle's CPU matmul
-//! calls, for kernels that need what candle's `matmul` does not offer: accumulating into an
-//! output that already holds a bias, writing into a slice of a larger buffer (one image of a
-//! batch, one head of an attention), a scale folded into the product, and choosing over how
-//! many threads the product itself splits (none when the caller already runs one product per
-//! thread).
+//! A checked f32 matrix product on slices, through the `gemm` crate candle's CPU matmul
+//! calls (its microkernels, driven by `packed::unpacked_product` on CPUs with AVX-512 or
+//! AVX2 + FMA, which allocates nothing per call; the crate's own product elsewhere and for
+//! matrix-vector products), for kernels that need what candle's `matmul` does not offer:
+//! accumulating into an output that already holds a bias, writing into a slice of a larger
+//! buffer (one image of a batch, one head of an attention), a scale folded into the product,
+//! and choosing over how many threads the product itself splits (none when the caller already
+//! runs one product per thread).
 
 use std::ops::Range;
 
@@ -228,8 +230,39 @@ unsafe fn into(
     ) else {
         return false;
     };
+    // This CPU's microkernels for single-threaded products (see `unpacked_product`).
+    let own = super::packed::Packing::detect();
     // Rows `rows` and columns `cols` of the product, with the given parallelism.
     let product = |out: Shared, rows: Range<usize>, cols: Range<usize>, par| {
+        // Matrix-vector products (one row or column) stay the gemm's: it allocates nothing
+        // for them.
+        if let (Some(pk), gemm::Parallelism::None, true) =
+            (&own, par, rows.len() > 1 && cols.len() > 1)
+        {
+            let x = Mat {
+                data: &a.data[rows.start * a.rs..],
+                ..a
+            };
+            let b = Mat {
+                data: &b.data[cols.start * b.cs..],
+                ..b
+            };
+            // SAFETY: as below: the views fit (sub-views of checked ones), k > 0, and the
+            // tile of `out` is this call's alone.
+            unsafe {
+                super::packed::unpacked_product(
+                    pk,
+                    (rows.len(), cols.len(), k),
+                    x,
+                    b,
+                    Shared(out.0.add(rows.start * ldd + cols.start)),
+                    ldd,
+                    accumulate,
+                    scale,
+                );
+            }
+            return;
+        }
         // SAFETY: every element the product reads, `a[i * rs + p * cs]` for i < m, p < k (and
         // likewise for b over k x n), lies inside its slice, and every element it writes,
         // `dst[i * ldd + j]` for i in `rows` (inside 0..m) and j in `cols` (inside 0..n),

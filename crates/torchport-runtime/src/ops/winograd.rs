@@ -84,38 +84,44 @@ pub(super) fn weights(w: &[f32], co: usize, c: usize) -> Vec<f32> {
     }
     // Per output channel, vectorised over input channels: the taps as 9 planes of c, then
     // G g (4 x 3 planes), then (G g) Gᵀ (4 x 4 planes), each copied into its row of U[i].
-    let scratch = || (vec![0f32; 9 * c], vec![0f32; 12 * c], vec![0f32; 4 * c]);
-    tasks
-        .into_par_iter()
-        .enumerate()
-        .for_each_init(scratch, |(taps, gg, ggt), (b, mut rows)| {
-            super::fused::simd(
-                #[inline(always)]
-                || {
-                    let first = b * per;
-                    for (l, wo) in w.chunks_exact(c * 9).skip(first).take(per).enumerate() {
-                        for (ic, k) in wo.chunks_exact(9).enumerate() {
-                            for (t, &x) in k.iter().enumerate() {
-                                taps[t * c + ic] = x;
-                            }
-                        }
-                        let tap = |t: usize| &taps[t * c..][..c];
-                        for j in 0..3 {
-                            let out = pieces_mut(gg, c, [j, 3 + j, 6 + j, 9 + j].map(|i| i * c));
-                            transform_g([tap(j), tap(3 + j), tap(6 + j)], out);
-                        }
-                        for r in 0..4 {
-                            let g = |j: usize| &gg[(r * 3 + j) * c..][..c];
-                            let out = pieces_mut(ggt, c, [0, c, 2 * c, 3 * c]);
-                            transform_g([g(0), g(1), g(2)], out);
-                            for (s, ui) in rows[4 * r..4 * r + 4].iter_mut().enumerate() {
-                                put(&mut ui[l * c..][..c], &ggt[s * c..][..c]);
-                            }
+    // Each thread's buffers, kept from call to call (`WEIGHT_SCRATCH`: taken for a task and
+    // given back after it).
+    tasks.into_par_iter().enumerate().for_each(|(b, mut rows)| {
+        let mut scratch = WEIGHT_SCRATCH.with_borrow_mut(std::mem::take);
+        for (buf, len) in scratch.iter_mut().zip([9 * c, 12 * c, 4 * c]) {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+        }
+        let [taps, gg, ggt] = &mut scratch;
+        super::fused::simd(
+            #[inline(always)]
+            || {
+                let first = b * per;
+                for (l, wo) in w.chunks_exact(c * 9).skip(first).take(per).enumerate() {
+                    for (ic, k) in wo.chunks_exact(9).enumerate() {
+                        for (t, &x) in k.iter().enumerate() {
+                            taps[t * c + ic] = x;
                         }
                     }
-                },
-            );
-        });
+                    let tap = |t: usize| &taps[t * c..][..c];
+                    for j in 0..3 {
+                        let out = pieces_mut(gg, c, [j, 3 + j, 6 + j, 9 + j].map(|i| i * c));
+                        transform_g([tap(j), tap(3 + j), tap(6 + j)], out);
+                    }
+                    for r in 0..4 {
+                        let g = |j: usize| &gg[(r * 3 + j) * c..][..c];
+                        let out = pieces_mut(ggt, c, [0, c, 2 * c, 3 * c]);
+                        transform_g([g(0), g(1), g(2)], out);
+                        for (s, ui) in rows[4 * r..4 * r + 4].iter_mut().enumerate() {
+                            put(&mut ui[l * c..][..c], &ggt[s * c..][..c]);
+                        }
+                    }
+                }
+            },
+        );
+        WEIGHT_SCRATCH.with_borrow_mut(|spare| *spare = scratch);
+    });
     // SAFETY: the tasks' rows cover every U[i] whole (blocks of `per` output channels), and
     // each task wrote every row of each of its output channels.
     #[allow(unsafe_code)]
@@ -138,14 +144,22 @@ fn pieces_mut(buf: &mut [f32], n: usize, starts: [usize; 4]) -> [&mut [f32]; 4] 
     [p0, p1, p2, p3]
 }
 
-/// Buffers one thread reuses across blocks: the block's transformed input, its products,
-/// and the input and output transforms' intermediate rows.
+/// Buffers one thread reuses across blocks and calls: the block's transformed input, its
+/// products, and the input and output transforms' intermediate rows. Each thread keeps its
+/// own (`SCRATCH`) rather than allocating them per call from the allocator's one heap (see
+/// `packed::unpacked_product`).
 #[derive(Default)]
 struct Scratch {
     vin: Vec<f32>,
     prod: Vec<f32>,
     rows_in: Vec<f32>,
     rows_out: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    /// [`weights`]' buffers: a filter's taps as 9 planes, G g, (G g) Gᵀ.
+    static WEIGHT_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = std::cell::RefCell::default();
 }
 
 /// Convolve one image `[c, h, w]` with transformed weights `u` (from [`weights`]) into
@@ -186,14 +200,14 @@ pub(super) fn conv_image(
             part.push(band);
         }
     }
-    let block = |s: &mut Scratch, (b, mut bands): (usize, Vec<&mut [f32]>)| -> bool {
+    let compute = |s: &mut Scratch, (b, mut bands): (usize, Vec<&mut [f32]>)| -> bool {
         let (r0, r1) = (b * rows, ((b + 1) * rows).min(th));
         let tb = (r1 - r0) * tw;
         // The buffers keep the size of the largest block so far; this block uses their start.
         let sizes = [
             (&mut s.vin, g.c * 16 * tb),
             (&mut s.prod, g.co * 16 * tb),
-            (&mut s.rows_in, 16 * (tw + 1)),
+            (&mut s.rows_in, input_scratch(r1 - r0, tw)),
             (&mut s.rows_out, 16 * tb),
         ];
         for (buf, len) in sizes {
@@ -234,60 +248,90 @@ pub(super) fn conv_image(
         }
         true
     };
+    // This thread's scratch, taken for the block and given back after it (a block inside
+    // this one would find none and use its own).
+    let block = |part| {
+        let mut s = SCRATCH.with_borrow_mut(std::mem::take);
+        let ok = compute(&mut s, part);
+        SCRATCH.with_borrow_mut(|spare| *spare = s);
+        ok
+    };
     if threads > 1 {
-        parts
-            .into_par_iter()
-            .enumerate()
-            .map_init(Scratch::default, block)
-            .all(|ok| ok)
+        parts.into_par_iter().enumerate().all(block)
     } else {
-        let mut s = Scratch::default();
-        parts.into_iter().enumerate().all(|p| block(&mut s, p))
+        parts.into_iter().enumerate().all(block)
     }
 }
 
 /// Transform the input tiles of tile rows `r0..r1` of one channel plane `[h, w]` into `vc`
 /// (`[16][tiles]`, the tiles of those rows in row-major order). `tmp` holds at least
-/// 16 * (tw + 1) values.
+/// [`input_scratch`] values.
+///
+/// Every step runs over all the rows' tiles at once, so that its loops are long enough to
+/// vectorise (one tile row of a 28 x 28 plane is 14 tiles, less than one AVX-512 register):
+/// the input rows under the tile rows, each split once into its even and odd columns; then
+/// the row combinations of each tile row's four input rows; then the column combinations,
+/// over the rows laid end to end (`tw + 1` columns each, the extra one a tile past the
+/// row's last); then the tiles copied into `vc` without those extra ones.
 fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32], tmp: &mut [f32]) {
     let [_, tw] = g.tiles();
-    let tb = (r1 - r0) * tw;
-    // The four input rows under a tile row, zero-padded to 2 * tw + 2 columns and split into
-    // even columns `e` and odd columns `o` (tw + 1 each), so that the transforms below are
-    // plain loops over unit-stride arrays: tile tx covers columns e[tx], o[tx], e[tx + 1],
-    // o[tx + 1].
+    let rows = r1 - r0;
+    let tb = rows * tw;
+    // `n` columns per split row: padded column pairs (2 * tw + 2 padded columns).
     let n = tw + 1;
-    let [e, o, qe, qo] = pieces_mut(tmp, 4 * n, [0, 4 * n, 8 * n, 12 * n]);
+    let len = rows * n;
+    let (split, rest) = tmp.split_at_mut(4 * (rows + 1) * n);
+    let (q, cols) = rest.split_at_mut(8 * len);
+    let cols = &mut cols[..16 * len];
     super::fused::simd(
         #[inline(always)]
         || {
-            for ty in r0..r1 {
-                for (a, (ea, oa)) in e.chunks_exact_mut(n).zip(o.chunks_exact_mut(n)).enumerate() {
-                    let y = (2 * ty + a) as isize - g.pad[0] as isize;
-                    if y < 0 || y >= g.h as isize {
-                        ea.fill(0.0);
-                        oa.fill(0.0);
-                    } else {
-                        let src = &plane[y as usize * g.w..][..g.w];
-                        split_row(src, g.pad[1], ea, oa);
-                    }
+            // The 2 * rows + 2 input rows under the tile rows, split into even columns `e`
+            // and odd columns `o`, each laid out by row parity: `[parity][row / 2][n]`, so
+            // that row a of every tile row (input row 2 * r + a) is one stretch of `len`.
+            let (e, o) = split.split_at_mut(2 * (rows + 1) * n);
+            for i in 0..2 * rows + 2 {
+                let at = ((i % 2) * (rows + 1) + i / 2) * n;
+                let (ea, oa) = (&mut e[at..at + n], &mut o[at..at + n]);
+                let y = (2 * r0 + i) as isize - g.pad[0] as isize;
+                if y < 0 || y >= g.h as isize {
+                    ea.fill(0.0);
+                    oa.fill(0.0);
+                } else {
+                    split_row(&plane[y as usize * g.w..][..g.w], g.pad[1], ea, oa);
                 }
-                // Row combinations Bᵀ d: q0 = d0 - d2, q1 = d1 + d2, q2 = d2 - d1,
-                // q3 = d1 - d3, for the even and the odd columns alike.
-                for (d, q) in [(&*e, &mut *qe), (&*o, &mut *qo)] {
-                    let d = [0, 1, 2, 3].map(|i| &d[i * n..][..n]);
-                    transform_b(d, pieces_mut(q, n, [0, n, 2 * n, 3 * n]));
-                }
-                // Column combinations, the same Bᵀ on each tile's four columns, into the 16
-                // planes.
-                let at = (ty - r0) * tw;
-                for (a, (qe, qo)) in qe.chunks_exact(n).zip(qo.chunks_exact(n)).enumerate() {
-                    let p = pieces_mut(vc, tw, [0, 1, 2, 3].map(|s| (4 * a + s) * tb + at));
-                    transform_b([&qe[..tw], &qo[..tw], &qe[1..], &qo[1..]], p);
+            }
+            // Row combinations Bᵀ d over all tile rows: d0 = rows 2r (even parity, from
+            // 0), d1 = rows 2r + 1, d2 = rows 2r + 2 (even parity, from 1), d3 = rows
+            // 2r + 3; for the even and the odd columns alike, into `q` (`[e / o][4][len]`).
+            let (qe, qo) = q.split_at_mut(4 * len);
+            for (d, q) in [(&*e, qe), (&*o, qo)] {
+                let (d0, d1) = d.split_at((rows + 1) * n);
+                let d = [&d0[..len], &d1[..len], &d0[n..], &d1[n..]];
+                transform_b(d, pieces_mut(q, len, [0, len, 2 * len, 3 * len]));
+            }
+            // Column combinations, the same Bᵀ on each tile's four columns (even and odd
+            // column pairs tx and tx + 1), into the 16 planes of `cols`, `len` each.
+            let (qe, qo) = q.split_at(4 * len);
+            for a in 0..4 {
+                let (qe, qo) = (&qe[a * len..][..len], &qo[a * len..][..len]);
+                let starts = [0, 1, 2, 3].map(|s| (4 * a + s) * len);
+                let p = pieces_mut(cols, len - 1, starts);
+                transform_b([qe, qo, &qe[1..], &qo[1..]], p);
+            }
+            // Into `vc`, each row's `tw` tiles (the extra one left behind).
+            for (plane, src) in vc.chunks_exact_mut(tb).zip(cols.chunks_exact(len)) {
+                for (d, s) in plane.chunks_exact_mut(tw).zip(src.chunks_exact(n)) {
+                    d.copy_from_slice(&s[..tw]);
                 }
             }
         },
     );
+}
+
+/// The scratch values [`input_tiles`] needs for `rows` tile rows of `tw` tiles.
+fn input_scratch(rows: usize, tw: usize) -> usize {
+    (28 * rows + 4) * (tw + 1)
 }
 
 /// Split one input row, padded by `pad` zeros on the left (and as many as needed on the
