@@ -33,12 +33,14 @@ pub fn register(r: &mut Registry) {
     small::register(r);
 }
 
-/// Output pixels per image (14 x 14) and per batch (28 x 28) from which a 3x3 stride-1
-/// convolution runs by Winograd's F(2x2, 3x3) (see `winograd`) rather than as im2col
-/// products. Below them it was slower on ResNet-18's layers (1 thread, 2 cores): 14 x 14 with
-/// 256 channels took 1.28x the im2col time at batch 1 but 0.81x at batch 8.
+/// Output pixels per image (14 x 14) from which a 3x3 stride-1 convolution runs by
+/// Winograd's F(2x2, 3x3) (see `winograd`) rather than as im2col products. A batch of one
+/// 14 x 14 image had also been left to the products (its weight transform, done on every
+/// call, was not paid back: 1.28x the im2col time on ResNet-18's 256-channel layers, 0.81x at
+/// batch 8); with the input transform vectorised over whole blocks, those layers took 2.14-2.22
+/// ms by Winograd against 2.49-2.53 by products on 1 thread, 1.30-1.35 against 1.41-1.43 on 2
+/// (least of 9, 2 cores; BENCHMARKS.md, issue 14).
 const WINOGRAD_MIN_PIXELS: usize = 196;
-const WINOGRAD_MIN_BATCH_PIXELS: usize = 784;
 
 /// Output pixels per image under which the images of a batch run several to a product (their
 /// unfolded columns side by side) rather than one product each. Measured on conv shapes of
@@ -739,21 +741,17 @@ fn bias_then(
 }
 
 /// The Winograd geometry of a convolution that `winograd` should compute: 3x3, stride 1,
-/// dilation 1, with at least WINOGRAD_MIN_PIXELS output pixels per image and
-/// WINOGRAD_MIN_BATCH_PIXELS over the batch: enough tiles per product, and enough products
-/// to pay for transforming the weight (once per call).
+/// dilation 1, with at least WINOGRAD_MIN_PIXELS output pixels per image: enough tiles per
+/// product.
 fn winograd_geometry(
-    [n, c, h, w]: [usize; 4],
+    [_, c, h, w]: [usize; 4],
     co: usize,
     k: [usize; 2],
     p: &Params,
     pix: usize,
 ) -> Option<winograd::Geometry> {
-    let wanted = k == [3, 3]
-        && p.stride == [1, 1]
-        && p.dilation == [1, 1]
-        && pix >= WINOGRAD_MIN_PIXELS
-        && n.saturating_mul(pix) >= WINOGRAD_MIN_BATCH_PIXELS;
+    let wanted =
+        k == [3, 3] && p.stride == [1, 1] && p.dilation == [1, 1] && pix >= WINOGRAD_MIN_PIXELS;
     wanted.then_some(winograd::Geometry {
         c,
         h,
@@ -1121,7 +1119,7 @@ mod tests {
         let dev = Device::Cpu;
         // (input, weight, stride, padding, dilation, whether by Winograd's algorithm)
         type Case = ([usize; 4], [usize; 4], usize, usize, usize, bool);
-        let cases: [Case; 12] = [
+        let cases: [Case; 13] = [
             ([2, 3, 9, 11], [4, 3, 3, 3], 1, 1, 1, false),
             // A lone image whose product splits into tiles over the threads: bands of output
             // channels (259 x 196 pixels, the last band shorter).
@@ -1130,11 +1128,13 @@ mod tests {
             // with stride 2.
             ([7, 3, 6, 5], [4, 3, 3, 3], 1, 1, 1, false),
             ([5, 6, 8, 7], [3, 6, 1, 1], 2, 0, 1, false),
-            // Winograd's F(2x2, 3x3) (enough pixels per image and per batch), one image per
-            // thread and one image split over threads; and one image just too small.
+            // Winograd's F(2x2, 3x3) (enough pixels per image), one image per thread and one
+            // image split over threads (odd output sizes too); and an image just too small
+            // (13 x 14 outputs).
             ([4, 3, 16, 15], [5, 3, 3, 3], 1, 1, 1, true),
             ([1, 6, 30, 30], [4, 6, 3, 3], 1, 0, 1, true),
-            ([1, 6, 29, 30], [4, 6, 3, 3], 1, 0, 1, false),
+            ([1, 6, 29, 30], [4, 6, 3, 3], 1, 0, 1, true),
+            ([1, 6, 15, 16], [4, 6, 3, 3], 1, 0, 1, false),
             ([1, 5, 10, 7], [6, 5, 3, 3], 2, 0, 1, false),
             ([1, 2, 12, 12], [3, 2, 3, 3], 1, 2, 2, false),
             ([2, 4, 6, 5], [7, 4, 1, 1], 1, 0, 1, false),
