@@ -21,7 +21,8 @@ use crate::schema::{self, ExportedProgram};
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
     let (ckpt, ep) = open(path)?;
-    let (payloads, _, _) = decode(&ckpt, &HashSet::new(), &HashMap::new(), |_| HashMap::new())?;
+    let none = HashSet::new();
+    let (payloads, _, _) = decode(&ckpt, &none, &HashMap::new(), &none, |_| HashMap::new())?;
     Ok((ep, payloads))
 }
 
@@ -60,6 +61,7 @@ pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &HashSet<String>,
     packed: &HashMap<String, Source>,
+    separate: &HashSet<String>,
     scales: impl FnOnce(&HashMap<&str, &[f32]>) -> HashMap<String, Vec<f64>>,
 ) -> Result<DecodedWeights> {
     use rayon::prelude::*;
@@ -75,7 +77,7 @@ pub(crate) fn decode(
             Some((packing?, *source?))
         })
         .collect();
-    let mut slots = shared_slots(ckpt, &infos, &packs);
+    let mut slots = shared_slots(ckpt, &infos, &packs, separate);
     // Packed only where the tensor has a slot of the shared buffer.
     let packs: Vec<Option<(Packing, Source)>> = packs
         .into_iter()
@@ -111,9 +113,19 @@ pub(crate) fn decode(
                         _ if transposed.contains(&t.name) => Fill::Transposed,
                         _ => Fill::Plain,
                     };
-                    match part {
-                        Some(dst) => fill_f32(ckpt, t, fill, dst)?,
-                        None => *own = Some(tensor(ckpt, t)?),
+                    match (part, fill) {
+                        (Some(dst), fill) => fill_f32(ckpt, t, fill, dst)?,
+                        // A tensor decoded on its own (`separate`), scaled for its fold.
+                        (None, Fill::Scaled(_)) => {
+                            let mut v = vec![0f32; t.numel()];
+                            fill_f32(ckpt, t, fill, &mut v)?;
+                            let x = Tensor::from_vec(v, t.shape.as_slice(), &Device::Cpu);
+                            *own = Some(x.map_err(|e| Error::Weight {
+                                name: t.name.clone(),
+                                what: crate::error::candle_message(&e),
+                            })?);
+                        }
+                        (None, _) => *own = Some(tensor(ckpt, t)?),
                     }
                     ckpt.release(t);
                     Ok(())
@@ -137,7 +149,7 @@ pub(crate) fn decode(
         .filter(|((t, slot), pack)| {
             // Packed: a convolution's weight (rows are its output channels).
             let packed_conv = matches!(pack, Some((_, Source::Rows))) && t.shape.len() >= 3;
-            slot.is_some()
+            (slot.is_some() || separate.contains(&t.name))
                 && (pack.is_none() || packed_conv)
                 && !vector(t)
                 && !transposed.contains(&t.name)
@@ -206,9 +218,11 @@ fn shared_slots(
     ckpt: &Checkpoint,
     infos: &[&TensorInfo],
     packs: &[Option<(Packing, Source)>],
+    separate: &HashSet<String>,
 ) -> Vec<Option<Range<usize>>> {
     let fits = |t: &TensorInfo| {
-        t.dtype.name() == "float32"
+        !separate.contains(&t.name)
+            && t.dtype.name() == "float32"
             && t.quant.is_none()
             && matches!(t.data, TensorData::Strided { .. })
             && ckpt.storage(t).is_some_and(|s| {
@@ -259,6 +273,7 @@ fn split_at_slots<'a>(
 }
 
 /// How [`fill_f32`] writes a tensor's values into its slot.
+#[derive(Clone, Copy)]
 enum Fill<'a> {
     /// As stored, row-major.
     Plain,
@@ -539,8 +554,10 @@ mod tests {
             .map(|t| t.name.clone())
             .collect();
         assert!(transposed.len() > 4);
-        let (decoded, _, _) =
-            decode(&ckpt, &transposed, &HashMap::new(), |_| HashMap::new()).unwrap();
+        let (decoded, _, _) = decode(&ckpt, &transposed, &HashMap::new(), &HashSet::new(), |_| {
+            HashMap::new()
+        })
+        .unwrap();
         assert_eq!(decoded.len(), infos.len());
         let mut storages = HashSet::new();
         let mut others = 0;

@@ -310,6 +310,7 @@ impl Program {
             let g = &mut ep.graph_module.graph;
             crate::prepare::pack_small_convs(g, &mut weights, &packed_convs)
                 .map_err(Error::Program)?;
+            crate::prepare::transform_winograd_convs(g, &mut weights);
         }
         crate::prepare::pack_linears(&mut ep.graph_module.graph, &packed)
             .map_err(Error::Program)?;
@@ -656,8 +657,18 @@ fn read_for_build(
             .map(|(fqn, scale)| (fqn.to_string(), scale))
             .collect()
     };
+    // Weights the build replaces with their Winograd transform
+    // (`prepare::transform_winograd_convs`): decoded on their own, not into the shared
+    // buffer, so that the memory of each is given back when its transform replaces it.
+    let separate: HashSet<String> = match pack {
+        true => crate::prepare::winograd_conv_weights(&g)
+            .into_iter()
+            .filter_map(|n| Some(fqns.get(n)?.to_string()))
+            .collect(),
+        false => HashSet::new(),
+    };
     let (payloads, prescaled, packed) =
-        crate::archive::decode(&ckpt, &transposed, &packed, scales)?;
+        crate::archive::decode(&ckpt, &transposed, &packed, &separate, scales)?;
     Ok((ep, payloads, Decoded { prescaled, packed }))
 }
 

@@ -30,6 +30,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.convolution.default", convolution);
     r.add("aten.conv_transpose2d.input", conv_transpose);
     r.add("aten.conv_transpose1d.default", conv_transpose);
+    r.add(WINOGRAD_TARGET, conv2d_winograd);
     small::register(r);
 }
 
@@ -437,7 +438,7 @@ fn conv(
     let y = if p.groups == cin && p.groups > 1 && w.dims()[1] == 1 && !f64 {
         (bias_done, act_done) = (true, residual_done);
         depthwise(&x, &w, b, &pre)?
-    } else if let Some(y) = conv_gemm(&x, &w, b, residual.as_ref(), p)? {
+    } else if let Some(y) = conv_gemm(&x, Weight::Dense(&w), b, residual.as_ref(), p)? {
         (bias_done, act_done, residual_done) = (true, true, true);
         y
     } else if one_d {
@@ -479,6 +480,109 @@ fn conv(
     Ok(if one_d { y.squeeze(2)? } else { y })
 }
 
+/// A dense convolution's weight as [`conv_gemm`] takes it: as the graph gives it, or
+/// transformed at load for Winograd's algorithm ([`winograd::weights`]: `[16][co][ci]`).
+#[derive(Clone, Copy)]
+enum Weight<'a> {
+    Dense(&'a Tensor),
+    Winograd { u: &'a Tensor, co: usize, ci: usize },
+}
+
+/// Whether [`conv_gemm`] runs a dense float32 convolution (groups 1) of an `[n, c, h, w]`
+/// input by a `[co, c, kh, kw]` weight by Winograd's algorithm: neither the direct kernel
+/// for few columns (`narrow`) nor products. `prepare` transforms those convolutions' weights
+/// at load ([`WINOGRAD_TARGET`]), where each call would otherwise transform them again.
+pub(crate) fn runs_by_winograd(
+    [_, c, h, w]: [usize; 4],
+    [co, ci, kh, kw]: [usize; 4],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+) -> bool {
+    let p = Params {
+        stride,
+        padding,
+        dilation,
+        groups: 1,
+        act: Act::None,
+    };
+    let out = |d: usize| out_len([h, w][d], [kh, kw][d], padding[d], stride[d], dilation[d]);
+    let (Ok(oh), Ok(ow)) = (out(0), out(1)) else {
+        return false;
+    };
+    let pix = oh * ow;
+    #[cfg(target_arch = "x86_64")]
+    if narrow::applies(c, [kh, kw], pix, &p) {
+        return false;
+    }
+    ci == c && co > 0 && winograd_geometry(co, [kh, kw], &p, [c, h, w], pix).is_some()
+}
+
+/// The node target of a convolution whose weight was transformed at load for Winograd's
+/// algorithm: the arguments of `aten.conv2d.default` (`input`, `weight`, `bias`, `stride`,
+/// `padding`, `dilation`; groups 1, stride and dilation 1), the fused activation and residual
+/// if any, and `weight_shape`, the weight's `[out_channels, in_channels, 3, 3]`; `weight`
+/// holds its transform ([`winograd::weights`], `16 * out_channels * in_channels` values, 1-d).
+pub const WINOGRAD_TARGET: &str = "torchport.conv2d_winograd.default";
+
+/// A `[co, ci, 3, 3]` float32 weight transformed for Winograd's algorithm, as
+/// [`WINOGRAD_TARGET`] reads it (1-d); `None` for any other tensor.
+pub(crate) fn winograd_weight(w: &Tensor) -> Option<Tensor> {
+    let (co, ci, kh, kw) = w.dims4().ok()?;
+    if (kh, kw) != (3, 3) || w.dtype() != DType::F32 {
+        return None;
+    }
+    let w = w.contiguous().ok()?;
+    let u = with_f32(&w, |v| winograd::weights(v, co, ci))?;
+    let len = u.len();
+    Tensor::from_vec(u, len, w.device()).ok()
+}
+
+/// `torchport.conv2d_winograd`.
+fn conv2d_winograd(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let u = a.tensor("weight")?;
+    let shape = a.ints("weight_shape")?;
+    let [co, ci] = match shape.as_slice() {
+        &[co, ci, 3, 3] => [co, ci].map(|v| usize::try_from(v).unwrap_or(usize::MAX)),
+        _ => op_bail!("weight_shape must be [out, in, 3, 3], got {shape:?}"),
+    };
+    let p = Params {
+        stride: pair(&a.ints_or("stride", &[1])?, "stride", false)?,
+        padding: pair(&a.ints_or("padding", &[0])?, "padding", false)?,
+        dilation: pair(&a.ints_or("dilation", &[1])?, "dilation", false)?,
+        groups: usize_of(a.int_or("groups", 1)?, "groups")?,
+        act: fused_act(a)?,
+    };
+    if p.groups != 1 || p.stride != [1, 1] || p.dilation != [1, 1] {
+        op_bail!("a Winograd convolution has groups, stride and dilation 1");
+    }
+    let fits = ci.checked_mul(co).and_then(|v| v.checked_mul(16)) == Some(u.elem_count());
+    if u.rank() != 1 || u.dtype() != DType::F32 || !fits {
+        op_bail!(
+            "transformed weight of shape {:?} ({:?}) does not hold 16 x {co} x {ci} values",
+            u.dims(),
+            u.dtype()
+        );
+    }
+    match x.dims() {
+        &[_, c, _, _] if x.dtype() == DType::F32 && c == ci => {}
+        d => op_bail!(
+            "a Winograd convolution takes a float32 [N, {ci}, H, W] input, got {:?} {d:?}",
+            x.dtype()
+        ),
+    }
+    let residual = fused_residual(a, false)?;
+    let b = a.opt_tensor("bias")?;
+    let weight = Weight::Winograd { u: &u, co, ci };
+    match conv_gemm(&x, weight, b.as_ref(), residual.as_ref(), &p)? {
+        Some(y) => one(y),
+        None => op_bail!(
+            "Winograd convolution: the bias ({co} values) or residual does not fit the output"
+        ),
+    }
+}
+
 /// Dense convolution (groups 1, f32) as one gemm per image: the input unfolded (im2col) into
 /// a `[c_in * kh * kw, oh * ow]` matrix whose rows follow the weight's own order, so the
 /// weight `[c_out, c_in, kh, kw]` is read as the `[c_out, c_in * kh * kw]` matrix it already
@@ -494,14 +598,18 @@ fn conv(
 /// per-dim stride, padding and dilation. `None` when the layout does not apply.
 fn conv_gemm(
     x: &Tensor,
-    w: &Tensor,
+    weight: Weight,
     bias: Option<&Tensor>,
     residual: Option<&Tensor>,
     p: &Params,
 ) -> OpResult<Option<Tensor>> {
     use rayon::prelude::*;
     let (n, c, h, wd) = x.dims4()?;
-    let (co, ci, kh, kw) = w.dims4()?;
+    let (w, (co, ci, kh, kw)) = match weight {
+        Weight::Dense(w) => (w, w.dims4()?),
+        Weight::Winograd { u, co, ci } => (u, (co, ci, 3, 3)),
+    };
+    let transformed = matches!(weight, Weight::Winograd { .. });
     if p.groups != 1
         || ci != c
         || kh == 0
@@ -528,11 +636,24 @@ fn conv_gemm(
     // Few columns (input channels times taps) on a large plane: computed directly (see
     // `narrow`).
     #[cfg(target_arch = "x86_64")]
-    if narrow::applies(c, [kh, kw], pix, p) {
+    if !transformed && narrow::applies(c, [kh, kw], pix, p) {
         return narrow::conv(&x, &w, bias.as_deref(), residual, p);
     }
     let per_image = c * h * wd;
-    let geometry = winograd_geometry([n, c, h, wd], co, [kh, kw], p, pix);
+    let geometry = match transformed {
+        false => winograd_geometry(co, [kh, kw], p, [c, h, wd], pix),
+        // Weights transformed at load run by Winograd's algorithm whatever the plane.
+        true if p.stride == [1, 1] && p.dilation == [1, 1] && w.elem_count() == 16 * co * c => {
+            Some(winograd::Geometry {
+                c,
+                h,
+                w: wd,
+                co,
+                pad: p.padding,
+            })
+        }
+        true => return Ok(None),
+    };
     // Several small images to a product, their columns side by side (see `group`): as many
     // groups as threads, each computed on one.
     let threads = rayon::current_num_threads();
@@ -561,7 +682,10 @@ fn conv_gemm(
     };
     let res = with_f32(&w, |wm| {
         // Winograd's geometry with the transformed weights, when that path applies.
-        let wino = geometry.map(|g| (g, winograd::weights(wm, co, c)));
+        let wino = geometry.map(|g| match transformed {
+            true => (g, std::borrow::Cow::Borrowed(wm)),
+            false => (g, std::borrow::Cow::Owned(winograd::weights(wm, co, c))),
+        });
         with_f32(&x, |xs| {
             if pix == 0 || co == 0 {
                 return Some(out);
@@ -744,10 +868,10 @@ fn bias_then(
 /// dilation 1, with at least WINOGRAD_MIN_PIXELS output pixels per image: enough tiles per
 /// product.
 fn winograd_geometry(
-    [_, c, h, w]: [usize; 4],
     co: usize,
     k: [usize; 2],
     p: &Params,
+    [c, h, w]: [usize; 3],
     pix: usize,
 ) -> Option<winograd::Geometry> {
     let wanted =
@@ -851,7 +975,7 @@ fn im2col_span(
 }
 
 /// Output length of a convolution (or of an unfold's block positions) along one dim.
-pub(super) fn out_len(
+pub(crate) fn out_len(
     len: usize,
     k: usize,
     pad: usize,
@@ -1152,11 +1276,11 @@ mod tests {
                 groups: 1,
                 act: Act::None,
             };
-            let [n, c, h, wd] = xs;
+            let [_, c, h, wd] = xs;
             let pix = (0..2)
                 .map(|i| out_len([h, wd][i], ws[2 + i], pad, stride, dil).unwrap())
                 .product();
-            let geometry = winograd_geometry([n, c, h, wd], ws[0], [ws[2], ws[3]], &p, pix);
+            let geometry = winograd_geometry(ws[0], [ws[2], ws[3]], &p, [c, h, wd], pix);
             assert_eq!(geometry.is_some(), by_winograd, "{xs:?} {ws:?}");
             let plain = x.conv2d(&w, pad, stride, dil, 1).unwrap();
             let b = Tensor::randn(0f32, 1., ws[0], &dev).unwrap();
@@ -1167,7 +1291,8 @@ mod tests {
             // without a bias and with one (its planes written image by image).
             for (bias, want) in [(None, plain), (Some(&b), with_bias.unwrap())] {
                 for threads in [1, 2, 3, 8] {
-                    let got = with_threads(threads, || conv_gemm(&x, &w, bias, None, &p))
+                    let dense = Weight::Dense(&w);
+                    let got = with_threads(threads, || conv_gemm(&x, dense, bias, None, &p))
                         .unwrap()
                         .expect("fast path applies");
                     assert_eq!(got.dims(), want.dims(), "{xs:?} {ws:?}");
@@ -1263,6 +1388,89 @@ mod tests {
                 let diff = crate::ops::max_abs_diff(&f32(&got), &f32(&want));
                 assert!(diff < 1e-4, "{xs:?} {ws:?} {threads} threads: {diff}");
             }
+        }
+    }
+
+    /// [`WINOGRAD_TARGET`] with the weight transformed by [`winograd_weight`] computes what
+    /// `aten.conv2d` computes with the weight as it is: batches of one and two, planes above
+    /// and below Winograd's threshold for untransformed weights (it runs by Winograd
+    /// whatever the plane), paddings 0 to 2, with and without a bias, and with a fused
+    /// residual and activation; on one thread and on four. A transformed weight of the wrong
+    /// length, a stride of 2 and an input of other channels are refused.
+    #[test]
+    fn winograd_target_computes_what_conv2d_computes() {
+        use serde_json::json;
+        let dev = Device::Cpu;
+        // (input, output channels, padding, bias, fused residual and relu)
+        let cases = [
+            ([1, 16, 16, 16], 8, 1, true, false),
+            ([2, 16, 9, 11], 5, 0, false, true),
+            ([1, 3, 6, 5], 4, 2, true, true),
+            ([2, 24, 30, 30], 40, 1, true, false),
+        ];
+        for (xs, co, pad, with_bias, fused) in cases {
+            let x = Tensor::randn(0f32, 1., xs.to_vec(), &dev).unwrap();
+            let w = Tensor::randn(0f32, 1., (co, xs[1], 3, 3), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1., co, &dev).unwrap();
+            let u = winograd_weight(&w).unwrap();
+            assert_eq!(u.dims(), [16 * co * xs[1]]);
+            let mut args = vec![
+                ("input", json!({"as_tensor": {"name": "x"}})),
+                ("weight", json!({"as_tensor": {"name": "w"}})),
+                ("padding", json!({ "as_ints": [pad, pad] })),
+            ];
+            if with_bias {
+                args.push(("bias", json!({"as_tensor": {"name": "b"}})));
+            }
+            let mut tensors = vec![("x", x.clone()), ("w", w.clone()), ("b", b)];
+            let run =
+                |target: &str, args: &[(&str, serde_json::Value)], tensors: &[(&str, Tensor)]| {
+                    super::super::run_node(register, target, args, tensors).map(|v| match &v[0] {
+                        crate::value::Value::Tensor(t) => t.clone(),
+                        _ => panic!("not a tensor"),
+                    })
+                };
+            if fused {
+                let plain = run("aten.conv2d.default", &args, &tensors).unwrap();
+                let r = Tensor::randn(0f32, 1., plain.shape(), &dev).unwrap();
+                args.push((FUSED_RESIDUAL_ARG, json!({"as_tensor": {"name": "r"}})));
+                args.push((FUSED_ACT_ARG, json!({"as_string": "relu"})));
+                tensors.push(("r", r));
+            }
+            let want = run("aten.conv2d.default", &args, &tensors).unwrap();
+            tensors[1].1 = u.clone();
+            let shape = [co, xs[1], 3, 3];
+            args.push(("weight_shape", json!({ "as_ints": shape })));
+            for threads in [1, 4] {
+                let got = with_threads(threads, || run(WINOGRAD_TARGET, &args, &tensors).unwrap());
+                assert_eq!(got.dims(), want.dims(), "{xs:?}");
+                let scale = want
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                let diff = crate::ops::max_abs_diff(&got, &want);
+                assert!(
+                    diff <= 1e-5 * scale.max(1.0),
+                    "{xs:?}, {threads} threads: {diff}"
+                );
+            }
+            // Refused: a transform of the wrong length, a stride of 2, other channels.
+            let short = u.narrow(0, 0, u.elem_count() - 1).unwrap();
+            let mut bad = tensors.clone();
+            bad[1].1 = short;
+            let err = run(WINOGRAD_TARGET, &args, &bad).unwrap_err().0;
+            assert!(err.contains("does not hold"), "{err}");
+            let mut strided = args.clone();
+            strided.push(("stride", json!({ "as_ints": [2, 2] })));
+            let err = run(WINOGRAD_TARGET, &strided, &tensors).unwrap_err().0;
+            assert!(err.contains("stride"), "{err}");
+            let mut other = tensors.clone();
+            other[0].1 = Tensor::randn(0f32, 1., (1, xs[1] + 1, 8, 8), &dev).unwrap();
+            let err = run(WINOGRAD_TARGET, &args, &other).unwrap_err().0;
+            assert!(err.contains("input"), "{err}");
         }
     }
 

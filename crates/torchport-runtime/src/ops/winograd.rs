@@ -61,7 +61,7 @@ impl Geometry {
 /// channels (ResNet-18's whole batch-1 convolution on 28 x 28: about 2.1 ms) and 0.57–0.81 ms
 /// for 256 x 256; on 2 threads 0.155 → 0.076 and 0.80 → 0.28 ms with this split (least of
 /// 50 calls; BENCHMARKS.md, issue 14). Panics if `w` holds fewer than `co * c * 9` values.
-pub(super) fn weights(w: &[f32], co: usize, c: usize) -> Vec<f32> {
+pub(crate) fn weights(w: &[f32], co: usize, c: usize) -> Vec<f32> {
     let len = 16 * co * c;
     assert!(
         w.len() >= co * c * 9,

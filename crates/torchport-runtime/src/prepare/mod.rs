@@ -4,8 +4,9 @@
 //! into the convolution before them ([`fuse_conv_residuals`]), chains of elementwise ops into
 //! one pass ([`fuse_pointwise_chains`]), run max pools whose indices nothing reads without
 //! them ([`drop_unread_pool_indices`]), store the weights of convolutions on small planes
-//! packed for the microkernel ([`pack_small_convs`]), and store each Linear weight in the
-//! layout its matmul reads, so that no run pays for a transposed operand.
+//! packed for the microkernel ([`pack_small_convs`]), those of convolutions run by
+//! Winograd's algorithm transformed for it ([`transform_winograd_convs`]), and store each
+//! Linear weight in the layout its matmul reads, so that no run pays for a transposed operand.
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
 //! (candle's gemm) is given `w.T`, a strided view. A weight that is only ever read through a
@@ -24,9 +25,11 @@ use crate::schema::{Argument, Graph, Node};
 mod pointwise;
 mod products;
 mod small_convs;
+mod winograd_convs;
 pub use pointwise::fuse_pointwise_chains;
 pub use products::linears_from_products;
 pub use small_convs::{pack_small_convs, small_conv_weights};
+pub use winograd_convs::{transform_winograd_convs, winograd_conv_weights};
 
 /// How a node reads a value: through a 2-d transpose (or as `linear`'s weight), or otherwise.
 fn transposed_read(node: &Node, input: &str) -> bool {

@@ -311,7 +311,7 @@ mod tests {
                         .map(|ic| {
                             let xc = x.narrow(1, ic, 1).unwrap().contiguous().unwrap();
                             let wc = w.narrow(0, ic * m, m).unwrap().contiguous().unwrap();
-                            conv_gemm(&xc, &wc, None, None, &dense)
+                            conv_gemm(&xc, super::super::Weight::Dense(&wc), None, None, &dense)
                                 .unwrap()
                                 .expect("gemm path applies")
                         })
