@@ -63,10 +63,25 @@ const HUGE_PAGE: usize = 2 << 20;
 /// is not advised.
 pub(crate) fn weight_buffer(len: usize) -> Vec<f32> {
     let buf = vec![0f32; len];
+    advise_huge_pages(buf.as_ptr(), len);
+    buf
+}
+
+/// An empty vector with room for `len` f32, advised as [`weight_buffer`] is, for values
+/// written once into its spare capacity (not zeroed first): the Winograd transforms a load
+/// computes (`ops::conv::winograd_weight`).
+pub(crate) fn weight_space(len: usize) -> Vec<f32> {
+    let buf = Vec::with_capacity(len);
+    advise_huge_pages(buf.as_ptr(), len);
+    buf
+}
+
+/// Advise the whole aligned 2 MiB stretches of the `len` values allocated from `at` as
+/// transparent huge pages.
+#[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+fn advise_huge_pages(at: *const f32, len: usize) {
     #[cfg(target_os = "linux")]
-    if let Some((start, end)) =
-        huge_stretches(buf.as_ptr() as usize, std::mem::size_of_val(&buf[..]))
-    {
+    if let Some((start, end)) = huge_stretches(at as usize, len * 4) {
         // SAFETY: [start, end) lies inside `buf`'s allocation and is page-aligned;
         // MADV_HUGEPAGE changes only how the kernel backs those pages, never their contents.
         #[allow(unsafe_code)]
@@ -74,7 +89,6 @@ pub(crate) fn weight_buffer(len: usize) -> Vec<f32> {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
         }
     }
-    buf
 }
 
 /// The whole aligned [`HUGE_PAGE`] stretches of the `bytes` bytes from address `addr`, as

@@ -117,7 +117,7 @@ pub(crate) fn decode(
                         (Some(dst), fill) => fill_f32(ckpt, t, fill, dst)?,
                         // A tensor decoded on its own (`separate`), scaled for its fold.
                         (None, Fill::Scaled(_)) => {
-                            let mut v = vec![0f32; t.numel()];
+                            let mut v = crate::allocator::weight_buffer(t.numel());
                             fill_f32(ckpt, t, fill, &mut v)?;
                             let x = Tensor::from_vec(v, t.shape.as_slice(), &Device::Cpu);
                             *own = Some(x.map_err(|e| Error::Weight {

@@ -38,9 +38,10 @@ pub fn register(r: &mut Registry) {
 /// Winograd's F(2x2, 3x3) (see `winograd`) rather than as im2col products. A batch of one
 /// 14 x 14 image had also been left to the products (its weight transform, done on every
 /// call, was not paid back: 1.28x the im2col time on ResNet-18's 256-channel layers, 0.81x at
-/// batch 8); with the input transform vectorised over whole blocks, those layers took 2.14-2.22
-/// ms by Winograd against 2.49-2.53 by products on 1 thread, 1.30-1.35 against 1.41-1.43 on 2
-/// (least of 9, 2 cores; BENCHMARKS.md, issue 14).
+/// batch 8); with the input transform vectorised over whole blocks, two of those layers took
+/// 2.14-2.22 ms by Winograd against 2.49-2.53 by products on 1 thread, 1.30-1.35 against
+/// 1.41-1.43 on 2, the third 2.54-2.55 against 2.61-2.62 and 1.45 against 1.39 (least of 9,
+/// 2 cores, the weight still transformed per call; BENCHMARKS.md, issue 14).
 const WINOGRAD_MIN_PIXELS: usize = 196;
 
 /// Output pixels per image under which the images of a batch run several to a product (their
@@ -533,7 +534,10 @@ pub(crate) fn winograd_weight(w: &Tensor) -> Option<Tensor> {
         return None;
     }
     let w = w.contiguous().ok()?;
-    let u = with_f32(&w, |v| winograd::weights(v, co, ci))?;
+    // Into huge pages where the kernel gives them: fresh memory written once (the transforms
+    // of ResNet-18's weights are 16.8 MB).
+    let space = crate::allocator::weight_space(16 * co * ci);
+    let u = with_f32(&w, |v| winograd::weights_into(v, co, ci, space))?;
     let len = u.len();
     Tensor::from_vec(u, len, w.device()).ok()
 }

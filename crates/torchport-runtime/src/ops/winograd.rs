@@ -62,13 +62,20 @@ impl Geometry {
 /// for 256 x 256; on 2 threads 0.155 → 0.076 and 0.80 → 0.28 ms with this split (least of
 /// 50 calls; BENCHMARKS.md, issue 14). Panics if `w` holds fewer than `co * c * 9` values.
 pub(crate) fn weights(w: &[f32], co: usize, c: usize) -> Vec<f32> {
+    weights_into(w, co, c, Vec::new())
+}
+
+/// [`weights`] written into `u`'s spare capacity (`u` is emptied first; it grows if it
+/// lacks room).
+pub(crate) fn weights_into(w: &[f32], co: usize, c: usize, mut u: Vec<f32>) -> Vec<f32> {
     let len = 16 * co * c;
     assert!(
         w.len() >= co * c * 9,
         "winograd weights: {} values for {co} x {c} x 3 x 3",
         w.len()
     );
-    let mut u: Vec<f32> = Vec::with_capacity(len);
+    u.clear();
+    u.reserve(len);
     if c == 0 || co == 0 {
         return u;
     }
