@@ -523,7 +523,7 @@ pub(crate) fn runs_by_winograd(
 /// algorithm: the arguments of `aten.conv2d.default` (`input`, `weight`, `bias`, `stride`,
 /// `padding`, `dilation`; groups 1, stride and dilation 1), the fused activation and residual
 /// if any, and `weight_shape`, the weight's `[out_channels, in_channels, 3, 3]`; `weight`
-/// holds its transform ([`winograd::weights`], `16 * out_channels * in_channels` values, 1-d).
+/// holds its transform (`winograd::weights`, `16 * out_channels * in_channels` values, 1-d).
 pub const WINOGRAD_TARGET: &str = "torchport.conv2d_winograd.default";
 
 /// A `[co, ci, 3, 3]` float32 weight transformed for Winograd's algorithm, as
@@ -1448,14 +1448,7 @@ mod tests {
             for threads in [1, 4] {
                 let got = with_threads(threads, || run(WINOGRAD_TARGET, &args, &tensors).unwrap());
                 assert_eq!(got.dims(), want.dims(), "{xs:?}");
-                let scale = want
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
-                let diff = crate::ops::max_abs_diff(&got, &want);
+                let (diff, scale) = crate::ops::diff_and_scale(&got, &want);
                 assert!(
                     diff <= 1e-5 * scale.max(1.0),
                     "{xs:?}, {threads} threads: {diff}"

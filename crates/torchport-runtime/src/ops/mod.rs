@@ -410,6 +410,14 @@ pub(crate) fn run_node(
     f(&crate::value::Args::new(&node, &env))
 }
 
+/// The largest absolute difference between `got` and `want` (f32, one shape) and the largest
+/// magnitude in `want`, for checks relative to the output's size (unit tests).
+#[cfg(test)]
+pub(crate) fn diff_and_scale(got: &Tensor, want: &Tensor) -> (f32, f32) {
+    let scale = want.abs().unwrap().max_all().unwrap();
+    (max_abs_diff(got, want), scale.to_scalar::<f32>().unwrap())
+}
+
 /// The largest absolute difference between two f32 tensors of one shape (unit tests).
 #[cfg(test)]
 pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -545,14 +545,7 @@ mod tests {
                 ));
                 let want = act.apply_to(&want).unwrap();
                 let got = Tensor::from_vec(got, (1, co, oh, ow), &dev).unwrap();
-                let scale = want
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
-                let diff = crate::ops::max_abs_diff(&got, &want);
+                let (diff, scale) = crate::ops::diff_and_scale(&got, &want);
                 assert!(
                     diff <= 1e-5 * scale.max(1.0),
                     "c {c} co {co} {h}x{w} pad {pad:?} threads {threads} accumulate \

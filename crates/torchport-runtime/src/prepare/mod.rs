@@ -353,6 +353,50 @@ fn is_forward_conv(node: &crate::schema::Node) -> bool {
     }
 }
 
+/// A forward 2-d convolution with groups 1 whose input and output the graph's metadata
+/// gives as static float32 `[N, C, H, W]`: its weight's name, and those sizes.
+fn dense_conv<'g>(graph: &'g Graph, node: &'g Node) -> Option<(&'g str, [usize; 4], [usize; 4])> {
+    let target = op_key(&node.target);
+    if !matches!(target, "aten.conv2d.default" | "aten.convolution.default")
+        || !is_forward_conv(node)
+    {
+        return None;
+    }
+    let groups = node.inputs.iter().find(|a| a.name == "groups");
+    if groups.is_some_and(|g| !matches!(g.arg, Argument::AsInt(1))) {
+        return None;
+    }
+    let (Some(x), Some(w), [Argument::AsTensor(y)]) = (
+        input_tensor(node, "input"),
+        input_tensor(node, "weight"),
+        node.outputs.as_slice(),
+    ) else {
+        return None;
+    };
+    let sizes = |name: &str| -> Option<[usize; 4]> {
+        let m = graph.tensor_values.get(name)?;
+        let s: Vec<usize> = m
+            .static_sizes()?
+            .iter()
+            .map(|&d| usize::try_from(d).ok())
+            .collect::<Option<_>>()?;
+        (m.dtype == crate::dtype::FLOAT).then(|| s.try_into().ok())?
+    };
+    Some((w, sizes(x)?, sizes(&y.name)?))
+}
+
+/// Run a convolution `node` as `target`, whose weight is stored in another layout: the
+/// node keeps its arguments and gains `weight_shape`, the weight's sizes as the graph gave
+/// them (`[out_channels, in_channels, kh, kw]`).
+fn run_conv_as(node: &mut Node, target: &str, weight_shape: &[usize]) {
+    node.target = target.to_string();
+    node.inputs.push(crate::schema::NamedArgument {
+        name: "weight_shape".into(),
+        arg: Argument::AsInts(weight_shape.iter().map(|&d| d as i64).collect()),
+        kind: None,
+    });
+}
+
 /// Remove the nodes at the indices in `dropped` from `graph`, keeping the others' order.
 fn drop_nodes(graph: &mut Graph, dropped: &HashSet<usize>) {
     let mut at = 0;
@@ -1279,5 +1323,41 @@ mod tests {
             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             assert_eq!(transpose_le_f32(&bytes, n, k), want, "{n}x{k} from bytes");
         }
+    }
+}
+
+/// Graphs for the rewrites' tests, written as an export writes them.
+#[cfg(test)]
+pub(crate) mod test_graph {
+    use serde_json::{json, Value};
+
+    use crate::schema::Graph;
+
+    /// The metadata of a float32 tensor of `sizes`, its dim `dynamic` (if any) symbolic.
+    pub(crate) fn meta(sizes: &[i64], dynamic: Option<usize>) -> Value {
+        let mut s: Vec<Value> = sizes.iter().map(|v| json!({ "as_int": v })).collect();
+        if let Some(d) = dynamic {
+            s[d] = json!({"as_expr": {"expr_str": "s0"}});
+        }
+        json!({"dtype": 7, "sizes": s, "device": {"type": "cpu"}, "strides": [],
+               "storage_offset": {"as_int": 0}, "layout": 7})
+    }
+
+    /// A graph of `nodes` returning `output`, with the metadata of `tensors` (name, sizes,
+    /// symbolic dim).
+    pub(crate) fn graph(
+        nodes: Vec<Value>,
+        output: &str,
+        tensors: &[(&str, &[i64], Option<usize>)],
+    ) -> Graph {
+        let meta: serde_json::Map<String, Value> = tensors
+            .iter()
+            .map(|&(name, sizes, dynamic)| (name.to_string(), meta(sizes, dynamic)))
+            .collect();
+        serde_json::from_value(json!({
+            "inputs": [], "outputs": [{"as_tensor": {"name": output}}], "nodes": nodes,
+            "tensor_values": meta,
+        }))
+        .unwrap()
     }
 }

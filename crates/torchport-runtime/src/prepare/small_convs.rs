@@ -5,10 +5,9 @@ use std::collections::{HashMap, HashSet};
 
 use candle_core::{Tensor, TensorId};
 
-use super::{input_tensor, is_forward_conv, readers_and_producers};
+use super::{dense_conv, input_tensor, readers_and_producers, run_conv_as};
 use crate::ops::conv::small::{pack_weight, MAX_PIXELS, TARGET};
-use crate::ops::op_key;
-use crate::schema::{Argument, Graph, NamedArgument, Node};
+use crate::schema::{Argument, Graph, Node};
 
 /// The weight (by name in `graph`) of `node` if it is a float32 2-d convolution (groups 1)
 /// that [`pack_small_convs`] runs packed: the graph's metadata gives its input and output
@@ -22,30 +21,8 @@ pub(crate) fn packed_weight<'g>(
     readers: &HashMap<String, usize>,
     any_plane: bool,
 ) -> Option<&'g str> {
-    let target = op_key(&node.target);
-    if !matches!(target, "aten.conv2d.default" | "aten.convolution.default")
-        || !is_forward_conv(node)
-    {
-        return None;
-    }
-    let groups = node.inputs.iter().find(|a| a.name == "groups");
-    if groups.is_some_and(|g| !matches!(g.arg, Argument::AsInt(1))) {
-        return None;
-    }
-    let (Some(x), Some(w), [Argument::AsTensor(y)]) = (
-        input_tensor(node, "input"),
-        input_tensor(node, "weight"),
-        node.outputs.as_slice(),
-    ) else {
-        return None;
-    };
-    let meta = |name: &str| {
-        let m = graph.tensor_values.get(name)?;
-        let s = m.static_sizes()?;
-        (m.dtype == crate::dtype::FLOAT && s.len() == 4).then_some(s)
-    };
-    let (_, out) = (meta(x)?, meta(&y.name)?);
-    let small = out[2].saturating_mul(out[3]) <= MAX_PIXELS as i64;
+    let (w, _, out) = dense_conv(graph, node)?;
+    let small = out[2].saturating_mul(out[3]) <= MAX_PIXELS;
     ((small || any_plane) && readers.get(w) == Some(&1)).then_some(w)
 }
 
@@ -96,13 +73,7 @@ pub fn pack_small_convs(
                 dims
             }
         };
-        let node = &mut graph.nodes[i];
-        node.target = TARGET.to_string();
-        node.inputs.push(NamedArgument {
-            name: "weight_shape".into(),
-            arg: Argument::AsInts(shape.iter().map(|&d| d as i64).collect()),
-            kind: None,
-        });
+        run_conv_as(&mut graph.nodes[i], TARGET, &shape);
         changed += 1;
     }
     // A weight decoded packed is read by its packed convolution alone.
@@ -167,29 +138,15 @@ mod tests {
             {"name": "self", "arg": {"as_tensor": {"name": "w3"}}},
             {"name": "other", "arg": {"as_tensor": {"name": "w3"}}}],
             "outputs": [{"as_tensor": {"name": "w3x2"}}]}));
-        let sizes = |s: &[i64]| -> serde_json::Value {
-            let sizes: Vec<_> = s.iter().map(|v| json!({ "as_int": v })).collect();
-            json!({"dtype": 7, "sizes": sizes, "device": {"type": "cpu"}, "strides": [],
-                   "storage_offset": {"as_int": 0}, "layout": 7})
-        };
-        let mut meta = serde_json::Map::new();
-        for (name, s) in [
-            ("x", [1, 4, 9, 9]),
-            ("y1", [1, 8, 7, 7]),
-            ("y2", [1, 8, 8, 9]),
-            ("y3", [1, 8, 7, 7]),
-            ("y4", [1, 8, 7, 7]),
-        ] {
-            meta.insert(name.into(), sizes(&s));
-        }
-        let mut y5 = sizes(&[1, 8, 7, 7]);
-        y5["sizes"][2] = json!({"as_expr": {"expr_str": "s0"}});
-        meta.insert("y5".into(), y5);
-        let mut graph: Graph = serde_json::from_value(json!({
-            "inputs": [], "outputs": [{"as_tensor": {"name": "y1"}}], "nodes": nodes,
-            "tensor_values": meta,
-        }))
-        .unwrap();
+        let tensors: [(&str, &[i64], Option<usize>); 6] = [
+            ("x", &[1, 4, 9, 9], None),
+            ("y1", &[1, 8, 7, 7], None),
+            ("y2", &[1, 8, 8, 9], None),
+            ("y3", &[1, 8, 7, 7], None),
+            ("y4", &[1, 8, 7, 7], None),
+            ("y5", &[1, 8, 7, 7], Some(2)),
+        ];
+        let mut graph = crate::prepare::test_graph::graph(nodes, "y1", &tensors);
         let dev = Device::Cpu;
         let mut weights: HashMap<String, Tensor> = ["w1", "w2", "w3", "w4", "w5"]
             .iter()
@@ -235,17 +192,10 @@ mod tests {
                     {"name": "self", "arg": {"as_tensor": {"name": "w"}}}],
                     "outputs": [{"as_tensor": {"name": "z"}}]}));
             }
-            let sizes = |s: [i64; 4]| {
-                let sizes: Vec<_> = s.iter().map(|v| json!({ "as_int": v })).collect();
-                json!({"dtype": 7, "sizes": sizes, "device": {"type": "cpu"}, "strides": [],
-                       "storage_offset": {"as_int": 0}, "layout": 7})
-            };
             // A 16 x 16 output plane: packed only because the load decoded it so.
-            serde_json::from_value(json!({
-                "inputs": [], "outputs": [{"as_tensor": {"name": "y"}}], "nodes": nodes,
-                "tensor_values": {"x": sizes([1, 4, 16, 16]), "y": sizes([1, 8, 16, 16])},
-            }))
-            .unwrap()
+            let tensors: [(&str, &[i64], Option<usize>); 2] =
+                [("x", &[1, 4, 16, 16], None), ("y", &[1, 8, 16, 16], None)];
+            crate::prepare::test_graph::graph(nodes, "y", &tensors)
         };
         let w = Tensor::zeros(8 * 64, candle_core::DType::F32, &Device::Cpu).unwrap();
         let decoded: HashMap<_, _> = [(w.id(), vec![8, 4, 1, 1])].into();

@@ -5,13 +5,12 @@ use std::collections::{HashMap, HashSet};
 
 use candle_core::Tensor;
 
-use super::{input_tensor, is_forward_conv, readers_and_producers};
+use super::{dense_conv, readers_and_producers, run_conv_as};
 use crate::ops::conv::{out_len, runs_by_winograd, winograd_weight, WINOGRAD_TARGET};
-use crate::ops::op_key;
-use crate::schema::{Argument, Graph, NamedArgument, Node};
+use crate::schema::{Argument, Graph, Node};
 
 /// Store the weight of each convolution the runtime runs by Winograd's algorithm
-/// ([`runs_by_winograd`]: 3x3, stride and dilation 1, at least 14 x 14 output pixels, not the
+/// (`ops::conv::runs_by_winograd`: 3x3, stride and dilation 1, at least 14 x 14 output pixels, not the
 /// direct kernel for few columns) transformed, in a new buffer, and run the node as
 /// [`WINOGRAD_TARGET`]: where it is a float32 2-d convolution with groups 1, the graph's
 /// metadata gives its input and output static `[N, C, H, W]` sizes, its padding is given as
@@ -33,13 +32,7 @@ pub fn transform_winograd_convs(graph: &mut Graph, weights: &mut HashMap<String,
             continue;
         };
         weights.insert(w.to_string(), u);
-        let node = &mut graph.nodes[i];
-        node.target = WINOGRAD_TARGET.to_string();
-        node.inputs.push(NamedArgument {
-            name: "weight_shape".into(),
-            arg: Argument::AsInts(shape.iter().map(|&d| d as i64).collect()),
-            kind: None,
-        });
+        run_conv_as(&mut graph.nodes[i], WINOGRAD_TARGET, &shape);
         changed += 1;
     }
     changed
@@ -64,30 +57,7 @@ fn winograd_weight_name<'g>(
     node: &'g Node,
     readers: &HashMap<String, usize>,
 ) -> Option<(&'g str, [usize; 4])> {
-    let target = op_key(&node.target);
-    if !matches!(target, "aten.conv2d.default" | "aten.convolution.default")
-        || !is_forward_conv(node)
-        || ints(node, "groups", [1, 1])? != [1, 1]
-    {
-        return None;
-    }
-    let (Some(x), Some(w), [Argument::AsTensor(y)]) = (
-        input_tensor(node, "input"),
-        input_tensor(node, "weight"),
-        node.outputs.as_slice(),
-    ) else {
-        return None;
-    };
-    let sizes = |name: &str| -> Option<[usize; 4]> {
-        let m = graph.tensor_values.get(name)?;
-        let s = m.static_sizes()?;
-        let s: Vec<usize> = s
-            .iter()
-            .map(|&d| usize::try_from(d).ok())
-            .collect::<Option<_>>()?;
-        (m.dtype == crate::dtype::FLOAT).then(|| s.try_into().ok())?
-    };
-    let (input, output) = (sizes(x)?, sizes(&y.name)?);
+    let (w, input, output) = dense_conv(graph, node)?;
     let weight = [output[1], input[1], 3, 3];
     let stride = ints(node, "stride", [1, 1])?;
     let padding = ints(node, "padding", [0, 0])?;
@@ -156,32 +126,18 @@ mod tests {
         nodes.push(json!({"target": "torch.ops.aten.neg.default", "inputs": [
             {"name": "self", "arg": {"as_tensor": {"name": "w4"}}}],
             "outputs": [{"as_tensor": {"name": "w4n"}}]}));
-        let sizes = |s: &[i64]| -> serde_json::Value {
-            let sizes: Vec<_> = s.iter().map(|v| json!({ "as_int": v })).collect();
-            json!({"dtype": 7, "sizes": sizes, "device": {"type": "cpu"}, "strides": [],
-                   "storage_offset": {"as_int": 0}, "layout": 7})
-        };
-        let mut meta = serde_json::Map::new();
-        for (name, s) in [
-            ("x", [1, 16, 16, 16]),
-            ("x12", [1, 16, 12, 12]),
-            ("y1", [1, 8, 16, 16]),
-            ("y2", [1, 8, 8, 8]),
-            ("y3", [1, 8, 12, 12]),
-            ("y4", [1, 8, 16, 16]),
-            ("y5", [1, 8, 18, 18]),
-            ("y6", [1, 8, 16, 16]),
-        ] {
-            meta.insert(name.into(), sizes(&s));
-        }
-        let mut y7 = sizes(&[1, 8, 16, 16]);
-        y7["sizes"][2] = json!({"as_expr": {"expr_str": "s0"}});
-        meta.insert("y7".into(), y7);
-        let mut graph: Graph = serde_json::from_value(json!({
-            "inputs": [], "outputs": [{"as_tensor": {"name": "y1"}}], "nodes": nodes,
-            "tensor_values": meta,
-        }))
-        .unwrap();
+        let tensors: [(&str, &[i64], Option<usize>); 9] = [
+            ("x", &[1, 16, 16, 16], None),
+            ("x12", &[1, 16, 12, 12], None),
+            ("y1", &[1, 8, 16, 16], None),
+            ("y2", &[1, 8, 8, 8], None),
+            ("y3", &[1, 8, 12, 12], None),
+            ("y4", &[1, 8, 16, 16], None),
+            ("y5", &[1, 8, 18, 18], None),
+            ("y6", &[1, 8, 16, 16], None),
+            ("y7", &[1, 8, 16, 16], Some(2)),
+        ];
+        let mut graph = crate::prepare::test_graph::graph(nodes, "y1", &tensors);
         let dev = Device::Cpu;
         let mut weights: HashMap<String, Tensor> = ["w1", "w2", "w3", "w4", "w5", "w6", "w7"]
             .iter()
