@@ -57,10 +57,12 @@ impl Geometry {
 
 /// The transformed weights `U[16][c_out][c_in]` of a `[c_out, c_in, 3, 3]` weight, blocks
 /// of [`WEIGHT_CHANNELS_PER_TASK`] output channels on the pool's threads, each value written
-/// once. Done on every call of a convolution: on one thread it took 0.16–0.20 ms for 128 x 128
-/// channels (ResNet-18's whole batch-1 convolution on 28 x 28: about 2.1 ms) and 0.57–0.81 ms
-/// for 256 x 256; on 2 threads 0.155 → 0.076 and 0.80 → 0.28 ms with this split (least of
-/// 50 calls; BENCHMARKS.md, issue 14). Panics if `w` holds fewer than `co * c * 9` values.
+/// once. Done once at load where the graph gives the convolution's sizes
+/// (`prepare::transform_winograd_convs`), else on every call: on one thread it took 0.16–0.20
+/// ms for 128 x 128 channels (ResNet-18's whole batch-1 convolution on 28 x 28: about 2.1 ms)
+/// and 0.57–0.81 ms for 256 x 256; on 2 threads 0.155 → 0.076 and 0.80 → 0.28 ms with this
+/// split (least of 50 calls; BENCHMARKS.md, issue 14). Panics if `w` holds fewer than
+/// `co * c * 9` values.
 pub(crate) fn weights(w: &[f32], co: usize, c: usize) -> Vec<f32> {
     weights_into(w, co, c, Vec::new())
 }
