@@ -23,7 +23,9 @@
 # fewest and the most threads, each node's least of 3 runs, TORCHPORT_PROFILE of run_timing,
 # then run_timing's JSON line: load, warm read and read into new memory, peak RSS; and the
 # median at the most threads with the pool's threads waiting actively and passively,
-# TORCHPORT_WAIT_POLICY; 0: not).
+# TORCHPORT_WAIT_POLICY; 0: not); BASELINE (a second run_timing build, say the one before a
+# change, carried along stripped: then, after the exports, the two builds' medians of 10 runs
+# taken in turns, three rounds, per model, batch and thread count, before anything else).
 set -u
 cd "$(dirname "$0")/.."
 THREADS=${1:-1,4,16}
@@ -51,6 +53,22 @@ wait
 echo "exports: $(($(date +%s) - t0)) s"
 for m in $MODELS; do grep -v '^load average' "/tmp/scaling_export_$m.log" | tail -n 3; done
 
+if [ -n "${BASELINE:-}" ]; then
+  for round in 1 2 3; do
+    for m in $MODELS; do
+      for b in ${BATCH//,/ }; do
+        stem=benches/out/${m}_b$b
+        [ -f "$stem.pt2" ] || continue
+        for t in ${THREADS//,/ }; do
+          for bin in "$BASELINE" "$BIN"; do
+            echo "ab $round ${m}_b$b t$t $bin $(RAYON_NUM_THREADS=$t "$bin" "$stem.pt2" \
+              "$stem".input_*.npy --runs 10 2>&1 | grep -o '"median_ms": [0-9.]*')"
+          done
+        done
+      done
+    done
+  done
+fi
 for m in $MODELS; do
   "$PY" benches/run_bench.py --no-export --models "$m" --batch "$BATCH" --threads "$THREADS" \
     --runs "$RUNS" --binary "$BIN" --check "$CLI" $MODE || echo "$m: run_bench failed"
