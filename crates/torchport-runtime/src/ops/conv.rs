@@ -183,7 +183,9 @@ pub const FUSED_ACT_ARG: &str = "torchport_fused_activation";
 /// recorded on a conv node: a tensor added to the conv's output before its activation.
 pub const FUSED_RESIDUAL_ARG: &str = "torchport_fused_residual";
 
-fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
+/// A convolution's per-dim argument (`stride`, `padding`, `dilation`) as `[height, width]`:
+/// one value for both dims (for a 1-d convolution, `one_d`: the width, the height 0), or two.
+pub(crate) fn pair(v: &[i64], what: &str, one_d: bool) -> OpResult<[usize; 2]> {
     let p = match (v, one_d) {
         ([x], true) => [0, usize_of(*x, what)?],
         ([x], false) => [usize_of(*x, what)?, usize_of(*x, what)?],
@@ -511,12 +513,35 @@ pub(crate) fn runs_by_winograd(
     let (Ok(oh), Ok(ow)) = (out(0), out(1)) else {
         return false;
     };
-    let pix = oh * ow;
+    let path = dense_path(co, [kh, kw], &p, [c, h, w], oh * ow);
+    ci == c && co > 0 && matches!(path, DensePath::Winograd(_))
+}
+
+/// The kernel [`conv_gemm`] runs a dense float32 convolution (groups 1, its weight as the
+/// graph gives it) by: directly where it has few columns (input channels times taps) on a
+/// large plane (`narrow`), else by Winograd's algorithm where [`winograd_geometry`] applies,
+/// else as products.
+enum DensePath {
     #[cfg(target_arch = "x86_64")]
-    if narrow::applies(c, [kh, kw], pix, &p) {
-        return false;
+    Narrow,
+    Winograd(winograd::Geometry),
+    Products,
+}
+
+/// [`DensePath`] for a convolution of `co` output channels, `kernel`, `p`, an `[c, h, w]`
+/// image and `pix` output pixels per image.
+fn dense_path(
+    co: usize,
+    kernel: [usize; 2],
+    p: &Params,
+    image: [usize; 3],
+    pix: usize,
+) -> DensePath {
+    #[cfg(target_arch = "x86_64")]
+    if narrow::applies(image[0], kernel, pix, p) {
+        return DensePath::Narrow;
     }
-    ci == c && co > 0 && winograd_geometry(co, [kh, kw], &p, [c, h, w], pix).is_some()
+    winograd_geometry(co, kernel, p, image, pix).map_or(DensePath::Products, DensePath::Winograd)
 }
 
 /// The node target of a convolution whose weight was transformed at load for Winograd's
@@ -613,7 +638,6 @@ fn conv_gemm(
         Weight::Dense(w) => (w, w.dims4()?),
         Weight::Winograd { u, co, ci } => (u, (co, ci, 3, 3)),
     };
-    let transformed = matches!(weight, Weight::Winograd { .. });
     if p.groups != 1
         || ci != c
         || kh == 0
@@ -637,27 +661,25 @@ fn conv_gemm(
     let w = w.contiguous()?;
     let x = x.contiguous()?;
     let direct = reads_in_place([kh, kw], p);
-    // Few columns (input channels times taps) on a large plane: computed directly (see
-    // `narrow`).
-    #[cfg(target_arch = "x86_64")]
-    if !transformed && narrow::applies(c, [kh, kw], pix, p) {
-        return narrow::conv(&x, &w, bias.as_deref(), residual, p);
-    }
-    let per_image = c * h * wd;
-    let geometry = match transformed {
-        false => winograd_geometry(co, [kh, kw], p, [c, h, wd], pix),
-        // Weights transformed at load run by Winograd's algorithm whatever the plane.
-        true if p.stride == [1, 1] && p.dilation == [1, 1] && w.elem_count() == 16 * co * c => {
-            Some(winograd::Geometry {
-                c,
-                h,
-                w: wd,
-                co,
-                pad: p.padding,
-            })
-        }
-        true => return Ok(None),
+    let path = match weight {
+        Weight::Dense(_) => dense_path(co, [kh, kw], p, [c, h, wd], pix),
+        // Weights transformed at load run by Winograd's algorithm whatever the plane
+        // (`conv2d_winograd` checked the stride, dilation and the transform's length).
+        Weight::Winograd { .. } => DensePath::Winograd(winograd::Geometry {
+            c,
+            h,
+            w: wd,
+            co,
+            pad: p.padding,
+        }),
     };
+    let geometry = match path {
+        #[cfg(target_arch = "x86_64")]
+        DensePath::Narrow => return narrow::conv(&x, &w, bias.as_deref(), residual, p),
+        DensePath::Winograd(g) => Some(g),
+        DensePath::Products => None,
+    };
+    let per_image = c * h * wd;
     // Several small images to a product, their columns side by side (see `group`): as many
     // groups as threads, each computed on one.
     let threads = rayon::current_num_threads();
@@ -686,9 +708,9 @@ fn conv_gemm(
     };
     let res = with_f32(&w, |wm| {
         // Winograd's geometry with the transformed weights, when that path applies.
-        let wino = geometry.map(|g| match transformed {
-            true => (g, std::borrow::Cow::Borrowed(wm)),
-            false => (g, std::borrow::Cow::Owned(winograd::weights(wm, co, c))),
+        let wino = geometry.map(|g| match weight {
+            Weight::Winograd { .. } => (g, std::borrow::Cow::Borrowed(wm)),
+            Weight::Dense(_) => (g, std::borrow::Cow::Owned(winograd::weights(wm, co, c))),
         });
         with_f32(&x, |xs| {
             if pix == 0 || co == 0 {

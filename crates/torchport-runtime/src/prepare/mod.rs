@@ -1343,6 +1343,19 @@ pub(crate) mod test_graph {
                "storage_offset": {"as_int": 0}, "layout": 7})
     }
 
+    /// A forward `aten.convolution` node of `input` by `weight` into `output`, with `extra`
+    /// arguments.
+    pub(crate) fn conv(input: &str, weight: &str, output: &str, extra: &[Value]) -> Value {
+        let mut inputs = vec![
+            json!({"name": "input", "arg": {"as_tensor": {"name": input}}}),
+            json!({"name": "weight", "arg": {"as_tensor": {"name": weight}}}),
+            json!({"name": "transposed", "arg": {"as_bool": false}}),
+        ];
+        inputs.extend(extra.iter().cloned());
+        json!({"target": "torch.ops.aten.convolution.default", "inputs": inputs,
+               "outputs": [{"as_tensor": {"name": output}}]})
+    }
+
     /// A graph of `nodes` returning `output`, with the metadata of `tensors` (name, sizes,
     /// symbolic dim).
     pub(crate) fn graph(

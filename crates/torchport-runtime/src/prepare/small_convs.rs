@@ -110,30 +110,15 @@ mod tests {
         if crate::ops::packed::Packing::detect().is_none() {
             return;
         }
-        let conv = |w: &str, y: &str, extra: serde_json::Value| {
-            let mut inputs = vec![
-                json!({"name": "input", "arg": {"as_tensor": {"name": "x"}}}),
-                json!({"name": "weight", "arg": {"as_tensor": {"name": w}}}),
-            ];
-            if !extra.is_null() {
-                inputs.push(extra);
-            }
-            json!({"target": "torch.ops.aten.convolution.default", "inputs": inputs,
-                   "outputs": [{"as_tensor": {"name": y}}]})
-        };
-        let not_transposed = json!({"name": "transposed", "arg": {"as_bool": false}});
+        use crate::prepare::test_graph::conv;
+        let groups2 = json!({"name": "groups", "arg": {"as_int": 2}});
         let mut nodes = vec![
-            conv("w1", "y1", not_transposed.clone()),
-            conv("w2", "y2", not_transposed.clone()),
-            conv("w3", "y3", not_transposed.clone()),
-            conv("w4", "y4", json!({"name": "groups", "arg": {"as_int": 2}})),
-            conv("w5", "y5", not_transposed),
+            conv("x", "w1", "y1", &[]),
+            conv("x", "w2", "y2", &[]),
+            conv("x", "w3", "y3", &[]),
+            conv("x", "w4", "y4", &[groups2]),
+            conv("x", "w5", "y5", &[]),
         ];
-        // `transposed` is read by is_forward_conv: the grouped one needs it too.
-        nodes[3]["inputs"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"name": "transposed", "arg": {"as_bool": false}}));
         nodes.push(json!({"target": "torch.ops.aten.add.Tensor", "inputs": [
             {"name": "self", "arg": {"as_tensor": {"name": "w3"}}},
             {"name": "other", "arg": {"as_tensor": {"name": "w3"}}}],

@@ -6,20 +6,21 @@ use std::collections::{HashMap, HashSet};
 use candle_core::Tensor;
 
 use super::{dense_conv, readers_and_producers, run_conv_as};
-use crate::ops::conv::{out_len, runs_by_winograd, winograd_weight, WINOGRAD_TARGET};
+use crate::ops::conv::{out_len, pair, runs_by_winograd, winograd_weight, WINOGRAD_TARGET};
 use crate::schema::{Argument, Graph, Node};
 
 /// Store the weight of each convolution the runtime runs by Winograd's algorithm
-/// (`ops::conv::runs_by_winograd`: 3x3, stride and dilation 1, at least 14 x 14 output pixels, not the
-/// direct kernel for few columns) transformed, in a new buffer, and run the node as
+/// (`ops::conv::runs_by_winograd`: 3x3, stride and dilation 1, at least 14 x 14 output
+/// pixels, not the direct kernel for few columns) transformed, in a new buffer, and run the
+/// node as
 /// [`WINOGRAD_TARGET`]: where it is a float32 2-d convolution with groups 1, the graph's
 /// metadata gives its input and output static `[N, C, H, W]` sizes, its padding is given as
 /// integers, nothing else reads the weight, and the weight is a `[co, ci, 3, 3]` float32
 /// tensor of `weights`. Run after the batch norms are folded (the fold rescales the weight).
 /// Returns how many.
 ///
-/// The transform holds 16 values for each 9 of the weight: ResNet-18's transformed 3x3
-/// weights take 16.8 MB where they took 9.4.
+/// The transform holds 16 values for each 9 of the weight: by their sizes, ResNet-18's
+/// transformed 3x3 weights take 16.8 MB where they took 9.4.
 pub fn transform_winograd_convs(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
     let (readers, _) = readers_and_producers(graph);
     let mut changed = 0;
@@ -59,9 +60,9 @@ fn winograd_weight_name<'g>(
 ) -> Option<(&'g str, [usize; 4])> {
     let (w, input, output) = dense_conv(graph, node)?;
     let weight = [output[1], input[1], 3, 3];
-    let stride = ints(node, "stride", [1, 1])?;
-    let padding = ints(node, "padding", [0, 0])?;
-    let dilation = ints(node, "dilation", [1, 1])?;
+    let stride = ints(node, "stride", 1)?;
+    let padding = ints(node, "padding", 0)?;
+    let dilation = ints(node, "dilation", 1)?;
     // The output the metadata gives is a 3x3 kernel's (else the weight is of another size).
     let out = |d: usize| out_len(input[2 + d], 3, padding[d], stride[d], dilation[d]).ok();
     if [out(0)?, out(1)?] != [output[2], output[3]] {
@@ -71,21 +72,16 @@ fn winograd_weight_name<'g>(
     (applies && readers.get(w) == Some(&1)).then_some((w, weight))
 }
 
-/// A per-dim pair of integers of `node` (one value for both dims, as torch takes it), or
-/// `default` where the serializer left it out; `None` for anything else (negative values, a
-/// string padding).
-fn ints(node: &Node, name: &str, default: [usize; 2]) -> Option<[usize; 2]> {
-    let v = |i: i64| usize::try_from(i).ok();
-    match node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg) {
-        None => Some(default),
-        Some(Argument::AsInt(i)) => Some([v(*i)?; 2]),
-        Some(Argument::AsInts(s)) => match *s.as_slice() {
-            [i] => Some([v(i)?; 2]),
-            [a, b] => Some([v(a)?, v(b)?]),
-            _ => None,
-        },
-        Some(_) => None,
-    }
+/// A per-dim pair of integers of `node`, read as the kernels read it (`ops::conv::pair`: one
+/// value for both dims), or `default` for both where the serializer left it out; `None` for
+/// anything else (negative values, a string padding).
+fn ints(node: &Node, name: &str, default: i64) -> Option<[usize; 2]> {
+    let v = match node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg) {
+        None => vec![default],
+        Some(Argument::AsInts(v)) => v.clone(),
+        Some(_) => return None,
+    };
+    pair(&v, name, false).ok()
 }
 
 #[cfg(test)]
@@ -100,29 +96,22 @@ mod tests {
     /// without static sizes are left as they are.
     #[test]
     fn only_convolutions_run_by_winograd_get_their_weight_transformed() {
-        let conv = |w: &str, y: &str, extra: &[serde_json::Value]| {
-            let mut inputs = vec![
-                json!({"name": "input", "arg": {"as_tensor": {"name": "x"}}}),
-                json!({"name": "weight", "arg": {"as_tensor": {"name": w}}}),
-                json!({"name": "padding", "arg": {"as_ints": [1, 1]}}),
-                json!({"name": "transposed", "arg": {"as_bool": false}}),
-            ];
-            inputs.extend(extra.iter().cloned());
-            json!({"target": "torch.ops.aten.convolution.default", "inputs": inputs,
-                   "outputs": [{"as_tensor": {"name": y}}]})
+        let conv = |x: &str, w: &str, y: &str, extra: &[serde_json::Value]| {
+            let pad1 = json!({"name": "padding", "arg": {"as_ints": [1, 1]}});
+            let args: Vec<_> = [pad1].into_iter().chain(extra.iter().cloned()).collect();
+            crate::prepare::test_graph::conv(x, w, y, &args)
         };
         let stride2 = json!({"name": "stride", "arg": {"as_ints": [2, 2]}});
         let groups2 = json!({"name": "groups", "arg": {"as_int": 2}});
         let mut nodes = vec![
-            conv("w1", "y1", &[]),
-            conv("w2", "y2", &[stride2]),
-            conv("w3", "y3", &[]),
-            conv("w4", "y4", &[]),
-            conv("w5", "y5", &[]),
-            conv("w6", "y6", &[groups2]),
-            conv("w7", "y7", &[]),
+            conv("x", "w1", "y1", &[]),
+            conv("x", "w2", "y2", &[stride2]),
+            conv("x12", "w3", "y3", &[]),
+            conv("x", "w4", "y4", &[]),
+            conv("x", "w5", "y5", &[]),
+            conv("x", "w6", "y6", &[groups2]),
+            conv("x", "w7", "y7", &[]),
         ];
-        nodes[2]["inputs"][0]["arg"]["as_tensor"]["name"] = json!("x12");
         nodes.push(json!({"target": "torch.ops.aten.neg.default", "inputs": [
             {"name": "self", "arg": {"as_tensor": {"name": "w4"}}}],
             "outputs": [{"as_tensor": {"name": "w4n"}}]}));
