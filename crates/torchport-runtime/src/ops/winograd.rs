@@ -13,8 +13,10 @@
 //! Convolutional Neural Networks", 2015).
 //!
 //! An image is processed a block of tile rows at a time, so that its transformed input
-//! (`[c_in][16][tiles]`) and products (`[c_out][16][tiles]`) stay in cache; the blocks of
-//! one image run in parallel when it is the only image per thread.
+//! (`[c_in][16][tiles]`) and products (`[16][c_out][tiles]`) stay in cache. When it is the
+//! only image per thread, its blocks run in parallel, or, where that would have each thread
+//! read the whole transformed weight for a few tiles, each block's steps do (see
+//! `conv_image`).
 
 use rayon::prelude::*;
 
@@ -24,7 +26,8 @@ use super::conv::Act;
 use super::fused::put;
 use super::sgemm::{sgemm, Mat};
 
-/// Bytes of transformed input (or products) one block of tile rows may take.
+/// Bytes of transformed input (or products) one block of tile rows may take for each thread
+/// that works on it.
 const BLOCK_BYTES: usize = 1 << 20;
 
 /// The shape of one 3x3, stride-1, dilation-1 convolution of one image.
@@ -153,30 +156,43 @@ fn pieces_mut(buf: &mut [f32], n: usize, starts: [usize; 4]) -> [&mut [f32]; 4] 
     [p0, p1, p2, p3]
 }
 
-/// Buffers one thread reuses across blocks and calls: the block's transformed input, its
-/// products, and the input and output transforms' intermediate rows. Each thread keeps its
-/// own (`SCRATCH`) rather than allocating them per call from the allocator's one heap (see
-/// `packed::unpacked_product`).
+/// The block buffers a thread reuses across blocks and calls: the block's transformed input
+/// and its products. Each thread keeps its own (`BLOCK`) rather than allocating them per call
+/// from the allocator's one heap (see `packed::unpacked_product`).
 #[derive(Default)]
 struct Scratch {
     vin: Vec<f32>,
     prod: Vec<f32>,
-    rows_in: Vec<f32>,
-    rows_out: Vec<f32>,
 }
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    static BLOCK: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    /// The input and output transforms' intermediate rows (borrowed for one channel's
+    /// transform, which runs nothing on the pool).
+    static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// [`weights`]' buffers: a filter's taps as 9 planes, G g, (G g) Gᵀ.
     static WEIGHT_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = std::cell::RefCell::default();
 }
 
+/// `f` on this thread's [`ROWS`], at least `len` values.
+fn with_rows<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    ROWS.with_borrow_mut(|rows| {
+        if rows.len() < len {
+            rows.resize(len, 0.0);
+        }
+        f(&mut rows[..len])
+    })
+}
+
 /// Convolve one image `[c, h, w]` with transformed weights `u` (from [`weights`]) into
 /// `dst` (`[c_out, oh, ow]`), adding `bias` (and, with `accumulate`, onto what `dst` holds)
-/// and applying `act`. With `threads` > 1 the
-/// blocks of tile rows run in parallel on the rayon pool, at least one per thread, each
-/// block's transforms and products on one thread. Returns false when a buffer is too small
-/// for the geometry (a caller's error), having written part of `dst`.
+/// and applying `act`. With `threads` > 1 the work is split over the rayon pool one of two
+/// ways: by blocks of tile rows, each block's transforms and products on one thread (at least
+/// one block per thread); or, where every such block would read the whole transformed weight
+/// again for few tiles ([`by_planes`]), block by block with each of a block's three steps
+/// split: input channels, then the 16 products (and bands of output channels), then output
+/// channels. Returns false when a buffer is too small for the geometry (a caller's error),
+/// having written part of `dst`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn conv_image(
     img: &[f32],
@@ -198,8 +214,52 @@ pub(super) fn conv_image(
     if th == 0 || tw == 0 || g.co == 0 {
         return true;
     }
-    let cache_rows = (BLOCK_BYTES / (64 * g.c.max(g.co).max(1) * tw)).clamp(1, th);
-    let rows = th.div_ceil(th.div_ceil(cache_rows).max(threads.min(th)));
+    let (rows, split) = plan(g, threads);
+    blocks(
+        img,
+        u,
+        g,
+        bias,
+        act,
+        dst,
+        accumulate,
+        (rows, split, threads),
+    )
+}
+
+/// How [`conv_image`] splits an image over `threads` threads: tile rows per block, and whether
+/// each block's steps are split over the threads ([`by_planes`]) rather than each block run
+/// on one.
+fn plan(g: &Geometry, threads: usize) -> (usize, bool) {
+    let [th, tw] = g.tiles();
+    // Tile rows per block: as many as keep a block's transformed input and products within
+    // `BLOCK_BYTES` for each thread that works on it.
+    let cache_rows = |threads: usize| {
+        (threads * BLOCK_BYTES / (64 * g.c.max(g.co).max(1) * tw.max(1))).clamp(1, th.max(1))
+    };
+    let rows = th.div_ceil(th.div_ceil(cache_rows(1)).max(threads.min(th)).max(1));
+    let rounds = th.div_ceil(rows.max(1)).div_ceil(threads.max(1));
+    if threads > 1 && by_planes(g, th * tw, rounds, threads) {
+        (cache_rows(threads), true)
+    } else {
+        (rows.max(1), false)
+    }
+}
+
+/// [`conv_image`] by the plan `(rows, split, threads)` ([`plan`]), its sizes checked.
+#[allow(clippy::too_many_arguments)]
+fn blocks(
+    img: &[f32],
+    u: &[f32],
+    g: &Geometry,
+    bias: Option<&[f32]>,
+    act: Act,
+    dst: &mut [f32],
+    accumulate: bool,
+    (rows, split, threads): (usize, bool, usize),
+) -> bool {
+    let [oh, ow] = g.out().unwrap_or([0, 0]);
+    let th = g.tiles()[0];
     // Each block's part of the output: output rows 2 * r0 .. 2 * r1 of every plane.
     let mut parts: Vec<Vec<&mut [f32]>> = (0..th.div_ceil(rows))
         .map(|_| Vec::with_capacity(g.co))
@@ -209,66 +269,132 @@ pub(super) fn conv_image(
             part.push(band);
         }
     }
-    let compute = |s: &mut Scratch, (b, mut bands): (usize, Vec<&mut [f32]>)| -> bool {
-        let (r0, r1) = (b * rows, ((b + 1) * rows).min(th));
+    let step = Step {
+        img,
+        u,
+        g,
+        bias,
+        act,
+        accumulate,
+    };
+    // This thread's block buffers, taken for the block and given back after it (a block
+    // inside this one would find none and use its own).
+    let run = |(b, part): (usize, Vec<&mut [f32]>), threads: usize| {
+        let mut s = BLOCK.with_borrow_mut(std::mem::take);
+        let r = [b * rows, ((b + 1) * rows).min(th)];
+        let ok = step.block(&mut s, r, part, threads);
+        BLOCK.with_borrow_mut(|spare| *spare = s);
+        ok
+    };
+    if split {
+        parts.into_iter().enumerate().all(|part| run(part, threads))
+    } else if threads > 1 {
+        parts.into_par_iter().enumerate().all(|part| run(part, 1))
+    } else {
+        parts.into_iter().enumerate().all(|part| run(part, 1))
+    }
+}
+
+/// Whether [`conv_image`] splits each block's steps over the threads rather than giving each
+/// thread blocks of tile rows: where the transformed weight (`16 c_out c_in` values), which
+/// every block reads whole, read once per thread for each of the `rounds` blocks it runs,
+/// outweighs the weight read once between them plus the transformed input and products
+/// (`16 (c_in + c_out)` values a tile) passing between threads (written by one, read by
+/// another). For ResNet's 14 x 14 convolutions of 256 channels on 2 threads, the split by
+/// tile rows gave 4 rows to one thread and 3 to the other, each reading all 4 MB of the
+/// transformed weight: 1.10-1.16 ms each inside ResNet-50 at batch 1, 0.88-0.92 split by
+/// planes (1 thread: 1.68-1.77; least of 5 runs, 2 cores; BENCHMARKS.md, issue 14).
+fn by_planes(g: &Geometry, tiles: usize, rounds: usize, threads: usize) -> bool {
+    let weights = g.co.saturating_mul(g.c);
+    let rereads = weights.saturating_mul(rounds).saturating_mul(threads);
+    let passed = (g.c + g.co).saturating_mul(tiles).saturating_mul(2);
+    rereads > weights.saturating_add(passed)
+}
+
+/// What every block of one [`conv_image`] call shares.
+struct Step<'a> {
+    img: &'a [f32],
+    u: &'a [f32],
+    g: &'a Geometry,
+    bias: Option<&'a [f32]>,
+    act: Act,
+    accumulate: bool,
+}
+
+impl Step<'_> {
+    /// Tile rows `r0..r1` into `bands` (each output channel's rows `2 * r0 .. 2 * r1`): the
+    /// input transform (`[c_in][16][tiles]`), the 16 products (`[16][c_out][tiles]`) and the
+    /// output transform, each step over the pool's threads when `threads` > 1 (one loop
+    /// after another), else on this thread.
+    fn block(
+        &self,
+        s: &mut Scratch,
+        [r0, r1]: [usize; 2],
+        bands: Vec<&mut [f32]>,
+        threads: usize,
+    ) -> bool {
+        let g = self.g;
+        let [oh, ow] = g.out().unwrap_or([0, 0]);
+        let [_, tw] = g.tiles();
         let tb = (r1 - r0) * tw;
         // The buffers keep the size of the largest block so far; this block uses their start.
-        let sizes = [
-            (&mut s.vin, g.c * 16 * tb),
-            (&mut s.prod, g.co * 16 * tb),
-            (&mut s.rows_in, input_scratch(r1 - r0, tw)),
-            (&mut s.rows_out, 16 * tb),
-        ];
-        for (buf, len) in sizes {
+        for (buf, len) in [(&mut s.vin, g.c * 16 * tb), (&mut s.prod, g.co * 16 * tb)] {
             if buf.len() < len {
                 buf.resize(len, 0.0);
             }
         }
         let (vin, prod) = (&mut s.vin[..g.c * 16 * tb], &mut s.prod[..g.co * 16 * tb]);
-        for (ci, vc) in vin.chunks_exact_mut(16 * tb).enumerate() {
-            let plane = &img[ci * g.h * g.w..][..g.h * g.w];
-            input_tiles(plane, g, [r0, r1], vc, &mut s.rows_in);
-        }
-        for i in 0..16 {
-            let ok = sgemm(
-                g.co,
-                tb,
-                g.c,
-                Mat::rows(&u[i * g.co * g.c..], g.c),
-                Mat {
+        // One piece per loop on one thread; pieces as small as rayon likes over the pool.
+        let least = if threads > 1 { 1 } else { usize::MAX };
+        let in_len = input_scratch(r1 - r0, tw);
+        vin.par_chunks_exact_mut(16 * tb)
+            .with_min_len(least)
+            .enumerate()
+            .for_each(|(ci, vc)| {
+                let plane = &self.img[ci * g.h * g.w..][..g.h * g.w];
+                with_rows(in_len, |tmp| input_tiles(plane, g, [r0, r1], vc, tmp));
+            });
+        // Bands of output channels, enough for two products a thread (at least 16 rows
+        // each), each product U[i] rows o0.. @ V[i] into its rows of P[i].
+        let per = g.co.div_ceil((2 * threads).div_ceil(16)).max(16.min(g.co));
+        let vin = &*vin;
+        let ok = prod
+            .par_chunks_mut(g.co * tb)
+            .with_min_len(least)
+            .enumerate()
+            .flat_map(|(i, pi)| {
+                pi.par_chunks_mut(per * tb)
+                    .with_min_len(least)
+                    .enumerate()
+                    .map(move |(b, d)| (i, b * per, d))
+            })
+            .all(|(i, o0, d)| {
+                let co = d.len() / tb;
+                let v = Mat {
                     data: &vin[i * tb..],
                     rs: 16 * tb,
                     cs: 1,
-                },
-                &mut prod[i * tb..],
-                16 * tb,
-                false,
-                1.0,
-                1,
-            );
-            if !ok {
-                return false;
-            }
+                };
+                let w = Mat::rows(&self.u[(i * g.co + o0) * g.c..], g.c);
+                sgemm(co, tb, g.c, w, v, d, tb, false, 1.0, 1)
+            });
+        if !ok {
+            return false;
         }
-        for (oc, (pc, band)) in prod.chunks_exact(16 * tb).zip(&mut bands).enumerate() {
-            let b = bias.map_or(0.0, |b| b.get(oc).copied().unwrap_or(0.0));
-            let out = (&mut **band, accumulate);
-            output_tiles(pc, [oh, ow], tw, [r0, r1], b, act, out, &mut s.rows_out);
-        }
+        let prod = &*prod;
+        bands
+            .into_par_iter()
+            .with_min_len(least)
+            .enumerate()
+            .for_each(|(oc, band)| {
+                let b = self.bias.map_or(0.0, |b| b.get(oc).copied().unwrap_or(0.0));
+                let mc = (&prod[oc * tb..], g.co * tb);
+                let out = (band, self.accumulate);
+                with_rows(12 * tb, |tmp| {
+                    output_tiles(mc, [oh, ow], tw, [r0, r1], b, self.act, out, tmp)
+                });
+            });
         true
-    };
-    // This thread's scratch, taken for the block and given back after it (a block inside
-    // this one would find none and use its own).
-    let block = |part| {
-        let mut s = SCRATCH.with_borrow_mut(std::mem::take);
-        let ok = compute(&mut s, part);
-        SCRATCH.with_borrow_mut(|spare| *spare = s);
-        ok
-    };
-    if threads > 1 {
-        parts.into_par_iter().enumerate().all(block)
-    } else {
-        parts.into_iter().enumerate().all(block)
     }
 }
 
@@ -372,12 +498,13 @@ fn split_row(src: &[f32], pad: usize, e: &mut [f32], o: &mut [f32]) {
     }
 }
 
-/// Turn one output channel's products `mc` (`[16][tiles]` for tile rows `r0..r1`) into its
-/// output rows `2 * r0 .. 2 * r1` (clipped to `oh`), `band` (added onto what it holds with
-/// `accumulate`), adding `bias` and applying `act`. `tmp` holds at least 12 values per tile.
+/// Turn one output channel's products `mc` (16 planes of its tiles for tile rows `r0..r1`,
+/// `stride` apart) into its output rows `2 * r0 .. 2 * r1` (clipped to `oh`), `band` (added
+/// onto what it holds with `accumulate`), adding `bias` and applying `act`. `tmp` holds at
+/// least 12 values per tile.
 #[allow(clippy::too_many_arguments)]
 fn output_tiles(
-    mc: &[f32],
+    (mc, stride): (&[f32], usize),
     [oh, ow]: [usize; 2],
     tw: usize,
     [r0, r1]: [usize; 2],
@@ -395,7 +522,7 @@ fn output_tiles(
     super::fused::simd(
         #[inline(always)]
         || {
-            let m = |i: usize| &mc[i * tb..][..tb];
+            let m = |i: usize| &mc[i * stride..][..tb];
             let (s, t) = st.split_at_mut(4 * tb);
             for (b, (sb, tv)) in s
                 .chunks_exact_mut(tb)
@@ -498,7 +625,7 @@ mod tests {
         let dev = Device::Cpu;
         // (c_in, c_out, h, w, [pad_h, pad_w], threads, bias, activation)
         type Case = (usize, usize, usize, usize, [usize; 2], usize, bool, Act);
-        let cases: [Case; 8] = [
+        let cases: [Case; 10] = [
             (3, 5, 9, 11, [1, 1], 1, true, Act::None),
             (4, 6, 6, 6, [0, 0], 1, false, Act::Relu),
             (2, 3, 7, 4, [2, 1], 3, true, Act::Hardswish),
@@ -510,6 +637,10 @@ mod tests {
             // 2 blocks from the cache budget, the second shorter.
             (8, 8, 50, 200, [1, 1], 1, true, Act::Relu),
             (70, 66, 9, 300, [1, 1], 2, true, Act::None),
+            // Split by planes on 2 threads ([`plan`]); on 16, two bands of output channels
+            // (the last one shorter).
+            (64, 64, 6, 6, [1, 1], 2, true, Act::Relu),
+            (64, 40, 6, 5, [1, 2], 16, false, Act::None),
         ];
         for (c, co, h, w, pad, threads, with_bias, act) in cases {
             let x = Tensor::randn(0f32, 1., (1, c, h, w), &dev).unwrap();
@@ -535,25 +666,64 @@ mod tests {
             // Written over `dst`, and added onto a residual it holds (before the activation).
             let residual = Tensor::randn(0f32, 1., sum.shape(), &dev).unwrap();
             for accumulate in [false, true] {
-                let (mut got, want) = if accumulate {
+                let (got, want) = if accumulate {
                     let r: Vec<f32> = residual.flatten_all().unwrap().to_vec1().unwrap();
                     (r, (&sum + &residual).unwrap())
                 } else {
                     (vec![f32::NAN; co * oh * ow], sum.clone())
                 };
-                let b = bias.as_deref();
-                assert!(conv_image(
-                    &img, &u, &g, b, act, &mut got, accumulate, threads
-                ));
                 let want = act.apply_to(&want).unwrap();
-                let got = Tensor::from_vec(got, (1, co, oh, ow), &dev).unwrap();
-                let (diff, scale) = crate::ops::diff_and_scale(&got, &want);
-                assert!(
-                    diff <= 1e-5 * scale.max(1.0),
-                    "c {c} co {co} {h}x{w} pad {pad:?} threads {threads} accumulate \
-                     {accumulate}: {diff} (scale {scale})"
-                );
+                // The plan `conv_image` makes, and blocks of 1 and 2 tile rows each way.
+                let plans = [None, Some((1, true)), Some((2, true)), Some((2, false))];
+                for plan in plans {
+                    let mut got = got.clone();
+                    let b = bias.as_deref();
+                    let done = match plan {
+                        None => conv_image(&img, &u, &g, b, act, &mut got, accumulate, threads),
+                        Some((rows, split)) => {
+                            let plan = (rows, split, threads);
+                            blocks(&img, &u, &g, b, act, &mut got, accumulate, plan)
+                        }
+                    };
+                    assert!(done);
+                    let got = Tensor::from_vec(got, (1, co, oh, ow), &dev).unwrap();
+                    let (diff, scale) = crate::ops::diff_and_scale(&got, &want);
+                    assert!(
+                        diff <= 1e-5 * scale.max(1.0),
+                        "c {c} co {co} {h}x{w} pad {pad:?} threads {threads} accumulate \
+                         {accumulate} plan {plan:?}: {diff} (scale {scale})"
+                    );
+                }
             }
+        }
+    }
+
+    /// Split by planes where the tile rows would leave each thread few tiles for a whole
+    /// transformed weight (ResNet's 14 x 14 convolutions of 256 channels on 2 threads); by
+    /// tile rows where each thread's blocks have many tiles, and always on one thread.
+    #[test]
+    fn planes_are_split_where_blocks_would_reread_the_weight() {
+        let g = |c: usize, hw: usize| Geometry {
+            c,
+            h: hw,
+            w: hw,
+            co: c,
+            pad: [1, 1],
+        };
+        // (channels, size, threads, split)
+        let cases = [
+            (256, 14, 2, true),
+            (256, 14, 1, false),
+            (128, 28, 2, false),
+            (64, 56, 2, false),
+            (128, 28, 16, true),
+            (64, 56, 16, false),
+            (512, 7, 2, true),
+        ];
+        for (c, hw, threads, split) in cases {
+            let (rows, got) = plan(&g(c, hw), threads);
+            assert_eq!(got, split, "{c} channels, {hw} x {hw}, {threads} threads");
+            assert!(rows >= 1 && rows <= hw.div_ceil(2));
         }
     }
 
