@@ -418,15 +418,16 @@ unsafe fn into(m: usize, job: Job, threads: usize) -> bool {
     if m == 0 || n == 0 {
         return true;
     }
-    let panels = n.div_ceil(pk.mr);
-    // Split where the unpacked product would be split, over whole panels of the weight (see
-    // `split`).
+    // Split where the unpacked product would be split, over slivers of the weight's panels,
+    // one register of rows each (see `split`).
+    let slivers = n.div_ceil(pk.lanes);
     let (row_bands, col_bands) = match threads > 1 {
-        true if tiles(m, n, k, threads) != (1, 1) => split(m, panels, threads),
+        true if tiles(m, n, k, threads) != (1, 1) => split(m, slivers, threads),
         _ => (1, 1),
     };
-    // Rows of x against whole panels of w.
-    for_each_tile(m, panels, (row_bands, col_bands), |rows, cols| {
+    // Rows of x against bands of the weight's rows.
+    for_each_tile(m, slivers, (row_bands, col_bands), |rows, s| {
+        let cols = s.start * pk.lanes..(s.end * pk.lanes).min(n);
         // SAFETY: the views fit (checked above and by the caller), the tiles are disjoint,
         // and the caller keeps the block to this call.
         unsafe { tile(&job, rows, cols) }
@@ -434,22 +435,24 @@ unsafe fn into(m: usize, job: Job, threads: usize) -> bool {
     true
 }
 
-/// The (row bands, panel bands) an `[m, n]` product of `panels` weight panels is split into
-/// over `threads`: the split whose largest tile (panels times rows) is smallest, row bands
-/// of at least 64 rows; of equal ones, the one with the most panel bands. Whole panels per
-/// thread let each read only its own part of the weight, where row bands each read all of
-/// it (BERT-base at batch 8 on 2 threads: the Linears took 1,055-1,157 ms this way, 1,162-
-/// 1,273 in row bands, 1,139-1,299 unpacked; BENCHMARKS.md, issue 14); rows are split too
-/// where that evens the tiles out (BERT-base's 768-wide Linears, 12 panels, at batch 8 on 16
-/// threads: 4 x 4 tiles of 3 panels and 256 rows, where one band of panels per thread would
-/// leave 4 threads idle and give the rest 1,024 rows each).
-fn split(m: usize, panels: usize, threads: usize) -> (usize, usize) {
+/// The (row bands, sliver bands) an `[m, n]` product of `slivers` slivers of weight rows (a
+/// register's worth each, 16 with AVX-512; four to a panel) is split into over `threads`: the
+/// split whose largest tile (slivers times rows) is smallest, row bands of at least 64 rows;
+/// of equal ones, the one with the most sliver bands. Bands of the weight's rows let each
+/// thread read only its own part of the weight, where row bands each read all of it
+/// (BERT-base at batch 8 on 2 threads: the Linears took 1,055-1,157 ms this way, 1,162-1,273
+/// in row bands, 1,139-1,299 unpacked; BENCHMARKS.md, issue 14); rows are split too where
+/// that evens the tiles out (one sliver on 4 threads). Slivers rather than whole panels, so
+/// that a band may end inside a panel: MobileNetV3's 160-channel convolutions on 7 x 7 have
+/// three panels, which two threads had shared 2 to 1, and ResNet's 512-channel ones eight,
+/// which left half of 16 threads idle.
+fn split(m: usize, slivers: usize, threads: usize) -> (usize, usize) {
     let max_rows = (m / 64).max(1);
     let mut best = (1, 1);
     let mut best_tile = usize::MAX;
-    for cols in (1..=threads.min(panels)).rev() {
+    for cols in (1..=threads.min(slivers)).rev() {
         let rows = (threads / cols).min(max_rows);
-        let tile = panels.div_ceil(cols) * m.div_ceil(rows);
+        let tile = slivers.div_ceil(cols) * m.div_ceil(rows);
         if tile < best_tile {
             (best, best_tile) = ((rows, cols), tile);
         }
@@ -457,17 +460,18 @@ fn split(m: usize, panels: usize, threads: usize) -> (usize, usize) {
     best
 }
 
-/// Rows `rows` of `x` against panels `panels` of `w`, on this thread: for each block of
-/// `kc` columns, for each run of panels that fits the L2 cache, for each `nr` rows of `x`,
-/// the microkernel on each panel (the gemm crate's loop order).
+/// Rows `rows` of `x` against the weight's rows `cols` (output columns; the first at a
+/// sliver's start), on this thread: for each block of `kc` columns, for each run of panels
+/// that fits the L2 cache, for each `nr` rows of `x`, the microkernel on each panel's part
+/// (the gemm crate's loop order).
 ///
 /// # Safety
 ///
 /// `job.x` and `job.out` (row stride `job.ldd`) fit `[m, k]` and `[m, n]` views, `job.w`
-/// holds its packed length, `rows` and `panels` lie inside, and nothing else touches the
-/// tile meanwhile.
+/// holds its packed length, `rows` and `cols` lie inside, and nothing else touches the tile
+/// meanwhile.
 #[allow(unsafe_code)]
-unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, panels: std::ops::Range<usize>) {
+unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) {
     let Job {
         x,
         w,
@@ -487,23 +491,25 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, panels: std::ops::Range<
         // The first block writes (or adds to what the caller left), the rest add.
         let status = if p0 == 0 && !accumulate { 0 } else { 1 };
         let block = w.data.as_ptr().add(p0 * n_pad);
-        let mut q0 = panels.start;
-        while q0 < panels.end {
-            let q1 = (q0 + run).min(panels.end);
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            // To the end of the run of panels that starts with c0's.
+            let c1 = ((c0 / mr + run) * mr).min(cols.end);
             let panels = Panels {
-                data: block.add(q0 * mr * kb),
-                cols: q0 * mr..(q1 * mr).min(n),
+                data: block.add(c0 / mr * mr * kb),
+                cols: c0..c1,
                 kb,
             };
             kernels(&pk, x, rows.clone(), p0, &panels, out, ldd, status, scale);
-            q0 = q1;
+            c0 = c1;
         }
         p0 += kb;
     }
 }
 
-/// Consecutive packed panels of one block of `kb` columns: for output columns `cols` (the
-/// first at a panel's start), each panel `mr` rows by `kb` columns, column after column.
+/// Consecutive packed panels of one block of `kb` columns, each `mr` rows by `kb` columns,
+/// column after column, `data` the first one's start: output columns `cols` of them (the
+/// first in `data`'s panel, at a sliver's start; panels start at multiples of `mr`).
 struct Panels {
     data: *const f32,
     cols: std::ops::Range<usize>,
@@ -532,19 +538,23 @@ unsafe fn kernels(
     scale: f32,
 ) {
     let (mr, nr, kb) = (pk.mr, pk.nr, panels.kb);
+    let first = panels.cols.start / mr;
     let mut j = rows.start;
     while j < rows.end {
         let nj = nr.min(rows.end - j);
         let xj = x.data.as_ptr().add(j * x.rs + p0 * x.cs);
-        for (q, i0) in panels.cols.clone().step_by(mr).enumerate() {
-            let mi = mr.min(panels.cols.end - i0);
+        let mut i0 = panels.cols.start;
+        while i0 < panels.cols.end {
+            // The rest of i0's panel: its rows i0 % mr.. (whole registers of them).
+            let mi = ((i0 / mr + 1) * mr).min(panels.cols.end) - i0;
+            let at = (i0 / mr - first) * mr * kb + i0 % mr;
             let kernel = (pk.kernel)(mi.div_ceil(pk.lanes) - 1, nj - 1);
             kernel(
                 mi,
                 nj,
                 kb,
                 out.0.add(j * ldd + i0),
-                panels.data.add(q * mr * kb),
+                panels.data.add(at),
                 xj,
                 ldd as isize,
                 1,
@@ -559,6 +569,7 @@ unsafe fn kernels(
                 false,
                 std::ptr::null(),
             );
+            i0 += mi;
         }
         j += nj;
     }
@@ -771,17 +782,22 @@ mod tests {
         (out, kc)
     }
 
-    /// The split over threads: whole panels per thread where that is as even as anything
-    /// else, rows split too where it evens the tiles out.
+    /// The split over threads: bands of slivers (16 weight rows each with AVX-512) where
+    /// that is as even as anything else, rows split too where it evens the tiles out.
     #[test]
     fn products_split_into_even_tiles() {
-        // BERT-base's 768-wide Linears (12 panels of 64) at batch 8 and 1, its 3,072-wide
-        // ones (48 panels), on 2 and 16 threads.
-        assert_eq!(split(1024, 12, 2), (1, 2));
-        assert_eq!(split(1024, 12, 16), (4, 4));
-        assert_eq!(split(128, 12, 16), (1, 12));
+        // BERT-base's 768-wide Linears (48 slivers) at batch 8 and 1, its 3,072-wide ones
+        // (192), on 2 and 16 threads.
+        assert_eq!(split(1024, 48, 2), (1, 2));
         assert_eq!(split(1024, 48, 16), (1, 16));
-        // One panel: rows only, at least 64 each.
+        assert_eq!(split(128, 48, 16), (1, 16));
+        assert_eq!(split(1024, 192, 16), (1, 16));
+        // MobileNetV3's 160 channels on 7 x 7 (10 slivers) on 2 threads, ResNet's 512 on 16.
+        assert_eq!(split(49, 10, 2), (1, 2));
+        assert_eq!(split(49, 32, 16), (1, 16));
+        // 12 slivers on 16 threads: 12 bands (of one sliver each), too few rows to split.
+        assert_eq!(split(128, 12, 16), (1, 12));
+        // One sliver: rows only, at least 64 each.
         assert_eq!(split(256, 1, 4), (4, 1));
         assert_eq!(split(100, 1, 4), (1, 1));
         assert_eq!(split(1024, 12, 1), (1, 1));
