@@ -690,21 +690,27 @@ fn conv_gemm(
     } else {
         1
     };
-    // The output starts as the residual (the products are added onto it); else, where the
-    // product is accumulated onto the output in place (not Winograd's, not a group's), as
-    // the bias planes, written image by image (on the pool's threads, each with its share of
+    // The output starts as what the products add onto: the residual, plus the bias where
+    // the product is accumulated onto the output in place (not Winograd's, which adds the
+    // bias itself), written image by image (on the pool's threads, each with its share of
     // them), each just before its product adds onto it rather than all before the first
     // product: an image's output is then still in the cache when its product reads it (see
-    // `bias_then`); else as zeros.
+    // `starting`). A group's output starts as the residual or zeros (it adds the bias
+    // itself); else as zeros.
     let accumulate = residual.is_some();
-    let late_bias = !accumulate && geometry.is_none() && per == 1;
+    let start_bias = bias.as_deref().filter(|_| geometry.is_none());
+    let late = per == 1 && (accumulate || start_bias.is_some());
     // A residual of another shape or dtype (the graph's metadata said otherwise) is left to
     // `conv`'s general paths.
-    let mut out = match (residual, &bias) {
-        (Some(r), _) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => f32_vec(r)?,
-        (Some(_), _) => return Ok(None),
-        (None, Some(_)) if late_bias => Vec::new(),
-        (None, _) => super::fused::zeros(n * co * pix),
+    let residual = match residual {
+        Some(r) if r.dims() == [n, co, oh, ow] && r.dtype() == DType::F32 => Some(r.contiguous()?),
+        Some(_) => return Ok(None),
+        None => None,
+    };
+    let mut out = match &residual {
+        _ if late => Vec::new(),
+        Some(r) => f32_vec(r)?,
+        None => super::fused::zeros(n * co * pix),
     };
     let res = with_f32(&w, |wm| {
         // Winograd's geometry with the transformed weights, when that path applies.
@@ -725,13 +731,7 @@ fn conv_gemm(
                         let b = bias.as_deref();
                         return winograd::conv_image(img, u, g, b, p.act, dst, accumulate, threads);
                     }
-                    // The bias is added here onto a residual (the output started as the bias
-                    // planes otherwise).
-                    if let (Some(b), true) = (&bias, accumulate) {
-                        for (row, &v) in dst.chunks_mut(pix).zip(b) {
-                            row.iter_mut().for_each(|x| *x += v);
-                        }
-                    }
+                    // The output started as the residual plus the bias (either optional).
                     let onto = accumulate || bias.is_some();
                     let cols: &[f32] = if direct {
                         img
@@ -803,12 +803,25 @@ fn conv_gemm(
                 p.act.apply(dst);
                 ok
             };
-            let ok = if let (true, Some(b)) = (late_bias, &bias) {
-                let ok;
-                (out, ok) = bias_then(n, b, pix, |i, dst| {
+            let ok = if late {
+                let then = |i: usize, dst: &mut [f32]| {
                     let mut cols = Spare::take();
                     one_image(&mut cols, &xs[i * per_image..][..per_image], dst, share)
-                });
+                };
+                let start = |residual: Option<&[f32]>| {
+                    let start = Start {
+                        bias: start_bias,
+                        residual,
+                        channels: co,
+                        plane: pix,
+                    };
+                    starting(n, &start, share, then)
+                };
+                let ok;
+                (out, ok) = match &residual {
+                    Some(r) => with_f32(r, |rs| start(Some(rs)))?,
+                    None => start(None),
+                };
                 ok
             } else if per > 1 {
                 out.par_chunks_mut(per * co * pix)
@@ -854,32 +867,66 @@ fn share(images: usize, threads: usize) -> usize {
     }
 }
 
-/// `images` outputs of `[bias.len(), plane]`, each written as its bias planes and then handed
-/// to `then(image, output)` (on the pool's threads, an image each; on this thread for one
-/// image), which adds onto it; with whether every call returned true. Where all images' bias
-/// planes were written before the first product, a batch's output larger than the cache
-/// was read back from memory by each product (BENCHMARKS.md, issue 14).
-fn bias_then(
-    images: usize,
-    bias: &[f32],
+/// What each image's output of a convolution starts as before its product adds onto it:
+/// `channels` planes of `plane` values, each its residual's plane (if any) plus its bias (if
+/// any).
+struct Start<'a> {
+    bias: Option<&'a [f32]>,
+    /// All images' residuals, `[images, channels, plane]`.
+    residual: Option<&'a [f32]>,
+    channels: usize,
     plane: usize,
+}
+
+/// `images` outputs, each written as its [`Start`] and then handed to `then(image, output)`
+/// (on the pool's threads, an image each; on this thread for one image), which adds onto it;
+/// with whether every call returned true. An image's start is written over its `threads`
+/// (its share of the pool) when it has more than one. Where all images' starts were written
+/// before the first product, a batch's output larger than the cache was read back from
+/// memory by each product (BENCHMARKS.md, issue 14).
+fn starting(
+    images: usize,
+    start: &Start,
+    threads: usize,
     then: impl Fn(usize, &mut [f32]) -> bool + Sync,
 ) -> (Vec<f32>, bool) {
+    use rayon::prelude::*;
     use std::mem::MaybeUninit;
     use std::sync::atomic::{AtomicBool, Ordering};
     let ok = AtomicBool::new(true);
-    let image = bias.len() * plane;
-    let write = |at: usize, chunk: &mut [MaybeUninit<f32>]| {
-        for (p, &v) in chunk.chunks_mut(plane.max(1)).zip(bias) {
-            p.fill(MaybeUninit::new(v));
+    let plane = start.plane.max(1);
+    let image = start.channels * start.plane;
+    // Channel `o` of image `img` into `p`.
+    let fill = |img: usize, o: usize, p: &mut [MaybeUninit<f32>]| {
+        let b = start.bias.map_or(0.0, |b| b[o]);
+        match start.residual {
+            Some(r) => {
+                let r = &r[(img * start.channels + o) * start.plane..][..p.len()];
+                p.iter_mut()
+                    .zip(r)
+                    .for_each(|(d, &v)| *d = MaybeUninit::new(v + b));
+            }
+            None => p.fill(MaybeUninit::new(b)),
         }
-        // SAFETY: the loop above initialised every element (the chunk is one image's
-        // `bias.len()` planes), and `MaybeUninit<f32>` has `f32`'s layout.
+    };
+    let write = |at: usize, chunk: &mut [MaybeUninit<f32>]| {
+        let img = at / image.max(1);
+        if threads > 1 {
+            let planes = chunk.par_chunks_mut(plane).with_min_len(PLANES_PER_TASK);
+            planes.enumerate().for_each(|(o, p)| fill(img, o, p));
+        } else {
+            chunk
+                .chunks_mut(plane)
+                .enumerate()
+                .for_each(|(o, p)| fill(img, o, p));
+        }
+        // SAFETY: the loops above initialised every element (the chunk is one image's
+        // `channels` planes), and `MaybeUninit<f32>` has `f32`'s layout.
         #[allow(unsafe_code)]
         let dst = unsafe {
             std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
         };
-        if !then(at / image.max(1), dst) {
+        if !then(img, dst) {
             ok.store(false, Ordering::Relaxed);
         }
     };
@@ -889,6 +936,9 @@ fn bias_then(
     let out = unsafe { super::fused::written(images * image, image, write) };
     (out, ok.load(Ordering::Relaxed))
 }
+
+/// Planes per task where an image's [`Start`] is written over several threads.
+const PLANES_PER_TASK: usize = 8;
 
 /// The Winograd geometry of a convolution that `winograd` should compute: 3x3, stride 1,
 /// dilation 1, with at least WINOGRAD_MIN_PIXELS output pixels per image: enough tiles per
