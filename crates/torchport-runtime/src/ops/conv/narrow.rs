@@ -169,11 +169,15 @@ fn narrow(
         "narrow conv: sizes or a CPU it does not take"
     );
     let in_place = reads_in_place([kh, kw], p);
-    // Pieces of whole blocks of an image's pixels, enough for every thread to have a few.
+    // Pieces of whole blocks of an image's pixels, enough for every thread to have a few,
+    // the blocks dealt out evenly (piece `b` starts at block `b * blocks / pieces`): pieces
+    // of one size, rounded up to whole blocks, had left 7 for 2 threads on 56 x 56 (4 to one
+    // thread, 3 to the other).
     let threads = rayon::current_num_threads();
     let per_image = (PIECES_PER_THREAD * threads).div_ceil(n.max(1)).max(1);
-    let piece = pixels.div_ceil(per_image).next_multiple_of(PIXELS);
-    let pieces = pixels.div_ceil(piece);
+    let blocks = pixels.div_ceil(PIXELS);
+    let pieces = per_image.min(blocks).max(1);
+    let piece_start = |b: usize| (b * blocks / pieces * PIXELS).min(pixels);
     // Stretches of a piece, whole blocks, whose columns stay in the L2 cache while each
     // group of output channels is computed along them.
     let stretch = (STRETCH_VALUES / k / PIXELS).max(MIN_STRETCH_BLOCKS) * PIXELS;
@@ -184,8 +188,8 @@ fn narrow(
         let (img, b) = (task / pieces, task % pieces);
         let img_x = &x[img * c * h * wd..][..c * h * wd];
         let mut cols = Spare::take();
-        let end = ((b + 1) * piece).min(pixels);
-        for s0 in (b * piece..end).step_by(stretch) {
+        let end = piece_start(b + 1);
+        for s0 in (piece_start(b)..end).step_by(stretch) {
             let s1 = (s0 + stretch).min(end);
             // The stretch's columns: `k` rows of `s1 - s0` values, `step` apart.
             let (src, step): (&[f32], usize) = if in_place {
@@ -226,7 +230,8 @@ fn narrow(
             }
         }
     };
-    // SAFETY: the tasks cover every image's output pixels `0..pixels` (pieces of `piece`) for
+    // SAFETY: the tasks cover every image's output pixels `0..pixels` (pieces from
+    // `piece_start(b)` to `piece_start(b + 1)`, the last ending at `pixels`) for
     // every output channel (groups of `ROWS`), and `block_avx512` writes each element of its
     // block before anything reads it.
     #[allow(unsafe_code)]
