@@ -11,13 +11,16 @@ the shapes say which layer each line is.
 The exports are benches/run_bench.py's (benches/out/NAME_bB.pt2, .onnx and inputs), written
 on first use. Each engine runs --runs times after two warm-up runs; each line is the mean
 time per run of that operator and shape (torch, onnxruntime: the median for one node) or the
-node's least time over the runs (torchport).
+node's least time over the runs (torchport). Given more than one thread count, it ends with
+torchport's nodes that gain least from the fewest threads to the most: each node's time
+lost against a split that many times faster, largest first.
 """
 
 import argparse
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,15 +56,47 @@ def torch_layers(model, inputs, threads, runs, top):
         print(f"  {ms / runs:9.3f} ms {count // runs:3}x  {name} {shapes}")
 
 
+# A node line of run_timing's profile: time, node, target, output shape.
+NODE_LINE = re.compile(r"\s*([\d.]+) ms  (\S+) (\S+) (\[.*\])$")
+
+
 def torchport_layers(args, pt2, npys, threads, top):
+    """Print torchport's slowest operators and nodes; return every node's least time (ms),
+    target and output shape, by node name."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TORCHPORT_PROFILE=str(args.runs),
-               TORCHPORT_PROFILE_NODES=str(top))
+               TORCHPORT_PROFILE_NODES="1000000")
     r = subprocess.run([str(args.binary), str(pt2), *map(str, npys), "--runs", "3"], env=env,
                        capture_output=True, text=True)
     lines = (r.stdout + r.stderr).strip().splitlines()
     print("  torchport:")
+    nodes = {}
     for line in lines:
-        print("  " + line)
+        m = NODE_LINE.match(line)
+        if m:
+            if len(nodes) < top:
+                print("  " + line)
+            nodes[m.group(2)] = (float(m.group(1)), m.group(3), m.group(4))
+        else:
+            print("  " + line)
+    return nodes
+
+
+def scaling(few, many, fewest, most, top):
+    """The torchport nodes that gain least from `fewest` to `most` threads: each node's time
+    on both, its speed-up, and the time it loses against a split `most / fewest` times
+    faster, largest loss first."""
+    rows = []
+    for name, (t0, target, shape) in few.items():
+        if name in many:
+            t1 = many[name][0]
+            rows.append((t1 - t0 * fewest / most, name, t0, t1, target, shape))
+    lost = sum(r[0] for r in rows)
+    print(f"== torchport from {fewest} to {most} threads: {sum(r[2] for r in rows):.2f} -> "
+          f"{sum(r[3] for r in rows):.2f} ms in nodes, {lost:.2f} ms over a perfect split")
+    for loss, name, t0, t1, target, shape in sorted(rows, reverse=True)[:top]:
+        speedup = t0 / t1 if t1 > 0 else float("inf")
+        print(f"  {loss:8.3f} ms lost  {t0:8.3f} -> {t1:8.3f} ms (x{speedup:5.2f})  {name} "
+              f"{target} {shape}")
 
 
 def ort_layers(onnx_path, inputs, threads, runs, top):
@@ -119,11 +154,16 @@ def main():
                 m = (run_bench.ByKeyword(model, run_bench.KEYWORDS[name])
                      if name in run_bench.KEYWORDS else model)
                 run_bench.export_onnx(name, m, inputs, onnx_path)
-            for th in map(int, args.threads.split(",")):
+            threads = list(map(int, args.threads.split(",")))
+            nodes = {}
+            for th in threads:
                 print(f"== {name} batch {batch}, {th} threads", flush=True)
                 torch_layers(model, inputs, th, args.runs, args.top)
                 ort_layers(onnx_path, inputs, th, args.runs, args.top)
-                torchport_layers(args, pt2, npys, th, args.top)
+                nodes[th] = torchport_layers(args, pt2, npys, th, args.top)
+            lo, hi = min(threads), max(threads)
+            if lo < hi:
+                scaling(nodes[lo], nodes[hi], lo, hi, args.top)
 
 
 if __name__ == "__main__":
