@@ -204,33 +204,21 @@ pub(super) fn conv_image(
     accumulate: bool,
     threads: usize,
 ) -> bool {
-    let Some([oh, ow]) = g.out() else {
-        return false;
-    };
-    let [th, tw] = g.tiles();
-    if img.len() < g.c * g.h * g.w || dst.len() < g.co * oh * ow || u.len() < 16 * g.co * g.c {
-        return false;
-    }
-    if th == 0 || tw == 0 || g.co == 0 {
-        return true;
-    }
-    let (rows, split) = plan(g, threads);
-    blocks(
+    let step = Step {
         img,
         u,
         g,
         bias,
         act,
-        dst,
         accumulate,
-        (rows, split, threads),
-    )
+    };
+    step.image(dst, plan(g, threads))
 }
 
-/// How [`conv_image`] splits an image over `threads` threads: tile rows per block, and whether
+/// How [`conv_image`] splits an image over `threads` threads: `(tile rows per block, whether
 /// each block's steps are split over the threads ([`by_planes`]) rather than each block run
-/// on one.
-fn plan(g: &Geometry, threads: usize) -> (usize, bool) {
+/// on one, threads)`.
+fn plan(g: &Geometry, threads: usize) -> (usize, bool, usize) {
     let [th, tw] = g.tiles();
     // Tile rows per block: as many as keep a block's transformed input and products within
     // `BLOCK_BYTES` for each thread that works on it.
@@ -240,58 +228,9 @@ fn plan(g: &Geometry, threads: usize) -> (usize, bool) {
     let rows = th.div_ceil(th.div_ceil(cache_rows(1)).max(threads.min(th)).max(1));
     let rounds = th.div_ceil(rows.max(1)).div_ceil(threads.max(1));
     if threads > 1 && by_planes(g, th * tw, rounds, threads) {
-        (cache_rows(threads), true)
+        (cache_rows(threads), true, threads)
     } else {
-        (rows.max(1), false)
-    }
-}
-
-/// [`conv_image`] by the plan `(rows, split, threads)` ([`plan`]), its sizes checked.
-#[allow(clippy::too_many_arguments)]
-fn blocks(
-    img: &[f32],
-    u: &[f32],
-    g: &Geometry,
-    bias: Option<&[f32]>,
-    act: Act,
-    dst: &mut [f32],
-    accumulate: bool,
-    (rows, split, threads): (usize, bool, usize),
-) -> bool {
-    let [oh, ow] = g.out().unwrap_or([0, 0]);
-    let th = g.tiles()[0];
-    // Each block's part of the output: output rows 2 * r0 .. 2 * r1 of every plane.
-    let mut parts: Vec<Vec<&mut [f32]>> = (0..th.div_ceil(rows))
-        .map(|_| Vec::with_capacity(g.co))
-        .collect();
-    for plane in dst[..g.co * oh * ow].chunks_mut(oh * ow) {
-        for (part, band) in parts.iter_mut().zip(plane.chunks_mut(2 * rows * ow)) {
-            part.push(band);
-        }
-    }
-    let step = Step {
-        img,
-        u,
-        g,
-        bias,
-        act,
-        accumulate,
-    };
-    // This thread's block buffers, taken for the block and given back after it (a block
-    // inside this one would find none and use its own).
-    let run = |(b, part): (usize, Vec<&mut [f32]>), threads: usize| {
-        let mut s = BLOCK.with_borrow_mut(std::mem::take);
-        let r = [b * rows, ((b + 1) * rows).min(th)];
-        let ok = step.block(&mut s, r, part, threads);
-        BLOCK.with_borrow_mut(|spare| *spare = s);
-        ok
-    };
-    if split {
-        parts.into_iter().enumerate().all(|part| run(part, threads))
-    } else if threads > 1 {
-        parts.into_par_iter().enumerate().all(|part| run(part, 1))
-    } else {
-        parts.into_iter().enumerate().all(|part| run(part, 1))
+        (rows.max(1), false, threads)
     }
 }
 
@@ -322,6 +261,50 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
+    /// [`conv_image`] into `dst` by the plan `(rows, split, threads)` ([`plan`]).
+    fn image(&self, dst: &mut [f32], (rows, split, threads): (usize, bool, usize)) -> bool {
+        let g = self.g;
+        let Some([oh, ow]) = g.out() else {
+            return false;
+        };
+        let [th, tw] = g.tiles();
+        if self.img.len() < g.c * g.h * g.w
+            || dst.len() < g.co * oh * ow
+            || self.u.len() < 16 * g.co * g.c
+            || rows == 0
+        {
+            return false;
+        }
+        if th == 0 || tw == 0 || g.co == 0 {
+            return true;
+        }
+        // Each block's part of the output: output rows 2 * r0 .. 2 * r1 of every plane.
+        let mut parts: Vec<Vec<&mut [f32]>> = (0..th.div_ceil(rows))
+            .map(|_| Vec::with_capacity(g.co))
+            .collect();
+        for plane in dst[..g.co * oh * ow].chunks_mut(oh * ow) {
+            for (part, band) in parts.iter_mut().zip(plane.chunks_mut(2 * rows * ow)) {
+                part.push(band);
+            }
+        }
+        // This thread's block buffers, taken for the block and given back after it (a block
+        // inside this one would find none and use its own).
+        let run = |(b, part): (usize, Vec<&mut [f32]>), threads: usize| {
+            let mut s = BLOCK.with_borrow_mut(std::mem::take);
+            let r = [b * rows, ((b + 1) * rows).min(th)];
+            let ok = self.block(&mut s, r, part, threads);
+            BLOCK.with_borrow_mut(|spare| *spare = s);
+            ok
+        };
+        if split {
+            parts.into_iter().enumerate().all(|part| run(part, threads))
+        } else if threads > 1 {
+            parts.into_par_iter().enumerate().all(|part| run(part, 1))
+        } else {
+            parts.into_iter().enumerate().all(|part| run(part, 1))
+        }
+    }
+
     /// Tile rows `r0..r1` into `bands` (each output channel's rows `2 * r0 .. 2 * r1`): the
     /// input transform (`[c_in][16][tiles]`), the 16 products (`[16][c_out][tiles]`) and the
     /// output transform, each step over the pool's threads when `threads` > 1 (one loop
@@ -681,8 +664,15 @@ mod tests {
                     let done = match plan {
                         None => conv_image(&img, &u, &g, b, act, &mut got, accumulate, threads),
                         Some((rows, split)) => {
-                            let plan = (rows, split, threads);
-                            blocks(&img, &u, &g, b, act, &mut got, accumulate, plan)
+                            let step = Step {
+                                img: &img,
+                                u: &u,
+                                g: &g,
+                                bias: b,
+                                act,
+                                accumulate,
+                            };
+                            step.image(&mut got, (rows, split, threads))
                         }
                     };
                     assert!(done);
@@ -721,7 +711,7 @@ mod tests {
             (512, 7, 2, true),
         ];
         for (c, hw, threads, split) in cases {
-            let (rows, got) = plan(&g(c, hw), threads);
+            let (rows, got, _) = plan(&g(c, hw), threads);
             assert_eq!(got, split, "{c} channels, {hw} x {hw}, {threads} threads");
             assert!(rows >= 1 && rows <= hw.div_ceil(2));
         }
