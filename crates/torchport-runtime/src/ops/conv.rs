@@ -8,7 +8,7 @@
 use candle_core::{DType, Tensor, D};
 
 use super::fused::{with_f32, Spare};
-use super::sgemm::{sgemm, Mat};
+use super::sgemm::{into_finished, new_block, sgemm, Finish, Mat, Shared};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
@@ -617,10 +617,10 @@ fn conv2d_winograd(a: &Args) -> OpResult<Outputs> {
 /// weight `[c_out, c_in, kh, kw]` is read as the `[c_out, c_in * kh * kw]` matrix it already
 /// is and `weight @ cols` is the NCHW output itself (no reordering of weight or output). A 1x1
 /// convolution with stride 1 and no padding uses the input as `cols` directly; a 3x3 one with
-/// stride 1 on large enough images runs by Winograd's algorithm instead (`winograd`). The
-/// output starts as the residual (if any) plus the bias (if any), and the product is
-/// accumulated onto it. Each
-/// image's product goes straight into its place in the batch's output; with at least as many
+/// stride 1 on large enough images runs by Winograd's algorithm instead (`winograd`). Each
+/// image's product is written straight into its place in a new output, the bias and residual
+/// added and the activation applied to each stretch as the product finishes it
+/// (`products`); with at least as many
 /// images as threads the images run in parallel (one single-threaded product each; small
 /// unfolded images several to a product, one group per thread: `GROUP_MAX_PIXELS`); with
 /// fewer, side by side too, each product split over its share of the threads (`share`). Any
@@ -690,16 +690,6 @@ fn conv_gemm(
     } else {
         1
     };
-    // The output starts as what the products add onto: the residual, plus the bias where
-    // the product is accumulated onto the output in place (not Winograd's, which adds the
-    // bias itself), written image by image (on the pool's threads, each with its share of
-    // them), each just before its product adds onto it rather than all before the first
-    // product: an image's output is then still in the cache when its product reads it (see
-    // `starting`). A group's output starts as the residual or zeros (it adds the bias
-    // itself); else as zeros.
-    let accumulate = residual.is_some();
-    let start_bias = bias.as_deref().filter(|_| geometry.is_none());
-    let late = per == 1 && (accumulate || start_bias.is_some());
     // A residual of another shape or dtype (the graph's metadata said otherwise) is left to
     // `conv`'s general paths.
     let residual = match residual {
@@ -707,8 +697,16 @@ fn conv_gemm(
         Some(_) => return Ok(None),
         None => None,
     };
+    let accumulate = residual.is_some();
+    // One product per image (not Winograd's, not a group's) writes a new output, each stretch
+    // of it finished (bias, residual, activation) as the product completes it. Winograd's
+    // output starts as the residual, written image by image just before each image's blocks
+    // add onto it (`starting`); a group's as the residual or zeros (it adds the bias itself);
+    // else Winograd's as zeros.
+    let finished = geometry.is_none() && per == 1;
+    let late = geometry.is_some() && accumulate;
     let mut out = match &residual {
-        _ if late => Vec::new(),
+        _ if finished || late => Vec::new(),
         Some(r) => f32_vec(r)?,
         None => super::fused::zeros(n * co * pix),
     };
@@ -722,43 +720,22 @@ fn conv_gemm(
             if pix == 0 || co == 0 {
                 return Some(out);
             }
-            // `cols`: the unfolded image, a buffer each thread reuses from image to image; the
-            // image's work split for `threads` threads.
-            let one_image =
-                |cols: &mut Vec<f32>, img: &[f32], dst: &mut [f32], threads: usize| -> bool {
-                    let parallel = threads > 1;
-                    if let Some((g, u)) = &wino {
-                        let b = bias.as_deref();
-                        return winograd::conv_image(img, u, g, b, p.act, dst, accumulate, threads);
-                    }
-                    // The output started as the residual plus the bias (either optional).
-                    let onto = accumulate || bias.is_some();
-                    let cols: &[f32] = if direct {
-                        img
-                    } else {
-                        cols.resize(k * pix, 0.0);
-                        im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, cols, parallel);
-                        cols
-                    };
-                    let ok = sgemm(
-                        co,
-                        pix,
-                        k,
-                        Mat::rows(wm, k),
-                        Mat::rows(cols, pix),
-                        dst,
-                        pix,
-                        onto,
-                        1.0,
-                        threads,
-                    );
-                    if parallel && p.act != Act::None {
-                        dst.par_chunks_mut(pix).for_each(|c| p.act.apply(c));
-                    } else {
-                        p.act.apply(dst);
-                    }
-                    ok
+            if finished {
+                let shape = Shape {
+                    input: [n, c, h, wd],
+                    kernel: [kh, kw],
+                    out: [oh, ow],
                 };
+                return products(xs, wm, co, residual.as_ref(), bias.as_deref(), &shape, p);
+            }
+            // One image by Winograd's algorithm, its blocks split for `threads` threads.
+            let one_image = |img: &[f32], dst: &mut [f32], threads: usize| -> bool {
+                let Some((g, u)) = &wino else {
+                    return false;
+                };
+                let b = bias.as_deref();
+                winograd::conv_image(img, u, g, b, p.act, dst, accumulate, threads)
+            };
             let group = |cols: &mut Vec<f32>,
                          prod: &mut Vec<f32>,
                          dst: &mut [f32],
@@ -803,25 +780,12 @@ fn conv_gemm(
                 p.act.apply(dst);
                 ok
             };
-            let ok = if late {
+            let ok = if let (true, Some(r)) = (late, &residual) {
                 let then = |i: usize, dst: &mut [f32]| {
-                    let mut cols = Spare::take();
-                    one_image(&mut cols, &xs[i * per_image..][..per_image], dst, share)
-                };
-                let start = |residual: Option<&[f32]>| {
-                    let start = Start {
-                        bias: start_bias,
-                        residual,
-                        channels: co,
-                        plane: pix,
-                    };
-                    starting(n, &start, share, then)
+                    one_image(&xs[i * per_image..][..per_image], dst, share)
                 };
                 let ok;
-                (out, ok) = match &residual {
-                    Some(r) => with_f32(r, |rs| start(Some(rs)))?,
-                    None => start(None),
-                };
+                (out, ok) = with_f32(r, |rs| starting(n, rs, pix, share, then))?;
                 ok
             } else if per > 1 {
                 out.par_chunks_mut(per * co * pix)
@@ -834,15 +798,11 @@ fn conv_gemm(
             } else if n > 1 {
                 out.par_chunks_mut(co * pix)
                     .zip(xs.par_chunks(per_image))
-                    .map_init(Spare::take, |cols, (dst, img)| {
-                        one_image(cols, img, dst, share)
-                    })
-                    .all(|ok| ok)
+                    .all(|(dst, img)| one_image(img, dst, share))
             } else {
-                let mut cols = Spare::take();
                 out.chunks_mut(co * pix)
                     .zip(xs.chunks(per_image))
-                    .all(|(dst, img)| one_image(&mut cols, img, dst, share))
+                    .all(|(dst, img)| one_image(img, dst, share))
             };
             ok.then_some(out)
         })
@@ -867,26 +827,107 @@ fn share(images: usize, threads: usize) -> usize {
     }
 }
 
-/// What each image's output of a convolution starts as before its product adds onto it:
-/// `channels` planes of `plane` values, each its residual's plane (if any) plus its bias (if
-/// any).
-struct Start<'a> {
-    bias: Option<&'a [f32]>,
-    /// All images' residuals, `[images, channels, plane]`.
-    residual: Option<&'a [f32]>,
-    channels: usize,
-    plane: usize,
+/// A dense float32 convolution of `xs` (`[n, c, h, w]`) by `w` (`[co, c * kh * kw]`) as one
+/// product per image (its columns: the image itself for a 1x1 kernel at stride 1 unpadded,
+/// else unfolded), each written straight into a new output, each stretch of a row finished
+/// as the product completes it: the bias and the residual (`[n, co, oh, ow]`, each optional)
+/// added and the activation applied while the stretch is in cache. They had been passes of
+/// their own over the whole output, before the product (the residual copied, the bias
+/// added) and after it (the activation). The images run side by side on the pool, each
+/// product split over its share of the threads (`share`). `None` where a view does not fit.
+fn products(
+    xs: &[f32],
+    w: &[f32],
+    co: usize,
+    residual: Option<&Tensor>,
+    bias: Option<&[f32]>,
+    shape: &Shape,
+    p: &Params,
+) -> Option<Vec<f32>> {
+    use rayon::prelude::*;
+    let ([n, c, h, wd], [kh, kw], [oh, ow]) = (shape.input, shape.kernel, shape.out);
+    let (k, pix, per_image) = (c * kh * kw, oh * ow, c * h * wd);
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let direct = reads_in_place([kh, kw], p);
+    let share = share(n, rayon::current_num_threads());
+    let run = |rs: Option<&[f32]>| {
+        // Image `i` into its `[co, pix]` part of `out`, `cols` its unfolded columns.
+        let image = |i: usize, cols: &mut Vec<f32>, out: Shared| -> bool {
+            let img = &xs[i * per_image..][..per_image];
+            let cols: &[f32] = if direct {
+                img
+            } else {
+                cols.resize(k * pix, 0.0);
+                im2col(img, [c, h, wd], [kh, kw], [oh, ow], p, cols, share > 1);
+                cols
+            };
+            let res = rs.map(|r| &r[i * co * pix..][..co * pix]);
+            let finish = |o: usize, j: usize, row: &mut [f32]| {
+                if let Some(b) = bias {
+                    let v = b[o];
+                    row.iter_mut().for_each(|x| *x += v);
+                }
+                if let Some(r) = res {
+                    row.iter_mut()
+                        .zip(&r[o * pix + j..])
+                        .for_each(|(x, &v)| *x += v);
+                }
+                p.act.apply(row);
+            };
+            let any = bias.is_some() || res.is_some() || p.act != Act::None;
+            let (a, b) = (Mat::rows(w, k), Mat::rows(cols, pix));
+            // SAFETY: image i's part of the new output (`co * pix` values from `i * co *
+            // pix`) is this call's alone, and k > 0 (the caller checked the shapes), so the
+            // product writes every value of it before `finish` reads any.
+            #[allow(unsafe_code)]
+            unsafe {
+                let out = Shared(out.0.add(i * co * pix));
+                into_finished(
+                    (co, pix, k),
+                    a,
+                    b,
+                    out,
+                    pix,
+                    share,
+                    any.then_some(&finish as Finish),
+                )
+            }
+        };
+        // SAFETY: the images' parts cover the new buffer, each written whole by its product
+        // when every product returns true.
+        #[allow(unsafe_code)]
+        unsafe {
+            new_block(n * co * pix, |out| {
+                if n > 1 {
+                    (0..n)
+                        .into_par_iter()
+                        .map_init(Spare::take, |cols, i| image(i, cols, out))
+                        .all(|ok| ok)
+                } else {
+                    image(0, &mut Spare::take(), out)
+                }
+            })
+        }
+    };
+    match residual {
+        Some(r) => with_f32(r, |rs| run(Some(rs))).flatten(),
+        None => run(None),
+    }
 }
 
-/// `images` outputs, each written as its [`Start`] and then handed to `then(image, output)`
-/// (on the pool's threads, an image each; on this thread for one image), which adds onto it;
-/// with whether every call returned true. An image's start is written over its `threads`
-/// (its share of the pool) when it has more than one. Where all images' starts were written
-/// before the first product, a batch's output larger than the cache was read back from
-/// memory by each product (BENCHMARKS.md, issue 14).
+/// `images` outputs of `[channels, plane]`, each written as its image's part of `residual`
+/// (`[images, channels, plane]`) and then handed to `then(image, output)` (on the pool's
+/// threads, an image each; on this thread for one image), which adds onto it; with whether
+/// every call returned true. An image's part is copied over its `threads` (its share of the
+/// pool) when it has more than one. Where all images' outputs were written before the first
+/// image's work, a batch's output larger than the cache was read back from memory by each
+/// (BENCHMARKS.md, issue 14).
 fn starting(
     images: usize,
-    start: &Start,
+    residual: &[f32],
+    plane: usize,
     threads: usize,
     then: impl Fn(usize, &mut [f32]) -> bool + Sync,
 ) -> (Vec<f32>, bool) {
@@ -894,39 +935,28 @@ fn starting(
     use std::mem::MaybeUninit;
     use std::sync::atomic::{AtomicBool, Ordering};
     let ok = AtomicBool::new(true);
-    let plane = start.plane.max(1);
-    let image = start.channels * start.plane;
-    // Channel `o` of image `img` into `p`.
-    let fill = |img: usize, o: usize, p: &mut [MaybeUninit<f32>]| {
-        let b = start.bias.map_or(0.0, |b| b[o]);
-        match start.residual {
-            Some(r) => {
-                let r = &r[(img * start.channels + o) * start.plane..][..p.len()];
-                p.iter_mut()
-                    .zip(r)
-                    .for_each(|(d, &v)| *d = MaybeUninit::new(v + b));
-            }
-            None => p.fill(MaybeUninit::new(b)),
-        }
+    let image = residual.len() / images.max(1);
+    let copy = |d: &mut [MaybeUninit<f32>], r: &[f32]| {
+        d.iter_mut()
+            .zip(r)
+            .for_each(|(d, &v)| *d = MaybeUninit::new(v));
     };
     let write = |at: usize, chunk: &mut [MaybeUninit<f32>]| {
-        let img = at / image.max(1);
+        let r = &residual[at..][..chunk.len()];
+        let part = PLANES_PER_TASK * plane.max(1);
         if threads > 1 {
-            let planes = chunk.par_chunks_mut(plane).with_min_len(PLANES_PER_TASK);
-            planes.enumerate().for_each(|(o, p)| fill(img, o, p));
+            let parts = chunk.par_chunks_mut(part).zip(r.par_chunks(part));
+            parts.for_each(|(d, r)| copy(d, r));
         } else {
-            chunk
-                .chunks_mut(plane)
-                .enumerate()
-                .for_each(|(o, p)| fill(img, o, p));
+            copy(chunk, r);
         }
-        // SAFETY: the loops above initialised every element (the chunk is one image's
-        // `channels` planes), and `MaybeUninit<f32>` has `f32`'s layout.
+        // SAFETY: the copy above initialised every element (the chunk is as long as its part
+        // of the residual), and `MaybeUninit<f32>` has `f32`'s layout.
         #[allow(unsafe_code)]
         let dst = unsafe {
             std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
         };
-        if !then(img, dst) {
+        if !then(at / image.max(1), dst) {
             ok.store(false, Ordering::Relaxed);
         }
     };
@@ -937,7 +967,7 @@ fn starting(
     (out, ok.load(Ordering::Relaxed))
 }
 
-/// Planes per task where an image's [`Start`] is written over several threads.
+/// Planes per task where an image's part of a residual is copied over several threads.
 const PLANES_PER_TASK: usize = 8;
 
 /// The Winograd geometry of a convolution that `winograd` should compute: 3x3, stride 1,

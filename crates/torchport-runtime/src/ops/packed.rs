@@ -22,7 +22,7 @@
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
 
-use super::sgemm::{block_fits, for_each_tile, new_block, tiles, Mat, Shared};
+use super::sgemm::{block_fits, for_each_tile, new_block, tiles, Finish, Mat, Shared};
 use super::tile::{transpose, SIDE};
 use super::Registry;
 use crate::error::OpResult;
@@ -500,7 +500,18 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
                 cols: c0..c1,
                 kb,
             };
-            kernels(&pk, x, rows.clone(), p0, &panels, out, ldd, status, scale);
+            kernels(
+                &pk,
+                x,
+                rows.clone(),
+                p0,
+                &panels,
+                out,
+                ldd,
+                status,
+                scale,
+                None,
+            );
             c0 = c1;
         }
         p0 += kb;
@@ -518,7 +529,8 @@ struct Panels {
 
 /// The microkernel over rows `rows` of `x` (columns `p0..p0 + panels.kb`) against each of
 /// `panels`, for each `nr` rows of `x` in turn, into `out` (row stride `ldd`): `status` 0
-/// writes, 1 adds to what `out` holds.
+/// writes, 1 adds to what `out` holds. With `finish`, each of those rows' stretch of `out`
+/// (columns `panels.cols`) is handed to it once its microkernels are done, still in cache.
 ///
 /// # Safety
 ///
@@ -536,6 +548,7 @@ unsafe fn kernels(
     ldd: usize,
     status: u8,
     scale: f32,
+    finish: Option<Finish>,
 ) {
     let (mr, nr, kb) = (pk.mr, pk.nr, panels.kb);
     let first = panels.cols.start / mr;
@@ -571,6 +584,17 @@ unsafe fn kernels(
             );
             i0 += mi;
         }
+        if let Some(f) = finish {
+            let cols = panels.cols.clone();
+            for r in j..j + nj {
+                // SAFETY: row r of `out` holds columns `cols` (the caller's contract), which
+                // the microkernels above have just written and nothing else touches.
+                let row = unsafe {
+                    std::slice::from_raw_parts_mut(out.0.add(r * ldd + cols.start), cols.len())
+                };
+                f(r, cols.start, row);
+            }
+        }
         j += nj;
     }
 }
@@ -579,7 +603,9 @@ unsafe fn kernels(
 /// `b: [k, n]` (any strides), on this thread, through the same microkernels as a packed
 /// weight: `b` is packed a run of panels at a time (the columns that fit the L2 cache, one
 /// block of `kc` rows) into a buffer this thread keeps, and the rows of `x` run against each
-/// run. Nothing is allocated after a thread's first product of a size: the gemm crate's own
+/// run. With `finish`, each row's stretch of a run is handed to it after the last block of
+/// `k` has been added (row and first column relative to `out`). Nothing is allocated after a
+/// thread's first product of a size: the gemm crate's own
 /// product allocates its packing buffers on every call, from one heap under one lock with
 /// [`crate::retain_freed_memory`]. On a 16-core machine the products of ResNet-18's Winograd
 /// blocks at batch 1 (16 calls a block) took 5x as long on 16 threads as on 8, each with
@@ -600,6 +626,7 @@ pub(crate) unsafe fn unpacked_product(
     ldd: usize,
     accumulate: bool,
     scale: f32,
+    finish: Option<Finish>,
 ) {
     thread_local! {
         static PACKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -645,7 +672,9 @@ pub(crate) unsafe fn unpacked_product(
                 cols: j0..j1,
                 kb,
             };
-            kernels(pk, x, 0..m, p0, &panels, out, ldd, status, scale);
+            let last = p0 + kb == k;
+            let finish = finish.filter(|_| last);
+            kernels(pk, x, 0..m, p0, &panels, out, ldd, status, scale, finish);
             j0 = j1;
         }
         p0 += kb;
@@ -954,7 +983,7 @@ mod tests {
                     #[allow(unsafe_code)]
                     unsafe {
                         let out = Shared(got.as_mut_ptr());
-                        unpacked_product(&pk, (m, n, k), x, b, out, ldd, accumulate, scale);
+                        unpacked_product(&pk, (m, n, k), x, b, out, ldd, accumulate, scale, None);
                     }
                     for i in 0..m {
                         for j in 0..ldd {

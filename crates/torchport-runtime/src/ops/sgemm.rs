@@ -91,6 +91,7 @@ pub fn sgemm(
             accumulate,
             scale,
             threads,
+            None,
         )
     }
 }
@@ -137,9 +138,45 @@ pub fn product(
     #[allow(unsafe_code)]
     unsafe {
         new_block(len, |out| {
-            into(m, n, k, a, b, out, n, false, scale, threads)
+            into(m, n, k, a, b, out, n, false, scale, threads, None)
         })
     }
+}
+
+/// What a product does with its output as it finishes it: `f(row, column, values)` for each
+/// stretch of a row, `values` its elements from that column on, once every multiply-add into
+/// them is done, while they are still in the cache (on the thread that computed them). A
+/// convolution adds its bias and residual and applies its activation there, instead of in
+/// passes over the whole output before and after the product.
+pub(crate) type Finish<'a> = &'a (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
+/// `out = a @ b` for `a: [m, k]` and `b: [k, n]` into the `[m, n]` block `out` points to (row
+/// stride `ldd`), split for `threads` threads as [`sgemm`] splits it, each finished stretch
+/// handed to `finish`. Returns false (and writes nothing) when a view does not fit its slice.
+///
+/// # Safety
+///
+/// `out` points to an `[m, n]` block at row stride `ldd` (`>= n` when `m > 1`) that nothing
+/// else reads or writes meanwhile; with `k > 0` every element is written before `finish` (or
+/// anything) reads it.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+pub(crate) unsafe fn into_finished(
+    (m, n, k): (usize, usize, usize),
+    a: Mat,
+    b: Mat,
+    out: Shared,
+    ldd: usize,
+    threads: usize,
+    finish: Option<Finish>,
+) -> bool {
+    if !a.fits(m, k) || !b.fits(k, n) || k == 0 || isize::try_from(ldd).is_err() {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    // SAFETY: the caller's contract, the views checked above.
+    unsafe { into(m, n, k, a, b, out, ldd, false, 1.0, threads, finish) }
 }
 
 /// A new buffer of `len` values written by `fill` (given its start) where `fill` returns
@@ -206,6 +243,7 @@ unsafe fn into(
     accumulate: bool,
     scale: f32,
     threads: usize,
+    finish: Option<Finish>,
 ) -> bool {
     // Over the pool: tiles of the output, one single-threaded product each (see
     // [`tiles`]); where no tiling fits, the gemm's own split.
@@ -247,6 +285,13 @@ unsafe fn into(
                 data: &b.data[cols.start * b.cs..],
                 ..b
             };
+            // The tile's rows and columns are the product's from its corner.
+            let at = |r: usize, j: usize, row: &mut [f32]| {
+                if let Some(f) = finish {
+                    f(rows.start + r, cols.start + j, row)
+                }
+            };
+            let finish: Option<Finish> = finish.map(|_| &at as Finish);
             // SAFETY: as below: the views fit (sub-views of checked ones), k > 0, and the
             // tile of `out` is this call's alone.
             unsafe {
@@ -259,6 +304,7 @@ unsafe fn into(
                     ldd,
                     accumulate,
                     scale,
+                    finish,
                 );
             }
             return;
@@ -291,6 +337,16 @@ unsafe fn into(
                 false,
                 par,
             );
+        }
+        if let Some(f) = finish {
+            for r in rows {
+                // SAFETY: row r of the block holds columns `cols` (inside 0..n), which the
+                // product above has written and nothing else touches.
+                let row = unsafe {
+                    std::slice::from_raw_parts_mut(out.0.add(r * ldd + cols.start), cols.len())
+                };
+                f(r, cols.start, row);
+            }
         }
     };
     if row_bands * col_bands < 2 {
