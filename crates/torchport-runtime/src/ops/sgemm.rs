@@ -591,4 +591,58 @@ mod tests {
             1
         ));
     }
+
+    /// `into_finished` hands every element of the product to `finish` exactly once, after its
+    /// last multiply-add, with its row and column: against a direct product in f64 (values
+    /// exact in f32) plus the row and column `finish` adds, on one thread and on tiles over 2
+    /// and 4 threads, through the microkernels' stretches (several blocks of k, several runs
+    /// of panels) and the gemm crate's matrix-vector products (one row, one column), into a
+    /// block inside a wider output whose other columns stay as they were.
+    #[test]
+    fn finished_products_hand_each_element_to_finish_once() {
+        let cases = [
+            (70, 300, 1100, 1),
+            (131, 300, 700, 2),
+            (200, 131, 100, 4),
+            (1, 200, 300, 2),
+            (150, 1, 90, 2),
+        ];
+        for (m, n, k, threads) in cases {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.25 - 1.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.5 - 1.5).collect();
+            let ldd = n + 3;
+            let mut out = vec![-7.0f32; m * ldd];
+            let finish = |r: usize, j: usize, row: &mut [f32]| {
+                for (c, v) in row.iter_mut().enumerate() {
+                    *v += (1000 * r + j + c) as f32;
+                }
+            };
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            // SAFETY: `out` holds the [m, n] block at row stride n + 3, nothing else touches
+            // it, and k > 0.
+            #[allow(unsafe_code)]
+            let ok = pool.install(|| unsafe {
+                let dst = Shared(out.as_mut_ptr());
+                let (a, b) = (Mat::rows(&a, k), Mat::rows(&b, n));
+                into_finished((m, n, k), a, b, dst, ldd, threads, Some(&finish))
+            });
+            assert!(ok, "{m} x {n} x {k}");
+            for i in 0..m {
+                for j in 0..ldd {
+                    let want = if j < n {
+                        let dot: f64 = (0..k)
+                            .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                            .sum();
+                        (dot + (1000 * i + j) as f64) as f32
+                    } else {
+                        -7.0
+                    };
+                    assert_eq!(out[i * ldd + j], want, "{m}x{n}x{k} at ({i}, {j})");
+                }
+            }
+        }
+    }
 }
