@@ -152,14 +152,15 @@ pub(crate) type Finish<'a> = &'a (dyn Fn(usize, usize, &mut [f32]) + Sync);
 
 /// `out = a @ b` for `a: [m, k]` and `b: [k, n]` into the `[m, n]` block `out` points to (row
 /// stride `ldd`), split for `threads` threads as [`sgemm`] splits it, each finished stretch
-/// handed to `finish`. Returns false (and writes nothing) when a view does not fit its slice.
+/// handed to `finish`. Returns false (and writes nothing) when a view does not fit its slice
+/// or `k` is 0.
 ///
 /// # Safety
 ///
 /// `out` points to an `[m, n]` block at row stride `ldd` (`>= n` when `m > 1`) that nothing
 /// else reads or writes meanwhile; with `k > 0` every element is written before `finish` (or
 /// anything) reads it.
-#[allow(unsafe_code, clippy::too_many_arguments)]
+#[allow(unsafe_code)]
 pub(crate) unsafe fn into_finished(
     (m, n, k): (usize, usize, usize),
     a: Mat,
