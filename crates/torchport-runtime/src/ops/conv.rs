@@ -567,14 +567,14 @@ pub(crate) fn winograd_weight(w: &Tensor) -> Option<Tensor> {
     Tensor::from_vec(u, len, w.device()).ok()
 }
 
-/// `torchport.conv2d_winograd`.
-fn conv2d_winograd(a: &Args) -> OpResult<Outputs> {
-    let x = float(&a.tensor("input")?)?;
-    let u = a.tensor("weight")?;
+/// The `weight_shape` (`[out, in, kh, kw]`; a negative size reads as `usize::MAX`, which no
+/// stored weight holds) and the parameters of a convolution node the load rewrote to read its
+/// weight in another layout (`small::TARGET`, [`WINOGRAD_TARGET`]): 2-d, integer padding,
+/// groups 1.
+fn rewritten_conv(a: &Args) -> OpResult<([usize; 4], Params)> {
     let shape = a.ints("weight_shape")?;
-    let [co, ci] = match shape.as_slice() {
-        &[co, ci, 3, 3] => [co, ci].map(|v| usize::try_from(v).unwrap_or(usize::MAX)),
-        _ => op_bail!("weight_shape must be [out, in, 3, 3], got {shape:?}"),
+    let &[co, ci, kh, kw] = shape.as_slice() else {
+        op_bail!("weight_shape must be [out, in, kh, kw], got {shape:?}");
     };
     let p = Params {
         stride: pair(&a.ints_or("stride", &[1])?, "stride", false)?,
@@ -583,8 +583,23 @@ fn conv2d_winograd(a: &Args) -> OpResult<Outputs> {
         groups: usize_of(a.int_or("groups", 1)?, "groups")?,
         act: fused_act(a)?,
     };
-    if p.groups != 1 || p.stride != [1, 1] || p.dilation != [1, 1] {
-        op_bail!("a Winograd convolution has groups, stride and dilation 1");
+    if p.groups != 1 {
+        op_bail!(
+            "a convolution with its weight stored for it has groups 1, got {}",
+            p.groups
+        );
+    }
+    let shape = [co, ci, kh, kw].map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+    Ok((shape, p))
+}
+
+/// `torchport.conv2d_winograd`.
+fn conv2d_winograd(a: &Args) -> OpResult<Outputs> {
+    let x = float(&a.tensor("input")?)?;
+    let u = a.tensor("weight")?;
+    let ([co, ci, kh, kw], p) = rewritten_conv(a)?;
+    if [kh, kw] != [3, 3] || p.stride != [1, 1] || p.dilation != [1, 1] {
+        op_bail!("a Winograd convolution has a 3x3 kernel, stride and dilation 1");
     }
     let fits = ci.checked_mul(co).and_then(|v| v.checked_mul(16)) == Some(u.elem_count());
     if u.rank() != 1 || u.dtype() != DType::F32 || !fits {

@@ -17,14 +17,14 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{fused_act, fused_residual, im2col, out_len, pair, reads_in_place, Act, Params, Shape};
+use super::{fused_residual, im2col, out_len, reads_in_place, Act, Params, Shape};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::fused::{with_f32, Spare};
 use crate::ops::packed::{sgemm_packed, Packed, Packing};
 use crate::ops::sgemm::Mat;
 use crate::ops::tile::{transpose, SIDE};
-use crate::ops::{float, usize_of, Registry};
+use crate::ops::{float, Registry};
 use crate::value::{one, Args, Outputs};
 
 /// The node target of a convolution whose weight is packed: the arguments of
@@ -51,25 +51,7 @@ pub fn register(r: &mut Registry) {
 fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let w = a.tensor("weight")?;
-    let shape = a.ints("weight_shape")?;
-    let [co, ci, kh, kw] = match shape.as_slice() {
-        &[co, ci, kh, kw] => [co, ci, kh, kw].map(|v| usize::try_from(v).unwrap_or(usize::MAX)),
-        _ => op_bail!("weight_shape must be [out, in, kh, kw], got {shape:?}"),
-    };
-    let stride = pair(&a.ints_or("stride", &[1])?, "stride", false)?;
-    let padding = pair(&a.ints_or("padding", &[0])?, "padding", false)?;
-    let dilation = pair(&a.ints_or("dilation", &[1])?, "dilation", false)?;
-    let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
-    if groups != 1 {
-        op_bail!("a packed convolution has groups 1, got {groups}");
-    }
-    let p = Params {
-        stride,
-        padding,
-        dilation,
-        groups,
-        act: fused_act(a)?,
-    };
+    let ([co, ci, kh, kw], p) = super::rewritten_conv(a)?;
     let (n, c, h, wd) = match x.dims() {
         &[n, c, h, wd] if x.dtype() == DType::F32 => (n, c, h, wd),
         d => op_bail!(
@@ -108,7 +90,7 @@ fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
         op_bail!("this CPU has no microkernel for packed weights");
     };
     let Some(k) = ci.checked_mul(kh).and_then(|v| v.checked_mul(kw)) else {
-        op_bail!("weight_shape {shape:?} is too large");
+        op_bail!("weight_shape {:?} is too large", [co, ci, kh, kw]);
     };
     if w.rank() != 1 || packing.len(co, k) != Some(w.elem_count()) || w.dtype() != DType::F32 {
         op_bail!(
