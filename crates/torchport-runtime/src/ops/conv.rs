@@ -810,13 +810,10 @@ fn conv_gemm(
                         |(cols, prod), (dst, imgs)| group(cols, prod, dst, imgs),
                     )
                     .all(|ok| ok)
-            } else if n > 1 {
+            } else {
+                // The images side by side (a lone image on this thread).
                 out.par_chunks_mut(co * pix)
                     .zip(xs.par_chunks(per_image))
-                    .all(|(dst, img)| one_image(img, dst, share))
-            } else {
-                out.chunks_mut(co * pix)
-                    .zip(xs.chunks(per_image))
                     .all(|(dst, img)| one_image(img, dst, share))
             };
             ok.then_some(out)
