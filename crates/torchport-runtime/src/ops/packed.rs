@@ -764,6 +764,7 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::sgemm::direct_f64;
     use candle_core::DType;
 
     /// `w` (`[n, k]`, row-major) packed from its little-endian bytes; and the same values
@@ -922,11 +923,10 @@ mod tests {
                 1.0,
                 1
             ));
+            let dots = direct_f64((m, n, k), |j, p| xt[p * m + j], |p, i| w[i * k + p]);
             for j in 0..m {
                 for i in 0..ldd {
-                    let dot: f64 = (0..k)
-                        .map(|p| f64::from(xt[p * m + j]) * f64::from(w[i.min(n - 1) * k + p]))
-                        .sum();
+                    let dot = dots[j * n + i.min(n - 1)];
                     let want = if i < n { 2.0 + 0.5 * dot } else { 2.0 };
                     assert_eq!(got[j * ldd + i], want as f32, "{m}x{n}x{k} at ({j}, {i})");
                     if i < n {
@@ -985,14 +985,12 @@ mod tests {
                         let out = Shared(got.as_mut_ptr());
                         unpacked_product(&pk, (m, n, k), x, b, out, ldd, accumulate, scale, None);
                     }
+                    let dots = direct_f64((m, n, k), |i, p| xt[p * m + i], |p, j| bv[p * n + j]);
                     for i in 0..m {
                         for j in 0..ldd {
                             let want = if j < n {
-                                let dot: f64 = (0..k)
-                                    .map(|p| f64::from(xt[p * m + i]) * f64::from(bv[p * n + j]))
-                                    .sum();
                                 let before = if accumulate { 2.0 } else { 0.0 };
-                                before + f64::from(scale) * dot
+                                before + f64::from(scale) * dots[i * n + j]
                             } else {
                                 2.0
                             };

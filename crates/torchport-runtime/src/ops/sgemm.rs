@@ -407,6 +407,27 @@ unsafe impl Send for Shared {}
 #[allow(unsafe_code)]
 unsafe impl Sync for Shared {}
 
+/// `x @ y` in f64, row-major `[m, n]`, for `x: [m, k]` and `y: [k, n]` read through `x(i, p)`
+/// and `y(p, j)`: the products' tests' reference (their values exact in f32, so that the
+/// order of the sums does not matter).
+#[cfg(test)]
+pub(crate) fn direct_f64(
+    (m, n, k): (usize, usize, usize),
+    x: impl Fn(usize, usize) -> f32,
+    y: impl Fn(usize, usize) -> f32,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k)
+                .map(|p| f64::from(x(i, p)) * f64::from(y(p, j)))
+                .sum();
+            out.push(dot);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,13 +652,11 @@ mod tests {
                 into_finished((m, n, k), a, b, dst, ldd, threads, Some(&finish))
             });
             assert!(ok, "{m} x {n} x {k}");
+            let dots = direct_f64((m, n, k), |i, p| a[i * k + p], |p, j| b[p * n + j]);
             for i in 0..m {
                 for j in 0..ldd {
                     let want = if j < n {
-                        let dot: f64 = (0..k)
-                            .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
-                            .sum();
-                        (dot + (1000 * i + j) as f64) as f32
+                        (dots[i * n + j] + (1000 * i + j) as f64) as f32
                     } else {
                         -7.0
                     };
