@@ -4,12 +4,14 @@
 //! CPUs read from the input planes in place with masked loads (`plane_avx512`); anything
 //! else by the planes' stride phases (`PlaneGeometry`, `depthwise_plane`).
 
+use std::mem::MaybeUninit;
+
 use candle_core::Tensor;
 
 use super::{out_len, small_f32, Params};
 use crate::error::OpResult;
 use crate::op_bail;
-use crate::ops::fused::{self, with_f32, Spare};
+use crate::ops::fused::{with_f32, Spare};
 use crate::ops::{f32_vec, from_f32};
 use blocks::{depthwise_block, BlockPlan, CHANNEL_BLOCK, SMALL_OUTPUT};
 use in_place::plane_in_place;
@@ -124,13 +126,16 @@ fn depthwise_by(
     {
         op_bail!("the depthwise path {path:?} does not apply");
     }
-    let mut out = fused::zeros(n * co * oh * ow);
+    // Every path writes each output value once (its activation applied): new memory, not
+    // zeroed first (a pass as long as the convolution's own on large planes).
+    let len = n * co * oh * ow;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
     let mut compute = |ws: &[f32]| {
         if oh * ow == 0 {
             return Ok(());
         }
         let geo = PlaneGeometry::new([h, wd], [kh, kw], [oh, ow], p);
-        let planes = |out: &mut [f32], xs: &[f32]| {
+        let planes = |out: &mut [MaybeUninit<f32>], xs: &[f32]| {
             out.par_chunks_mut(oh * ow).enumerate().for_each_init(
                 || match path {
                     Path::InPlace => (Spare::take(), Spare::take()),
@@ -142,11 +147,10 @@ fn depthwise_by(
                     let ker = &ws[oc * kh * kw..][..kh * kw];
                     let b0 = bias.as_ref().map_or(0., |bias| bias[oc]);
                     if path == Path::InPlace {
-                        plane_in_place(dst, src, ker, b0, &geo);
+                        plane_in_place(dst, src, ker, b0, p.act, &geo);
                     } else {
-                        depthwise_plane(dst, src, ker, b0, &geo, phases, wide);
+                        depthwise_plane(dst, src, ker, b0, p.act, &geo, phases, wide);
                     }
-                    p.act.apply(dst);
                 },
             )
         };
@@ -154,7 +158,7 @@ fn depthwise_by(
         // computed with the channels innermost (see `depthwise_block`).
         let plan =
             matches!(path, Path::Blocks | Path::PortableBlocks).then(|| BlockPlan::new(ws, &geo));
-        let blocks = |out: &mut [f32], xs: &[f32], plan: &BlockPlan| {
+        let blocks = |out: &mut [MaybeUninit<f32>], xs: &[f32], plan: &BlockPlan| {
             let pix = oh * ow;
             out.par_chunks_mut(co * pix)
                 .zip(xs.par_chunks(c * h * wd))
@@ -165,20 +169,27 @@ fn depthwise_by(
                         .for_each(|(blk, dst)| {
                             let c0 = blk * CHANNEL_BLOCK;
                             let simd = path == Path::Blocks;
-                            depthwise_block(img, plan, bias.as_deref(), c0, &geo, dst, simd);
-                            p.act.apply(dst);
+                            let b = bias.as_deref();
+                            depthwise_block(img, plan, b, c0, &geo, p.act, dst, simd);
                         })
                 });
         };
-        let run = |out: &mut [f32], xs: &[f32]| match &plan {
+        let run = |out: &mut [MaybeUninit<f32>], xs: &[f32]| match &plan {
             Some(plan) => blocks(out, xs, plan),
             None => planes(out, xs),
         };
         // The input is read in place when it is contiguous f32, copied otherwise.
         let x = x.contiguous()?;
-        if with_f32(&x, |xs| run(&mut out, xs)).is_none() {
-            run(&mut out, &f32_vec(&x)?);
+        let spare = &mut out.spare_capacity_mut()[..len];
+        if with_f32(&x, |xs| run(spare, xs)).is_none() {
+            run(spare, &f32_vec(&x)?);
         }
+        // SAFETY: `run` wrote all `len` values of the capacity (every path writes each value
+        // of each plane or block it is given, and the planes and blocks cover the output).
+        #[allow(unsafe_code)]
+        unsafe {
+            out.set_len(len)
+        };
         Ok::<(), crate::error::OpError>(())
     };
     // The weights are read in place when contiguous f32 (a parameter's), copied otherwise.
@@ -224,7 +235,8 @@ mod tests {
         assert_eq!(got, want);
     }
 
-    /// The depthwise kernels (`depthwise`, every path) on uneven sizes against candle's grouped
+    /// The depthwise kernels (`depthwise`, every path, each activation they apply as they
+    /// write: none, relu, hardswish, silu) on uneven sizes against candle's grouped
     /// conv2d (im2col, a different algorithm) for one stride, padding and dilation per case,
     /// and against the dense gemm path (`conv_gemm`, one channel at a time) for different
     /// strides, paddings and dilations per dim: strides 1-3, multiplier 1 and 2, taps that
@@ -320,14 +332,23 @@ mod tests {
                 }
                 .broadcast_add(&b.reshape((1, (), 1, 1)).unwrap())
                 .unwrap();
+            let acts = [Act::None, Act::Relu, Act::Hardswish, Act::Silu];
+            let wants: Vec<Tensor> = acts.iter().map(|a| a.apply_to(&want).unwrap()).collect();
             for path in paths {
-                let got = depthwise_by(&x, &w, Some(&b), &p, Some(path)).unwrap();
-                assert_eq!(got.dims(), want.dims(), "{xs:?} k {kh}x{kw}");
-                let diff = crate::ops::max_abs_diff(&got, &want);
-                assert!(
-                    diff < 1e-4,
-                    "{path:?}: {xs:?} m {m} k {kh}x{kw} stride {stride:?} pad {padding:?} dil {dilation:?}: {diff}"
-                );
+                for (&act, want) in acts.iter().zip(&wants) {
+                    // The output is new memory each path writes once: a freed buffer of its
+                    // size, full of NaN, is what the allocator hands out next, so a value
+                    // left unwritten shows.
+                    drop(std::hint::black_box(vec![f32::NAN; want.elem_count()]));
+                    let p = Params { act, ..p };
+                    let got = depthwise_by(&x, &w, Some(&b), &p, Some(path)).unwrap();
+                    assert_eq!(got.dims(), want.dims(), "{xs:?} k {kh}x{kw}");
+                    let diff = crate::ops::max_abs_diff(&got, want);
+                    assert!(
+                        diff < 1e-4,
+                        "{path:?} {act:?}: {xs:?} m {m} k {kh}x{kw} stride {stride:?} pad {padding:?} dil {dilation:?}: {diff}"
+                    );
+                }
             }
         }
     }

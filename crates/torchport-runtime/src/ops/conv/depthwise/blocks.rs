@@ -1,6 +1,9 @@
 //! The blocks path of depthwise convolutions: channels held innermost, 16 at a time.
 
+use std::mem::MaybeUninit;
+
 use super::PlaneGeometry;
+use crate::ops::conv::Act;
 use crate::ops::fused::{self, Spare};
 #[cfg(target_arch = "x86_64")]
 use crate::ops::tile::transpose16;
@@ -97,14 +100,16 @@ impl BlockPlan {
 /// each tap in turn, a vector over the channels ([`block_sums`]); the result transposed
 /// back into `dst` ([`transpose_out`]). On planes of a few pixels this vectorises over
 /// channels where the spatial path works on a few pixels at a time (BENCHMARKS.md, issue
-/// 14). `c0` is a multiple of [`LANES`].
+/// 14). The sums get activation `act` before they are transposed out; every value of `dst`
+/// is written. `c0` is a multiple of [`LANES`].
 pub(super) fn depthwise_block(
     img: &[f32],
     plan: &BlockPlan,
     bias: Option<&[f32]>,
     c0: usize,
     g: &PlaneGeometry,
-    dst: &mut [f32],
+    act: Act,
+    dst: &mut [MaybeUninit<f32>],
     simd: bool,
 ) {
     let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
@@ -141,6 +146,7 @@ pub(super) fn depthwise_block(
             b0[..cn].copy_from_slice(&b[j0..j0 + cn]);
         }
         block_sums(xt, wt, &b0, yt, &plan.taps, simd);
+        act.apply(yt);
         transpose_out(yt, dst, simd);
     }
 }
@@ -182,8 +188,9 @@ fn transpose_in(planes: &[f32], pix: usize, xt: &mut [f32], rows_of: &[Option<us
 }
 
 /// `dst[j][q] = yt[q][j]` for the channels `j` of `dst` (at most [`LANES`] planes of as many
-/// pixels as `yt` has rows of [`LANES`]), as [`transpose_in`] does it.
-fn transpose_out(yt: &[f32], dst: &mut [f32], simd: bool) {
+/// pixels as `yt` has rows of [`LANES`]), as [`transpose_in`] does it: every value of `dst`
+/// written.
+fn transpose_out(yt: &[f32], dst: &mut [MaybeUninit<f32>], simd: bool) {
     let pix = yt.len() / LANES;
     let cn = dst.len() / pix;
     assert!(cn <= LANES && dst.len() == cn * pix && yt.len() == pix * LANES);
@@ -204,7 +211,7 @@ fn transpose_out(yt: &[f32], dst: &mut [f32], simd: bool) {
                 .iter_mut()
                 .zip(yt[t0 * LANES..].chunks_exact(LANES))
             {
-                *d = row[j];
+                d.write(row[j]);
             }
         }
     }
@@ -252,7 +259,14 @@ unsafe fn tile_in_avx512(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(unsafe_code)]
-unsafe fn tile_out_avx512(yt: &[f32], dst: &mut [f32], pix: usize, cn: usize, t0: usize, n: usize) {
+unsafe fn tile_out_avx512(
+    yt: &[f32],
+    dst: &mut [MaybeUninit<f32>],
+    pix: usize,
+    cn: usize,
+    t0: usize,
+    n: usize,
+) {
     use std::arch::x86_64::*;
     let mask: __mmask16 = ((1u32 << n) - 1) as u16;
     // Loops of constant length (a condition inside), so that the rows stay in registers.
@@ -265,7 +279,7 @@ unsafe fn tile_out_avx512(yt: &[f32], dst: &mut [f32], pix: usize, cn: usize, t0
     transpose16(&mut r);
     for (j, r) in r.iter().enumerate() {
         if j < cn {
-            _mm512_mask_storeu_ps(dst.as_mut_ptr().add(j * pix + t0), mask, *r);
+            _mm512_mask_storeu_ps(dst.as_mut_ptr().cast::<f32>().add(j * pix + t0), mask, *r);
         }
     }
 }

@@ -1,15 +1,20 @@
 //! The in-place path of depthwise convolutions: 3x3 and 5x5 kernels read from the input
 //! planes with AVX-512 masked loads.
 
-use super::{Path, PlaneGeometry};
+use std::mem::MaybeUninit;
 
-/// One output plane of a depthwise convolution read from its input plane in place
-/// ([`plane_avx512`]), on a CPU, kernel and stride [`Path::in_place_applies`] found able.
+use super::{Path, PlaneGeometry};
+use crate::ops::conv::Act;
+
+/// One output plane of a depthwise convolution, with activation `act`, read from its input
+/// plane in place ([`plane_avx512`]), on a CPU, kernel and stride [`Path::in_place_applies`]
+/// found able. Writes every value of `dst`.
 pub(super) fn plane_in_place(
-    dst: &mut [f32],
+    dst: &mut [MaybeUninit<f32>],
     src: &[f32],
     ker: &[f32],
     bias: f32,
+    act: Act,
     g: &PlaneGeometry,
 ) {
     let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
@@ -27,10 +32,10 @@ pub(super) fn plane_in_place(
     #[allow(unsafe_code)]
     unsafe {
         match (kh, g.stride[0]) {
-            (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, g),
-            (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, g),
-            (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, g),
-            _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, g),
+            (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, act, g),
+            (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, act, g),
+            (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, act, g),
+            _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, act, g),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -44,7 +49,8 @@ pub(super) fn plane_in_place(
 /// and added into every output row it reaches. A read is 16 contiguous values (stride 1),
 /// or 32 whose even ones are kept (stride 2), by masked loads that leave out the values
 /// outside the row (the padding; rows outside the plane are skipped): no padded copy is
-/// made, and each chunk is stored straight into `dst` (masked where the row ends).
+/// made, and each chunk gets the activation and is stored straight into `dst` (masked where
+/// the row ends), which is written once, never read: its memory need not be initialised.
 ///
 /// # Safety
 /// AVX-512F and FMA; `g`'s kernel `KH x KW` (3x3 or 5x5), both strides `S` (1 or 2),
@@ -54,10 +60,11 @@ pub(super) fn plane_in_place(
 #[target_feature(enable = "avx512f,fma")]
 #[allow(unsafe_code)]
 unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
-    dst: &mut [f32],
+    dst: &mut [MaybeUninit<f32>],
     src: &[f32],
     ker: &[f32],
     bias: f32,
+    act: Act,
     g: &PlaneGeometry,
 ) {
     use std::arch::x86_64::*;
@@ -85,7 +92,7 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     let b = _mm512_set1_ps(bias);
     // The even lanes of two registers (stride 2).
     let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
     for y in (0..oh).step_by(rows) {
         let n = rows.min(oh - y);
         for x0 in (0..ow).step_by(16) {
@@ -130,7 +137,7 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
             input_row!(0 1 2 3 4 5 6 7 8);
             let keep = lanes(0, (ow - x0) as isize);
             for (k, a) in acc.iter().enumerate().take(n) {
-                _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, *a);
+                _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, act.apply_m512(*a));
             }
         }
     }

@@ -1,7 +1,9 @@
 //! The phases path of depthwise convolutions: any kernel, stride and dilation, by the
 //! padded input plane split into its stride phases.
 
-use crate::ops::conv::{strided_copy, Params};
+use std::mem::MaybeUninit;
+
+use crate::ops::conv::{strided_copy, Act, Params};
 use crate::ops::fused::{self, Spare};
 
 /// The geometry of one depthwise convolution's planes (read by every path), and the layout
@@ -103,7 +105,7 @@ impl PlaneGeometry {
 
 /// One depthwise plane (any stride, padding and dilation) as `kh * kw` long contiguous
 /// multiply-adds over the phase planes of [`PlaneGeometry`], then the valid `ow` columns of
-/// each `wq`-wide output row copied into `dst`. `phases` and `wide` are scratch buffers
+/// each `wq`-wide output row, with activation `act`, written into `dst`. `phases` and `wide` are scratch buffers
 /// reused across planes, from [`PlaneGeometry::scratch`] (only the phases' elements that
 /// hold input are written here, so their padding stays zero). The runs stay in bounds: a valid output `(y, x)` reads phase element
 /// `(y + qy, x + qx)` with `x + qx < wq` and `y + qy < hq` (its padded coordinates are inside
@@ -113,10 +115,11 @@ impl PlaneGeometry {
 /// whole blocks only), over as many zeros more at the end of `phases`: the outputs past the
 /// last valid one are scratch too.
 pub(super) fn depthwise_plane(
-    dst: &mut [f32],
+    dst: &mut [MaybeUninit<f32>],
     src: &[f32],
     ker: &[f32],
     bias: f32,
+    act: Act,
     g: &PlaneGeometry,
     phases: &mut [f32],
     wide: &mut [f32],
@@ -143,7 +146,9 @@ pub(super) fn depthwise_plane(
     }
     depthwise_taps(wide, phases, ker, &g.tap_start, bias);
     for (y, row) in dst.chunks_mut(g.ow).enumerate().take(g.oh) {
-        row.copy_from_slice(&wide[y * wq..][..g.ow]);
+        let sums = &mut wide[y * wq..][..g.ow];
+        act.apply(sums);
+        fused::put(row, sums);
     }
 }
 
