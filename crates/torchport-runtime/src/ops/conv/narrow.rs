@@ -224,7 +224,14 @@ fn narrow(
                             pixels: PIXELS.min(s1 - q),
                             plane: pixels,
                         };
-                        block_avx512(&block, w, bias, res, act, [o, rows], dst);
+                        // A last group of fewer rows is computed as 2 or 4: the 16 and 32
+                        // channels of a first convolution took 3 groups of 6 (18) and 6 (36).
+                        let at = [o, rows];
+                        match rows {
+                            1 | 2 => block_avx512::<2>(&block, w, bias, res, act, at, dst),
+                            3 | 4 => block_avx512::<4>(&block, w, bias, res, act, at, dst),
+                            _ => block_avx512::<ROWS>(&block, w, bias, res, act, at, dst),
+                        }
                     }
                 }
             }
@@ -255,20 +262,21 @@ struct Block {
     plane: usize,
 }
 
-/// Output channels `o..o + rows` (`rows <= ROWS`) of one block of output pixels: `bias[o +
-/// r]` plus `w[o + r, i] * cols[i][pixel]` for each column row `i` in order, plus the
-/// residual's element (`res[(o + r) * plane + at + pixel]`), activated ([`Act::apply_m512`])
-/// and stored at `dst[(o + r) * plane + at + pixel]`.
+/// Output channels `o..o + rows` (`rows <= R`, `R` at most [`ROWS`]) of one block of output
+/// pixels: `bias[o + r]` plus `w[o + r, i] * cols[i][pixel]` for each column row `i` in
+/// order, plus the residual's element (`res[(o + r) * plane + at + pixel]`), activated
+/// ([`Act::apply_m512`]) and stored at `dst[(o + r) * plane + at + pixel]`. `R` rows are
+/// summed (those past `rows` repeat the last one, and are not stored).
 ///
 /// # Safety
 /// AVX-512F and FMA; `block.cols` points to `k = w.len() / bias.len()` rows of at least
-/// `block.pixels` values, `block.step` apart; `w` is `[co, k]` with `co = bias.len()`, `o +
-/// rows <= co`, `block.at + block.pixels <= block.plane`; `res` (if any) points to `co`
-/// planes of `block.plane` values, and `dst` to `co` planes that nothing else reads or
-/// writes at the block's elements meanwhile.
+/// `block.pixels` values, `block.step` apart; `w` is `[co, k]` with `co = bias.len()`,
+/// `1 <= rows <= R`, `o + rows <= co`, `block.at + block.pixels <= block.plane`; `res` (if
+/// any) points to `co` planes of `block.plane` values, and `dst` to `co` planes that nothing
+/// else reads or writes at the block's elements meanwhile.
 #[target_feature(enable = "avx512f,fma")]
 #[allow(unsafe_code)]
-unsafe fn block_avx512(
+unsafe fn block_avx512<const R: usize>(
     block: &Block,
     w: &[f32],
     bias: &[f32],
@@ -287,7 +295,7 @@ unsafe fn block_avx512(
     let masks: [__mmask16; V] = std::array::from_fn(mask);
     // Rows past the last output channel repeat it: computed, never stored.
     let row = |r: usize| o + r.min(rows - 1);
-    let mut acc = [[_mm512_setzero_ps(); V]; ROWS];
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
     for (r, a) in acc.iter_mut().enumerate() {
         *a = [_mm512_set1_ps(bias[row(r)]); V];
     }
