@@ -6,9 +6,12 @@ use std::mem::MaybeUninit;
 use super::{Path, PlaneGeometry};
 use crate::ops::conv::Act;
 
-/// One output plane of a depthwise convolution, with activation `act`, read from its input
-/// plane in place ([`plane_avx512`]), on a CPU, kernel and stride [`Path::in_place_applies`]
-/// found able. Writes every value of `dst`.
+/// One output plane of a depthwise convolution read from its input plane in place
+/// ([`plane_avx512`]), on a CPU, kernel and stride [`Path::in_place_applies`] found able,
+/// then activation `act` over it. Writes every value of `dst`. The activation is a pass of
+/// its own over the plane (in the cache): applied to the sums in registers before they were
+/// stored, silu's constants left the 5x5 kernels short of registers (EfficientNet-B0's 144
+/// channels 5x5 at stride 2 on 56 x 56, 1 thread: 0.29 -> 0.33 ms; BENCHMARKS.md, issue 14).
 pub(super) fn plane_in_place(
     dst: &mut [MaybeUninit<f32>],
     src: &[f32],
@@ -28,15 +31,17 @@ pub(super) fn plane_in_place(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU has the features, the kernel is 3x3 or 5x5 at dilation 1 and equal
     // strides of 1 or 2, and the slices have the lengths the function requires (all
-    // asserted).
+    // asserted); `plane_avx512` writes every value of `dst`, which may then be read.
     #[allow(unsafe_code)]
     unsafe {
         match (kh, g.stride[0]) {
-            (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, act, g),
-            (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, act, g),
-            (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, act, g),
-            _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, act, g),
+            (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, g),
+            (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, g),
+            (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, g),
+            _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, g),
         }
+        let d = std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len());
+        act.apply(d);
     }
     #[cfg(not(target_arch = "x86_64"))]
     panic!("depthwise in place: only on x86-64 with AVX-512");
@@ -49,8 +54,8 @@ pub(super) fn plane_in_place(
 /// and added into every output row it reaches. A read is 16 contiguous values (stride 1),
 /// or 32 whose even ones are kept (stride 2), by masked loads that leave out the values
 /// outside the row (the padding; rows outside the plane are skipped): no padded copy is
-/// made, and each chunk gets the activation and is stored straight into `dst` (masked where
-/// the row ends), which is written once, never read: its memory need not be initialised.
+/// made, and each chunk is stored straight into `dst` (masked where the row ends): every
+/// value written once, none read, so its memory need not be initialised.
 ///
 /// # Safety
 /// AVX-512F and FMA; `g`'s kernel `KH x KW` (3x3 or 5x5), both strides `S` (1 or 2),
@@ -64,7 +69,6 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     src: &[f32],
     ker: &[f32],
     bias: f32,
-    act: Act,
     g: &PlaneGeometry,
 ) {
     use std::arch::x86_64::*;
@@ -137,7 +141,7 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
             input_row!(0 1 2 3 4 5 6 7 8);
             let keep = lanes(0, (ow - x0) as isize);
             for (k, a) in acc.iter().enumerate().take(n) {
-                _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, act.apply_m512(*a));
+                _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, *a);
             }
         }
     }
