@@ -50,12 +50,15 @@ pub(super) fn plane_in_place(
 /// [`plane_in_place`] for a `KH x KW` kernel at stride `S` (1 or 2): the output in chunks of
 /// 16 pixels of a row, four rows of a chunk (two for 5x5 at stride 2) summed together in
 /// registers, with the kernel's
-/// weights held in registers too. Each input row the four need is read once per tap column
-/// and added into every output row it reaches. A read is 16 contiguous values (stride 1),
-/// or 32 whose even ones are kept (stride 2), by masked loads that leave out the values
-/// outside the row (the padding; rows outside the plane are skipped): no padded copy is
-/// made, and each chunk is stored straight into `dst` (masked where the row ends): every
-/// value written once, none read, so its memory need not be initialised.
+/// weights held in registers too. Each input row the four need is read once and added into
+/// every output row it reaches: at stride 1 once per tap column, 16 contiguous values; at
+/// stride 2 once for all tap columns, 32 values and the few after them, split into even and
+/// odd columns, each tap column's 16 values the evens or odds moved along by a lane or two
+/// (the loads were the larger part of these kernels' time, two per tap column before).
+/// The reads are masked loads that leave out the values outside the row (the padding; rows
+/// outside the plane are skipped): no padded copy is made, and each chunk is stored straight
+/// into `dst` (masked where the row ends): every value written once, none read, so its
+/// memory need not be initialised.
 ///
 /// # Safety
 /// AVX-512F and FMA; `g`'s kernel `KH x KW` (3x3 or 5x5), both strides `S` (1 or 2),
@@ -94,19 +97,25 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
         }
     }
     let b = _mm512_set1_ps(bias);
-    // The even lanes of two registers (stride 2).
+    // The even and odd lanes of two registers (stride 2).
     let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
     let (s, d) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
     for y in (0..oh).step_by(rows) {
         let n = rows.min(oh - y);
         for x0 in (0..ow).step_by(16) {
             // Per tap column: the first input column it reads, and the lanes of each of the
             // (at most two) loads that lie inside the row.
-            let mut cols = [(0isize, 0 as __mmask16, 0 as __mmask16); KW];
+            let mut cols = [(0isize, 0 as __mmask16); KW];
             for (j, c) in cols.iter_mut().enumerate() {
                 let c0 = (S * x0 + j) as isize - pw as isize;
-                *c = (c0, lanes(-c0, wd - c0), lanes(-c0 - 16, wd - c0 - 16));
+                *c = (c0, lanes(-c0, wd - c0));
             }
+            // Stride 2: the first column read, and the lanes inside the row of its three loads
+            // (of the third, the first three lanes at most are used).
+            let c2 = (S * x0) as isize - pw as isize;
+            let m2 = [0, 16, 32].map(|at| lanes(-c2 - at, wd - c2 - at));
+            let m2 = [m2[0], m2[1], m2[2] & 0b111];
             let mut acc = [b; P];
             // Input row `r` (of the rows `S * y - ph ..`) feeds output row `k` by the
             // kernel's row `i = r - S * k`. Written out per `r` (a literal), so that every
@@ -116,17 +125,34 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
                     let r: usize = $r;
                     let iy = (S * y + r) as isize - ph as isize;
                     if r < S * (n - 1) + KH && iy >= 0 && iy < h {
-                        for (j, &(c0, m0, m1)) in cols.iter().enumerate() {
-                            // Only lanes inside the row are read (a masked load touches no
-                            // other), so the address may lie outside the plane.
-                            let at = s.wrapping_offset(iy * wd + c0);
-                            let v = _mm512_maskz_loadu_ps(m0, at);
-                            let v = if S == 1 {
-                                v
-                            } else {
-                                let hi = _mm512_maskz_loadu_ps(m1, at.wrapping_add(16));
-                                _mm512_permutex2var_ps(v, evens, hi)
-                            };
+                        // Only lanes inside the row are read (a masked load touches no
+                        // other), so the addresses may lie outside the plane.
+                        let vs: [__m512; KW] = if S == 1 {
+                            cols.map(|(c0, m)| {
+                                _mm512_maskz_loadu_ps(m, s.wrapping_offset(iy * wd + c0))
+                            })
+                        } else {
+                            let at = s.wrapping_offset(iy * wd + c2);
+                            let [lo, hi, ex] = [0, 1, 2]
+                                .map(|i| _mm512_maskz_loadu_ps(m2[i], at.wrapping_add(16 * i)));
+                            let e = _mm512_permutex2var_ps(lo, evens, hi);
+                            let o = _mm512_permutex2var_ps(lo, odds, hi);
+                            // The columns after the 32: even ones, then odd ones.
+                            let ee = _mm512_castps_si512(_mm512_permutexvar_ps(evens, ex));
+                            let oe = _mm512_castps_si512(_mm512_permutexvar_ps(odds, ex));
+                            let (e, o) = (_mm512_castps_si512(e), _mm512_castps_si512(o));
+                            // Tap column `j` reads columns `c2 + j + 2 * lane`.
+                            std::array::from_fn(|j| {
+                                _mm512_castsi512_ps(match j {
+                                    0 => e,
+                                    1 => o,
+                                    2 => _mm512_alignr_epi32::<1>(ee, e),
+                                    3 => _mm512_alignr_epi32::<1>(oe, o),
+                                    _ => _mm512_alignr_epi32::<2>(ee, e),
+                                })
+                            })
+                        };
+                        for (j, &v) in vs.iter().enumerate() {
                             for k in 0..rows {
                                 if r >= S * k && r - S * k < KH {
                                     let i = r - S * k;
