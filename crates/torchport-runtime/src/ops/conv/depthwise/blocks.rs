@@ -81,6 +81,8 @@ impl BlockPlan {
                 .collect(),
             out: [oh, ow],
             stride: [sy, sx],
+            kernel: [kh, kw],
+            dilation: [dy, dx],
             wp,
         };
         BlockPlan {
@@ -291,6 +293,9 @@ struct BlockTaps {
     offs: Vec<usize>,
     out: [usize; 2],
     stride: [usize; 2],
+    /// The kernel's height and width, and its dilation (which `offs` are made of).
+    kernel: [usize; 2],
+    dilation: [usize; 2],
     wp: usize,
 }
 
@@ -302,9 +307,10 @@ impl BlockTaps {
 }
 
 /// `yt[q][l] = b0[l] + Σ_t wt[t][l] * xt[base(q) + offs[t]][l]` for every output pixel `q`
-/// and lane `l`, rows of [`LANES`] values: by AVX-512 where the CPU has it
-/// ([`block_sums_avx512`], fused multiply-adds; only if `simd`), else in plain f32
-/// operations (a multiply, then an add). Panics if a tap would read outside `xt`.
+/// and lane `l`, rows of [`LANES`] values: by AVX-512 where the CPU has it (only if `simd`;
+/// fused multiply-adds: [`block_rows_avx512`] for 3- and 5-wide kernels at strides 1 and 2
+/// without dilation, else [`block_sums_avx512`]), else in plain f32 operations (a multiply,
+/// then an add). Panics if a tap would read outside `xt`.
 fn block_sums(
     xt: &[f32],
     wt: &[f32],
@@ -327,10 +333,17 @@ fn block_sums(
     {
         // SAFETY: only instructions the CPU was just found to support; every read and write
         // is inside the slices, as asserted above (the last pixel's furthest tap is the
-        // furthest read).
+        // furthest read); `block_rows_avx512` only for the kernels and strides it takes.
         #[allow(unsafe_code)]
         unsafe {
-            block_sums_avx512(xt, wt, b0, yt, taps)
+            // A row of outputs at a time where a kernel takes it, else pixel by pixel.
+            match (taps.dilation == [1, 1], taps.stride, taps.kernel[1]) {
+                (true, [1, 1], 3) => block_rows_avx512::<3, 1>(xt, wt, b0, yt, taps),
+                (true, [1, 1], 5) => block_rows_avx512::<5, 1>(xt, wt, b0, yt, taps),
+                (true, [2, 2], 3) => block_rows_avx512::<3, 2>(xt, wt, b0, yt, taps),
+                (true, [2, 2], 5) => block_rows_avx512::<5, 2>(xt, wt, b0, yt, taps),
+                _ => block_sums_avx512(xt, wt, b0, yt, taps),
+            }
         }
         return;
     }
@@ -397,5 +410,65 @@ unsafe fn block_sums_avx512(
             }
         }
         q += n;
+    }
+}
+
+/// [`block_sums`] by AVX-512 for a kernel `KW` wide at stride `S` in both dims, dilation 1:
+/// a row of up to eight output pixels at a time, kernel row by kernel row, each input pixel
+/// of the row loaded once and added (times each tap column's weights, loaded once per kernel
+/// row) into every output pixel of the eight it reaches. [`block_sums_avx512`] loads each
+/// input pixel once per output pixel and tap: more loads than multiply-adds.
+///
+/// # Safety
+/// The CPU has AVX-512F and FMA, `taps` is of a `KW`-wide kernel at strides `[S, S]` and
+/// dilation 1, and the bounds [`block_sums`] asserts hold.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[allow(unsafe_code)]
+unsafe fn block_rows_avx512<const KW: usize, const S: usize>(
+    xt: &[f32],
+    wt: &[f32],
+    b0: &[f32; LANES],
+    yt: &mut [f32],
+    taps: &BlockTaps,
+) {
+    use std::arch::x86_64::*;
+    const C: usize = 8;
+    let ([oh, ow], kh, wp) = (taps.out, taps.kernel[0], taps.wp);
+    let (x, y, w) = (xt.as_ptr(), yt.as_mut_ptr(), wt.as_ptr());
+    let bias = _mm512_loadu_ps(b0.as_ptr());
+    for oy in 0..oh {
+        for ox0 in (0..ow).step_by(C) {
+            let n = C.min(ow - ox0);
+            // Input columns (from the chunk's first) that its `n` outputs read.
+            let cols = S * (n - 1) + KW;
+            let mut acc = [bias; C];
+            for i in 0..kh {
+                let wv: [__m512; KW] =
+                    std::array::from_fn(|j| _mm512_loadu_ps(w.add((i * KW + j) * LANES)));
+                let row = x.add(((oy * S + i) * wp + ox0 * S) * LANES);
+                // Constant bounds, so that the loops unroll and every index is a constant;
+                // input column `q` feeds output `o` by tap column `j = q - S * o`.
+                macro_rules! column {
+                    ($($q:literal)*) => {$({
+                        let q: usize = $q;
+                        if q < S * (C - 1) + KW && q < cols {
+                            let xv = _mm512_loadu_ps(row.add(q * LANES));
+                            for (j, &wj) in wv.iter().enumerate() {
+                                if q >= j && (q - j) % S == 0 && (q - j) / S < C {
+                                    let o = (q - j) / S;
+                                    acc[o] = _mm512_fmadd_ps(wj, xv, acc[o]);
+                                }
+                            }
+                        }
+                    })*};
+                }
+                // Columns 0 .. S * (C - 1) + KW: at most 2 * 7 + 5 = 19.
+                column!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18);
+            }
+            for (o, a) in acc.iter().enumerate().take(n) {
+                _mm512_storeu_ps(y.add((oy * ow + ox0 + o) * LANES), *a);
+            }
+        }
     }
 }
