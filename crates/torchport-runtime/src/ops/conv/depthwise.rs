@@ -149,15 +149,15 @@ fn depthwise_by(
                     if path == Path::InPlace {
                         plane_in_place(dst, src, ker, b0, p.act, &geo);
                     } else {
-                        depthwise_plane(dst, src, ker, b0, p.act, &geo, phases, wide);
+                        depthwise_plane(dst, src, ker, b0, p.act, &geo, (phases, wide));
                     }
                 },
             )
         };
         // Small output planes with one output channel per input channel: blocks of channels, each
         // computed with the channels innermost (see `depthwise_block`).
-        let plan =
-            matches!(path, Path::Blocks | Path::PortableBlocks).then(|| BlockPlan::new(ws, &geo));
+        let plan = matches!(path, Path::Blocks | Path::PortableBlocks)
+            .then(|| BlockPlan::new(ws, &geo, p.act));
         let blocks = |out: &mut [MaybeUninit<f32>], xs: &[f32], plan: &BlockPlan| {
             let pix = oh * ow;
             out.par_chunks_mut(co * pix)
@@ -170,7 +170,7 @@ fn depthwise_by(
                             let c0 = blk * CHANNEL_BLOCK;
                             let simd = path == Path::Blocks;
                             let b = bias.as_deref();
-                            depthwise_block(img, plan, b, c0, &geo, p.act, dst, simd);
+                            depthwise_block(img, plan, b, c0, &geo, dst, simd);
                         })
                 });
         };

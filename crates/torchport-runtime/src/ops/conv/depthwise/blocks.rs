@@ -47,12 +47,14 @@ pub(super) struct BlockPlan {
     /// The padded block's length in values (`hp * wp * LANES`).
     len: usize,
     taps: BlockTaps,
+    /// The activation each block's sums get.
+    act: Act,
 }
 
 impl BlockPlan {
     /// The plan for weights `ws` (`[c, kh * kw]`, one output channel per input channel) of
-    /// geometry `g`.
-    pub(super) fn new(ws: &[f32], g: &PlaneGeometry) -> BlockPlan {
+    /// geometry `g`, and activation `act`.
+    pub(super) fn new(ws: &[f32], g: &PlaneGeometry, act: Act) -> BlockPlan {
         let ([h, wd], [kh, kw], [oh, ow]) = ([g.h, g.wd], g.k, [g.oh, g.ow]);
         let ([sy, sx], [ph, pw], [dy, dx]) = (g.stride, g.pad, g.dilation);
         let kk = kh * kw;
@@ -90,6 +92,7 @@ impl BlockPlan {
             rows,
             len: hp * wp * LANES,
             taps,
+            act,
         }
     }
 }
@@ -102,15 +105,14 @@ impl BlockPlan {
 /// each tap in turn, a vector over the channels ([`block_sums`]); the result transposed
 /// back into `dst` ([`transpose_out`]). On planes of a few pixels this vectorises over
 /// channels where the spatial path works on a few pixels at a time (BENCHMARKS.md, issue
-/// 14). The sums get activation `act` before they are transposed out; every value of `dst`
-/// is written. `c0` is a multiple of [`LANES`].
+/// 14). The sums get the plan's activation before they are transposed out; every value of
+/// `dst` is written. `c0` is a multiple of [`LANES`].
 pub(super) fn depthwise_block(
     img: &[f32],
     plan: &BlockPlan,
     bias: Option<&[f32]>,
     c0: usize,
     g: &PlaneGeometry,
-    act: Act,
     dst: &mut [MaybeUninit<f32>],
     simd: bool,
 ) {
@@ -148,7 +150,7 @@ pub(super) fn depthwise_block(
             b0[..cn].copy_from_slice(&b[j0..j0 + cn]);
         }
         block_sums(xt, wt, &b0, yt, &plan.taps, simd);
-        act.apply(yt);
+        plan.act.apply(yt);
         transpose_out(yt, dst, simd);
     }
 }

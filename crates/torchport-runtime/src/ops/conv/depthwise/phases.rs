@@ -105,9 +105,10 @@ impl PlaneGeometry {
 
 /// One depthwise plane (any stride, padding and dilation) as `kh * kw` long contiguous
 /// multiply-adds over the phase planes of [`PlaneGeometry`], then the valid `ow` columns of
-/// each `wq`-wide output row, with activation `act`, written into `dst`. `phases` and `wide` are scratch buffers
-/// reused across planes, from [`PlaneGeometry::scratch`] (only the phases' elements that
-/// hold input are written here, so their padding stays zero). The runs stay in bounds: a valid output `(y, x)` reads phase element
+/// each `wq`-wide output row, with activation `act`, written into `dst`. `scratch` holds
+/// the phase planes and the wide output rows, buffers reused across planes, from
+/// [`PlaneGeometry::scratch`] (only the phases' elements that hold input are written here,
+/// so their padding stays zero). The runs stay in bounds: a valid output `(y, x)` reads phase element
 /// `(y + qy, x + qx)` with `x + qx < wq` and `y + qy < hq` (its padded coordinates are inside
 /// the padded plane), so the run of a tap, `(oh - 1) * wq + ow` long from `qy * wq + qx`, ends
 /// inside its phase; the columns `ow..wq` of a row are scratch that is never copied out. The
@@ -121,8 +122,7 @@ pub(super) fn depthwise_plane(
     bias: f32,
     act: Act,
     g: &PlaneGeometry,
-    phases: &mut [f32],
-    wide: &mut [f32],
+    (phases, wide): (&mut [f32], &mut [f32]),
 ) {
     let ([sy, sx], [ph, pw]) = (g.stride, g.pad);
     let (hq, wq) = (g.hq, g.wq);
