@@ -436,6 +436,8 @@ unsafe fn block_rows_avx512<const KW: usize, const S: usize>(
 ) {
     use std::arch::x86_64::*;
     const C: usize = 8;
+    // The columns a chunk reads, each written out below.
+    const { assert!(S * (C - 1) + KW <= 19) };
     let ([oh, ow], kh, wp) = (taps.out, taps.kernel[0], taps.wp);
     let (x, y, w) = (xt.as_ptr(), yt.as_mut_ptr(), wt.as_ptr());
     let bias = _mm512_loadu_ps(b0.as_ptr());
