@@ -7,7 +7,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use super::fused::{with_f32, Spare};
+use super::fused::{put, with_f32, Spare};
 use super::sgemm::{into_finished, new_block, sgemm, Finish, Mat, Shared};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
@@ -948,21 +948,16 @@ fn starting(
     use std::sync::atomic::{AtomicBool, Ordering};
     let ok = AtomicBool::new(true);
     let image = residual.len() / images.max(1);
-    let copy = |d: &mut [MaybeUninit<f32>], r: &[f32]| {
-        d.iter_mut()
-            .zip(r)
-            .for_each(|(d, &v)| *d = MaybeUninit::new(v));
-    };
     let write = |at: usize, chunk: &mut [MaybeUninit<f32>]| {
         let r = &residual[at..][..chunk.len()];
         let part = PLANES_PER_TASK * plane.max(1);
         if threads > 1 {
             let parts = chunk.par_chunks_mut(part).zip(r.par_chunks(part));
-            parts.for_each(|(d, r)| copy(d, r));
+            parts.for_each(|(d, r)| put(d, r));
         } else {
-            copy(chunk, r);
+            put(chunk, r);
         }
-        // SAFETY: the copy above initialised every element (the chunk is as long as its part
+        // SAFETY: `put` above initialised every element (the chunk is as long as its part
         // of the residual), and `MaybeUninit<f32>` has `f32`'s layout.
         #[allow(unsafe_code)]
         let dst = unsafe {
