@@ -22,7 +22,7 @@
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
 
-use super::sgemm::{block_fits, for_each_tile, new_block, tiles, Finish, Mat, Shared};
+use super::sgemm::{block_fits, finish_rows, for_each_tile, new_block, tiles, Finish, Mat, Shared};
 use super::tile::{transpose, SIDE};
 use super::Registry;
 use crate::error::OpResult;
@@ -585,15 +585,10 @@ unsafe fn kernels(
             i0 += mi;
         }
         if let Some(f) = finish {
-            let cols = panels.cols.clone();
-            for r in j..j + nj {
-                // SAFETY: row r of `out` holds columns `cols` (the caller's contract), which
-                // the microkernels above have just written and nothing else touches.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut(out.0.add(r * ldd + cols.start), cols.len())
-                };
-                f(r, cols.start, row);
-            }
+            // SAFETY: rows `j..j + nj` of `out` hold columns `panels.cols` (the caller's
+            // contract), which the microkernels above have just written and nothing else
+            // touches.
+            unsafe { finish_rows(f, out, ldd, j..j + nj, panels.cols.clone()) };
         }
         j += nj;
     }

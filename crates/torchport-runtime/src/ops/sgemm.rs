@@ -150,6 +150,28 @@ pub fn product(
 /// passes over the whole output before and after the product.
 pub(crate) type Finish<'a> = &'a (dyn Fn(usize, usize, &mut [f32]) + Sync);
 
+/// `finish(r, cols.start, row)` for each row `r` of `rows`, `row` its columns `cols` of the
+/// block `out` points to (row stride `ldd`).
+///
+/// # Safety
+///
+/// Those elements are written, and nothing else reads or writes them meanwhile.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn finish_rows(
+    finish: Finish,
+    out: Shared,
+    ldd: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) {
+    for r in rows {
+        // SAFETY: the caller's contract.
+        let row =
+            unsafe { std::slice::from_raw_parts_mut(out.0.add(r * ldd + cols.start), cols.len()) };
+        finish(r, cols.start, row);
+    }
+}
+
 /// `out = a @ b` for `a: [m, k]` and `b: [k, n]` into the `[m, n]` block `out` points to (row
 /// stride `ldd`), split for `threads` threads as [`sgemm`] splits it, each finished stretch
 /// handed to `finish`. Returns false (and writes nothing) when a view does not fit its slice
@@ -340,14 +362,9 @@ unsafe fn into(
             );
         }
         if let Some(f) = finish {
-            for r in rows {
-                // SAFETY: row r of the block holds columns `cols` (inside 0..n), which the
-                // product above has written and nothing else touches.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut(out.0.add(r * ldd + cols.start), cols.len())
-                };
-                f(r, cols.start, row);
-            }
+            // SAFETY: the block's rows `rows` hold columns `cols` (inside 0..n), which the
+            // product above has written and nothing else touches.
+            unsafe { finish_rows(f, out, ldd, rows, cols) };
         }
     };
     if row_bands * col_bands < 2 {
