@@ -212,13 +212,13 @@ pub(super) fn conv_image(
         act,
         accumulate,
     };
-    step.image(dst, plan(g, threads))
+    step.image(dst, plan(g, threads), threads)
 }
 
 /// How [`conv_image`] splits an image over `threads` threads: `(tile rows per block, whether
 /// each block's steps are split over the threads ([`by_planes`]) rather than each block run
-/// on one, threads)`.
-fn plan(g: &Geometry, threads: usize) -> (usize, bool, usize) {
+/// on one)`.
+fn plan(g: &Geometry, threads: usize) -> (usize, bool) {
     let [th, tw] = g.tiles();
     // Tile rows per block: as many as keep a block's transformed input and products within
     // `BLOCK_BYTES` for each thread that works on it.
@@ -228,9 +228,9 @@ fn plan(g: &Geometry, threads: usize) -> (usize, bool, usize) {
     let rows = th.div_ceil(th.div_ceil(cache_rows(1)).max(threads.min(th)).max(1));
     let rounds = th.div_ceil(rows.max(1)).div_ceil(threads.max(1));
     if threads > 1 && by_planes(g, th * tw, rounds, threads) {
-        (cache_rows(threads), true, threads)
+        (cache_rows(threads), true)
     } else {
-        (rows.max(1), false, threads)
+        (rows.max(1), false)
     }
 }
 
@@ -261,8 +261,9 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
-    /// [`conv_image`] into `dst` by the plan `(rows, split, threads)` ([`plan`]).
-    fn image(&self, dst: &mut [f32], (rows, split, threads): (usize, bool, usize)) -> bool {
+    /// [`conv_image`] into `dst` over `threads` threads by the plan `(rows, split)`
+    /// ([`plan`]).
+    fn image(&self, dst: &mut [f32], (rows, split): (usize, bool), threads: usize) -> bool {
         let g = self.g;
         let Some([oh, ow]) = g.out() else {
             return false;
@@ -672,7 +673,7 @@ mod tests {
                                 act,
                                 accumulate,
                             };
-                            step.image(&mut got, (rows, split, threads))
+                            step.image(&mut got, (rows, split), threads)
                         }
                     };
                     assert!(done);
@@ -711,7 +712,7 @@ mod tests {
             (512, 7, 2, true),
         ];
         for (c, hw, threads, split) in cases {
-            let (rows, got, _) = plan(&g(c, hw), threads);
+            let (rows, got) = plan(&g(c, hw), threads);
             assert_eq!(got, split, "{c} channels, {hw} x {hw}, {threads} threads");
             assert!(rows >= 1 && rows <= hw.div_ceil(2));
         }
