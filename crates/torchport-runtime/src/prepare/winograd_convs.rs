@@ -79,6 +79,8 @@ fn ints(node: &Node, name: &str, default: i64) -> Option<[usize; 2]> {
     let v = match node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg) {
         None => vec![default],
         Some(Argument::AsInts(v)) => v.clone(),
+        // An `int[]` written as a single int, as the kernels' `Args::ints` also takes it.
+        Some(Argument::AsInt(i)) => vec![*i],
         Some(_) => return None,
     };
     pair(&v, name, false).ok()
@@ -90,10 +92,11 @@ mod tests {
     use candle_core::Device;
     use serde_json::json;
 
-    /// Only the 3x3 convolution at stride 1 on a 16 x 16 plane whose weight nothing else
-    /// reads is rewritten, its weight replaced by the transform; a strided one, one on 12 x 12
-    /// (144 pixels), one whose weight another node reads, a 1x1 one, a grouped one and one
-    /// without static sizes are left as they are.
+    /// Only the 3x3 convolutions at stride 1 on a 16 x 16 plane whose weight nothing else
+    /// reads are rewritten (one with its stride written as a list, one as a single int), their
+    /// weights replaced by the transform; a strided one (a list, and a single int), one on
+    /// 12 x 12 (144 pixels), one whose weight another node reads, a 1x1 one, a grouped one and
+    /// one without static sizes are left as they are.
     #[test]
     fn only_convolutions_run_by_winograd_get_their_weight_transformed() {
         let conv = |x: &str, w: &str, y: &str, extra: &[serde_json::Value]| {
@@ -103,6 +106,8 @@ mod tests {
         };
         let stride2 = json!({"name": "stride", "arg": {"as_ints": [2, 2]}});
         let groups2 = json!({"name": "groups", "arg": {"as_int": 2}});
+        let stride1_int = json!({"name": "stride", "arg": {"as_int": 1}});
+        let stride2_int = json!({"name": "stride", "arg": {"as_int": 2}});
         let mut nodes = vec![
             conv("x", "w1", "y1", &[]),
             conv("x", "w2", "y2", &[stride2]),
@@ -111,11 +116,13 @@ mod tests {
             conv("x", "w5", "y5", &[]),
             conv("x", "w6", "y6", &[groups2]),
             conv("x", "w7", "y7", &[]),
+            conv("x", "w8", "y8", &[stride1_int]),
+            conv("x", "w9", "y9", &[stride2_int]),
         ];
         nodes.push(json!({"target": "torch.ops.aten.neg.default", "inputs": [
             {"name": "self", "arg": {"as_tensor": {"name": "w4"}}}],
             "outputs": [{"as_tensor": {"name": "w4n"}}]}));
-        let tensors: [(&str, &[i64], Option<usize>); 9] = [
+        let tensors: [(&str, &[i64], Option<usize>); 11] = [
             ("x", &[1, 16, 16, 16], None),
             ("x12", &[1, 16, 12, 12], None),
             ("y1", &[1, 8, 16, 16], None),
@@ -125,10 +132,13 @@ mod tests {
             ("y5", &[1, 8, 18, 18], None),
             ("y6", &[1, 8, 16, 16], None),
             ("y7", &[1, 8, 16, 16], Some(2)),
+            ("y8", &[1, 8, 16, 16], None),
+            ("y9", &[1, 8, 8, 8], None),
         ];
         let mut graph = crate::prepare::test_graph::graph(nodes, "y1", &tensors);
         let dev = Device::Cpu;
-        let mut weights: HashMap<String, Tensor> = ["w1", "w2", "w3", "w4", "w5", "w6", "w7"]
+        let names = ["w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9"];
+        let mut weights: HashMap<String, Tensor> = names
             .iter()
             .map(|n| {
                 let (ci, k) = match *n {
@@ -140,24 +150,24 @@ mod tests {
                 (n.to_string(), w)
             })
             .collect();
-        let w1 = weights["w1"].clone();
-        assert_eq!(winograd_conv_weights(&graph), ["w1"].into());
-        assert_eq!(transform_winograd_convs(&mut graph, &mut weights), 1);
-        assert_eq!(graph.nodes[0].target, WINOGRAD_TARGET);
-        assert!(graph.nodes[0]
-            .inputs
-            .iter()
-            .any(|a| a.name == "weight_shape"
-                && matches!(&a.arg, Argument::AsInts(s) if s == &[8, 16, 3, 3])));
-        let want = winograd_weight(&w1).unwrap();
-        let diff = crate::ops::max_abs_diff(&weights["w1"], &want);
-        assert_eq!((weights["w1"].dims(), diff), (&[16 * 8 * 16][..], 0.0));
-        for (i, w) in ["w2", "w3", "w4", "w5", "w6", "w7"].iter().enumerate() {
-            assert_eq!(
-                graph.nodes[i + 1].target,
-                "torch.ops.aten.convolution.default"
-            );
-            assert_eq!(weights[*w].rank(), 4, "{w}");
+        let (w1, w8) = (weights["w1"].clone(), weights["w8"].clone());
+        assert_eq!(winograd_conv_weights(&graph), ["w1", "w8"].into());
+        assert_eq!(transform_winograd_convs(&mut graph, &mut weights), 2);
+        for (i, w, original) in [(0, "w1", &w1), (7, "w8", &w8)] {
+            assert_eq!(graph.nodes[i].target, WINOGRAD_TARGET, "{w}");
+            assert!(graph.nodes[i]
+                .inputs
+                .iter()
+                .any(|a| a.name == "weight_shape"
+                    && matches!(&a.arg, Argument::AsInts(s) if s == &[8, 16, 3, 3])));
+            let want = winograd_weight(original).unwrap();
+            let diff = crate::ops::max_abs_diff(&weights[w], &want);
+            assert_eq!((weights[w].dims(), diff), (&[16 * 8 * 16][..], 0.0), "{w}");
+        }
+        let left = ["w2", "w3", "w4", "w5", "w6", "w7", "w9"];
+        for (i, w) in [1, 2, 3, 4, 5, 6, 8].into_iter().zip(left) {
+            assert_eq!(graph.nodes[i].target, "torch.ops.aten.convolution.default");
+            assert_eq!(weights[w].rank(), 4, "{w}");
         }
     }
 }
