@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use candle_core::{DType, Tensor};
 
@@ -66,8 +66,10 @@ pub struct InputInfo {
 pub struct Program {
     ep: ExportedProgram,
     /// Parameters, buffers and constants by placeholder name; buffers the program mutates
-    /// are replaced by their new values after each run.
-    weights: RwLock<HashMap<String, Tensor>>,
+    /// are replaced by their new values after each run. A run reads them where they are
+    /// (from the map as it was when the run started), without copying them into its own
+    /// environment.
+    weights: RwLock<Arc<Env>>,
     /// Buffer mutations, applied after each run.
     mutations: Vec<BufferUpdate>,
     kernels: Vec<Option<OpFn>>,
@@ -76,6 +78,9 @@ pub struct Program {
     outputs: Vec<Argument>,
     /// Per node: values whose last use is this node (freed after it runs).
     frees: Vec<Vec<String>>,
+    /// Per node: whether it is an in-place op (run as its functional form, the result
+    /// bound to the mutated input's name too: [`bind_outputs`]).
+    in_place: Vec<bool>,
     /// Per user input, per dim: the symbol of a dynamic dim and its allowed range.
     dim_ranges: Vec<Vec<Option<DimRange>>>,
 }
@@ -340,15 +345,25 @@ impl Program {
         check_as_strided(g)?;
         crate::views::check_inplace_views(g, &kept)?;
         let frees = last_uses(&ep, &kept);
+        let in_place = g
+            .nodes
+            .iter()
+            .map(|n| crate::ops::functional_name(op_key(&n.target)).is_some())
+            .collect();
+        let weights = weights
+            .into_iter()
+            .map(|(name, t)| (name, Value::Tensor(t)))
+            .collect();
         Ok(Program {
             ep,
-            weights: RwLock::new(weights),
+            weights: RwLock::new(Arc::new(weights)),
             mutations,
             kernels,
             unsupported: unsupported.into_keys().collect(),
             inputs,
             outputs,
             frees,
+            in_place,
             dim_ranges,
         })
     }
@@ -466,24 +481,20 @@ impl Program {
                 got: inputs.len(),
             });
         }
-        let mut env: Env = HashMap::with_capacity(self.ep.graph_module.graph.nodes.len() * 2);
-        for (name, t) in self
-            .weights
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            env.insert(name.clone(), Value::Tensor(t.clone()));
-        }
+        let constants = Arc::clone(&self.weights.read().unwrap_or_else(|e| e.into_inner()));
+        let mut env = Env::with_capacity_and_hasher(
+            self.ep.graph_module.graph.nodes.len() * 2,
+            Default::default(),
+        );
         for (i, (info, t)) in self.inputs.iter().zip(inputs).enumerate() {
             env.insert(info.name.clone(), Value::Tensor(check_input(i, info, t)?));
         }
         check_dynamic_dims(inputs, &self.inputs, &self.dim_ranges)?;
         let g = &self.ep.graph_module.graph;
         for (i, node) in g.nodes.iter().enumerate() {
-            let name = node.name.clone().unwrap_or_else(|| format!("#{i}"));
+            let name = || node.name.clone().unwrap_or_else(|| format!("#{i}"));
             let op_err = |what: String| Error::Op {
-                node: name.clone(),
+                node: name(),
                 target: op_key(&node.target).to_string(),
                 what,
             };
@@ -491,7 +502,8 @@ impl Program {
                 return Err(Error::UnsupportedOps(vec![node.target.clone()]));
             };
             let start = times.as_ref().map(|_| std::time::Instant::now());
-            let outs = crate::ops::call(kernel, &Args::new(node, &env)).map_err(|e| op_err(e.0))?;
+            let args = Args::with_constants(node, &env, &constants);
+            let outs = crate::ops::call(kernel, &args).map_err(|e| op_err(e.0))?;
             if let (Some(t), Some(start)) = (times.as_deref_mut(), start) {
                 let time = start.elapsed();
                 let shape = match outs.first() {
@@ -499,26 +511,36 @@ impl Program {
                     _ => Vec::new(),
                 };
                 t.push(NodeTime {
-                    node: name.clone(),
+                    node: name(),
                     op: op_key(&node.target).to_string(),
                     time,
                     shape,
                 });
             }
-            bind_outputs(node, outs, &mut env).map_err(op_err)?;
+            bind_outputs(
+                node,
+                outs,
+                &mut env,
+                self.in_place[i].then_some(&*constants),
+            )
+            .map_err(op_err)?;
             for dead in &self.frees[i] {
                 env.remove(dead);
             }
         }
+        drop(constants);
         if !self.mutations.is_empty() {
             let mut weights = self.weights.write().unwrap_or_else(|e| e.into_inner());
+            // Runs still going keep the map they started with; this one's updates go into a
+            // copy of it if so (the tensors shared, not copied).
+            let weights = Arc::make_mut(&mut weights);
             for (value, buffer) in &self.mutations {
                 let Some(Value::Tensor(t)) = env.get(value) else {
                     return Err(Error::Program(format!(
                         "the new value '{value}' of a buffer was never computed"
                     )));
                 };
-                weights.insert(buffer.clone(), t.clone());
+                weights.insert(buffer.clone(), Value::Tensor(t.clone()));
             }
         }
         let tv = &g.tensor_values;
@@ -881,6 +903,7 @@ fn bind_outputs(
     node: &crate::schema::Node,
     outs: Vec<Value>,
     env: &mut Env,
+    in_place: Option<&Env>,
 ) -> std::result::Result<(), String> {
     let mut outs = outs.into_iter();
     for arg in &node.outputs {
@@ -920,11 +943,12 @@ fn bind_outputs(
             }
         }
     }
-    // In-place ops (`add_`, `relu_`, `__iand__`) run as their functional form; the result
-    // replaces the mutated input, which later nodes read by its old name. As in torch, the
-    // result keeps the input's shape and dtype.
-    let op = op_key(&node.target);
-    if crate::ops::functional_name(op).is_some() {
+    // In-place ops (`add_`, `relu_`, `__iand__`; `in_place` holds the program's constants
+    // for them) run as their functional form; the result replaces the mutated input, which
+    // later nodes read by its old name. As in torch, the result keeps the input's shape and
+    // dtype.
+    if let Some(constants) = in_place {
+        let op = op_key(&node.target);
         if let (Some(Argument::AsTensor(src)), Some(Argument::AsTensor(dst))) = (
             node.inputs
                 .iter()
@@ -932,8 +956,8 @@ fn bind_outputs(
                 .map(|a| &a.arg),
             node.outputs.first(),
         ) {
-            let (Some(Value::Tensor(old)), Some(Value::Tensor(new))) =
-                (env.get(&src.name), env.get(&dst.name))
+            let old = env.get(&src.name).or_else(|| constants.get(&src.name));
+            let (Some(Value::Tensor(old)), Some(Value::Tensor(new))) = (old, env.get(&dst.name))
             else {
                 return Ok(());
             };
@@ -1230,7 +1254,10 @@ mod tests {
             assert!(folded.len() >= 20, "{name}: {} folds", folded.len());
             // Every folded conv's weight was scaled as it was decoded.
             assert_eq!(prescaled.len(), folded.len(), "{name}");
-            let bits = |t: &Tensor| -> Vec<u32> {
+            let bits = |v: &Value| -> Vec<u32> {
+                let Value::Tensor(t) = v else {
+                    panic!("{name}: a weight that is not a tensor")
+                };
                 let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
                 v.iter().map(|x| x.to_bits()).collect()
             };

@@ -70,19 +70,36 @@ pub enum TensorOrScalar {
     Scalar(Scalar),
 }
 
-/// The environment: every value defined so far, by name.
-pub type Env = HashMap<String, Value>;
+/// The environment: every value defined so far, by name (hashed with foldhash's fast hash:
+/// the names are the program's own, and a run looks several up per node).
+pub type Env = HashMap<String, Value, foldhash::fast::RandomState>;
 
 /// The arguments of one node, resolved against the environment on request.
 pub struct Args<'a> {
     node: &'a Node,
     env: &'a Env,
+    constants: Option<&'a Env>,
 }
 
 impl<'a> Args<'a> {
     /// Arguments of `node`, read from `env`.
     pub fn new(node: &'a Node, env: &'a Env) -> Self {
-        Args { node, env }
+        Args {
+            node,
+            env,
+            constants: None,
+        }
+    }
+
+    /// Arguments of `node`, read from `env`, then from `constants` for a name `env` lacks (a
+    /// program's weights, which a run reads where they are instead of copying them into its
+    /// environment).
+    pub fn with_constants(node: &'a Node, env: &'a Env, constants: &'a Env) -> Self {
+        Args {
+            node,
+            env,
+            constants: Some(constants),
+        }
     }
 
     /// The node being run.
@@ -117,6 +134,7 @@ impl<'a> Args<'a> {
     fn lookup(&self, name: &str) -> OpResult<&'a Value> {
         self.env
             .get(name)
+            .or_else(|| self.constants.and_then(|c| c.get(name)))
             .ok_or_else(|| OpError(format!("value '{name}' is used before it is defined")))
     }
 

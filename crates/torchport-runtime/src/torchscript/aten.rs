@@ -242,7 +242,7 @@ fn bind(schema: &Schema, args: &[Val], kwargs: &[(String, Val)], strict: bool) -
     }
     let mut b = Bound {
         inputs: Vec::new(),
-        env: Env::new(),
+        env: Env::default(),
     };
     let mut given = vec![false; schema.args.len()];
     for (v, sa) in args.iter().zip(&positional) {
