@@ -22,6 +22,7 @@
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
 
+use super::fused::Spare;
 use super::sgemm::{block_fits, finish_rows, for_each_tile, new_block, tiles, Finish, Mat, Shared};
 use super::tile::{transpose, SIDE};
 use super::Registry;
@@ -351,6 +352,7 @@ pub fn sgemm_packed(
         ldd,
         accumulate,
         scale,
+        origin: (0, 0),
     };
     // SAFETY: `dst` holds the [m, n] block (checked here, the rest by `into`) and its mutable
     // borrow keeps anything else from touching it meanwhile.
@@ -376,14 +378,84 @@ pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, threads: usize) -
                 ldd: w.n,
                 accumulate: false,
                 scale,
+                origin: (0, 0),
             };
             into(m, job, threads)
         })
     }
 }
 
+/// `x @ w.T` for `x: [m, k]` (any strides) in one band of the weight's output features per
+/// thread (`threads`, at most one per sliver: a register of features), each band's `[m,
+/// cols]` block written (row-major, row stride `cols.len()`) into a scratch buffer of the
+/// thread computing it and handed to `done(cols, block)` there, while it is in that
+/// thread's cache: for a caller that lays the product out anew (a convolution on a small
+/// plane writes each output channel's plane from it). The bands are whole slivers, as even
+/// as they allow, and every feature is in exactly one. False (nothing handed on) where
+/// [`sgemm_packed`] says.
+///
+/// Narrower bands, several per thread, so that each band's block is still in the first-level
+/// cache when it is handed on, made MobileNetV3's 160 → 960 convolutions on 7 x 7 slower on
+/// 1 thread (bands of 128 features: 0.175–0.177 → 0.181–0.183 ms) and no faster on 2
+/// (BENCHMARKS.md, issue 14).
+pub fn product_bands(
+    m: usize,
+    x: Mat,
+    w: Packed,
+    threads: usize,
+    done: &(dyn Fn(std::ops::Range<usize>, &[f32]) + Sync),
+) -> bool {
+    use rayon::prelude::*;
+    let pk = w.packing;
+    let (n, k) = (w.n, w.k);
+    if k == 0
+        || pk.len(n, k) != Some(w.data.len())
+        || !x.fits(m, k)
+        || isize::try_from(x.rs).is_err()
+        || isize::try_from(x.cs).is_err()
+        || m.checked_mul(n).is_none()
+    {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    let slivers = n.div_ceil(pk.lanes);
+    let bands = threads.clamp(1, slivers);
+    let band = |b: usize| {
+        let (s0, s1) = (b * slivers / bands, (b + 1) * slivers / bands);
+        let cols = s0 * pk.lanes..(s1 * pk.lanes).min(n);
+        let mut block = Spare::take();
+        block.resize(m * cols.len(), 0.0);
+        let job = Job {
+            x,
+            w,
+            out: Shared(block.as_mut_ptr()),
+            ldd: cols.len(),
+            accumulate: false,
+            scale: 1.0,
+            origin: (0, cols.start),
+        };
+        // SAFETY: the views fit (checked above), the band's columns start at a sliver's
+        // start, and `block`, this call's own, holds its `[m, cols]` block (from row 0 and
+        // column `cols.start` on) at row stride `cols.len()`. With `accumulate` false and
+        // k > 0 the first block of columns writes every element.
+        #[allow(unsafe_code)]
+        unsafe {
+            tile(&job, 0..m, cols.clone())
+        };
+        done(cols, &block);
+    };
+    match bands {
+        1 => band(0),
+        _ => (0..bands).into_par_iter().for_each(band),
+    }
+    true
+}
+
 /// One product's operands: `out = (accumulate ? out : 0) + scale * x @ w.T`, `out` an
-/// `[m, n]` block at row stride `ldd`.
+/// `[m, n]` block at row stride `ldd`, or the part of it from row and column `origin` on
+/// (a band's own buffer: [`product_bands`]).
 #[derive(Clone, Copy)]
 struct Job<'a> {
     x: Mat<'a>,
@@ -392,6 +464,7 @@ struct Job<'a> {
     ldd: usize,
     accumulate: bool,
     scale: f32,
+    origin: (usize, usize),
 }
 
 /// The product behind [`sgemm_packed`] and [`product_packed`], split for `threads` threads
@@ -479,6 +552,7 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
         ldd,
         accumulate,
         scale,
+        origin,
     } = *job;
     let pk = w.packing;
     let (n, k, mr) = (w.n, w.k, pk.mr);
@@ -506,7 +580,7 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
                 rows.clone(),
                 p0,
                 &panels,
-                out,
+                (out, origin),
                 ldd,
                 status,
                 scale,
@@ -528,15 +602,16 @@ struct Panels {
 }
 
 /// The microkernel over rows `rows` of `x` (columns `p0..p0 + panels.kb`) against each of
-/// `panels`, for each `nr` rows of `x` in turn, into `out` (row stride `ldd`): `status` 0
-/// writes, 1 adds to what `out` holds. With `finish`, each of those rows' stretch of `out`
-/// (columns `panels.cols`) is handed to it once its microkernels are done, still in cache.
+/// `panels`, for each `nr` rows of `x` in turn, into `out` (row stride `ldd`; its first
+/// element the product's row and column `origin`): `status` 0 writes, 1 adds to what `out`
+/// holds. With `finish` (origin (0, 0) only), each of those rows' stretch of `out` (columns
+/// `panels.cols`) is handed to it once its microkernels are done, still in cache.
 ///
 /// # Safety
 ///
 /// `x` fits the rows and columns read, `panels.data` holds the panels' values, and `out`
-/// holds rows `rows` by columns `panels.cols` at row stride `ldd`, which nothing else touches
-/// meanwhile.
+/// holds rows `rows` by columns `panels.cols` at row stride `ldd` (both from `origin` on),
+/// which nothing else touches meanwhile.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 unsafe fn kernels(
     pk: &Packing,
@@ -544,12 +619,13 @@ unsafe fn kernels(
     rows: std::ops::Range<usize>,
     p0: usize,
     panels: &Panels,
-    out: Shared,
+    (out, origin): (Shared, (usize, usize)),
     ldd: usize,
     status: u8,
     scale: f32,
     finish: Option<Finish>,
 ) {
+    debug_assert!(finish.is_none() || origin == (0, 0));
     let (mr, nr, kb) = (pk.mr, pk.nr, panels.kb);
     let first = panels.cols.start / mr;
     let mut j = rows.start;
@@ -566,7 +642,7 @@ unsafe fn kernels(
                 mi,
                 nj,
                 kb,
-                out.0.add(j * ldd + i0),
+                out.0.add((j - origin.0) * ldd + (i0 - origin.1)),
                 panels.data.add(at),
                 xj,
                 ldd as isize,
@@ -669,6 +745,7 @@ pub(crate) unsafe fn unpacked_product(
             };
             let last = p0 + kb == k;
             let finish = finish.filter(|_| last);
+            let out = (out, (0, 0));
             kernels(pk, x, 0..m, p0, &panels, out, ldd, status, scale, finish);
             j0 = j1;
         }
@@ -834,7 +911,9 @@ mod tests {
     /// microkernel's, accumulation onto a bias with a scale into a wider output, a strided
     /// `x`, and tiles over 1 to 16 threads (whole panels per thread, and rows split too where
     /// that evens the tiles out). And the same bits as the unpacked product. With
-    /// every packing the CPU has (AVX-512 and AVX2 here).
+    /// every packing the CPU has (AVX-512 and AVX2 here). `product_bands` hands on one band
+    /// per thread (at most one per sliver), whole slivers, which together hold each column
+    /// once, with the same values.
     #[test]
     fn packed_products_match_direct_products() {
         let all = Packing::available();
@@ -932,6 +1011,26 @@ mod tests {
             if m > 64 && n > 64 {
                 assert_eq!(fresh, unpacked, "the unpacked gemm's bits, {m}x{n}x{k}");
             }
+            let bands = std::sync::Mutex::new(Vec::new());
+            let done = |cols: std::ops::Range<usize>, block: &[f32]| {
+                bands.lock().unwrap().push((cols, block.to_vec()));
+            };
+            assert!(pool.install(|| product_bands(m, x, wp, threads, &done)));
+            let mut bands = bands.into_inner().unwrap();
+            bands.sort_by_key(|(cols, _)| cols.start);
+            assert_eq!(bands.len(), threads.clamp(1, n.div_ceil(pk.lanes)), "{m}x{n}");
+            let mut next = 0;
+            for (cols, block) in &bands {
+                assert!(cols.start == next && cols.start % pk.lanes == 0, "{cols:?}");
+                assert_eq!(block.len(), m * cols.len());
+                for (j, row) in block.chunks_exact(cols.len()).enumerate() {
+                    for (&got, i) in row.iter().zip(cols.clone()) {
+                        assert_eq!(got, dots[j * n + i] as f32, "{m}x{n}x{k} at ({j}, {i})");
+                    }
+                }
+                next = cols.end;
+            }
+            assert_eq!(next, n, "{m}x{n}x{k}: every column");
         }
     }
 

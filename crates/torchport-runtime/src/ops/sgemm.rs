@@ -424,6 +424,14 @@ unsafe impl Send for Shared {}
 #[allow(unsafe_code)]
 unsafe impl Sync for Shared {}
 
+impl Shared {
+    /// The pointer: read through a method, a closure captures the whole `Shared` (which is
+    /// `Sync`), not its field (which is not).
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `x @ y` in f64, row-major `[m, n]`, for `x: [m, k]` and `y: [k, n]` read through `x(i, p)`
 /// and `y(p, j)`: the products' tests' reference (their values exact in f32, so that the
 /// order of the sums does not matter).

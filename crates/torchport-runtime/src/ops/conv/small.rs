@@ -6,8 +6,9 @@
 //! panel). A 7 x 7 plane has 49 pixels: a panel of 64 with 15 lanes idle, its results
 //! written back element by element. Here the product is `cols.T [pixels, k] @ w.T`, the
 //! packed weight's panels of 64 output channels along the registers (1152 channels fill 18
-//! panels), into a `[pixels, co]` buffer; one pass then writes each output channel's plane
-//! from it with the bias, the residual and the activation. Single convolutions on 7 x 7,
+//! panels), in one band of output channels per thread into a `[pixels, band]` buffer of
+//! that thread's, from which the same thread then writes each of its channels' planes with
+//! the bias, the residual and the activation. Single convolutions on 7 x 7,
 //! least of 200, 1 thread, the gemm crate's path against this one: 192 → 1152 channels 1x1
 //! 0.279 / 0.249 ms, 2048 → 512 1.20 / 0.95, ResNet's 512-channel 3x3 3.09 / 2.75
 //! (BENCHMARKS.md, issue 14). On 14 x 14 the pixels fill all but the last panel and the two
@@ -21,8 +22,8 @@ use super::{fused_residual, im2col, out_len, reads_in_place, Act, Params, Shape}
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::ops::fused::{with_f32, Spare};
-use crate::ops::packed::{sgemm_packed, Packed, Packing};
-use crate::ops::sgemm::Mat;
+use crate::ops::packed::{product_bands, sgemm_packed, Packed, Packing};
+use crate::ops::sgemm::{Mat, Shared};
 use crate::ops::tile::{transpose, SIDE};
 use crate::ops::{float, Registry};
 use crate::value::{one, Args, Outputs};
@@ -37,10 +38,6 @@ pub const TARGET: &str = "torchport.conv2d_packed.default";
 /// The most output pixels per image for which a convolution's weight is packed (7 x 7 and
 /// smaller planes; see the module's docs).
 pub const MAX_PIXELS: usize = 64;
-
-/// Output values per task (at least) of the pass that writes the planes when it runs over
-/// the pool's threads: smaller tasks cost more to hand out than to run.
-const VALUES_PER_TASK: usize = 1 << 14;
 
 /// Register the kernel.
 pub fn register(r: &mut Registry) {
@@ -129,9 +126,9 @@ fn conv2d_packed(a: &Args) -> OpResult<Outputs> {
 
 /// The convolution of the images in `xs` (`shape.input`) by the packed weight `w` (`[co,
 /// k]`), as one `[n, co, oh, ow]` buffer: `act(conv + bias + residual)`. Images side by side
-/// over the pool's threads, each image's product and pass split over its share of them
-/// (`super::share`: none where there are at least as many images as threads). `None` when a
-/// view does not fit.
+/// over the pool's threads, each image's product and planes split over its share of them
+/// in bands of output channels (`super::share`: none where there are at least as many
+/// images as threads). `None` when a view does not fit.
 fn conv(
     xs: &[f32],
     w: Packed,
@@ -177,7 +174,7 @@ fn conv(
     // Image `i` into `dst`, its work split for `threads` threads.
     let image = |i: usize, dst: &mut [f32], threads: usize| -> bool {
         let parallel = threads > 1;
-        let (mut cols, mut prod) = (Spare::take(), Spare::take());
+        let mut cols = Spare::take();
         let img = &xs[i * per_in..][..per_in];
         let cols: &[f32] = if direct {
             img
@@ -200,13 +197,22 @@ fn conv(
             rs: 1,
             cs: pix,
         };
-        prod.resize(pix * co, 0.0);
-        if !sgemm_packed(pix, x, w, &mut prod, co, false, 1.0, threads) {
-            return false;
-        }
         let res = residual.map(|r| &r[i * per_out..][..per_out]);
-        planes(&prod, pix, bias, res, p.act, dst, parallel);
-        true
+        let planes = Shared(dst.as_mut_ptr());
+        let done = |chans: std::ops::Range<usize>, prod: &[f32]| {
+            // SAFETY: `dst` holds `co` planes of `pix` values, `product_bands` hands each
+            // output channel to exactly one call, and `dst`'s borrow keeps anything else
+            // from touching it until it returns.
+            #[allow(unsafe_code)]
+            let band = unsafe {
+                std::slice::from_raw_parts_mut(
+                    planes.ptr().add(chans.start * pix),
+                    chans.len() * pix,
+                )
+            };
+            finish_band(prod, pix, chans.start, bias, res, p.act, band);
+        };
+        product_bands(pix, x, w, threads, &done)
     };
     let share = super::share(n, rayon::current_num_threads());
     let ok = out
@@ -216,52 +222,41 @@ fn conv(
     ok.then_some(out)
 }
 
-/// Writes `dst` (`[co, pixels]`) from the product `prod` (`[pixels, co]`): each output
-/// channel's plane, plus its bias and residual, through the activation. The planes are
-/// transposed from the product in 16 x 16 tiles (`tile`), then finished a channel at a
-/// time, in blocks of at least [`VALUES_PER_TASK`] values over the pool's threads when
-/// `parallel`. Reading a channel's plane straight down the product instead went one row of
-/// `co` values at a time, with 512 or more channels the same cache set each time: 1.4% of
-/// ResNet-50's time at batch 1 (`perf`).
-fn planes(
+/// Writes the planes of output channels `first..` (`dst`, `[channels, pixels]`) from their
+/// band of the product (`prod`, `[pixels, channels]`): each plane, plus its bias and
+/// residual, through the activation. The planes are transposed from the band in 16 x 16
+/// tiles (`tile`), then finished a channel at a time. Reading a channel's plane straight down
+/// the whole product instead went one row of `co` values at a time, with 512 or more channels
+/// the same cache set each time: 1.4% of ResNet-50's time at batch 1 (`perf`). Written from
+/// the whole product in a pass of its own after it, split over the threads apart from the
+/// product's split, the planes of MobileNetV3's 160 → 960 convolutions on 7 x 7 took 25 µs
+/// of their 0.18 ms on 1 thread and 32 µs on 2 (BENCHMARKS.md, issue 14).
+fn finish_band(
     prod: &[f32],
     pix: usize,
+    first: usize,
     bias: Option<&[f32]>,
     residual: Option<&[f32]>,
     act: Act,
     dst: &mut [f32],
-    parallel: bool,
 ) {
-    use rayon::prelude::*;
-    let co = dst.len() / pix;
-    // Channels `first..` into `rows`, whole planes.
-    let block = |(first, rows): (usize, &mut [f32])| {
-        let n = rows.len() / pix;
-        for c0 in (0..n).step_by(SIDE) {
-            for j0 in (0..pix).step_by(SIDE) {
-                let (cn, jn) = (SIDE.min(n - c0), SIDE.min(pix - j0));
-                let at = j0 * co + first + c0;
-                transpose(prod, at, co, jn, cn, rows, c0 * pix + j0, pix);
-            }
+    let n = dst.len() / pix;
+    for c0 in (0..n).step_by(SIDE) {
+        for j0 in (0..pix).step_by(SIDE) {
+            let (cn, jn) = (SIDE.min(n - c0), SIDE.min(pix - j0));
+            transpose(prod, j0 * n + c0, n, jn, cn, dst, c0 * pix + j0, pix);
         }
-        for (r, row) in rows.chunks_exact_mut(pix).enumerate() {
-            let o = first + r;
-            if let Some(b) = bias {
-                row.iter_mut().for_each(|d| *d += b[o]);
-            }
-            if let Some(res) = residual {
-                let res = &res[o * pix..][..pix];
-                row.iter_mut().zip(res).for_each(|(d, r)| *d += r);
-            }
-            act.apply(row);
+    }
+    for (r, row) in dst.chunks_exact_mut(pix).enumerate() {
+        let o = first + r;
+        if let Some(b) = bias {
+            row.iter_mut().for_each(|d| *d += b[o]);
         }
-    };
-    let per_task = VALUES_PER_TASK.div_ceil(SIDE * pix) * SIDE;
-    if parallel && per_task < co {
-        let blocks = dst.par_chunks_mut(per_task * pix).enumerate();
-        blocks.for_each(|(b, rows)| block((b * per_task, rows)));
-    } else {
-        block((0, dst));
+        if let Some(res) = residual {
+            let res = &res[o * pix..][..pix];
+            row.iter_mut().zip(res).for_each(|(d, r)| *d += r);
+        }
+        act.apply(row);
     }
 }
 
