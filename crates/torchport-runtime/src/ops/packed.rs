@@ -1018,7 +1018,11 @@ mod tests {
             assert!(pool.install(|| product_bands(m, x, wp, threads, &done)));
             let mut bands = bands.into_inner().unwrap();
             bands.sort_by_key(|(cols, _)| cols.start);
-            assert_eq!(bands.len(), threads.clamp(1, n.div_ceil(pk.lanes)), "{m}x{n}");
+            assert_eq!(
+                bands.len(),
+                threads.clamp(1, n.div_ceil(pk.lanes)),
+                "{m}x{n}"
+            );
             let mut next = 0;
             for (cols, block) in &bands {
                 assert!(cols.start == next && cols.start % pk.lanes == 0, "{cols:?}");

@@ -7,6 +7,7 @@ use crate::ops::conv::Act;
 use crate::ops::fused::{self, Spare};
 #[cfg(target_arch = "x86_64")]
 use crate::ops::tile::transpose16;
+use crate::ops::tile::{transpose, SIDE};
 
 /// Output planes of at most this many pixels are computed by [`depthwise_block`]: per plane,
 /// the spatial path's fixed work (padding, phases, copies) outweighs its sums there. Single
@@ -64,11 +65,17 @@ impl BlockPlan {
             (ow - 1) * sx + (kw - 1) * dx + 1,
         );
         let c = ws.len() / kk.max(1);
+        // Each group's `[LANES channels, kk taps]` of `ws` transposed into its `[kk][LANES]`,
+        // in tiles of 16 taps. With a scatter of one value at a time the plan took 17 µs of
+        // each of EfficientNet-B0's 1152-channel convolutions on 7 x 7 planes (0.095 ms in
+        // all), on the thread running the program; 11 µs this way (BENCHMARKS.md, issue 14).
         let mut wt = vec![0f32; c.div_ceil(LANES) * kk * LANES];
-        for (j, ker) in ws.chunks_exact(kk).enumerate() {
-            let group = &mut wt[(j / LANES) * kk * LANES..][..kk * LANES];
-            for (row, &v) in group.chunks_exact_mut(LANES).zip(ker) {
-                row[j % LANES] = v;
+        for (g, group) in wt.chunks_exact_mut(kk * LANES).enumerate() {
+            let channels = LANES.min(c - g * LANES);
+            for t0 in (0..kk).step_by(SIDE) {
+                let taps = SIDE.min(kk - t0);
+                let (from, to) = ((g * LANES) * kk + t0, t0 * LANES);
+                transpose(ws, from, kk, channels, taps, group, to, LANES);
             }
         }
         let rows = (0..h * wd)
