@@ -528,27 +528,26 @@ impl Program {
                 env.remove(dead);
             }
         }
-        drop(constants);
-        if !self.mutations.is_empty() {
-            let mut weights = self.weights.write().unwrap_or_else(|e| e.into_inner());
-            // Runs still going keep the map they started with; this one's updates go into a
-            // copy of it if so (the tensors shared, not copied).
-            let weights = Arc::make_mut(&mut weights);
-            for (value, buffer) in &self.mutations {
-                let Some(Value::Tensor(t)) = env.get(value) else {
-                    return Err(Error::Program(format!(
-                        "the new value '{value}' of a buffer was never computed"
-                    )));
-                };
-                weights.insert(buffer.clone(), Value::Tensor(t.clone()));
-            }
-        }
+        // A value by name: computed in this run, else one of the program's weights (which a
+        // program may return as it is).
+        let value = |name: &str| env.get(name).or_else(|| constants.get(name));
+        let updates = self
+            .mutations
+            .iter()
+            .map(|(new, buffer)| match value(new) {
+                Some(Value::Tensor(t)) => Ok((buffer.clone(), Value::Tensor(t.clone()))),
+                _ => Err(Error::Program(format!(
+                    "the new value '{new}' of a buffer was never computed"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let tv = &g.tensor_values;
-        self.outputs
+        let outputs = self
+            .outputs
             .iter()
             .map(|o| match o {
                 Argument::AsTensor(t) => {
-                    let Some(Value::Tensor(v)) = env.get(&t.name) else {
+                    let Some(Value::Tensor(v)) = value(&t.name) else {
                         return Err(Error::Program(format!(
                             "output '{}' was never computed",
                             t.name
@@ -565,7 +564,15 @@ impl Program {
                     other.kind_name()
                 ))),
             })
-            .collect()
+            .collect();
+        drop(constants);
+        if !updates.is_empty() {
+            let mut weights = self.weights.write().unwrap_or_else(|e| e.into_inner());
+            // Runs still going keep the map they started with; this one's updates go into a
+            // copy of it if so (the tensors shared, not copied).
+            Arc::make_mut(&mut weights).extend(updates);
+        }
+        outputs
     }
 }
 

@@ -354,6 +354,26 @@ fn buffers_updated_in_forward_keep_their_new_values_for_the_next_run() {
 }
 
 #[test]
+fn weights_returned_as_they_are_are_outputs() {
+    // `return x * self.scale, self.table, self.scale`: two outputs name placeholders.
+    for flavour in ["plain", "decomp"] {
+        let p = Program::load(fixture(&format!("returns_weights.{flavour}.pt2"))).unwrap();
+        let x = read_npy(&fixture("returns_weights.input_0.npy")).unwrap();
+        let got = p.run(&[x]).unwrap();
+        assert_eq!(got.len(), 3, "{flavour}");
+        for (i, got) in got.iter().enumerate() {
+            let want = read_npy(&fixture(&format!("returns_weights.output_{i}.npy"))).unwrap();
+            assert_eq!(got.dims(), want.dims(), "{flavour}, output {i}");
+            let diff = (got - &want).unwrap().abs().unwrap().max_all().unwrap();
+            assert!(
+                diff.to_scalar::<f32>().unwrap() <= 1e-6,
+                "{flavour}, output {i}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_program_that_updates_its_input_is_refused_naming_it() {
     for file in ["bad_input_mutation.pt2", "bad_input_mutation.decomp.pt2"] {
         let err = Program::load(fixture(file)).err().unwrap().to_string();
