@@ -958,11 +958,9 @@ fn starting(
             put(chunk, r);
         }
         // SAFETY: `put` above initialised every element (the chunk is as long as its part
-        // of the residual), and `MaybeUninit<f32>` has `f32`'s layout.
+        // of the residual).
         #[allow(unsafe_code)]
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
-        };
+        let dst = unsafe { super::fused::assume_written(chunk) };
         if !then(at / image.max(1), dst) {
             ok.store(false, Ordering::Relaxed);
         }

@@ -92,6 +92,18 @@ pub(crate) fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
     }
 }
 
+/// `dst` as the `f32` values it holds (`[MaybeUninit<T>]::assume_init_mut`, which std has
+/// only from Rust 1.93, above this workspace's 1.89).
+///
+/// # Safety
+///
+/// Every element of `dst` is initialised.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn assume_written(dst: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: the caller's contract; `MaybeUninit<f32>` has `f32`'s layout.
+    unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len()) }
+}
+
 /// `f` of each value of `xs`, into a new buffer (written once), in chunks of `chunk` values
 /// on the pool's threads when large.
 fn mapped(xs: &[f32], chunk: usize, f: impl Fn(f32) -> f32 + Copy + Sync) -> Vec<f32> {
@@ -922,13 +934,10 @@ pub fn unary_slices(x: &Tensor, f: impl Fn(&mut [f32]) + Sync) -> Option<Tensor>
     let y = with_f32(&x, |xs| {
         let chunk = if xs.len() >= PAR_MIN { 8192 } else { xs.len() };
         let write = |at: usize, c: &mut [MaybeUninit<f32>]| {
-            for (d, &v) in c.iter_mut().zip(&xs[at..]) {
-                *d = MaybeUninit::new(v);
-            }
-            // SAFETY: every element of the chunk was just written; `MaybeUninit<f32>` has
-            // `f32`'s layout.
+            put(c, &xs[at..][..c.len()]);
+            // SAFETY: `put` just wrote every element of the chunk.
             #[allow(unsafe_code)]
-            f(unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<f32>(), c.len()) });
+            f(unsafe { assume_written(c) });
         };
         // SAFETY: `write` initialises every element of each chunk (a copy of as many values).
         #[allow(unsafe_code)]

@@ -40,8 +40,7 @@ pub(super) fn plane_in_place(
             (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, g),
             _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, g),
         }
-        let d = std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len());
-        act.apply(d);
+        act.apply(crate::ops::fused::assume_written(dst));
     }
     #[cfg(not(target_arch = "x86_64"))]
     panic!("depthwise in place: only on x86-64 with AVX-512");
