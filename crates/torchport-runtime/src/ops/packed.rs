@@ -406,15 +406,8 @@ pub fn product_bands(
     done: &(dyn Fn(std::ops::Range<usize>, &[f32]) + Sync),
 ) -> bool {
     use rayon::prelude::*;
-    let pk = w.packing;
-    let (n, k) = (w.n, w.k);
-    if k == 0
-        || pk.len(n, k) != Some(w.data.len())
-        || !x.fits(m, k)
-        || isize::try_from(x.rs).is_err()
-        || isize::try_from(x.cs).is_err()
-        || m.checked_mul(n).is_none()
-    {
+    let (pk, n) = (w.packing, w.n);
+    if !operands_fit(m, x, w) || m.checked_mul(n).is_none() {
         return false;
     }
     if m == 0 || n == 0 {
@@ -479,13 +472,7 @@ unsafe fn into(m: usize, job: Job, threads: usize) -> bool {
     let Job { x, w, ldd, .. } = job;
     let pk = w.packing;
     let (n, k) = (w.n, w.k);
-    if k == 0
-        || pk.len(n, k) != Some(w.data.len())
-        || !x.fits(m, k)
-        || isize::try_from(ldd).is_err()
-        || isize::try_from(x.rs).is_err()
-        || isize::try_from(x.cs).is_err()
-    {
+    if !operands_fit(m, x, w) || isize::try_from(ldd).is_err() {
         return false;
     }
     if m == 0 || n == 0 {
@@ -506,6 +493,17 @@ unsafe fn into(m: usize, job: Job, threads: usize) -> bool {
         unsafe { tile(&job, rows, cols) }
     });
     true
+}
+
+/// Whether `x` (`[m, k]`) and the packed `w` (`[n, k]`, its packed length) are operands a
+/// product can take: `k > 0`, the views inside their slices, strides the microkernel's
+/// pointer offsets hold.
+fn operands_fit(m: usize, x: Mat, w: Packed) -> bool {
+    w.k > 0
+        && w.packing.len(w.n, w.k) == Some(w.data.len())
+        && x.fits(m, w.k)
+        && isize::try_from(x.rs).is_ok()
+        && isize::try_from(x.cs).is_ok()
 }
 
 /// The (row bands, sliver bands) an `[m, n]` product of `slivers` slivers of weight rows (a
@@ -1102,7 +1100,8 @@ mod tests {
     }
 
     /// A packed weight of the wrong length, an `x` that does not fit its slice, an output
-    /// too short: refused, nothing written.
+    /// too short: refused, nothing written; `product_bands` refuses the first two too,
+    /// handing nothing on.
     #[test]
     fn packed_products_refuse_views_that_do_not_fit() {
         let Some(pk) = Packing::detect() else {
@@ -1134,6 +1133,13 @@ mod tests {
         assert!(out.iter().all(|&v| v == 7.0));
         assert!(product(&x, wp, &mut out, n));
         assert!(out.iter().all(|&v| v == k as f32));
+        let handed = std::sync::atomic::AtomicUsize::new(0);
+        let count = |_: std::ops::Range<usize>, _: &[f32]| {
+            handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        };
+        assert!(!product_bands(m, Mat::rows(&x, k), short, 1, &count));
+        assert!(!product_bands(m, Mat::rows(&x[1..], k), wp, 1, &count));
+        assert_eq!(handed.into_inner(), 0);
     }
 
     /// The op: a 3-d input against a packed weight, with and without a bias, equals
