@@ -517,13 +517,7 @@ impl Program {
                     shape,
                 });
             }
-            bind_outputs(
-                node,
-                outs,
-                &mut env,
-                self.in_place[i].then_some(&*constants),
-            )
-            .map_err(op_err)?;
+            bind_outputs(node, outs, &mut env, &constants, self.in_place[i]).map_err(op_err)?;
             for dead in &self.frees[i] {
                 env.remove(dead);
             }
@@ -910,7 +904,8 @@ fn bind_outputs(
     node: &crate::schema::Node,
     outs: Vec<Value>,
     env: &mut Env,
-    in_place: Option<&Env>,
+    constants: &Env,
+    in_place: bool,
 ) -> std::result::Result<(), String> {
     let mut outs = outs.into_iter();
     for arg in &node.outputs {
@@ -950,11 +945,11 @@ fn bind_outputs(
             }
         }
     }
-    // In-place ops (`add_`, `relu_`, `__iand__`; `in_place` holds the program's constants
-    // for them) run as their functional form; the result replaces the mutated input, which
-    // later nodes read by its old name. As in torch, the result keeps the input's shape and
-    // dtype.
-    if let Some(constants) = in_place {
+    // In-place ops (`add_`, `relu_`, `__iand__`) run as their functional form; the result
+    // replaces the mutated input (a value of the run's or one of the program's `constants`),
+    // which later nodes read by its old name. As in torch, the result keeps the input's
+    // shape and dtype.
+    if in_place {
         let op = op_key(&node.target);
         if let (Some(Argument::AsTensor(src)), Some(Argument::AsTensor(dst))) = (
             node.inputs
