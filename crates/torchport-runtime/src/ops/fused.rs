@@ -719,7 +719,8 @@ fn silu_avx512(xs: &mut [f32]) {
 /// `e^-x` is computed from `x` clamped to [-88.3, 87.3] (NaN stays NaN) and split as
 /// `-x = n ln 2 + r`, `|r| <= ln 2 / 2` (n rounded by the 1.5 * 2^23 trick, as in
 /// [`exp_fast`]): `e^r` by a degree-6 polynomial fitted to it on that interval (relative
-/// least squares, 1e-7 relative in f32 Horner), evaluated in `x + n ln 2 = -r` with its odd
+/// least squares reweighted toward minimax, 1e-7 relative in f32 Horner; `tools/silu_poly.py`
+/// prints the coefficients), evaluated in `x + n ln 2 = -r` with its odd
 /// coefficients negated, and `2^n` built in the exponent bits; ln 2 is one f32, whose
 /// rounding (2e-9) adds at most 3e-7 relative at the clamp and 6e-8 for |x| < 20. Then
 /// `1 + e^-x` is one multiply-add, and its reciprocal the `rcp14` estimate refined by one
