@@ -1165,6 +1165,8 @@ fn in_pool_waiting<R: Send>(active: bool, f: impl FnOnce() -> R + Send) -> R {
 /// the loop gained (layer norm over ViT-S's [8, 197, 384] activations: 0.15 ms at 2 threads
 /// with the second thread awake, 0.37 ms when it had to be woken, 0.34 ms on one thread;
 /// BENCHMARKS.md, issue 14). OpenMP runtimes, which torch uses, spin likewise between loops.
+/// Between two looks it yields its CPU (`sched_yield`): on a quiet machine that returns at
+/// once, and on a busy one the other processes' threads run instead of its spinning.
 ///
 /// Every [`CHECK_CPU`] without work it calls `step_aside` (which moves it off the running
 /// thread's CPU if it is on it).
@@ -1190,7 +1192,14 @@ fn wait_for_work(done: &AtomicBool, runner: Option<usize>, step_aside: impl Fn()
                 step_aside();
                 checked = std::time::Instant::now();
             }
-            _ => std::hint::spin_loop(),
+            // Between two looks, the CPU goes to any other thread ready to run on it. A
+            // thread that only spun used up its share of a CPU that another process also
+            // wanted; the scheduler then took the CPU from it while it held a piece of the
+            // next loop, and the whole loop waited for that piece: with another process busy
+            // on one of 2 CPUs, EfficientNet-B0 at batch 1 took 37-52 ms a run on 2 threads
+            // (15 on 1); yielding, 14-15; on a quiet machine the same as spinning
+            // (BENCHMARKS.md, issue 14).
+            _ => std::thread::yield_now(),
         }
     }
     WAITING.with(|w| w.set(false));
