@@ -4,12 +4,14 @@ every latency ratio.
 
     cargo build --release -p torchport-runtime --example run_timing
     /work/main/.venv/bin/python benches/run_bench.py [--threads 1,2] [--batch 1,8] [--runs 10]
-        [--rounds 1 | --paired] [--models resnet18,bert_base] [--binary PATH] [--json OUT.json]
+        [--rounds 1 | --paired] [--models resnet18,bert_base] [--size 160,288] [--busy 1]
+        [--binary PATH] [--json OUT.json]
 
 Models are the libraries' own classes with random weights (no downloads): torchvision
 ResNet-18/50, MobileNetV3-Large, EfficientNet-B0 (224x224); timm vit_small_patch16_224;
 transformers BERT-base (input ids + attention mask), GPT-2 small and a Llama-style decoder of
-~110 M parameters (input ids), all at sequence 128. Each is exported once per batch size with
+~110 M parameters (input ids), all at sequence 128 (--size gives other image sides and sequence
+lengths, to look for shapes the kernels handle worse). Each is exported once per batch size with
 `torch.export.export` (the graph as given, no decompositions) under benches/out/
 (gitignored). For every (model, batch, threads) the script times torch eager
 (`torch.inference_mode`, `torch.set_num_threads`), onnxruntime (CPU EP,
@@ -31,6 +33,7 @@ rounds above can catch one engine in a slow spell and the next in a fast one.
 in parallel); --no-export then measures what is there and skips the rest.
 --check CLI runs each export once with that torchport CLI build first and prints how far its
 first output is from torch eager's.
+--busy N keeps N other processes spinning while it measures (a machine the engines share).
 --binary picks another run_timing build (e.g. a copy of the one before a change). --pin binds
 torchport's pool threads one to a CPU (`pin_pool_threads`), which kept batch-1 CNNs on 2 threads
 from losing their second core after the pauses of --paired (BENCHMARKS.md, 2026-12-04).
@@ -55,48 +58,54 @@ OUT = ROOT / "benches/out"
 TIMING = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release/examples/run_timing"
 
 
+# Each model is made by a function of (batch, size): size is the image's side for the vision
+# models (224 unless --size says otherwise), the sequence's length for the text ones (128).
+IMAGE, SEQ = 224, 128
+
+
 def tv(name):
-    def make(batch):
+    def make(batch, size=IMAGE):
         import torchvision
 
-        return torchvision.models.get_model(name, weights=None), (torch.randn(batch, 3, 224, 224),)
+        return torchvision.models.get_model(name, weights=None), (
+            torch.randn(batch, 3, size, size),)
 
     return make
 
 
-def vit_small(batch):
+def vit_small(batch, size=IMAGE):
     import timm
 
-    return timm.create_model("vit_small_patch16_224", pretrained=False), (
-        torch.randn(batch, 3, 224, 224),)
+    return timm.create_model("vit_small_patch16_224", pretrained=False, img_size=size), (
+        torch.randn(batch, 3, size, size),)
 
 
-def ids(batch, vocab, seq=128):
+def ids(batch, vocab, seq):
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
 
 
-def bert_base(batch):
+def bert_base(batch, size=SEQ):
     import transformers as T
 
     m = T.BertModel(T.BertConfig())  # the defaults are BERT-base: 12 x 768, 30522 tokens
-    x = ids(batch, 30522)
+    x = ids(batch, 30522, size)
     return m, (x, torch.ones_like(x))
 
 
-def gpt2_small(batch):
+def gpt2_small(batch, size=SEQ):
     import transformers as T
 
     m = T.GPT2Model(T.GPT2Config(use_cache=False))  # defaults: GPT-2 small, 12 x 768
-    return m, (ids(batch, 50257),)
+    return m, (ids(batch, 50257, size),)
 
 
-def llama_100m(batch):
+def llama_100m(batch, size=SEQ):
     import transformers as T
 
     cfg = T.LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048,
                         num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-                        max_position_embeddings=512, use_cache=False)
-    return T.LlamaModel(cfg), (ids(batch, 32000),)
+                        max_position_embeddings=max(512, size), use_cache=False)
+    return T.LlamaModel(cfg), (ids(batch, 32000, size),)
 
 
 # transformers models take their inputs by keyword for the ONNX export: the TorchScript-based
@@ -140,14 +149,21 @@ def time_it(fn, runs):
     return statistics.median(ts), (time.process_time() - c0) * 1e3 / runs
 
 
-def export(name, batch):
-    """(model, inputs, .pt2 path, input .npy paths), exporting on first use."""
+def stem(name, batch, size):
+    """The exports' path without suffix: `NAME_bBATCH`, with `_sSIZE` for a size other than
+    the model's own default."""
+    return OUT / (f"{name}_b{batch}" + (f"_s{size}" if size else ""))
+
+
+def export(name, batch, size):
+    """(model, inputs, .pt2 path, input .npy paths), exporting on first use; `size` None
+    for the model's default."""
     torch.manual_seed(0)
-    model, inputs = MODELS[name](batch)
+    model, inputs = MODELS[name](batch, size) if size else MODELS[name](batch)
     model.eval()
-    stem = OUT / f"{name}_b{batch}"
-    pt2 = stem.with_suffix(".pt2")
-    npys = [Path(f"{stem}.input_{i}.npy") for i in range(len(inputs))]
+    stem_ = stem(name, batch, size)
+    pt2 = Path(f"{stem_}.pt2")
+    npys = [Path(f"{stem_}.input_{i}.npy") for i in range(len(inputs))]
     if not pt2.exists():
         with torch.no_grad():
             ep = torch.export.export(model, inputs)
@@ -298,6 +314,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
+    ap.add_argument("--size", default="",
+                    help="comma-separated sizes: the image's side for the vision models "
+                         f"(default {IMAGE}), the sequence's length for the text ones "
+                         f"(default {SEQ}); exports of a size not the default are named "
+                         "NAME_bBATCH_sSIZE")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=1,
@@ -320,6 +341,9 @@ def main():
     ap.add_argument("--check", type=Path, metavar="CLI",
                     help="before timing, run each export once with this torchport CLI build "
                          "(`CLI run`) and print how far its first output is from torch eager's")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="keep N other processes busy (each spinning on a CPU) while measuring: "
+                         "how each engine copes with a machine it does not have to itself")
     ap.add_argument("--pin", action="store_true",
                     help="torchport's pool threads bound one to a CPU (TORCHPORT_PIN_THREADS; "
                          "torch's and onnxruntime's threads are left as they are)")
@@ -336,58 +360,26 @@ def main():
         ort = None
     threads = [int(t) for t in args.threads.split(",")]
     batches = [int(b) for b in args.batch.split(",")]
+    sizes = [int(s) for s in args.size.split(",")] if args.size else [None]
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()[0]:.2f}; onnxruntime: "
           f"{ort.__version__ if ort else 'not installed'}"
           f"{'; torchport threads bound to CPUs' if args.pin else ''}", flush=True)
     rows = []
-    for name in args.models.split(","):
-        for batch in batches:
-            if args.no_export and not (OUT / f"{name}_b{batch}.pt2").exists():
-                print(f"{name} b{batch}: not exported, skipped", flush=True)
-                continue
-            model, inputs, pt2, npys = export(name, batch)
-            onnx_path = pt2.with_suffix(".onnx")
-            if ort and not onnx_path.exists() and not args.no_export:
-                m = ByKeyword(model, KEYWORDS[name]) if name in KEYWORDS else model
-                export_onnx(name, m, inputs, onnx_path)
-            if args.export_only:
-                continue
-            if args.check:
-                torch.set_num_threads(max(threads))
-                print(f"{name} b{batch}: {check(args.check, model, inputs, pt2, npys)}",
-                      flush=True)
-            for th in threads:
-                if args.paired:
-                    eager, eager_cpu, onnx_ms, tp, by_eager, by_ort = measure_paired(
-                        args, model, inputs, pt2, npys, onnx_path, ort, th)
-                    tp_cpu = tp.get("cpu_ms")
-                else:
-                    eager = eager_cpu = onnx_ms = tp = tp_cpu = None
-                    for _ in range(max(1, args.rounds)):
-                        e, ec, o, t = measure(args, model, inputs, pt2, npys, onnx_path, ort, th)
-                        eager, eager_cpu = least(eager, e), least(eager_cpu, ec)
-                        onnx_ms, tp_cpu = least(onnx_ms, o), least(tp_cpu, t.get("cpu_ms"))
-                        if tp is None or t["median_ms"] < tp["median_ms"]:
-                            tp = t
-                    by_eager = tp["median_ms"] / eager
-                    by_ort = tp["median_ms"] / onnx_ms if onnx_ms else None
-                row = dict(model=name, batch=batch, threads=th, torchport_ms=tp["median_ms"],
-                           eager_ms=eager, ort_ms=onnx_ms, load_ms=tp["load_ms"],
-                           torchport_cpu_ms=tp_cpu, eager_cpu_ms=eager_cpu,
-                           by_eager=by_eager, by_ort=by_ort)
-                rows.append(row)
-                ort_s = f"{onnx_ms:8.1f} {by_ort:6.2f}" if onnx_ms else ""
-                print(f"{name:<19} b{batch:<2} t{th}  torchport {tp['median_ms']:8.1f}  "
-                      f"eager {eager:8.1f}  tp/eager {by_eager:5.2f}  "
-                      f"load {tp['load_ms']:6.0f}  cpu {float('nan') if tp_cpu is None else tp_cpu:7.1f} / "
-                      f"{eager_cpu:7.1f} {ort_s}", flush=True)
-
+    # --busy: other processes, each spinning on a CPU, for the whole measurement.
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.busy if not args.export_only else 0)]
+    try:
+        measure_all(args, ort, threads, batches, sizes, rows)
+    finally:
+        for p in busy:
+            p.kill()
     if args.export_only:
         return
     how = ("paired: the engines in turn, one run each; ratios are medians of the per-turn "
            "ratios" if args.paired else
            f"rounds={args.rounds} (least median of the rounds, ms)")
+    how += f"; {args.busy} other processes busy" if args.busy else ""
     print(f"\nruns={args.runs}, {how}; load average at end: {os.getloadavg()[0]:.2f}")
     print("| model | batch | threads | torch eager | torchport | torchport / eager |"
           + (" onnxruntime | torchport / ort |" if ort else "")
@@ -402,6 +394,53 @@ def main():
               f"{r['load_ms']:.0f} | {ec:.0f} / {tc:.0f} | {tc / ec:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+
+
+def measure_all(args, ort, threads, batches, sizes, rows):
+    """Export what is missing and measure every (model, batch, size, threads) cell into
+    `rows` (printing each as it is measured)."""
+    cells = [(n, b, s) for n in args.models.split(",") for b in batches for s in sizes]
+    for name, batch, size in cells:
+        label = f"{name}_s{size}" if size else name
+        if args.no_export and not Path(f"{stem(name, batch, size)}.pt2").exists():
+            print(f"{label} b{batch}: not exported, skipped", flush=True)
+            continue
+        model, inputs, pt2, npys = export(name, batch, size)
+        onnx_path = pt2.with_suffix(".onnx")
+        if ort and not onnx_path.exists() and not args.no_export:
+            m = ByKeyword(model, KEYWORDS[name]) if name in KEYWORDS else model
+            export_onnx(name, m, inputs, onnx_path)
+        if args.export_only:
+            continue
+        if args.check:
+            torch.set_num_threads(max(threads))
+            print(f"{label} b{batch}: {check(args.check, model, inputs, pt2, npys)}",
+                  flush=True)
+        for th in threads:
+            if args.paired:
+                eager, eager_cpu, onnx_ms, tp, by_eager, by_ort = measure_paired(
+                    args, model, inputs, pt2, npys, onnx_path, ort, th)
+                tp_cpu = tp.get("cpu_ms")
+            else:
+                eager = eager_cpu = onnx_ms = tp = tp_cpu = None
+                for _ in range(max(1, args.rounds)):
+                    e, ec, o, t = measure(args, model, inputs, pt2, npys, onnx_path, ort, th)
+                    eager, eager_cpu = least(eager, e), least(eager_cpu, ec)
+                    onnx_ms, tp_cpu = least(onnx_ms, o), least(tp_cpu, t.get("cpu_ms"))
+                    if tp is None or t["median_ms"] < tp["median_ms"]:
+                        tp = t
+                by_eager = tp["median_ms"] / eager
+                by_ort = tp["median_ms"] / onnx_ms if onnx_ms else None
+            row = dict(model=label, batch=batch, threads=th, torchport_ms=tp["median_ms"],
+                       eager_ms=eager, ort_ms=onnx_ms, load_ms=tp["load_ms"],
+                       torchport_cpu_ms=tp_cpu, eager_cpu_ms=eager_cpu,
+                       by_eager=by_eager, by_ort=by_ort)
+            rows.append(row)
+            ort_s = f"{onnx_ms:8.1f} {by_ort:6.2f}" if onnx_ms else ""
+            print(f"{label:<19} b{batch:<2} t{th}  torchport {tp['median_ms']:8.1f}  "
+                  f"eager {eager:8.1f}  tp/eager {by_eager:5.2f}  "
+                  f"load {tp['load_ms']:6.0f}  cpu {float('nan') if tp_cpu is None else tp_cpu:7.1f} / "
+                  f"{eager_cpu:7.1f} {ort_s}", flush=True)
 
 
 if __name__ == "__main__":
