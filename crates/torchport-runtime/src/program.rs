@@ -1121,23 +1121,35 @@ fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
 /// when they find themselves on it (`threads::CpuWatch`; where the pool has no more threads
 /// than the process has CPUs).
 ///
-/// With `TORCHPORT_WAIT_POLICY=passive` ([`waits_actively`]) they do not: they sleep between
-/// loops, as rayon's idle threads do, and each loop wakes them.
+/// `TORCHPORT_WAIT_POLICY` ([`wait_policy`]) says how they wait: looking for work and
+/// yielding their CPU between two looks (the default), spinning without yielding (`spin`),
+/// or asleep (`passive`: as rayon's idle threads do, each loop waking them).
 fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    in_pool_waiting(waits_actively(), f)
+    in_pool_waiting(wait_policy(), f)
 }
 
-/// [`in_pool`], the pool's other threads looking for work between loops or not (`active`).
-fn in_pool_waiting<R: Send>(active: bool, f: impl FnOnce() -> R + Send) -> R {
+/// How the pool's other threads wait for a run's next parallel loop ([`in_pool`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum WaitPolicy {
+    /// Looking for work, and yielding their CPU between two looks ([`wait_for_work`]).
+    Active,
+    /// Looking for work without yielding: for a machine the process has to itself.
+    Spin,
+    /// Asleep, until a loop wakes them.
+    Passive,
+}
+
+/// [`in_pool`], the pool's other threads waiting between loops as `policy` says.
+fn in_pool_waiting<R: Send>(policy: WaitPolicy, f: impl FnOnce() -> R + Send) -> R {
     let done = AtomicBool::new(false);
     rayon::scope(|s| {
         let runner = rayon::current_thread_index();
         let done = &done;
-        let threads = if active {
-            rayon::current_num_threads()
-        } else {
-            1
+        let threads = match policy {
+            WaitPolicy::Passive => 1,
+            _ => rayon::current_num_threads(),
         };
+        let yields = policy == WaitPolicy::Active;
         // Only where each thread can have a CPU: with more threads than CPUs, moving off one
         // lands on another's.
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -1145,7 +1157,7 @@ fn in_pool_waiting<R: Send>(active: bool, f: impl FnOnce() -> R + Send) -> R {
             .then(crate::threads::CpuWatch::of_this_thread);
         for _ in 1..threads {
             s.spawn(move |_| {
-                wait_for_work(done, runner, || {
+                wait_for_work(done, runner, yields, || {
                     #[cfg(all(target_os = "linux", target_env = "gnu"))]
                     if let Some(w) = watch {
                         w.step_aside();
@@ -1165,8 +1177,9 @@ fn in_pool_waiting<R: Send>(active: bool, f: impl FnOnce() -> R + Send) -> R {
 /// the loop gained (layer norm over ViT-S's [8, 197, 384] activations: 0.15 ms at 2 threads
 /// with the second thread awake, 0.37 ms when it had to be woken, 0.34 ms on one thread;
 /// BENCHMARKS.md, issue 14). OpenMP runtimes, which torch uses, spin likewise between loops.
-/// Between two looks it yields its CPU (`sched_yield`): on a quiet machine that returns at
-/// once, and on a busy one the other processes' threads run instead of its spinning.
+/// With `yields`, between two looks it yields its CPU (`sched_yield`): on a quiet machine
+/// that returns at once, and on a busy one the other processes' threads run instead of its
+/// spinning.
 ///
 /// Every [`CHECK_CPU`] without work it calls `step_aside` (which moves it off the running
 /// thread's CPU if it is on it).
@@ -1175,7 +1188,7 @@ fn in_pool_waiting<R: Send>(active: bool, f: impl FnOnce() -> R + Send) -> R {
 /// while waiting inside a loop of its own) and on a thread already inside one
 /// (`WAITING`): there it would hold up the work it was called from. The time limit bounds
 /// any other such case (a thread that took this up while inside a stolen piece of a loop).
-fn wait_for_work(done: &AtomicBool, runner: Option<usize>, step_aside: impl Fn()) {
+fn wait_for_work(done: &AtomicBool, runner: Option<usize>, yields: bool, step_aside: impl Fn()) {
     thread_local! {
         static WAITING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
@@ -1199,24 +1212,29 @@ fn wait_for_work(done: &AtomicBool, runner: Option<usize>, step_aside: impl Fn()
             // on one of 2 CPUs, EfficientNet-B0 at batch 1 took 37-52 ms a run on 2 threads
             // (15 on 1); yielding, 14-15; on a quiet machine the same as spinning
             // (BENCHMARKS.md, issue 14).
-            _ => std::thread::yield_now(),
+            _ if yields => std::thread::yield_now(),
+            _ => std::hint::spin_loop(),
         }
     }
     WAITING.with(|w| w.set(false));
 }
 
-/// Whether the pool's threads wait for a run's next parallel loop by looking for work
-/// ([`in_pool`]): yes unless `TORCHPORT_WAIT_POLICY` is `passive` (any case), as OpenMP's
-/// `OMP_WAIT_POLICY` says it for torch's threads. Read once.
-fn waits_actively() -> bool {
-    static ACTIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ACTIVE.get_or_init(|| wait_policy_active(std::env::var("TORCHPORT_WAIT_POLICY").ok()))
+/// How the pool's threads wait for a run's next parallel loop ([`in_pool`]), as
+/// `TORCHPORT_WAIT_POLICY` says it (as OpenMP's `OMP_WAIT_POLICY` does for torch's threads).
+/// Read once.
+fn wait_policy() -> WaitPolicy {
+    static POLICY: std::sync::OnceLock<WaitPolicy> = std::sync::OnceLock::new();
+    *POLICY.get_or_init(|| wait_policy_named(std::env::var("TORCHPORT_WAIT_POLICY").ok()))
 }
 
-/// The policy a `TORCHPORT_WAIT_POLICY` value names: passive (false) for `passive` in any
-/// case, active (true) for anything else or nothing.
-fn wait_policy_active(value: Option<String>) -> bool {
-    !value.is_some_and(|v| v.trim().eq_ignore_ascii_case("passive"))
+/// The policy a `TORCHPORT_WAIT_POLICY` value names, in any case and around blanks:
+/// `passive`, `spin`, else (`active`, anything else, nothing) [`WaitPolicy::Active`].
+fn wait_policy_named(value: Option<String>) -> WaitPolicy {
+    match value.as_deref().map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        Some("passive") => WaitPolicy::Passive,
+        Some("spin") => WaitPolicy::Spin,
+        _ => WaitPolicy::Active,
+    }
 }
 
 /// How often [`wait_for_work`] checks, while it finds no work, that it does not share the
@@ -1316,22 +1334,25 @@ mod tests {
         assert!(err.contains(name) && err.contains("[32, 96]"), "{err}");
     }
 
-    /// `TORCHPORT_WAIT_POLICY`: `passive` in any case (and around blanks) makes the pool's
-    /// threads sleep between loops; nothing, `active` or anything else keeps them looking for
-    /// work. A run gives the same bits either way (timm's ResNet-18d on a pool of 4 threads,
-    /// where 3 of them wait or not).
+    /// `TORCHPORT_WAIT_POLICY`: `passive` and `spin` in any case (and around blanks) name
+    /// their policies; nothing, `active` or anything else is the default, looking for work
+    /// and yielding. A run gives the same bits with each (timm's ResNet-18d on a pool of 4
+    /// threads, where 3 of them wait one way or another).
     #[test]
     fn wait_policies_name_their_waiting_and_compute_the_same() {
-        for (value, active) in [
-            (None, true),
-            (Some("active"), true),
-            (Some("passive"), false),
-            (Some(" PASSIVE\n"), false),
-            (Some("spin"), true),
+        use WaitPolicy::*;
+        for (value, policy) in [
+            (None, Active),
+            (Some("active"), Active),
+            (Some("yield"), Active),
+            (Some("passive"), Passive),
+            (Some(" PASSIVE\n"), Passive),
+            (Some("spin"), Spin),
+            (Some("Spin "), Spin),
         ] {
             assert_eq!(
-                wait_policy_active(value.map(String::from)),
-                active,
+                wait_policy_named(value.map(String::from)),
+                policy,
                 "{value:?}"
             );
         }
@@ -1342,9 +1363,9 @@ mod tests {
             .num_threads(4)
             .build()
             .unwrap();
-        let run = |active: bool| {
+        let run = |policy: WaitPolicy| {
             let out = pool.install(|| {
-                in_pool_waiting(active, || p.run_inner(std::slice::from_ref(&x), None))
+                in_pool_waiting(policy, || p.run_inner(std::slice::from_ref(&x), None))
             });
             out.unwrap()[0]
                 .flatten_all()
@@ -1352,7 +1373,9 @@ mod tests {
                 .to_vec1::<f32>()
                 .unwrap()
         };
-        assert_eq!(run(true), run(false));
+        let active = run(Active);
+        assert_eq!(active, run(Spin));
+        assert_eq!(active, run(Passive));
     }
 
     /// timm's ResNet-18d (the zoo fixture, exported plain) and its weights, decoded plainly,
