@@ -195,8 +195,10 @@ def check(cli, model, inputs, pt2, npys):
 
 
 def run_timing_env(args, th):
-    """run_timing's environment: `th` pool threads, bound one to a CPU with --pin."""
-    env = {"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"}
+    """run_timing's environment: `th` pool threads, bound one to a CPU with --pin, and this
+    process's own TORCHPORT_* settings (e.g. TORCHPORT_WAIT_POLICY)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("TORCHPORT_")}
+    env.update({"RAYON_NUM_THREADS": str(th), "PATH": "/usr/bin:/bin"})
     if args.pin:
         env["TORCHPORT_PIN_THREADS"] = "1"
     return env

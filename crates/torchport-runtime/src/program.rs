@@ -1230,7 +1230,11 @@ fn wait_policy() -> WaitPolicy {
 /// The policy a `TORCHPORT_WAIT_POLICY` value names, in any case and around blanks:
 /// `passive`, `spin`, else (`active`, anything else, nothing) [`WaitPolicy::Active`].
 fn wait_policy_named(value: Option<String>) -> WaitPolicy {
-    match value.as_deref().map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+    match value
+        .as_deref()
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
         Some("passive") => WaitPolicy::Passive,
         Some("spin") => WaitPolicy::Spin,
         _ => WaitPolicy::Active,
