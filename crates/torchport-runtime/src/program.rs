@@ -524,7 +524,7 @@ impl Program {
         }
         // A value by name: computed in this run, else one of the program's weights (which a
         // program may return as it is).
-        let value = |name: &str| env.get(name).or_else(|| constants.get(name));
+        let value = |name: &str| crate::value::lookup(&env, Some(&constants), name);
         let updates = self
             .mutations
             .iter()
@@ -958,7 +958,7 @@ fn bind_outputs(
                 .map(|a| &a.arg),
             node.outputs.first(),
         ) {
-            let old = env.get(&src.name).or_else(|| constants.get(&src.name));
+            let old = crate::value::lookup(env, Some(constants), &src.name);
             let (Some(Value::Tensor(old)), Some(Value::Tensor(new))) = (old, env.get(&dst.name))
             else {
                 return Ok(());

@@ -74,6 +74,16 @@ pub enum TensorOrScalar {
 /// the names are the program's own, and a run looks several up per node).
 pub type Env = HashMap<String, Value, foldhash::fast::RandomState>;
 
+/// The value named `name`: the one in `env`, else the one in `constants` (a program's
+/// weights, which a run reads where they are instead of copying them into its environment).
+pub(crate) fn lookup<'a>(
+    env: &'a Env,
+    constants: Option<&'a Env>,
+    name: &str,
+) -> Option<&'a Value> {
+    env.get(name).or_else(|| constants?.get(name))
+}
+
 /// The arguments of one node, resolved against the environment on request.
 pub struct Args<'a> {
     node: &'a Node,
