@@ -376,6 +376,7 @@ def main():
     finally:
         for p in busy:
             p.kill()
+            p.wait()
     if args.export_only:
         return
     how = ("paired: the engines in turn, one run each; ratios are medians of the per-turn "

@@ -687,17 +687,11 @@ def float64_refs(name, d):
     again does not give the saved float32 outputs bit for bit (then the weights differ)."""
     if (d / "ref64_0.npy").exists():
         return True
-    torch.manual_seed(0)
-    model, inputs = MODELS[name]()
-    if isinstance(inputs, Dynamic):
-        inputs = inputs.run
+    model, inputs, _ = made(MODELS[name])
     args, kwargs = split(inputs)
-    model.eval()
     double = lambda xs: [x.double() if x.is_floating_point() else x for x in xs]  # noqa: E731
     try:
         with torch.no_grad():
-            randomize_norm_stats(model)
-            calibrate_batch_norms(model, inputs)
             ref = leaves(model(*args, **kwargs))
             ref64 = leaves(model.double()(*double(args),
                                           **dict(zip(kwargs, double(kwargs.values())))))
@@ -743,19 +737,27 @@ def split(inputs):
     return ((), inputs) if isinstance(inputs, dict) else (inputs, {})
 
 
-def build(name, make, d):
-    """Export `name` into folder `d`: plain/decomp programs, inputs, torch's outputs."""
-    d.mkdir(parents=True, exist_ok=True)
+def made(make):
+    """(model, inputs it runs on, (example inputs, dynamic shapes) for the export): the model
+    `make` builds (seed 0), in eval mode, its norms given statistics as a trained model's."""
     torch.manual_seed(0)
     model, inputs = make()
     example, shapes = inputs, None
     if isinstance(inputs, Dynamic):
         example, inputs, shapes = inputs.example, inputs.run, inputs.shapes
-    args, kwargs = split(inputs)
     model.eval()
     with torch.no_grad():
         randomize_norm_stats(model)
         calibrate_batch_norms(model, inputs)
+    return model, inputs, (example, shapes)
+
+
+def build(name, make, d):
+    """Export `name` into folder `d`: plain/decomp programs, inputs, torch's outputs."""
+    d.mkdir(parents=True, exist_ok=True)
+    model, inputs, (example, shapes) = made(make)
+    args, kwargs = split(inputs)
+    with torch.no_grad():
         ref = leaves(model(*args, **kwargs))
     for i, x in enumerate(leaves((args, kwargs))):
         np.save(d / f"input_{i}.npy", x.numpy())
