@@ -1,6 +1,6 @@
-//! Convolutions (groups 1) with few columns, that is input channels times kernel taps (a
-//! 1x1 convolution's input channels, a network's first 3x3 convolution over 3 channels: 27),
-//! computed directly on x86-64 CPUs with AVX-512: each output row (an output channel's
+//! Convolutions with few columns, that is input channels (of a group) times kernel taps (a
+//! 1x1 convolution's input channels, a network's first 3x3 convolution over 3 channels: 27,
+//! RegNet's grouped 3x3 convolutions over 8 channels a group: 72), computed directly on x86-64 CPUs with AVX-512: each output row (an output channel's
 //! plane) written once, its bias and residual added and its activation applied in
 //! registers.
 //!
@@ -86,7 +86,7 @@ const PREFETCH: usize = 4 * PIXELS;
 const PIECES_PER_THREAD: usize = 4;
 
 /// Whether [`narrow`] computes a convolution of `c` input channels by a `kernel` with these
-/// parameters, `pixels` output pixels per image: groups 1, at most [`MAX_COLUMNS`] columns
+/// parameters, `pixels` output pixels per image: at most [`MAX_COLUMNS`] columns per group
 /// ([`MAX_FIRST_COLUMNS`] for a first convolution), at least [`MIN_PIXELS`] pixels, a CPU with
 /// AVX-512 and FMA; a 1x1 kernel only at stride 1 without padding (read in place). A 1x1 kernel
 /// at stride 2 was faster by the gemm crate (64 → 128 channels on 56 x 56, batch 1, 1 thread:
@@ -95,9 +95,10 @@ const PIECES_PER_THREAD: usize = 4;
 /// against 0.109 ms; batch 8, 1 thread: 2.17 against 1.96; 3 → 96 channels 4x4 at stride 4,
 /// batch 8, 1 thread: 3.54 against 3.17).
 pub(super) fn applies(c: usize, [kh, kw]: [usize; 2], pixels: usize, p: &Params) -> bool {
-    p.groups == 1
+    p.groups >= 1
+        && c.is_multiple_of(p.groups)
         && (kh * kw > 1 || reads_in_place([kh, kw], p))
-        && (1..=max_columns(c)).contains(&(c * kh * kw))
+        && (1..=max_columns(c)).contains(&(c / p.groups * kh * kw))
         && pixels >= MIN_PIXELS
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("fma")
@@ -140,13 +141,15 @@ pub(super) fn conv(
     }
 }
 
-/// `act(w @ cols + bias + residual)` per image for `x: [n, c, h, w]` (its columns: the input
-/// itself for a 1x1 kernel at stride 1 without padding, else unfolded as `im2col` does), `w:
-/// [co, c * kh * kw]`, `bias: [co]` and `residual: [n, co, oh, ow]` (each optional), as a new
-/// `[n, co, oh, ow]` buffer written once; pieces of the images' output pixels (whole blocks)
-/// over the pool's threads. The sum of an output starts from its bias and adds the columns in
-/// order, then the residual. Panics unless [`applies`] said so for these sizes and the slices
-/// have them.
+/// `act(w @ cols + bias + residual)` per image and group of channels (`p.groups`) for `x:
+/// [n, c, h, w]` (a group's columns: its input channels themselves for a 1x1 kernel at stride
+/// 1 without padding, else unfolded as `im2col` does), `w: [co, c / groups * kh * kw]` (a
+/// group's output channels its rows), `bias: [co]` and `residual: [n, co, oh, ow]` (each
+/// optional), as a new `[n, co, oh, ow]` buffer written once; pieces of the images' output
+/// pixels (whole blocks) over the pool's threads, each piece's stretches computed for every
+/// group in turn. The sum of an output starts from its bias and adds the columns in order,
+/// then the residual. Panics unless [`applies`] said so for these sizes and the slices have
+/// them.
 fn narrow(
     x: &[f32],
     w: &[f32],
@@ -157,13 +160,18 @@ fn narrow(
 ) -> Vec<f32> {
     use rayon::prelude::*;
     let ([n, c, h, wd], [kh, kw], [oh, ow]) = (shape.input, shape.kernel, shape.out);
-    let (k, pixels) = (c * kh * kw, oh * ow);
+    // Each group's input and output channels (all of them for groups 1); `k` columns each.
+    let groups = p.groups.max(1);
+    let cg = c / groups;
+    let (k, pixels) = (cg * kh * kw, oh * ow);
     let co = w.len() / k.max(1);
+    let og = co / groups;
     let len = n * co * pixels;
     assert!(
         applies(c, [kh, kw], pixels, p)
             && x.len() == n * c * h * wd
             && w.len() == co * k
+            && og * groups == co
             && bias.is_none_or(|b| b.len() == co)
             && residual.is_none_or(|r| r.len() == len),
         "narrow conv: sizes or a CPU it does not take"
@@ -191,46 +199,56 @@ fn narrow(
         let end = piece_start(b + 1);
         for s0 in (piece_start(b)..end).step_by(stretch) {
             let s1 = (s0 + stretch).min(end);
-            // The stretch's columns: `k` rows of `s1 - s0` values, `step` apart.
-            let (src, step): (&[f32], usize) = if in_place {
-                (&img_x[s0..], pixels)
-            } else {
-                let run = s1 - s0;
-                // Every value is written by `im2col_span`: the buffer only grows (not zeroed).
-                if cols.len() < k * run {
-                    cols.resize(k * run, 0.0);
-                }
-                for (r, row) in cols[..k * run].chunks_exact_mut(run).enumerate() {
-                    im2col_span(img_x, [c, h, wd], [kh, kw], ow, p, r, s0, row);
-                }
-                (&cols[..k * run], run)
-            };
-            for o in (0..co).step_by(ROWS) {
-                let rows = ROWS.min(co - o);
-                // SAFETY: `applies` found AVX-512 and FMA; the columns hold `k` rows of
-                // `s1 - s0` values `step` apart from `src`'s start (the image's planes, or the
-                // unfolded stretch), the rows `o..o + rows` lie inside the output's channels,
-                // the residual (if any) holds the image's `co` planes, and this task alone
-                // writes the image's pixels `s0..s1`, so nothing else touches them.
-                #[allow(unsafe_code)]
-                unsafe {
-                    let dst = out.0.add(img * co * pixels);
-                    let res = residual.map(|r| r.as_ptr().add(img * co * pixels));
-                    for q in (s0..s1).step_by(PIXELS) {
-                        let block = Block {
-                            cols: src.as_ptr().add(q - s0),
-                            step,
-                            at: q,
-                            pixels: PIXELS.min(s1 - q),
-                            plane: pixels,
-                        };
-                        // A last group of fewer rows is computed as 2 or 4: the 16 and 32
-                        // channels of a first convolution took 3 groups of 6 (18) and 6 (36).
-                        let at = [o, rows];
-                        match rows {
-                            1 | 2 => block_avx512::<2>(&block, w, bias, res, act, at, dst),
-                            3 | 4 => block_avx512::<4>(&block, w, bias, res, act, at, dst),
-                            _ => block_avx512::<ROWS>(&block, w, bias, res, act, at, dst),
+            for g in 0..groups {
+                // The group's input channels, weight rows, biases, and output planes.
+                let x_g = &img_x[g * cg * h * wd..][..cg * h * wd];
+                let (w_g, bias_g) = (&w[g * og * k..][..og * k], &bias[g * og..][..og]);
+                let planes = (img * co + g * og) * pixels;
+                // The stretch's columns: `k` rows of `s1 - s0` values, `step` apart.
+                let (src, step): (&[f32], usize) = if in_place {
+                    (&x_g[s0..], pixels)
+                } else {
+                    let run = s1 - s0;
+                    // Every value is written by `im2col_span`: the buffer only grows (not
+                    // zeroed).
+                    if cols.len() < k * run {
+                        cols.resize(k * run, 0.0);
+                    }
+                    for (r, row) in cols[..k * run].chunks_exact_mut(run).enumerate() {
+                        im2col_span(x_g, [cg, h, wd], [kh, kw], ow, p, r, s0, row);
+                    }
+                    (&cols[..k * run], run)
+                };
+                for o in (0..og).step_by(ROWS) {
+                    let rows = ROWS.min(og - o);
+                    // SAFETY: `applies` found AVX-512 and FMA; the columns hold `k` rows of
+                    // `s1 - s0` values `step` apart from `src`'s start (the group's planes, or
+                    // the unfolded stretch), the rows `o..o + rows` lie inside the group's
+                    // `og` output channels (`planes` on), the residual (if any) holds the
+                    // image's `co` planes, and this task alone writes the image's pixels
+                    // `s0..s1`, so nothing else touches them.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        let dst = out.0.add(planes);
+                        let res = residual.map(|r| r.as_ptr().add(planes));
+                        for q in (s0..s1).step_by(PIXELS) {
+                            let block = Block {
+                                cols: src.as_ptr().add(q - s0),
+                                step,
+                                at: q,
+                                pixels: PIXELS.min(s1 - q),
+                                plane: pixels,
+                            };
+                            // A last group of fewer rows is computed as 2 or 4: the 16 and 32
+                            // channels of a first convolution took 3 groups of 6 (18) and 6
+                            // (36).
+                            let at = [o, rows];
+                            let (w, b) = (w_g, bias_g);
+                            match rows {
+                                1 | 2 => block_avx512::<2>(&block, w, b, res, act, at, dst),
+                                3 | 4 => block_avx512::<4>(&block, w, b, res, act, at, dst),
+                                _ => block_avx512::<ROWS>(&block, w, b, res, act, at, dst),
+                            }
                         }
                     }
                 }
@@ -445,7 +463,7 @@ mod tests {
         }
     }
 
-    /// The path takes convolutions of groups 1 with at most `MAX_COLUMNS` columns (at most
+    /// The path takes convolutions with at most `MAX_COLUMNS` columns per group (at most
     /// `MAX_FIRST_COLUMNS` over at most `FIRST_CHANNELS` input channels) and at least
     /// `MIN_PIXELS` output pixels (1x1 ones only at stride 1 unpadded), and no other.
     #[test]
@@ -464,7 +482,13 @@ mod tests {
         assert!(!applies(FIRST_CHANNELS + 1, [5, 5], 4096, &p));
         assert!(!applies(16, [1, 1], MIN_PIXELS - 1, &p));
         assert!(!applies(0, [1, 1], 4096, &p));
-        assert!(!applies(16, [1, 1], 4096, &Params { groups: 2, ..p }));
+        // Columns per group: RegNet's 8 channels a group by 3x3 (72), not 16 (144).
+        let groups = |g| Params { groups: g, ..p };
+        assert!(applies(16, [1, 1], 4096, &groups(2)));
+        assert!(applies(48, [3, 3], 4096, &groups(6)));
+        assert!(!applies(48, [3, 3], 4096, &groups(3)));
+        assert!(!applies(16, [1, 1], 4096, &groups(3)));
+        assert!(!applies(16, [1, 1], 4096, &groups(0)));
         let stride_2 = params([2, 2], [0, 0], [1, 1], Act::None);
         assert!(!applies(16, [1, 1], 4096, &stride_2));
         let padded = params([1, 1], [0, 1], [1, 1], Act::None);
