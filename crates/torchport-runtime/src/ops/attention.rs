@@ -261,15 +261,16 @@ fn fused_attention(
                 let fmask = mask
                     .as_ref()
                     .filter(|m| m.dtype() == DType::F32)
-                    .and_then(|m| {
-                        super::fused::with_storage::<f32, _>(m, |d, lay| (d.to_vec(), lay.clone()))
-                    });
+                    .and_then(|m| super::fused::with_storage::<f32, _>(m, MaskView::of))
+                    .flatten();
                 let bmask = mask
                     .as_ref()
                     .filter(|m| m.dtype() == DType::U8)
-                    .and_then(|m| {
-                        super::fused::with_storage::<u8, _>(m, |d, lay| (d.to_vec(), lay.clone()))
-                    });
+                    .and_then(|m| super::fused::with_storage::<u8, _>(m, MaskView::of))
+                    .flatten();
+                if mask.is_some() && fmask.is_none() && bmask.is_none() {
+                    return false;
+                }
                 let task = |bh: usize, r0: usize, o: &mut [f32]| -> bool {
                     let (bi, h) = (bh / hq, bh % hq);
                     let kh = h / rep;
@@ -313,20 +314,16 @@ fn fused_attention(
                             || {
                                 for (ri, row) in sc.chunks_mut(s).enumerate() {
                                     let i = r0 + ri;
-                                    if let Some((md, ml)) = &fmask {
-                                        if !mask_row(row, md, ml, [bi, h, i], |x, m| *x += m) {
-                                            return false;
-                                        }
+                                    if let Some(fm) = &fmask {
+                                        fm.row(row, [bi, h, i], |x, m| *x += m);
                                     }
-                                    if let Some((md, ml)) = &bmask {
+                                    if let Some(bm) = &bmask {
                                         let keep = |x: &mut f32, m: u8| {
                                             if m == 0 {
                                                 *x = f32::NEG_INFINITY
                                             }
                                         };
-                                        if !mask_row(row, md, ml, [bi, h, i], keep) {
-                                            return false;
-                                        }
+                                        bm.row(row, [bi, h, i], keep);
                                     }
                                     if causal && i + 1 < s {
                                         row[i + 1..].fill(f32::NEG_INFINITY);
@@ -378,35 +375,54 @@ fn fused_attention(
     Ok(Some(Tensor::from_vec(out, (b, hq, l, ev), q.device())?))
 }
 
-/// `f(score, mask value)` over one row of scores: row `i` of head `h` of batch `bi` (`at`)
-/// of a rank-4 mask with data `md` read through `lay`. False when the mask's view does not
-/// fit its data. A unit-stride row is read as one slice, so the loop vectorises.
-#[inline(always)]
-fn mask_row<T: Copy>(
-    row: &mut [f32],
-    md: &[T],
-    lay: &candle_core::Layout,
-    at: [usize; 3],
-    f: impl Fn(&mut f32, T),
-) -> bool {
-    let st = lay.stride();
-    let base = lay.start_offset() + at[0] * st[0] + at[1] * st[1] + at[2] * st[2];
-    if st[3] == 1 {
-        let Some(m) = md.get(base..base + row.len()) else {
-            return false;
+/// The values of a rank-4 attention mask (broadcast to `[B, H, L, S]`) that its view reads,
+/// copied out of its storage, and the view's strides into them. Only the view's own span is
+/// copied: a mask that is a constant of the program shares its storage with all of the
+/// program's weights, and copying that whole storage on every call had cost TinyViT-5M 5 ms
+/// per attention (the weights' 57 MB; BENCHMARKS.md, issue 14).
+struct MaskView<T> {
+    values: Vec<T>,
+    stride: [usize; 4],
+}
+
+impl<T: Copy> MaskView<T> {
+    /// The span of `data` that the rank-4 `layout` reads; `None` if it is not rank 4 or
+    /// reaches past `data`.
+    fn of(data: &[T], layout: &candle_core::Layout) -> Option<MaskView<T>> {
+        let (dims, st) = (layout.dims(), layout.stride());
+        let (&[d0, d1, d2, d3], &[s0, s1, s2, s3]) = (dims, st) else {
+            return None;
         };
-        for (x, &v) in row.iter_mut().zip(m) {
-            f(x, v);
+        if d0 * d1 * d2 * d3 == 0 {
+            return None;
         }
-        return true;
+        let last = (d0 - 1) * s0 + (d1 - 1) * s1 + (d2 - 1) * s2 + (d3 - 1) * s3;
+        let start = layout.start_offset();
+        let values = data.get(start..=start.checked_add(last)?)?.to_vec();
+        Some(MaskView {
+            values,
+            stride: [s0, s1, s2, s3],
+        })
     }
-    for (j, x) in row.iter_mut().enumerate() {
-        match md.get(base + j * st[3]) {
-            Some(&v) => f(x, v),
-            None => return false,
+
+    /// `f(score, mask value)` over one row of scores: row `i` of head `h` of batch `bi`
+    /// (`at`). A unit-stride row is read as one slice, so the loop vectorises. The row is
+    /// as long as the mask's last dim (`S`), which `of` checked lies inside.
+    #[inline(always)]
+    fn row(&self, row: &mut [f32], at: [usize; 3], f: impl Fn(&mut f32, T)) {
+        let st = self.stride;
+        let base = at[0] * st[0] + at[1] * st[1] + at[2] * st[2];
+        let n = row.len();
+        if st[3] == 1 {
+            for (x, &v) in row.iter_mut().zip(&self.values[base..base + n]) {
+                f(x, v);
+            }
+        } else {
+            for (j, x) in row.iter_mut().enumerate() {
+                f(x, self.values[base + j * st[3]]);
+            }
         }
     }
-    true
 }
 
 fn sdpa(a: &Args) -> OpResult<Outputs> {
@@ -534,11 +550,17 @@ mod tests {
         let bmask = Tensor::from_vec(keep, (37, 41), &dev).unwrap();
         // A mask whose rows are not unit-stride (read element by element).
         let tmask = r(&[41, 37]).t().unwrap();
+        // A mask inside a larger storage, from an offset (a constant among the program's
+        // weights, which share one buffer).
+        let shared = r(&[4000]);
+        let vmask = shared.narrow(0, 123, 37 * 41).unwrap();
+        let vmask = vmask.reshape((37, 41)).unwrap();
         for (mask, causal) in [
             (None, false),
             (Some(&fmask), false),
             (Some(&bmask), true),
             (Some(&tmask), false),
+            (Some(&vmask), false),
         ] {
             let got = fused_attention(&q, &k, &v, mask, causal, 0.3, true)
                 .unwrap()
@@ -555,5 +577,24 @@ mod tests {
         assert!(fused_attention(&q, &k, &v, None, false, 0.3, false)
             .unwrap()
             .is_none());
+    }
+
+    /// A mask's values are copied only as far as its view reads them, from its offset: not
+    /// the whole storage it shares (the program's weights), and none past the storage.
+    #[test]
+    fn mask_view_copies_only_its_span() {
+        let shared = Tensor::arange(0f32, 4000., &Device::Cpu).unwrap();
+        let m = shared.narrow(0, 123, 6).unwrap().reshape((2, 3)).unwrap();
+        let m = m.broadcast_as((2, 4, 2, 3)).unwrap();
+        let view = crate::ops::fused::with_storage::<f32, _>(&m, MaskView::of)
+            .flatten()
+            .unwrap();
+        assert_eq!(view.values, [123., 124., 125., 126., 127., 128.]);
+        let mut row = [0f32; 3];
+        view.row(&mut row, [1, 3, 1], |x, v| *x += v);
+        assert_eq!(row, [126., 127., 128.]);
+        // A layout that reaches past its storage is refused, not read.
+        let lay = candle_core::Layout::contiguous_with_offset((1, 1, 2, 3), 3998);
+        assert!(MaskView::of(&[0f32; 4000], &lay).is_none());
     }
 }
