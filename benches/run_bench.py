@@ -149,15 +149,15 @@ def time_it(fn, runs):
     return statistics.median(ts), (time.process_time() - c0) * 1e3 / runs
 
 
-def stem(name, batch, size):
+def stem(name, batch, size=None):
     """The exports' path without suffix: `NAME_bBATCH`, with `_sSIZE` for a size other than
     the model's own default."""
     return OUT / (f"{name}_b{batch}" + (f"_s{size}" if size else ""))
 
 
-def export(name, batch, size):
+def export(name, batch, size=None):
     """(model, inputs, .pt2 path, input .npy paths), exporting on first use; `size` None
-    for the model's default."""
+    (the default) for the model's own input size."""
     torch.manual_seed(0)
     model, inputs = MODELS[name](batch, size) if size else MODELS[name](batch)
     model.eval()
