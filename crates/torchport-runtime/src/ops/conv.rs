@@ -1,9 +1,10 @@
 //! Convolutions: conv1d/conv2d/convolution (grouped, depthwise, asymmetric padding) and
 //! conv_transpose2d. Dense convs unfold the input (im2col) and run one gemm per image (or per
 //! group of small images), or, when 3x3 with stride 1 on large enough images, run by
-//! Winograd's F(2x2, 3x3) (`winograd`);
-//! grouped convs go through candle's tiled im2col + gemm; depthwise convs (groups == in
-//! channels) use direct kernels, far faster than one gemm per channel (`depthwise`).
+//! Winograd's F(2x2, 3x3) (`winograd`); with few columns, directly (`narrow`). Grouped convs
+//! run the same way for each group of channels (one gemm per image and group, or `narrow`);
+//! depthwise convs (groups == in channels) use direct kernels, far faster than one gemm per
+//! channel (`depthwise`).
 
 use candle_core::{DType, Tensor, D};
 
