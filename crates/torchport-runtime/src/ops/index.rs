@@ -37,13 +37,13 @@ fn gather_flat(t: &Tensor, offsets: Vec<i64>, shape: Vec<usize>) -> OpResult<Ten
 
 /// One axis of an indexing result: a dim of the input (size, stride) or the broadcast block
 /// of the index tensors (one offset per position).
-enum Axis {
+enum Axis<'a> {
     Dim(usize, usize),
-    Block(Vec<usize>),
+    Block(&'a [usize]),
 }
 
 /// Offsets of every element of a result made of `axes`, in row-major order.
-fn offsets_of(axes: &[Axis], total: usize) -> OpResult<Vec<i64>> {
+fn offsets_of(axes: &[Axis<'_>], total: usize) -> OpResult<Vec<i64>> {
     let mut out = Vec::with_capacity(total);
     let sizes: Vec<usize> = axes
         .iter()
@@ -81,12 +81,34 @@ fn offsets_of(axes: &[Axis], total: usize) -> OpResult<Vec<i64>> {
     }
 }
 
-/// `self[indices]` with `None` entries for the dims taken whole.
+/// `self[indices]` with `None` entries for the dims taken whole. Indexed dims next to each
+/// other (a table's rows by an index tensor, as relative position biases are read) gather
+/// whole runs of the dims after them, `[outer, rows, inner]` by rows; others element by
+/// element. Element by element, GCViT-xxtiny's bias tables (`[729, 8]` by 38,416 rows)
+/// took 2.5 ms each, a sixth of the model at 1 thread (BENCHMARKS.md, issue 14).
 fn index(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     match locate(t.dims(), a.opt_tensors("indices")?)? {
+        Some(at) => one(gather(&t, &at)?),
         None => one(t),
-        Some((offsets, shape)) => one(gather_flat(&t, offsets, shape)?),
+    }
+}
+
+/// What `t` holds where `at` says (see [`index`]).
+fn gather(t: &Tensor, at: &Located) -> OpResult<Tensor> {
+    let shape = at.shape();
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(overflow)?;
+    match at.rows() {
+        Some(([outer, mid, inner], rows)) => {
+            let n = rows.len();
+            let rows = Tensor::from_vec(rows, n, &candle_core::Device::Cpu)?;
+            let t = t.contiguous()?.reshape((outer, mid, inner))?;
+            Ok(t.index_select(&rows, 1)?.reshape(shape)?)
+        }
+        None => gather_flat(t, at.offsets()?, shape),
     }
 }
 
@@ -96,7 +118,7 @@ fn index_put(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let values = a.tensor("values")?;
     let accumulate = a.bool_or("accumulate", false)?;
-    let Some((offsets, shape)) = locate(t.dims(), a.opt_tensors("indices")?)? else {
+    let Some(at) = locate(t.dims(), a.opt_tensors("indices")?)? else {
         // No index: every element.
         let v = values.to_dtype(t.dtype())?.broadcast_as(t.dims())?;
         return one(if accumulate {
@@ -105,6 +127,7 @@ fn index_put(a: &Args) -> OpResult<Outputs> {
             v.contiguous()?
         });
     };
+    let (offsets, shape) = (at.offsets()?, at.shape());
     let values = values
         .to_dtype(t.dtype())?
         .broadcast_as(shape)?
@@ -133,9 +156,8 @@ fn index_put(a: &Args) -> OpResult<Outputs> {
     })
 }
 
-/// Where `self[indices]` reads: the flat offset of each element of the result, and its
-/// shape; `None` when no dim is indexed.
-fn locate(dims: &[usize], given: Vec<Option<Tensor>>) -> OpResult<Option<(Vec<i64>, Vec<usize>)>> {
+/// Where `self[indices]` reads (see [`Located`]); `None` when no dim is indexed.
+fn locate(dims: &[usize], given: Vec<Option<Tensor>>) -> OpResult<Option<Located>> {
     // Expand bool masks into one long index per dim they cover (their nonzero positions).
     let mut idx: Vec<Option<Tensor>> = Vec::new();
     for g in given {
@@ -167,9 +189,9 @@ fn locate(dims: &[usize], given: Vec<Option<Tensor>>) -> OpResult<Option<(Vec<i6
     }
     let strides = contiguous_strides(&dims);
     let indexed: Vec<usize> = (0..idx.len()).filter(|&i| idx[i].is_some()).collect();
-    let (Some(&first), Some(&last)) = (indexed.first(), indexed.last()) else {
+    if indexed.is_empty() {
         return Ok(None);
-    };
+    }
     // Broadcast the index tensors together.
     let mut bshape = Shape::from(());
     for &i in &indexed {
@@ -195,37 +217,92 @@ fn locate(dims: &[usize], given: Vec<Option<Tensor>>) -> OpResult<Option<(Vec<i6
             *b += j as usize * strides[i];
         }
     }
-    let adjacent = indexed.len() == last - first + 1;
-    let rest = |r: std::ops::Range<usize>| -> Vec<Axis> {
-        r.filter(|d| !indexed.contains(d))
-            .map(|d| Axis::Dim(dims[d], strides[d]))
-            .collect()
-    };
-    let mut axes: Vec<Axis> = Vec::new();
-    let mut shape: Vec<usize> = Vec::new();
-    if adjacent {
-        axes.extend(rest(0..first));
-        axes.push(Axis::Block(block));
-        axes.extend(rest(last + 1..dims.len()));
-        shape.extend_from_slice(&dims[..first]);
-        shape.extend_from_slice(bshape.dims());
-        shape.extend(dims.iter().skip(last + 1));
-    } else {
-        axes.push(Axis::Block(block));
-        axes.extend(rest(0..dims.len()));
-        shape.extend_from_slice(bshape.dims());
-        shape.extend(
-            (0..dims.len())
-                .filter(|d| !indexed.contains(d))
-                .map(|d| dims[d]),
-        );
+    Ok(Some(Located {
+        dims,
+        strides,
+        indexed,
+        block,
+        bshape,
+    }))
+}
+
+/// Where `self[indices]` reads, for a tensor of sizes `dims` (contiguous `strides`): the
+/// indexed dims, and for each position of the index tensors broadcast together (`bshape`)
+/// the flat offset their indices add up to (`block`).
+struct Located {
+    dims: Vec<usize>,
+    strides: Vec<usize>,
+    indexed: Vec<usize>,
+    block: Vec<usize>,
+    bshape: Shape,
+}
+
+impl Located {
+    /// Whether the indexed dims are next to each other: their block then takes their place
+    /// in the result, else it comes first (torch's rule).
+    fn adjacent(&self) -> bool {
+        let (first, last) = (self.indexed[0], self.indexed[self.indexed.len() - 1]);
+        self.indexed.len() == last - first + 1
     }
-    let total = shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(overflow)?;
-    let offsets = offsets_of(&axes, total)?;
-    Ok(Some((offsets, shape)))
+
+    /// The dims not indexed, of `r`, as axes of the result.
+    fn rest(&self, r: std::ops::Range<usize>) -> impl Iterator<Item = Axis<'_>> {
+        r.filter(|d| !self.indexed.contains(d))
+            .map(|d| Axis::Dim(self.dims[d], self.strides[d]))
+    }
+
+    /// The result's axes, in order.
+    fn axes(&self) -> Vec<Axis<'_>> {
+        let (first, last) = (self.indexed[0], self.indexed[self.indexed.len() - 1]);
+        let block = Axis::Block(&self.block);
+        if self.adjacent() {
+            let mut axes: Vec<Axis> = self.rest(0..first).collect();
+            axes.push(block);
+            axes.extend(self.rest(last + 1..self.dims.len()));
+            axes
+        } else {
+            let mut axes = vec![block];
+            axes.extend(self.rest(0..self.dims.len()));
+            axes
+        }
+    }
+
+    /// The result's shape: the block's dims where the block is.
+    fn shape(&self) -> Vec<usize> {
+        let mut shape = Vec::new();
+        for a in self.axes() {
+            match a {
+                Axis::Dim(n, _) => shape.push(n),
+                Axis::Block(_) => shape.extend_from_slice(self.bshape.dims()),
+            }
+        }
+        shape
+    }
+
+    /// The flat offset of each element of the result, in order.
+    fn offsets(&self) -> OpResult<Vec<i64>> {
+        let total = self
+            .shape()
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(overflow)?;
+        offsets_of(&self.axes(), total)
+    }
+
+    /// Adjacent indexed dims as rows: the tensor seen as `[outer, rows, inner]` (the dims
+    /// before, at and after the indexed ones), and the row each position of the block reads.
+    fn rows(&self) -> Option<([usize; 3], Vec<i64>)> {
+        if !self.adjacent() {
+            return None;
+        }
+        let (first, last) = (self.indexed[0], self.indexed[self.indexed.len() - 1]);
+        let size = |r: &[usize]| r.iter().product::<usize>();
+        let (outer, mid) = (size(&self.dims[..first]), size(&self.dims[first..=last]));
+        let inner = self.strides[last];
+        let rows = self.block.iter().map(|&b| i64::try_from(b / inner.max(1)));
+        let rows = rows.collect::<Result<Vec<_>, _>>().ok()?;
+        Some(([outer, mid, inner], rows))
+    }
 }
 
 /// `as_strided(self, size, stride, storage_offset)` read from `self`'s contiguous layout
@@ -333,4 +410,54 @@ fn scatter_along(t: &Tensor, src: &Tensor, d: usize, pos: &[usize]) -> OpResult<
         return one(t.clone());
     }
     one(Tensor::cat(&pieces, d)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// Indexed dims next to each other are gathered as whole rows, and give what the element
+    /// by element gather (the path torch's OpInfo samples check) gives: at the start, in the
+    /// middle and at the end, with broadcast and negative indices; indexed dims apart are
+    /// left to it.
+    #[test]
+    fn rows_gather_what_elements_gather() {
+        let dev = Device::Cpu;
+        let t = Tensor::arange(0f32, 3. * 4. * 5., &dev)
+            .unwrap()
+            .reshape((3, 4, 5))
+            .unwrap();
+        let ix = |v: &[i64], s: &[usize]| Tensor::new(v, &dev).unwrap().reshape(s).unwrap();
+        let cases: Vec<(Vec<Option<Tensor>>, bool)> = vec![
+            (vec![Some(ix(&[2, 0, 2, 1], &[2, 2]))], true),
+            (vec![None, Some(ix(&[3, -1, 0], &[3])), None], true),
+            (
+                vec![
+                    None,
+                    Some(ix(&[1, 2], &[2, 1])),
+                    Some(ix(&[4, 0, -2], &[3])),
+                ],
+                true,
+            ),
+            (vec![None, None, Some(ix(&[-5, 4], &[2]))], true),
+            (
+                vec![Some(ix(&[1, 2], &[2])), None, Some(ix(&[0, 3], &[2]))],
+                false,
+            ),
+        ];
+        for (given, adjacent) in cases {
+            let at = locate(t.dims(), given).unwrap().unwrap();
+            let shape = at.shape();
+            let want = gather_flat(&t, at.offsets().unwrap(), shape.clone()).unwrap();
+            assert_eq!(at.rows().is_some(), adjacent, "{shape:?}");
+            let got = gather(&t, &at).unwrap();
+            assert_eq!(got.dims(), shape.as_slice());
+            let (got, want) = (got.flatten_all().unwrap(), want.flatten_all().unwrap());
+            assert_eq!(
+                got.to_vec1::<f32>().unwrap(),
+                want.to_vec1::<f32>().unwrap()
+            );
+        }
+    }
 }
