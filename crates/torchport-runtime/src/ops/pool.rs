@@ -250,7 +250,7 @@ fn nan_max(acc: f32, v: f32) -> f32 {
 /// Both loops run in [`simd`] (AVX-512 where the CPU has it). Groups of planes in parallel,
 /// each output value written once. `None` when the input is not a contiguous f32 tensor or
 /// has no values (the general kernel takes it).
-fn max_pool_values(
+pub(super) fn max_pool_values(
     x: &Tensor,
     k: [usize; 2],
     s: [usize; 2],
@@ -326,16 +326,16 @@ fn max_pool_values_on(
 
 /// Rows of a plane for [`rows_max`]: `count` rows starting at offset `first`, `step` apart.
 #[derive(Clone, Copy)]
-struct RowSet {
-    first: usize,
-    count: usize,
-    step: usize,
+pub(super) struct RowSet {
+    pub(super) first: usize,
+    pub(super) count: usize,
+    pub(super) step: usize,
 }
 
 /// The vertical pass of [`max_pool_values`]: `out[x]` the [`nan_max`] of column `x` over
 /// `rows` of `src` in order (`-inf` for no rows), on AVX-512 when `wide`.
 #[inline(always)]
-fn rows_max(out: &mut [f32], src: &[f32], rows: RowSet, wide: bool) {
+pub(super) fn rows_max(out: &mut [f32], src: &[f32], rows: RowSet, wide: bool) {
     let w = out.len();
     let row = |r: usize| &src[rows.first + r * rows.step..][..w];
     if rows.count == 0 {
@@ -472,7 +472,7 @@ fn nan_max_m512(
 }
 
 /// Whether this CPU has AVX-512 (detected at run time).
-fn avx512() -> bool {
+pub(super) fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")

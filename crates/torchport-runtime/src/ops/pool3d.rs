@@ -84,15 +84,88 @@ fn taps(o: usize, i: usize, w: &Window, len: usize) -> impl Iterator<Item = usiz
 
 fn max_pool3d(a: &Args) -> OpResult<Outputs> {
     let ((x, lead, inp, out), w) = window(a, true)?;
+    let with_indices = a.node().target.contains("with_indices");
+    if !with_indices {
+        if let Some(y) = max_values(&x, &lead, inp, out, &w, a.bool_or("ceil_mode", false)?)? {
+            return one(y);
+        }
+    }
     let (y, idx) = if x.dtype() == DType::F64 {
         max_t::<f64>(&x, &lead, inp, out, &w)?
     } else {
         max_t::<f32>(&x, &lead, inp, out, &w)?
     };
-    if a.node().target.contains("with_indices") {
+    if with_indices {
         return Ok(vec![Value::Tensor(y), Value::Tensor(idx)]);
     }
     one(y)
+}
+
+/// Max pooling without indices of a contiguous f32 input: the max over a window is the max
+/// over its depth taps of the max over its height and width, so each depth slice is pooled
+/// by the 2-d kernel (`pool::max_pool_values`, vectorised, its planes in parallel) and the
+/// depth taps' planes reduced elementwise (`pool::rows_max`), output planes in parallel.
+/// NaN wins as in [`max_t`]; a window with no taps gives `-inf`. `None` for another dtype.
+/// Element by element (`max_t`), S3D's max pools took 703 ms of its 1.2 s run at 1 thread
+/// (BENCHMARKS.md, issue 14).
+fn max_values(
+    x: &Tensor,
+    lead: &[usize],
+    [id, ih, iw]: [usize; 3],
+    [od, oh, ow]: [usize; 3],
+    w: &Window,
+    ceil: bool,
+) -> OpResult<Option<Tensor>> {
+    use super::pool::{avx512, max_pool_values, rows_max, RowSet};
+    use rayon::prelude::*;
+    if x.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let np: usize = lead.iter().product();
+    let last2 = |v: [usize; 3]| [v[1], v[2]];
+    let slices = x.reshape((np * id, ih, iw))?;
+    let Some(pooled) = max_pool_values(
+        &slices,
+        last2(w.k),
+        last2(w.s),
+        last2(w.p),
+        last2(w.d),
+        ceil,
+    )?
+    else {
+        return Ok(None);
+    };
+    let plane = oh * ow;
+    if pooled.dims() != [np * id, oh, ow] {
+        op_bail!(
+            "3-d max pooling: planes of {:?}, expected {oh} x {ow}",
+            pooled.dims()
+        );
+    }
+    let (k, s, p, d) = (w.k[0], w.s[0], w.p[0], w.d[0]);
+    let ys = pooled.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![f32::NEG_INFINITY; np * od * plane];
+    let wide = avx512();
+    if plane > 0 {
+        out.par_chunks_mut(plane).enumerate().for_each(|(q, dst)| {
+            let (pl, zo) = (q / od, q % od);
+            // The depth taps of output `zo`: `zo * s - p + j * d` inside the input, in order.
+            let mut taps = (0..k)
+                .map(|j| (zo * s + j * d) as isize - p as isize)
+                .filter(|&t| t >= 0 && (t as usize) < id);
+            if let Some(first) = taps.next() {
+                let rows = RowSet {
+                    first: first as usize * plane,
+                    count: 1 + taps.count(),
+                    step: d * plane,
+                };
+                rows_max(dst, &ys[pl * id * plane..][..id * plane], rows, wide);
+            }
+        });
+    }
+    let mut shape = lead.to_vec();
+    shape.extend([od, oh, ow]);
+    Ok(Some(Tensor::from_vec(out, shape, &Device::Cpu)?))
 }
 
 /// Max over each window: the first maximum, or the last NaN (as ATen's CPU kernel).

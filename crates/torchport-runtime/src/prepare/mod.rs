@@ -940,10 +940,10 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
 }
 
 /// Run each max pool whose indices nothing reads as the pool without indices: the decomposed
-/// export writes `max_pool2d` as `max_pool2d_with_indices` (and `max_pool1d` likewise), whose
-/// general kernel computes both outputs one value at a time, while the pool without indices
-/// has a vectorised kernel giving the same values. The node's target changes and its unread
-/// indices output becomes `None`. Returns how many.
+/// export writes `max_pool2d` as `max_pool2d_with_indices` (and `max_pool1d` and `max_pool3d`
+/// likewise), whose general kernel computes both outputs one value at a time, while the pool
+/// without indices has a vectorised kernel giving the same values. The node's target changes
+/// and its unread indices output becomes `None`. Returns how many.
 pub fn drop_unread_pool_indices(graph: &mut Graph) -> usize {
     let (readers, _) = readers_and_producers(graph);
     let mut changed = 0;
@@ -951,6 +951,7 @@ pub fn drop_unread_pool_indices(graph: &mut Graph) -> usize {
         let plain = match op_key(&node.target) {
             "aten.max_pool2d_with_indices.default" => "aten.max_pool2d.default",
             "aten.max_pool1d_with_indices.default" => "aten.max_pool1d.default",
+            "aten.max_pool3d_with_indices.default" => "aten.max_pool3d.default",
             _ => continue,
         };
         let [Argument::AsTensor(_), Argument::AsTensor(indices)] = node.outputs.as_slice() else {
@@ -1007,13 +1008,14 @@ mod tests {
     /// pool without indices; indices that a node reads, or the graph returns, are kept.
     #[test]
     fn unread_pool_indices_are_dropped() {
-        let calls: [Call; 3] = [
+        let calls: [Call; 4] = [
             ("max_pool2d_with_indices.default", &[("self", "x")], "y"),
             ("max_pool1d_with_indices.default", &[("self", "x")], "z"),
             ("max_pool2d_with_indices.default", &[("self", "x")], "u"),
+            ("max_pool3d_with_indices.default", &[("self", "x")], "v"),
         ];
         let mut g = graph(&calls, &[], "u_idx");
-        for (node, idx) in g.nodes.iter_mut().zip(["y_idx", "z_idx", "u_idx"]) {
+        for (node, idx) in g.nodes.iter_mut().zip(["y_idx", "z_idx", "u_idx", "v_idx"]) {
             node.outputs
                 .push(Argument::AsTensor(crate::schema::TensorArgument {
                     name: idx.into(),
@@ -1022,10 +1024,12 @@ mod tests {
         // The second pool's indices are read by a node.
         let mut g2 = graph(&[("neg.default", &[("self", "z_idx")], "w")], &[], "w");
         g.nodes.push(g2.nodes.remove(0));
-        assert_eq!(drop_unread_pool_indices(&mut g), 1);
+        assert_eq!(drop_unread_pool_indices(&mut g), 2);
         assert_eq!(op_key(&g.nodes[0].target), "aten.max_pool2d.default");
         assert!(matches!(g.nodes[0].outputs[1], Argument::AsNone(_)));
         assert!(matches!(&g.nodes[0].outputs[0], Argument::AsTensor(t) if t.name == "y"));
+        assert_eq!(op_key(&g.nodes[3].target), "aten.max_pool3d.default");
+        assert!(matches!(g.nodes[3].outputs[1], Argument::AsNone(_)));
         for node in &g.nodes[1..3] {
             assert!(op_key(&node.target).ends_with("_with_indices.default"));
             assert!(matches!(node.outputs[1], Argument::AsTensor(_)));
