@@ -46,6 +46,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: candle's elementwise ops run on the calling thread rather
+    // than on a pool of candle's own, whose spinning workers took CPUs from the runtime's
+    // threads (docs/RUNTIME.md).
+    torchport_runtime::candle_pool_without_workers();
     let cli = Cli::parse();
     on_interrupt_remove_unfinished_outputs();
     let result = match cli.command {

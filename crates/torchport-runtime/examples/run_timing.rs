@@ -20,7 +20,8 @@
 //! (Linux; NaN elsewhere). Threads: RAYON_NUM_THREADS. Calls `retain_freed_memory` first, as
 //! the CLI does (with TORCHPORT_RETURN_FREED set, to any value, it does not: for comparison).
 //! With TORCHPORT_PIN_THREADS set (to any value), calls `pin_pool_threads` first, as the CLI
-//! does: each pool thread bound to a CPU of its own.
+//! does: each pool thread bound to a CPU of its own. Calls `candle_pool_without_workers`
+//! first, as the CLI does (set CANDLE_NUM_THREADS to keep candle's own pool: for comparison).
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr); set to a number N,
 //! each node's time is its least over N profiled runs (a busy machine only adds time), an
 //! operator's the sum of its nodes'. With TORCHPORT_PROFILE_NODES=K too, then the K slowest
@@ -32,6 +33,8 @@ use torchport_runtime::npy::read_npy;
 use torchport_runtime::Program;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the CLI does, unless CANDLE_NUM_THREADS is set (for comparison).
+    torchport_runtime::candle_pool_without_workers();
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut runs = 10usize;
     if let Some(i) = args.iter().position(|a| a == "--runs") {

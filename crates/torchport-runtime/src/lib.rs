@@ -36,7 +36,7 @@ pub use allocator::retain_freed_memory;
 pub use error::{Error, Result};
 pub use ops::Registry;
 pub use program::{InputInfo, NodeTime, OpTime, OpUse, Program};
-pub use threads::pin_pool_threads;
+pub use threads::{candle_pool_without_workers, pin_pool_threads};
 pub use torchscript::ScriptProgram;
 
 /// Re-export of the candle crate the runtime computes with.

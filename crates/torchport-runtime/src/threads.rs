@@ -18,6 +18,30 @@
 //! right for a process that has those CPUs to itself, wrong for several that share them
 //! (each would bind its threads to the same first CPUs).
 
+/// Leaves candle's own pool for elementwise ops without worker threads, unless the process
+/// chose otherwise: sets `CANDLE_NUM_THREADS=1` when it is unset, and returns whether it did.
+///
+/// candle runs its binary and unary ops on 64 Ki values or more (the ops this crate leaves to
+/// candle: broadcast or strided operands, for one) on a pool of its own, one worker per
+/// thread beyond the first, and each worker spins a while after every op before it sleeps.
+/// There it takes a CPU from the rayon threads that run the program's next kernels, and the
+/// whole parallel loop waits for the piece on the shared CPU. With no workers those ops run
+/// on the calling thread. At 2 threads, with workers / without (`run_timing` medians,
+/// alternated): timm's gMLP-Ti 34.5-39.2 / 21.6-21.7 ms (one run 40.1), ResMLP-12 60.3 /
+/// 42.7 ms, torchvision's Swin V2-T 91.0 / 72.6 ms; the issue's eight models level
+/// (BENCHMARKS.md, issue 14). `torchport run` calls it first thing.
+///
+/// Call it at the start of `main`, before any thread starts (it sets an environment
+/// variable, which another thread reading the environment at the same time could see half
+/// written) and before any tensor op (candle reads the variable once, when its pool starts).
+pub fn candle_pool_without_workers() -> bool {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_some() {
+        return false;
+    }
+    std::env::set_var("CANDLE_NUM_THREADS", "1");
+    true
+}
+
 /// Builds rayon's global pool with its threads bound one to a CPU, in the order of the CPUs
 /// this process may run on, so that the kernel cannot move one onto another's CPU. The pool
 /// gets as many threads as rayon would give it (`RAYON_NUM_THREADS`, else one per CPU the
