@@ -52,13 +52,12 @@ fn run_dir(
     x: &Tensor,
     w: &[Tensor],
     has_biases: bool,
-    mut h: Tensor,
-    mut c: Option<Tensor>,
+    h: Tensor,
+    c: Option<Tensor>,
     reverse: bool,
 ) -> OpResult<(Tensor, Tensor, Option<Tensor>)> {
     let (t_len, b, _) = x.dims3()?;
     let (w_ih, w_hh) = (&w[0], &w[1]);
-    let hidden = w_hh.dims()[1];
     // Input projections for all steps: [T*B, G*H].
     let mut xi = x.reshape((t_len * b, ()))?.matmul(&w_ih.t()?)?;
     if has_biases {
@@ -66,11 +65,37 @@ fn run_dir(
     }
     let xi = xi.reshape((t_len, b, ()))?;
     let w_hh_t = w_hh.t()?.contiguous()?;
+    if cell == Cell::Lstm && xi.dtype() == candle_core::DType::F32 {
+        let b_hh = if has_biases { Some(&w[3]) } else { None };
+        let c = c.ok_or("LSTM state c is missing")?;
+        if let Some(out) = lstm_f32(&xi, &w_hh_t, b_hh, &h, &c, reverse)? {
+            return Ok(out);
+        }
+        return run_steps(cell, &xi, &w_hh_t, w, has_biases, h, Some(c), reverse);
+    }
+    run_steps(cell, &xi, &w_hh_t, w, has_biases, h, c, reverse)
+}
+
+/// The recurrence of [`run_dir`] by candle's ops, step by step: `xi` the input projections
+/// `[T, B, G*H]` (input biases added), `w_hh_t` the recurrent weight transposed.
+#[allow(clippy::too_many_arguments)]
+fn run_steps(
+    cell: Cell,
+    xi: &Tensor,
+    w_hh_t: &Tensor,
+    w: &[Tensor],
+    has_biases: bool,
+    mut h: Tensor,
+    mut c: Option<Tensor>,
+    reverse: bool,
+) -> OpResult<(Tensor, Tensor, Option<Tensor>)> {
+    let t_len = xi.dims()[0];
+    let hidden = w_hh_t.dims()[0];
     let mut outs = vec![None; t_len];
     for step in 0..t_len {
         let t = if reverse { t_len - 1 - step } else { step };
         let gi = xi.get(t)?;
-        let mut gh = h.matmul(&w_hh_t)?;
+        let mut gh = h.matmul(w_hh_t)?;
         if has_biases {
             gh = gh.broadcast_add(&w[3])?;
         }
@@ -100,6 +125,80 @@ fn run_dir(
     let outs: Vec<Tensor> = outs.into_iter().flatten().collect();
     let y = Tensor::stack(&outs, 0)?;
     Ok((y, h, c))
+}
+
+/// An LSTM direction in float32 with each step's gates in one pass: the recurrent product
+/// `h @ w_hh_t` added onto the step's input projections (`xi`, `[T, B, 4H]`, plus the
+/// recurrent bias), then per unit `c = σ(f) c + σ(i) tanh(g)`, `h = σ(o) tanh(c)`, written
+/// into the output and the next step's state. As candle ops, a step was a dozen small
+/// tensors (timm's Sequencer2d-S: 16 steps of 16 rows by 48 units, 3.9 ms a bidirectional
+/// LSTM on 1 thread; BENCHMARKS.md, issue 14). Returns `(y [T, B, H], h [B, H], c [B, H])`;
+/// `None` where a view does not fit (candle's ops then take it).
+fn lstm_f32(
+    xi: &Tensor,
+    w_hh_t: &Tensor,
+    b_hh: Option<&Tensor>,
+    h0: &Tensor,
+    c0: &Tensor,
+    reverse: bool,
+) -> OpResult<Option<(Tensor, Tensor, Option<Tensor>)>> {
+    use super::sgemm::{sgemm, Mat};
+    let (t_len, b, g4) = xi.dims3()?;
+    let hidden = g4 / 4;
+    let vec = |t: &Tensor| -> OpResult<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+    let (xi, w) = (vec(xi)?, vec(w_hh_t)?);
+    let (mut h, mut c) = (vec(h0)?, vec(c0)?);
+    let b_hh = b_hh.map(vec).transpose()?;
+    let fits = g4 == 4 * hidden
+        && w.len() == hidden * g4
+        && h.len() == b * hidden
+        && c.len() == b * hidden
+        && b_hh.as_ref().is_none_or(|v| v.len() == g4);
+    if !fits {
+        return Ok(None);
+    }
+    let mut y = vec![0f32; t_len * b * hidden];
+    let mut gates = vec![0f32; b * g4];
+    for step in 0..t_len {
+        let t = if reverse { t_len - 1 - step } else { step };
+        gates.copy_from_slice(&xi[t * b * g4..][..b * g4]);
+        if let Some(bias) = &b_hh {
+            for row in gates.chunks_exact_mut(g4) {
+                row.iter_mut().zip(bias).for_each(|(g, &v)| *g += v);
+            }
+        }
+        let (hm, wm) = (Mat::rows(&h, hidden), Mat::rows(&w, g4));
+        if !sgemm(b, g4, hidden, hm, wm, &mut gates, g4, true, 1.0, 1) {
+            return Ok(None);
+        }
+        let out = &mut y[t * b * hidden..][..b * hidden];
+        // In wide registers where the CPU has them (`fused::simd`).
+        super::fused::simd(
+            #[inline(always)]
+            || {
+                use super::fused::{sigmoid_fast as sig, tanh_fast as tanh};
+                for (r, g) in gates.chunks_exact(g4).enumerate() {
+                    let (i, rest) = g.split_at(hidden);
+                    let (f, rest) = rest.split_at(hidden);
+                    let (gg, o) = rest.split_at(hidden);
+                    let hr = &mut h[r * hidden..][..hidden];
+                    let cr = &mut c[r * hidden..][..hidden];
+                    for j in 0..hidden {
+                        let cn = sig(f[j]) * cr[j] + sig(i[j]) * tanh(gg[j]);
+                        cr[j] = cn;
+                        hr[j] = sig(o[j]) * tanh(cn);
+                    }
+                    out[r * hidden..][..hidden].copy_from_slice(hr);
+                }
+            },
+        );
+    }
+    let dev = candle_core::Device::Cpu;
+    Ok(Some((
+        Tensor::from_vec(y, (t_len, b, hidden), &dev)?,
+        Tensor::from_vec(h, (b, hidden), &dev)?,
+        Some(Tensor::from_vec(c, (b, hidden), &dev)?),
+    )))
 }
 
 fn rnn(a: &Args, cell: Cell) -> OpResult<Outputs> {
@@ -142,13 +241,26 @@ fn rnn(a: &Args, cell: Cell) -> OpResult<Outputs> {
     let mut hs = Vec::new();
     let mut cs = Vec::new();
     for layer in 0..cfg.layers {
-        let mut ys = Vec::new();
-        for d in 0..cfg.dirs {
+        // Direction `d` of this layer over the layer's input.
+        let dir = |d: usize| {
             let k = layer * cfg.dirs + d;
             let w = &params[k * per..(k + 1) * per];
             let h = h0.get(k)?;
             let c = c0.as_ref().map(|c| c.get(k)).transpose()?;
-            let (y, h, c) = run_dir(cell, &x, w, cfg.has_biases, h, c, d == 1)?;
+            run_dir(cell, &x, w, cfg.has_biases, h, c, d == 1)
+        };
+        // The two directions of a bidirectional layer are independent: one on each of two
+        // threads. Each step's ops are too small to split, so one after the other the layer
+        // had gained nothing from a second thread (timm's Sequencer2d-S, 32 bidirectional
+        // LSTMs: 3.9 ms each on 1 thread, 4.4 on 2; BENCHMARKS.md, issue 14).
+        let runs = if cfg.dirs == 2 {
+            let (fwd, bwd) = rayon::join(|| dir(0), || dir(1));
+            vec![fwd?, bwd?]
+        } else {
+            vec![dir(0)?]
+        };
+        let mut ys = Vec::new();
+        for (y, h, c) in runs {
             ys.push(y);
             hs.push(h);
             cs.extend(c);
