@@ -654,7 +654,8 @@ fn conv_gemm(
         Weight::Dense(w) => (w, w.dims4()?),
         Weight::Winograd { u, co, ci } => (u, (co, ci, 3, 3)),
     };
-    // Grouped: each group's own channels (`ci` of the `c` per image), by products only.
+    // Grouped: each group's own channels (`ci` of the `c` per image), by products or the
+    // direct kernel (never Winograd's, nor several images to a product).
     let grouped = p.groups > 1;
     if p.groups == 0
         || ci.checked_mul(p.groups) != Some(c)
