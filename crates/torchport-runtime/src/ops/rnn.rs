@@ -133,7 +133,8 @@ fn run_steps(
 /// into the output and the next step's state. As candle ops, a step was a dozen small
 /// tensors (timm's Sequencer2d-S: 16 steps of 16 rows by 48 units, 3.9 ms a bidirectional
 /// LSTM on 1 thread; BENCHMARKS.md, issue 14). Returns `(y [T, B, H], h [B, H], c [B, H])`;
-/// `None` where a view does not fit (candle's ops then take it).
+/// `None` where a view does not fit or there are no hidden units (candle's ops then take
+/// it).
 fn lstm_f32(
     xi: &Tensor,
     w_hh_t: &Tensor,
@@ -149,7 +150,8 @@ fn lstm_f32(
     let (xi, w) = (vec(xi)?, vec(w_hh_t)?);
     let (mut h, mut c) = (vec(h0)?, vec(c0)?);
     let b_hh = b_hh.map(vec).transpose()?;
-    let fits = g4 == 4 * hidden
+    let fits = hidden > 0
+        && g4 == 4 * hidden
         && w.len() == hidden * g4
         && h.len() == b * hidden
         && c.len() == b * hidden
@@ -284,4 +286,58 @@ fn lstm(a: &Args) -> OpResult<Outputs> {
 
 fn gru(a: &Args) -> OpResult<Outputs> {
     rnn(a, Cell::Gru)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The float32 LSTM with each step's gates in one pass gives what candle's ops step by
+    /// step give (the path the export fixtures and the GRU still take), forward and reversed,
+    /// with and without biases; with no hidden units it leaves the layer to them.
+    #[test]
+    fn lstm_in_one_pass_matches_candle_ops() {
+        let dev = Device::Cpu;
+        let r = |s: &[usize]| Tensor::randn(0f32, 1., s.to_vec(), &dev).unwrap();
+        let (t_len, b, hidden) = (5, 3, 7);
+        let xi = r(&[t_len, b, 4 * hidden]);
+        let w_hh = r(&[4 * hidden, hidden]);
+        let w_hh_t = w_hh.t().unwrap().contiguous().unwrap();
+        let (h0, c0) = (r(&[b, hidden]), r(&[b, hidden]));
+        // `run_steps` reads the recurrent bias as `w[3]`.
+        let w = [r(&[1]), w_hh.clone(), r(&[1]), r(&[4 * hidden])];
+        for (reverse, biases) in [(false, true), (true, true), (false, false)] {
+            let b_hh = biases.then_some(&w[3]);
+            let (y, h, c) = lstm_f32(&xi, &w_hh_t, b_hh, &h0, &c0, reverse)
+                .unwrap()
+                .expect("the one-pass path applies");
+            let (wy, wh, wc) = run_steps(
+                Cell::Lstm,
+                &xi,
+                &w_hh_t,
+                &w,
+                biases,
+                h0.clone(),
+                Some(c0.clone()),
+                reverse,
+            )
+            .unwrap();
+            let pairs = [
+                (&y, &wy),
+                (&h, &wh),
+                (c.as_ref().unwrap(), wc.as_ref().unwrap()),
+            ];
+            for (got, want) in pairs {
+                let d = crate::ops::max_abs_diff(got, want);
+                assert!(d < 1e-5, "reverse {reverse} biases {biases}: {d}");
+            }
+        }
+        let empty = Tensor::zeros((t_len, b, 0), candle_core::DType::F32, &dev).unwrap();
+        let none = Tensor::zeros((0, 0), candle_core::DType::F32, &dev).unwrap();
+        let h = Tensor::zeros((b, 0), candle_core::DType::F32, &dev).unwrap();
+        assert!(lstm_f32(&empty, &none, None, &h, &h, false)
+            .unwrap()
+            .is_none());
+    }
 }
