@@ -8,7 +8,7 @@
 use candle_core::{DType, Shape, Tensor};
 use torchport::contiguous_strides;
 
-use super::{dim, usize_of, Registry};
+use super::{dim, result_numel, usize_of, Registry};
 use crate::error::{OpError, OpResult};
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
@@ -97,10 +97,7 @@ fn index(a: &Args) -> OpResult<Outputs> {
 /// What `t` holds where `at` says (see [`index`]).
 fn gather(t: &Tensor, at: &Located) -> OpResult<Tensor> {
     let shape = at.shape();
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(overflow)?;
+    let total = result_numel(&shape, "index")?;
     match at.rows() {
         Some(([outer, mid, inner], rows)) => {
             let n = rows.len();
@@ -108,7 +105,7 @@ fn gather(t: &Tensor, at: &Located) -> OpResult<Tensor> {
             let t = t.contiguous()?.reshape((outer, mid, inner))?;
             Ok(t.index_select(&rows, 1)?.reshape(shape)?)
         }
-        None => gather_flat(t, at.offsets()?, shape),
+        None => gather_flat(t, at.offsets(total)?, shape),
     }
 }
 
@@ -127,7 +124,8 @@ fn index_put(a: &Args) -> OpResult<Outputs> {
             v.contiguous()?
         });
     };
-    let (offsets, shape) = (at.offsets()?, at.shape());
+    let shape = at.shape();
+    let offsets = at.offsets(result_numel(&shape, "index_put")?)?;
     let values = values
         .to_dtype(t.dtype())?
         .broadcast_as(shape)?
@@ -279,13 +277,8 @@ impl Located {
         shape
     }
 
-    /// The flat offset of each element of the result, in order.
-    fn offsets(&self) -> OpResult<Vec<i64>> {
-        let total = self
-            .shape()
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .ok_or_else(overflow)?;
+    /// The flat offset of each of the result's `total` elements, in order.
+    fn offsets(&self, total: usize) -> OpResult<Vec<i64>> {
         offsets_of(&self.axes(), total)
     }
 
@@ -474,7 +467,8 @@ mod tests {
         for (given, adjacent) in cases {
             let at = locate(t.dims(), given).unwrap().unwrap();
             let shape = at.shape();
-            let want = gather_flat(&t, at.offsets().unwrap(), shape.clone()).unwrap();
+            let total = shape.iter().product();
+            let want = gather_flat(&t, at.offsets(total).unwrap(), shape.clone()).unwrap();
             assert_eq!(at.rows().is_some(), adjacent, "{shape:?}");
             let got = gather(&t, &at).unwrap();
             assert_eq!(got.dims(), shape.as_slice());

@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::fused::with_f32;
 use super::pool::pool_len;
 use super::volume::triple;
 use super::{float, result_numel, Real, Registry};
@@ -27,6 +28,8 @@ struct Window {
     s: [usize; 3],
     p: [usize; 3],
     d: [usize; 3],
+    /// `ceil_mode`: output sizes rounded up.
+    ceil: bool,
 }
 
 /// Input and geometry: the tensor, its leading dims, input and output sizes.
@@ -69,7 +72,10 @@ fn window(a: &Args, dilated: bool) -> OpResult<(Geometry, Window)> {
     let mut shape = lead.clone();
     shape.extend(out);
     result_numel(&shape, "3-d pooling")?;
-    Ok(((x.contiguous()?, lead, inp, out), Window { k, s, p, d }))
+    Ok((
+        (x.contiguous()?, lead, inp, out),
+        Window { k, s, p, d, ceil },
+    ))
 }
 
 /// The input positions of output index `o` along one dim: start (may be negative) and the
@@ -86,7 +92,7 @@ fn max_pool3d(a: &Args) -> OpResult<Outputs> {
     let ((x, lead, inp, out), w) = window(a, true)?;
     let with_indices = a.node().target.contains("with_indices");
     if !with_indices {
-        if let Some(y) = max_values(&x, &lead, inp, out, &w, a.bool_or("ceil_mode", false)?)? {
+        if let Some(y) = max_values(&x, &lead, inp, out, &w)? {
             return one(y);
         }
     }
@@ -114,7 +120,6 @@ fn max_values(
     [id, ih, iw]: [usize; 3],
     [od, oh, ow]: [usize; 3],
     w: &Window,
-    ceil: bool,
 ) -> OpResult<Option<Tensor>> {
     use super::pool::{avx512, max_pool_values, rows_max, RowSet};
     use rayon::prelude::*;
@@ -130,7 +135,7 @@ fn max_values(
         last2(w.s),
         last2(w.p),
         last2(w.d),
-        ceil,
+        w.ceil,
     )?
     else {
         return Ok(None);
@@ -143,10 +148,13 @@ fn max_values(
         );
     }
     let (k, s, p, d) = (w.k[0], w.s[0], w.p[0], w.d[0]);
-    let ys = pooled.flatten_all()?.to_vec1::<f32>()?;
     let mut out = vec![f32::NEG_INFINITY; np * od * plane];
     let wide = avx512();
-    if plane > 0 {
+    // The pooled planes read where they are (the 2-d kernel's new f32 buffer).
+    let done = with_f32(&pooled, |ys| {
+        if plane == 0 {
+            return;
+        }
         out.par_chunks_mut(plane).enumerate().for_each(|(q, dst)| {
             let (pl, zo) = (q / od, q % od);
             // The depth taps of output `zo`: `zo * s - p + j * d` inside the input, in order.
@@ -162,6 +170,9 @@ fn max_values(
                 rows_max(dst, &ys[pl * id * plane..][..id * plane], rows, wide);
             }
         });
+    });
+    if done.is_none() {
+        return Ok(None);
     }
     let mut shape = lead.to_vec();
     shape.extend([od, oh, ow]);
