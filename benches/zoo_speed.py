@@ -36,12 +36,13 @@ def eager_ms(model, args, kwargs, runs):
         return run_bench.time_it(lambda: model(*args, **kwargs), runs)[0]
 
 
-def torchport_ms(binary, d, n_in, threads, runs, timeout):
-    """run_timing's JSON for the plain export of zoo folder `d`, or an error string."""
-    cmd = [str(binary), str(d / "plain.pt2"), *(str(d / f"input_{i}.npy") for i in range(n_in)),
-           "--runs", str(runs)]
-    env = {"RAYON_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
-    env.update({k: v for k, v in os.environ.items() if k.startswith("TORCHPORT_")})
+def torchport_ms(args, d, n_in):
+    """run_timing's JSON for the plain export of zoo folder `d`, or an error string; its
+    environment as run_bench.py gives it (threads, --pin, this process's TORCHPORT_*)."""
+    cmd = [str(args.binary), str(d / "plain.pt2"),
+           *(str(d / f"input_{i}.npy") for i in range(n_in)), "--runs", str(args.runs)]
+    env = run_bench.run_timing_env(args, args.threads)
+    timeout = args.timeout
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -60,6 +61,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--binary", type=Path, default=run_bench.TIMING,
                     help="run_timing executable (default: the release build of this checkout)")
+    ap.add_argument("--pin", action="store_true",
+                    help="torchport's pool threads bound one to a CPU (TORCHPORT_PIN_THREADS)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     if not args.binary.exists():
@@ -84,7 +87,7 @@ def main():
         for _ in range(args.rounds):
             eager.append(eager_ms(model, a, kw, args.runs))
             time.sleep(run_bench.PAUSE_S)
-            js = torchport_ms(args.binary, d, n_in, args.threads, args.runs, args.timeout)
+            js = torchport_ms(args, d, n_in)
             if isinstance(js, str):
                 error = js
                 break
