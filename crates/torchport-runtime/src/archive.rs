@@ -115,8 +115,12 @@ pub(crate) fn decode(
                     };
                     match (part, fill) {
                         (Some(dst), fill) => fill_f32(ckpt, t, fill, dst)?,
-                        // A tensor decoded on its own (`separate`), scaled for its fold.
-                        (None, Fill::Scaled(_)) => {
+                        // A float32 tensor decoded on its own (`separate`), scaled for its
+                        // fold or as stored, into memory advised as the shared buffer is.
+                        (None, fill @ (Fill::Scaled(_) | Fill::Plain))
+                            if matches!(fill, Fill::Scaled(_))
+                                || (t.dtype.name() == "float32" && t.quant.is_none()) =>
+                        {
                             let mut v = crate::allocator::weight_buffer(t.numel());
                             fill_f32(ckpt, t, fill, &mut v)?;
                             let x = Tensor::from_vec(v, t.shape.as_slice(), &Device::Cpu);

@@ -159,7 +159,9 @@ impl Program {
     /// [`Program::load_with_registry`]). Batch norms are still folded into the convolutions
     /// before them (the program computes the same with any correct kernels), but activations
     /// are not fused into convolutions: that hands the conv kernel an argument only this
-    /// crate's own kernel reads.
+    /// crate's own kernel reads. Nor are the nodes computed from weights alone run at load
+    /// ([`crate::prepare::fold_constants`]): that would call the caller's kernels during the
+    /// build.
     pub fn from_parts_with_registry(
         ep: ExportedProgram,
         payloads: HashMap<String, Tensor>,
@@ -292,6 +294,20 @@ impl Program {
         drop(payloads);
         crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
         let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
+        if own_kernels {
+            // Nodes computed from weights alone, computed now. Not constant: the buffers the
+            // program updates. Not to be read as they are: weights decoded packed or scaled
+            // for a batch norm fold.
+            let mut keep = updated_buffers(&ep, &final_names);
+            keep.extend(packed.keys().cloned());
+            keep.extend(prescaled.iter().cloned());
+            crate::prepare::fold_constants(
+                &mut ep.graph_module.graph,
+                &mut weights,
+                registry,
+                |n| keep.contains(n),
+            );
+        }
         if own_kernels {
             // The decomposed export's Linears as Linears (read_for_build did the same when
             // it chose the weights to pack).
@@ -591,7 +607,7 @@ fn read_for_build(
     let (ckpt, ep) = crate::archive::open(path)?;
     let mut g = ep.graph_module.graph.clone();
     crate::subgraphs::inline_wrappers(&mut g)?;
-    crate::views::write_back_view_updates(&mut g);
+    let final_names = crate::views::write_back_view_updates(&mut g);
     let fqns: HashMap<&str, &str> = ep
         .graph_module
         .signature
@@ -683,13 +699,26 @@ fn read_for_build(
     // Weights the build replaces with their Winograd transform
     // (`prepare::transform_winograd_convs`): decoded on their own, not into the shared
     // buffer, so that the memory of each is given back when its transform replaces it.
-    let separate: HashSet<String> = match pack {
+    let mut separate: HashSet<String> = match pack {
         true => crate::prepare::winograd_conv_weights(&g)
             .into_iter()
             .filter_map(|n| Some(fqns.get(n)?.to_string()))
             .collect(),
         false => HashSet::new(),
     };
+    // And the weights only nodes the build computes from weights alone read
+    // (`prepare::fold_constants`), under every name they are bound to.
+    if pack {
+        let updated = updated_buffers(&ep, &final_names);
+        let keep =
+            |n: &str| updated.contains(n) || fqns.get(n).is_some_and(|f| packed.contains_key(*f));
+        let folded = crate::prepare::folded_weights(&g, |n| fqns.contains_key(n), keep);
+        let mut votes: HashMap<&str, bool> = HashMap::new();
+        for (name, fqn) in &fqns {
+            *votes.entry(fqn).or_insert(true) &= folded.contains(name);
+        }
+        separate.extend(votes.into_iter().filter(|v| v.1).map(|v| v.0.to_string()));
+    }
     let (payloads, prescaled, packed) =
         crate::archive::decode(&ckpt, &transposed, &packed, &separate, scales)?;
     Ok((ep, payloads, Decoded { prescaled, packed }))
@@ -792,6 +821,20 @@ fn updated_in_place(g: &crate::schema::Graph, name: &str) -> bool {
             && crate::ops::functional_name(key).is_some()
             && !crate::views::is_view_op(key)
     })
+}
+
+/// The placeholders of the buffers the program updates (by a declared mutation, in place, or
+/// through a view: `final_names`, as [`crate::views::write_back_view_updates`] returned it)
+/// and every other name whose reads that rewrite renamed: values that are not the same from
+/// one run to the next.
+fn updated_buffers(ep: &ExportedProgram, final_names: &HashMap<String, String>) -> HashSet<String> {
+    let mut names: HashSet<String> = final_names.keys().cloned().collect();
+    if let Ok((_, mutations)) = user_outputs(ep) {
+        names.extend(mutations.into_iter().map(|(_, buffer)| buffer));
+    }
+    let updated = inplace_buffer_updates(ep, final_names);
+    names.extend(updated.into_iter().map(|(_, buffer)| buffer));
+    names
 }
 
 /// A plain export updates a user input with in-place ops on its placeholder (a decomposed

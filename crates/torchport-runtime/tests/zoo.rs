@@ -13,7 +13,7 @@ mod compare;
 use compare::{numbered, output_mismatches};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 16] = [
+const MODELS: [&str; 17] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -39,6 +39,8 @@ const MODELS: [&str; 16] = [
     "hf_modernbert",
     // Conv1D layers: `addmm(bias, x, weight)` with the weight stored `[in, out]`.
     "hf_gpt2",
+    // Weight-standardized convolutions: a batch norm over each weight, every call.
+    "timm_nf_resnet",
 ];
 
 fn fixtures() -> PathBuf {
@@ -223,6 +225,54 @@ fn zoo_fixtures_exercise_what_they_are_there_for() {
     assert!(!ops("timm_efficientvit.plain.pt2")
         .iter()
         .any(|o| o.contains("wrap_with_autocast")));
+}
+
+/// What a program computes from its weights alone is computed at load: timm's NF-ResNet
+/// standardizes each convolution's weight with a batch norm over the weight (and scales it
+/// by a gain), both flavours; torchvision's Swin gathers its relative position biases from a
+/// table with a constant index (and its plain export builds the shifted-window mask from
+/// zeros). After the load no such node is left, and the standardized weights are weights
+/// like any other: the NF-ResNet's convolutions then run packed or by Winograd.
+/// `zoo_models_match_pytorch` checks the outputs of these same programs.
+#[test]
+fn nodes_computed_from_weights_alone_are_computed_at_load() {
+    let count = |ops: &[torchport_runtime::OpUse], op: &str| {
+        ops.iter()
+            .filter(|o| o.op.contains(op))
+            .map(|o| o.count)
+            .sum::<usize>()
+    };
+    for flavour in ["plain", "decomp"] {
+        let path = fixtures().join(format!("timm_nf_resnet.{flavour}.pt2"));
+        let exported = Program::ops_of(&path).unwrap();
+        assert!(
+            count(&exported, "batch_norm") >= 10,
+            "{flavour}: {exported:?}"
+        );
+        let ops = Program::load(&path).unwrap().ops();
+        assert_eq!(count(&ops, "batch_norm"), 0, "{flavour}: {ops:?}");
+        if torchport_runtime::ops::packed::Packing::detect().is_some() {
+            let packed = count(&ops, "torchport.conv2d_");
+            assert!(packed >= 10, "{flavour}: {ops:?}");
+        }
+    }
+    for flavour in ["plain", "decomp"] {
+        let path = fixtures().join(format!("tv_swin.{flavour}.pt2"));
+        let exported = Program::ops_of(&path).unwrap();
+        let ops = Program::load(&path).unwrap().ops();
+        for op in ["aten.index.Tensor", "aten.zeros", "aten.fill_"] {
+            let left = count(&ops, op);
+            assert!(
+                left == 0,
+                "{flavour}: {op} left {left} of {}",
+                count(&exported, op)
+            );
+        }
+        assert!(
+            count(&exported, "aten.index.Tensor") >= 3,
+            "{flavour}: {exported:?}"
+        );
+    }
 }
 
 /// Where the CPU has the gemm's microkernels, the Linears of a plain export, the same after

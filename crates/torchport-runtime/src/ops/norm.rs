@@ -83,7 +83,9 @@ fn batch_norm(a: &Args) -> OpResult<Outputs> {
     ])
 }
 
-/// Per-channel mean and biased variance of `x` [N, C, ...] over every dim but 1.
+/// Per-channel mean and biased variance of `x` [N, C, ...] over every dim but 1. In f32,
+/// the channels in parallel, each summed in f64 (two passes: the mean, then the squared
+/// differences from it); other dtypes through candle's ops.
 fn batch_stats(x: &Tensor) -> OpResult<(Tensor, Tensor)> {
     if x.rank() < 2 {
         op_bail!(
@@ -91,14 +93,53 @@ fn batch_stats(x: &Tensor) -> OpResult<(Tensor, Tensor)> {
             x.dims()
         );
     }
-    let c = x.dims()[1];
-    let per_channel = x.transpose(0, 1)?.contiguous()?.reshape((c, ()))?;
-    if per_channel.dims()[1] == 0 {
+    let (n, c) = (x.dims()[0], x.dims()[1]);
+    let inner: usize = x.dims()[2..].iter().product();
+    if n * inner == 0 {
         op_bail!("batch_norm over an empty batch");
     }
+    let x = x.contiguous()?;
+    if let Some((mean, var)) = super::fused::with_f32(&x, |v| channel_stats(v, n, c, inner)) {
+        return Ok((super::from_f32(mean, &[c])?, super::from_f32(var, &[c])?));
+    }
+    let per_channel = x.transpose(0, 1)?.contiguous()?.reshape((c, ()))?;
     let mean = per_channel.mean_keepdim(1)?;
     let var = per_channel.broadcast_sub(&mean)?.sqr()?.mean(1)?;
     Ok((mean.squeeze(1)?, var))
+}
+
+/// The mean and biased variance of each of the `c` channels of `v`, laid out `[n, c,
+/// inner]`, as f32 (see [`batch_stats`]).
+fn channel_stats(v: &[f32], n: usize, c: usize, inner: usize) -> (Vec<f32>, Vec<f32>) {
+    use rayon::prelude::*;
+    let count = (n * inner) as f64;
+    let planes = |ch: usize| (0..n).map(move |i| &v[(i * c + ch) * inner..][..inner]);
+    (0..c)
+        .into_par_iter()
+        .with_min_len((1 << 14) / (n * inner).max(1))
+        .map(|ch| {
+            let mean = planes(ch).map(|p| sum_f64(p, |x| x)).sum::<f64>() / count;
+            let ss = planes(ch)
+                .map(|p| sum_f64(p, |x| (x - mean) * (x - mean)))
+                .sum::<f64>();
+            (mean as f32, (ss / count) as f32)
+        })
+        .unzip()
+}
+
+/// The sum of `f` of each value of `v` (in f64), over eight running sums (one dependent add
+/// chain would take the add's latency per value; eight let the compiler vectorise).
+#[inline]
+fn sum_f64(v: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = v.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&x| f(f64::from(x))).sum();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f(f64::from(x));
+        }
+    }
+    acc.iter().sum::<f64>() + tail
 }
 
 /// `x * scale[c] + shift[c]` over channel dim 1, in one pass over contiguous data.
@@ -117,15 +158,27 @@ fn scale_shift(x: &Tensor, scale: &Tensor, shift: &Tensor) -> OpResult<Tensor> {
     if sc.len() != c || sh.len() != c || dims.len() < 2 {
         return Ok(x.broadcast_mul(scale)?.broadcast_add(shift)?);
     }
-    let mut v = super::f32_vec(x)?;
-    for (i, plane) in v.chunks_mut(inner.max(1)).enumerate() {
-        let ch = i % c;
-        let (a, b) = (sc[ch], sh[ch]);
-        for e in plane {
-            *e = *e * a + b;
+    let x = super::float(x)?.contiguous()?;
+    let inner = inner.max(1);
+    let planes = ((1 << 14) / inner).max(1);
+    let y = super::fused::with_f32(&x, |src| {
+        // SAFETY: `simd_map` writes every element of each plane of each chunk.
+        #[allow(unsafe_code)]
+        unsafe {
+            super::fused::written(src.len(), planes * inner, |at, out| {
+                for (j, o) in out.chunks_mut(inner).enumerate() {
+                    let plane = at / inner + j;
+                    let (a, b) = (sc[plane % c], sh[plane % c]);
+                    let s = &src[plane * inner..][..o.len()];
+                    super::fused::simd_map(o, s, move |v| v * a + b);
+                }
+            })
         }
+    });
+    match y {
+        Some(y) => super::from_f32(y, &dims),
+        None => Ok(x.broadcast_mul(scale)?.broadcast_add(shift)?),
     }
-    super::from_f32(v, &dims)
 }
 
 /// Normalize `x` over its last `k` dims: returns (y, mean, rstd) with mean/rstd keeping dims.
@@ -328,4 +381,84 @@ fn rms_norm(a: &Args) -> OpResult<Outputs> {
         y = y.broadcast_mul(&super::as_dtype(&w, y.dtype())?)?;
     }
     one(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    /// Values of every magnitude, some far from their channel's mean.
+    fn input(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 263) as f32 - 131.0) * 0.37 + (i % 5) as f32 * 100.0)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// The statistics in one pass per channel are those of candle's ops in f64 (the channel's
+    /// values gathered, their mean, the mean of the squared differences from it), for a
+    /// contiguous input, a transposed view, and channels of one value each.
+    #[test]
+    fn batch_stats_are_those_of_the_channels_values() {
+        let x = input(&[3, 5, 7, 4]);
+        for x in [
+            x.clone(),
+            input(&[5, 3, 7, 4]).transpose(0, 1).unwrap(),
+            input(&[4, 6]),
+        ] {
+            let (mean, var) = batch_stats(&x).unwrap();
+            let c = x.dims()[1];
+            let x64 = x.to_dtype(candle_core::DType::F64).unwrap();
+            let per = x64.transpose(0, 1).unwrap().contiguous().unwrap();
+            let per = per.reshape((c, ())).unwrap();
+            let m = per.mean_keepdim(1).unwrap();
+            let v = per
+                .broadcast_sub(&m)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .mean(1)
+                .unwrap();
+            let want = |t: Tensor| -> Vec<f32> {
+                let t = t
+                    .flatten_all()
+                    .unwrap()
+                    .to_dtype(candle_core::DType::F32)
+                    .unwrap();
+                t.to_vec1().unwrap()
+            };
+            assert_eq!(values(&mean), want(m), "{:?}", x.dims());
+            assert_eq!(values(&var), want(v), "{:?}", x.dims());
+        }
+    }
+
+    /// The per-channel `x * scale + shift` in one pass gives what candle's broadcast ops give,
+    /// bit for bit (no fused multiply-add in either), planes of any size.
+    #[test]
+    fn scale_shift_is_the_broadcast_product_and_sum() {
+        for shape in [&[2, 3, 5, 7][..], &[1, 4], &[3, 2, 9000]] {
+            let x = input(shape);
+            let c = shape[1];
+            let per: Vec<f32> = (0..c).map(|i| 0.5 + i as f32 * 0.25).collect();
+            let mut dims = vec![1; shape.len()];
+            dims[1] = c;
+            let scale = Tensor::from_vec(per.clone(), dims.as_slice(), &Device::Cpu).unwrap();
+            let shift = (scale.clone() * -3.0).unwrap();
+            let got = scale_shift(&x, &scale, &shift).unwrap();
+            let want = x
+                .broadcast_mul(&scale)
+                .unwrap()
+                .broadcast_add(&shift)
+                .unwrap();
+            assert_eq!(got.dims(), x.dims());
+            assert_eq!(values(&got), values(&want), "{shape:?}");
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! Weight preparation done once at load: fold each inference batch norm into the
+//! Weight preparation done once at load: compute each node that reads weights alone
+//! ([`fold_constants`]), fold each inference batch norm into the
 //! convolution before it ([`fold_batch_norms`]), then the relu / silu / hardswish after a
 //! convolution into it ([`fuse_conv_activations`]), residual adds (and the activation after)
 //! into the convolution before them ([`fuse_conv_residuals`]), chains of elementwise ops into
@@ -22,10 +23,12 @@ use candle_core::{DType, Tensor};
 use crate::ops::op_key;
 use crate::schema::{Argument, Graph, Node};
 
+mod constants;
 mod pointwise;
 mod products;
 mod small_convs;
 mod winograd_convs;
+pub use constants::{fold_constants, folded_weights, MAX_GROWTH};
 pub use pointwise::fuse_pointwise_chains;
 pub use products::linears_from_products;
 pub use small_convs::{pack_small_convs, small_conv_weights};
