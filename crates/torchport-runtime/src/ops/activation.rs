@@ -152,10 +152,12 @@ fn leaky_relu(a: &Args) -> OpResult<Outputs> {
 
 /// Softmax over `d` with the max subtracted first.
 pub fn softmax_dim(x: &Tensor, d: usize) -> OpResult<Tensor> {
-    if d + 1 == x.rank() {
-        if let Some(y) = super::fused::softmax_last(x, false) {
-            return Ok(y);
-        }
+    let fast = match d + 1 == x.rank() {
+        true => super::fused::softmax_last(x, false),
+        false => super::fused::softmax_mid(&x.contiguous()?, d),
+    };
+    if let Some(y) = fast {
+        return Ok(y);
     }
     let m = x.max_keepdim(d)?;
     // Rows that are all -inf give NaN in torch too; keep the max finite to match its output.

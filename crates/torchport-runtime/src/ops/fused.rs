@@ -607,6 +607,67 @@ pub fn softmax_last(x: &Tensor, log: bool) -> Option<Tensor> {
     Tensor::from_vec(y, x.shape(), x.device()).ok()
 }
 
+/// Softmax over dim `d` of a contiguous f32 tensor, `d` not the last: each of the
+/// `[len, inner]` blocks (`len` the dim's size, `inner` the product of the dims after it) is
+/// normalized down its columns, the rows read in order (a column's max, then `exp(x - max)`
+/// with [`exp_fast`], terms below `e^-87.3` as 0, then each divided by its column's sum: what
+/// [`softmax_row`] does to a row), the blocks in parallel. `None` for other tensors.
+pub fn softmax_mid(x: &Tensor, d: usize) -> Option<Tensor> {
+    let len = *x.dims().get(d)?;
+    let inner: usize = x.dims()[d + 1..].iter().product();
+    let block = len.checked_mul(inner)?;
+    if block == 0 || d + 1 == x.rank() {
+        return None;
+    }
+    let y = with_f32(x, |xs| {
+        let task = |at: usize, c: &mut [MaybeUninit<f32>]| {
+            with_scratch_len(block + 2 * inner, |scratch| {
+                let (e, rest) = scratch.split_at_mut(block);
+                let (m, s) = rest.split_at_mut(inner);
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (b, o) in c.chunks_mut(block).enumerate() {
+                            let src = &xs[at + b * block..][..block];
+                            m.fill(f32::NEG_INFINITY);
+                            for row in src.chunks_exact(inner) {
+                                for (mj, &v) in m.iter_mut().zip(row) {
+                                    *mj = mj.max(v);
+                                }
+                            }
+                            s.fill(0.0);
+                            for (er, row) in e.chunks_exact_mut(inner).zip(src.chunks_exact(inner))
+                            {
+                                for ((ej, &v), (&mj, sj)) in
+                                    er.iter_mut().zip(row).zip(m.iter().zip(s.iter_mut()))
+                                {
+                                    let d = v - mj;
+                                    *ej = if d < -87.3 { 0.0 } else { exp_fast(d) };
+                                    *sj += *ej;
+                                }
+                            }
+                            for er in e.chunks_exact_mut(inner) {
+                                for (ej, &sj) in er.iter_mut().zip(s.iter()) {
+                                    *ej /= sj;
+                                }
+                            }
+                            put(o, e);
+                        }
+                    },
+                )
+            })
+        };
+        let blocks = ((1 << 14) / block).max(1);
+        // SAFETY: each chunk holds whole blocks (its start a multiple of `block`), and `put`
+        // writes every element of each.
+        #[allow(unsafe_code)]
+        unsafe {
+            written(xs.len(), blocks * block, task)
+        }
+    })?;
+    Tensor::from_vec(y, x.shape(), x.device()).ok()
+}
+
 /// erf for f32 as a branch-free rational function (Eigen's `generic_fast_erf_float`, also
 /// used by XLA): odd degree-13 numerator over even degree-8 denominator on x clamped to
 /// [-4, 4], within 1e-6 of libm's `erff` (checked in the tests below), and vectorizable,
@@ -1212,5 +1273,43 @@ mod tests {
             .unwrap();
         // Outputs are at most 1; the two sum 1000 terms in different orders (f32).
         assert!(d < 1e-5, "{d}");
+    }
+
+    /// Softmax down a middle dim is softmax along the last dim of the transposed tensor:
+    /// blocks large enough to split across threads, a single row per block, and a column
+    /// that is all -inf (NaN, as in torch), holds a NaN, or whose exp would overflow.
+    #[test]
+    fn softmax_mid_is_softmax_last_of_the_transpose() {
+        for (shape, d) in [
+            (&[3, 700, 9][..], 1),
+            (&[2, 1, 5], 1),
+            (&[4, 6, 3, 2], 1),
+            (&[5, 40, 3], 0),
+        ] {
+            let mut x = Tensor::randn(0f32, 3., shape, &Device::Cpu).unwrap();
+            if shape == [4, 6, 3, 2] {
+                let mut v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+                for r in 0..6 {
+                    v[r * 6] = f32::NEG_INFINITY; // column (0, *, 0, 0)
+                }
+                v[6 * 6 + 1] = f32::NAN; // column (1, *, 0, 1), row 0
+                for r in 0..6 {
+                    v[2 * 36 + r * 6 + 2] += 500.0; // column (2, *, 1, 0): exp would overflow
+                }
+                x = Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+            }
+            let got = softmax_mid(&x, d).unwrap();
+            let last = x.rank() - 1;
+            let t = x.transpose(d, last).unwrap().contiguous().unwrap();
+            let want = softmax_last(&t, false).unwrap().transpose(d, last).unwrap();
+            let flat = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
+            for (i, (g, w)) in flat(&got).iter().zip(flat(&want)).enumerate() {
+                let same = (g.is_nan() && w.is_nan()) || (g - w).abs() < 1e-6;
+                assert!(same, "{shape:?} dim {d}, element {i}: {g} against {w}");
+            }
+        }
+        assert!(
+            softmax_mid(&Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap(), 1).is_none()
+        );
     }
 }
