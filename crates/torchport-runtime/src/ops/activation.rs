@@ -154,7 +154,10 @@ fn leaky_relu(a: &Args) -> OpResult<Outputs> {
 pub fn softmax_dim(x: &Tensor, d: usize) -> OpResult<Tensor> {
     let fast = match d + 1 == x.rank() {
         true => super::fused::softmax_last(x, false),
-        false => super::fused::softmax_mid(&x.contiguous()?, d),
+        false => {
+            let x = super::strided::contiguous_f32(x).unwrap_or_else(|| x.clone());
+            super::fused::softmax_mid(&x, d)
+        }
     };
     if let Some(y) = fast {
         return Ok(y);

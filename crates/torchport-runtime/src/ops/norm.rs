@@ -218,7 +218,10 @@ fn layer_norm(a: &Args) -> OpResult<Outputs> {
             w.map(|t| float(&t)).transpose()?,
             b.map(|t| float(&t)).transpose()?,
         );
-        let fused = super::fused::layer_norm(&x, n, w.as_ref(), b.as_ref(), eps, native);
+        // A view (ConvNeXt's channels-last norm of a permuted map) copied first, on the
+        // pool's threads: the fused pass reads contiguous rows.
+        let xc = super::strided::contiguous_f32(&x).unwrap_or_else(|| x.clone());
+        let fused = super::fused::layer_norm(&xc, n, w.as_ref(), b.as_ref(), eps, native);
         match fused {
             Some((y, Some((mean, rstd)))) => {
                 return Ok(vec![
@@ -459,6 +462,45 @@ mod tests {
                 .unwrap();
             assert_eq!(got.dims(), x.dims());
             assert_eq!(values(&got), values(&want), "{shape:?}");
+        }
+    }
+
+    /// A layer norm of a permuted view (ConvNeXt's channels-last norm) is the norm of the
+    /// same values laid out contiguously, and the mean and variance formula's result.
+    #[test]
+    fn layer_norm_of_a_view_is_that_of_its_values() {
+        use crate::schema::Node;
+        use crate::value::{Args, Env, Value};
+        let x = input(&[2, 6, 5, 7]).permute((0, 2, 3, 1)).unwrap();
+        assert!(!x.is_contiguous());
+        let w = Tensor::from_vec(vec![0.5f32, 1.0, 1.5, 2.0, 2.5, 3.0], 6, &Device::Cpu).unwrap();
+        let b = (w.clone() * -1.0).unwrap();
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "target": "torch.ops.aten.layer_norm.default",
+            "inputs": [
+                {"name": "input", "arg": {"as_tensor": {"name": "x"}}},
+                {"name": "normalized_shape", "arg": {"as_ints": [6]}},
+                {"name": "weight", "arg": {"as_tensor": {"name": "w"}}},
+                {"name": "bias", "arg": {"as_tensor": {"name": "b"}}},
+                {"name": "eps", "arg": {"as_float": 1e-5}}],
+            "outputs": [{"as_tensor": {"name": "y"}}]}))
+        .unwrap();
+        let run = |x: &Tensor| {
+            let mut env = Env::default();
+            env.insert("x".into(), Value::Tensor(x.clone()));
+            env.insert("w".into(), Value::Tensor(w.clone()));
+            env.insert("b".into(), Value::Tensor(b.clone()));
+            let Value::Tensor(y) = layer_norm(&Args::new(&node, &env)).unwrap().remove(0) else {
+                panic!("not a tensor")
+            };
+            y
+        };
+        let got = run(&x);
+        assert_eq!(values(&got), values(&run(&x.contiguous().unwrap())));
+        let (y, _, _) = normalize_last(&x, 1, 1e-5).unwrap();
+        let want = y.broadcast_mul(&w).unwrap().broadcast_add(&b).unwrap();
+        for (g, w) in values(&got).iter().zip(values(&want)) {
+            assert!((g - w).abs() < 1e-4, "{g} against {w}");
         }
     }
 }

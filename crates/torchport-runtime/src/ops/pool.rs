@@ -563,9 +563,11 @@ fn avg_pool_t<T: Elem>(
     let (xs, lead, h, w) = planes::<T>(x)?;
     let oh = pool_len(h, k[0], p[0], s[0], 1, ceil)?;
     let ow = pool_len(w, k[1], p[1], s[1], 1, ceil)?;
+    use rayon::prelude::*;
     let np: usize = lead.iter().product();
     let mut out = vec![T::from_f64(0.0); np * oh * ow];
-    for pl in 0..np {
+    // The planes in parallel, a task about 16 Ki windows' worth of them.
+    let plane = |(pl, out): (usize, &mut [T])| {
         let src = &xs[pl * h * w..][..h * w];
         for y in 0..oh {
             let hs = (y * s[0]) as isize - p[0] as isize;
@@ -588,9 +590,16 @@ fn avg_pool_t<T: Elem>(
                     _ if include_pad => (pool_h * pool_w) as f64,
                     _ => ((he.saturating_sub(hs)) * (we.saturating_sub(ws))) as f64,
                 });
-                out[(pl * oh + y) * ow + xo] = sum / div;
+                out[y * ow + xo] = sum / div;
             }
         }
+    };
+    if oh * ow > 0 {
+        let per = (oh * ow * k[0] * k[1]).max(1);
+        out.par_chunks_mut(oh * ow)
+            .enumerate()
+            .with_min_len(((1 << 14) / per).max(1))
+            .for_each(plane);
     }
     let mut shape = lead;
     shape.extend([oh, ow]);
@@ -772,6 +781,21 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Average pooling over many planes (split across threads) gives candle's own average
+    /// pool, plane by plane in place (no padding, so the two average the same windows).
+    #[test]
+    fn avg_pool_over_many_planes_is_candles() {
+        let x = Tensor::randn(0f32, 1., (3, 24, 30, 30), &Device::Cpu).unwrap();
+        for (k, s) in [(3, 1), (2, 2), (3, 2)] {
+            let got = avg_pool_t::<f32>(&x, [k, k], [s, s], [0, 0], false, true, None).unwrap();
+            let want = x.avg_pool2d_with_stride((k, k), (s, s)).unwrap();
+            assert_eq!(got.dims(), want.dims());
+            let d = (got - want).unwrap().abs().unwrap().flatten_all().unwrap();
+            let d = d.max(0).unwrap().to_scalar::<f32>().unwrap();
+            assert!(d < 1e-6, "kernel {k}, stride {s}: {d}");
         }
     }
 }
