@@ -269,9 +269,92 @@ fn slice(a: &Args) -> OpResult<Outputs> {
     if step == 1 {
         return one(s);
     }
+    if let Some(y) = stepped_f32(&t, d, start, step, n.div_ceil(step)) {
+        return one(y);
+    }
     let idx: Vec<i64> = (0..n).step_by(step).map(|i| i as i64).collect();
     let ids = Tensor::new(idx.as_slice(), &Device::Cpu)?;
     one(s.contiguous()?.index_select(&ids, d)?)
+}
+
+/// `t[.., start::step, ..]` (`count` positions along dim `d`) of an f32 tensor as a new
+/// contiguous tensor, the rows copied in parallel (a rotary embedding's `x[..., ::2]` is one
+/// per attention): the input laid out `[outer, len, inner]` (copied so first if a view).
+/// `None` for other dtypes.
+fn stepped_f32(t: &Tensor, d: usize, start: usize, step: usize, count: usize) -> Option<Tensor> {
+    let t = super::strided::contiguous_f32(t)?;
+    let len = t.dims()[d];
+    let inner: usize = t.dims()[d + 1..].iter().product();
+    let outer: usize = t.dims()[..d].iter().product();
+    if count == 0 || inner == 0 || start + (count - 1) * step >= len {
+        return None;
+    }
+    let mut shape = t.dims().to_vec();
+    shape[d] = count;
+    let row = count * inner;
+    let y = super::fused::with_f32(&t, |src| {
+        let task = |at: usize, out: &mut [std::mem::MaybeUninit<f32>]| {
+            for (r, o) in out.chunks_mut(row).enumerate() {
+                let base = &src[(at / row + r) * len * inner..][..len * inner];
+                if inner == 1 {
+                    // Along the last dim: one value per position.
+                    for (i, oi) in o.iter_mut().enumerate() {
+                        oi.write(base[start + i * step]);
+                    }
+                    continue;
+                }
+                for (i, oi) in o.chunks_mut(inner).enumerate() {
+                    let from = &base[(start + i * step) * inner..][..inner];
+                    super::fused::put(oi, from);
+                }
+            }
+        };
+        let rows = ((1 << 14) / row).max(1);
+        // SAFETY: each chunk holds whole rows of `count * inner` values, and `put` writes
+        // every value of each.
+        #[allow(unsafe_code)]
+        unsafe {
+            super::fused::written(outer * row, rows * row, task)
+        }
+    })?;
+    Tensor::from_vec(y, shape, t.device()).ok()
+}
+
+/// `stack(ts, -1)` of f32 tensors of one shape: element `j` of every tensor in turn (a
+/// rotary embedding's `stack([-x[..., 1::2], x[..., ::2]], -1)`), the tensors copied
+/// contiguous first where they are views, written in parallel. `None` for other dtypes.
+fn interleave_f32(ts: &[Tensor]) -> Option<Tensor> {
+    let parts = ts
+        .iter()
+        .map(super::strided::contiguous_f32)
+        .collect::<Option<Vec<_>>>()?;
+    let k = parts.len();
+    let n = parts.first()?.elem_count();
+    let mut shape = parts[0].dims().to_vec();
+    shape.push(k);
+    let guards: Vec<_> = parts.iter().map(|t| t.storage_and_layout()).collect();
+    let mut srcs: Vec<&[f32]> = Vec::with_capacity(k);
+    for (storage, lay) in &guards {
+        let candle_core::Storage::Cpu(c) = &**storage else {
+            return None;
+        };
+        let (a, b) = lay.contiguous_offsets()?;
+        srcs.push(c.as_slice::<f32>().ok()?.get(a..b)?);
+    }
+    let task = |at: usize, out: &mut [std::mem::MaybeUninit<f32>]| {
+        for (j, o) in out.chunks_mut(k).enumerate() {
+            for (oi, src) in o.iter_mut().zip(&srcs) {
+                oi.write(src[at / k + j]);
+            }
+        }
+    };
+    let per = ((1 << 14) / k).max(1) * k;
+    // SAFETY: each chunk holds whole groups of `k` values (its start a multiple of `k`), and
+    // every value of each is written.
+    #[allow(unsafe_code)]
+    let y = unsafe { super::fused::written(n * k, per, task) };
+    drop(guards);
+    Tensor::from_vec(y, shape, &Device::Cpu).ok()
 }
 
 fn select(a: &Args) -> OpResult<Outputs> {
@@ -323,7 +406,31 @@ fn stack(a: &Args) -> OpResult<Outputs> {
         op_bail!("stack of no tensors");
     };
     let d = dim(a.int_or("dim", 0)?, first.rank() + 1)?;
-    one(Tensor::stack(&ts, d)?)
+    let same = ts
+        .iter()
+        .all(|t| t.dtype() == first.dtype() && t.dims() == first.dims());
+    if same && d == first.rank() {
+        if let Some(y) = interleave_f32(&ts) {
+            return one(y);
+        }
+    }
+    // As a cat of each tensor with a new dim of one: `cat`'s kernel reads any layout, on
+    // the pool's threads (candle's stack copies on one).
+    let parts = ts
+        .iter()
+        .map(|t| t.unsqueeze(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let fast = match first.dtype() {
+        DType::F32 if same => super::strided::cat::<f32>(&parts, d),
+        DType::F64 if same => super::strided::cat::<f64>(&parts, d),
+        DType::I64 if same => super::strided::cat::<i64>(&parts, d),
+        DType::U8 if same => super::strided::cat::<u8>(&parts, d),
+        _ => None,
+    };
+    match fast {
+        Some(t) => one(t),
+        None => one(Tensor::stack(&ts, d)?),
+    }
 }
 
 fn split(a: &Args) -> OpResult<Outputs> {
@@ -794,4 +901,47 @@ fn eye(a: &Args) -> OpResult<Outputs> {
         Some(st) => crate::dtype::cast(&t, st)?,
         None => t,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// Every `step`-th position from `start`, along the last dim and a middle one, of a
+    /// tensor and of a transposed view, large enough to be split across threads: candle's
+    /// `index_select` of the same positions.
+    #[test]
+    fn stepped_slices_are_the_positions_they_name() {
+        let x = Tensor::randn(0f32, 1., (6, 40, 64), &Device::Cpu).unwrap();
+        for t in [x.clone(), x.transpose(1, 2).unwrap()] {
+            for (d, start, step) in [(2, 0, 2), (2, 1, 2), (1, 3, 5), (2, 5, 7)] {
+                let len = t.dims()[d];
+                let count = (len - start).div_ceil(step);
+                let got = stepped_f32(&t, d, start, step, count).unwrap();
+                let idx: Vec<i64> = (0..count).map(|i| (start + i * step) as i64).collect();
+                let ids = Tensor::new(idx.as_slice(), &Device::Cpu).unwrap();
+                let want = t.contiguous().unwrap().index_select(&ids, d).unwrap();
+                assert_eq!(got.dims(), want.dims());
+                assert_eq!(values(&got), values(&want), "dim {d}, {start}::{step}");
+            }
+        }
+    }
+
+    /// Stacking along a new last dim interleaves the tensors' values as candle's `stack`
+    /// does, views included.
+    #[test]
+    fn stacks_along_a_new_last_dim_interleave() {
+        let a = Tensor::randn(0f32, 1., (3, 50, 64), &Device::Cpu).unwrap();
+        let b = Tensor::randn(0f32, 1., (3, 64, 50), &Device::Cpu).unwrap();
+        let b = b.transpose(1, 2).unwrap();
+        let c = (a.clone() * 2.0).unwrap();
+        let got = interleave_f32(&[a.clone(), b.clone(), c.clone()]).unwrap();
+        let want = Tensor::stack(&[a, b, c], 3).unwrap();
+        assert_eq!(got.dims(), want.dims());
+        assert_eq!(values(&got), values(&want));
+    }
 }
