@@ -307,8 +307,6 @@ impl Program {
                 registry,
                 |n| keep.contains(n),
             );
-        }
-        if own_kernels {
             // The decomposed export's Linears as Linears (read_for_build did the same when
             // it chose the weights to pack).
             crate::prepare::linears_from_products(&mut ep.graph_module.graph, |n| {
