@@ -152,12 +152,11 @@ fn leaky_relu(a: &Args) -> OpResult<Outputs> {
 
 /// Softmax over `d` with the max subtracted first.
 pub fn softmax_dim(x: &Tensor, d: usize) -> OpResult<Tensor> {
+    // A view copied first, on the pool's threads: the fused passes read contiguous data.
+    let xc = super::strided::contiguous_f32(x).unwrap_or_else(|| x.clone());
     let fast = match d + 1 == x.rank() {
-        true => super::fused::softmax_last(x, false),
-        false => {
-            let x = super::strided::contiguous_f32(x).unwrap_or_else(|| x.clone());
-            super::fused::softmax_mid(&x, d)
-        }
+        true => super::fused::softmax_last(&xc, false),
+        false => super::fused::softmax_mid(&xc, d),
     };
     if let Some(y) = fast {
         return Ok(y);
@@ -197,18 +196,19 @@ fn softmax_of(a: &Args, mut x: Tensor, d: usize) -> OpResult<Tensor> {
     if x.elem_count() == 0 {
         return Ok(x);
     }
+    if !target.contains("log_softmax") {
+        return softmax_dim(&x, d);
+    }
+    let x = super::strided::contiguous_f32(&x).unwrap_or(x);
     if d + 1 == x.rank() {
-        if let Some(y) = super::fused::softmax_last(&x, target.contains("log_softmax")) {
+        if let Some(y) = super::fused::softmax_last(&x, true) {
             return Ok(y);
         }
     }
-    if target.contains("log_softmax") {
-        let m = x.max_keepdim(d)?;
-        let xc = x.broadcast_sub(&m)?;
-        let lse = xc.exp()?.sum_keepdim(d)?.log()?;
-        return Ok(xc.broadcast_sub(&lse)?);
-    }
-    softmax_dim(&x, d)
+    let m = x.max_keepdim(d)?;
+    let xc = x.broadcast_sub(&m)?;
+    let lse = xc.exp()?.sum_keepdim(d)?.log()?;
+    Ok(xc.broadcast_sub(&lse)?)
 }
 
 #[cfg(test)]

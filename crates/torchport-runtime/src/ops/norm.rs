@@ -98,8 +98,9 @@ fn batch_stats(x: &Tensor) -> OpResult<(Tensor, Tensor)> {
     if n * inner == 0 {
         op_bail!("batch_norm over an empty batch");
     }
-    let x = x.contiguous()?;
-    if let Some((mean, var)) = super::fused::with_f32(&x, |v| channel_stats(v, n, c, inner)) {
+    let stats = super::strided::contiguous_f32(x)
+        .and_then(|x| super::fused::with_f32(&x, |v| channel_stats(v, n, c, inner)));
+    if let Some((mean, var)) = stats {
         return Ok((super::from_f32(mean, &[c])?, super::from_f32(var, &[c])?));
     }
     let per_channel = x.transpose(0, 1)?.contiguous()?.reshape((c, ()))?;
@@ -158,7 +159,8 @@ fn scale_shift(x: &Tensor, scale: &Tensor, shift: &Tensor) -> OpResult<Tensor> {
     if sc.len() != c || sh.len() != c || dims.len() < 2 {
         return Ok(x.broadcast_mul(scale)?.broadcast_add(shift)?);
     }
-    let x = super::float(x)?.contiguous()?;
+    let x = super::float(x)?;
+    let x = super::strided::contiguous_f32(&x).unwrap_or(x);
     let inner = inner.max(1);
     let planes = ((1 << 14) / inner).max(1);
     let y = super::fused::with_f32(&x, |src| {

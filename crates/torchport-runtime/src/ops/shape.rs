@@ -320,43 +320,6 @@ fn stepped_f32(t: &Tensor, d: usize, start: usize, step: usize, count: usize) ->
     Tensor::from_vec(y, shape, t.device()).ok()
 }
 
-/// `stack(ts, -1)` of f32 tensors of one shape: element `j` of every tensor in turn (a
-/// rotary embedding's `stack([-x[..., 1::2], x[..., ::2]], -1)`), the tensors copied
-/// contiguous first where they are views, written in parallel. `None` for other dtypes.
-fn interleave_f32(ts: &[Tensor]) -> Option<Tensor> {
-    let parts = ts
-        .iter()
-        .map(super::strided::contiguous_f32)
-        .collect::<Option<Vec<_>>>()?;
-    let k = parts.len();
-    let n = parts.first()?.elem_count();
-    let mut shape = parts[0].dims().to_vec();
-    shape.push(k);
-    let guards: Vec<_> = parts.iter().map(|t| t.storage_and_layout()).collect();
-    let mut srcs: Vec<&[f32]> = Vec::with_capacity(k);
-    for (storage, lay) in &guards {
-        let candle_core::Storage::Cpu(c) = &**storage else {
-            return None;
-        };
-        let (a, b) = lay.contiguous_offsets()?;
-        srcs.push(c.as_slice::<f32>().ok()?.get(a..b)?);
-    }
-    let task = |at: usize, out: &mut [std::mem::MaybeUninit<f32>]| {
-        for (j, o) in out.chunks_mut(k).enumerate() {
-            for (oi, src) in o.iter_mut().zip(&srcs) {
-                oi.write(src[at / k + j]);
-            }
-        }
-    };
-    let per = ((1 << 14) / k).max(1) * k;
-    // SAFETY: each chunk holds whole groups of `k` values (its start a multiple of `k`), and
-    // every value of each is written.
-    #[allow(unsafe_code)]
-    let y = unsafe { super::fused::written(n * k, per, task) };
-    drop(guards);
-    Tensor::from_vec(y, shape, &Device::Cpu).ok()
-}
-
 fn select(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let d = dim(a.int("dim")?, t.rank())?;
@@ -387,16 +350,21 @@ fn cat(a: &Args) -> OpResult<Outputs> {
         .iter()
         .map(|t| as_dtype(t, dt))
         .collect::<OpResult<Vec<_>>>()?;
-    let fast = match dt {
-        DType::F32 => super::strided::cat::<f32>(&ts, d),
-        DType::F64 => super::strided::cat::<f64>(&ts, d),
-        DType::I64 => super::strided::cat::<i64>(&ts, d),
-        DType::U8 => super::strided::cat::<u8>(&ts, d),
-        _ => None,
-    };
-    match fast {
+    match strided_cat(&ts, d) {
         Some(t) => one(t),
         None => one(Tensor::cat(&ts, d)?),
+    }
+}
+
+/// [`super::strided::cat`] for the dtypes it is compiled for (by the first tensor's; `None`
+/// for others, and where it declines).
+fn strided_cat(ts: &[Tensor], d: usize) -> Option<Tensor> {
+    match ts.first()?.dtype() {
+        DType::F32 => super::strided::cat::<f32>(ts, d),
+        DType::F64 => super::strided::cat::<f64>(ts, d),
+        DType::I64 => super::strided::cat::<i64>(ts, d),
+        DType::U8 => super::strided::cat::<u8>(ts, d),
+        _ => None,
     }
 }
 
@@ -406,28 +374,13 @@ fn stack(a: &Args) -> OpResult<Outputs> {
         op_bail!("stack of no tensors");
     };
     let d = dim(a.int_or("dim", 0)?, first.rank() + 1)?;
-    let same = ts
-        .iter()
-        .all(|t| t.dtype() == first.dtype() && t.dims() == first.dims());
-    if same && d == first.rank() {
-        if let Some(y) = interleave_f32(&ts) {
-            return one(y);
-        }
-    }
     // As a cat of each tensor with a new dim of one: `cat`'s kernel reads any layout, on
     // the pool's threads (candle's stack copies on one).
     let parts = ts
         .iter()
         .map(|t| t.unsqueeze(d))
         .collect::<Result<Vec<_>, _>>()?;
-    let fast = match first.dtype() {
-        DType::F32 if same => super::strided::cat::<f32>(&parts, d),
-        DType::F64 if same => super::strided::cat::<f64>(&parts, d),
-        DType::I64 if same => super::strided::cat::<i64>(&parts, d),
-        DType::U8 if same => super::strided::cat::<u8>(&parts, d),
-        _ => None,
-    };
-    match fast {
+    match strided_cat(&parts, d) {
         Some(t) => one(t),
         None => one(Tensor::stack(&ts, d)?),
     }
@@ -929,19 +882,5 @@ mod tests {
                 assert_eq!(values(&got), values(&want), "dim {d}, {start}::{step}");
             }
         }
-    }
-
-    /// Stacking along a new last dim interleaves the tensors' values as candle's `stack`
-    /// does, views included.
-    #[test]
-    fn stacks_along_a_new_last_dim_interleave() {
-        let a = Tensor::randn(0f32, 1., (3, 50, 64), &Device::Cpu).unwrap();
-        let b = Tensor::randn(0f32, 1., (3, 64, 50), &Device::Cpu).unwrap();
-        let b = b.transpose(1, 2).unwrap();
-        let c = (a.clone() * 2.0).unwrap();
-        let got = interleave_f32(&[a.clone(), b.clone(), c.clone()]).unwrap();
-        let want = Tensor::stack(&[a, b, c], 3).unwrap();
-        assert_eq!(got.dims(), want.dims());
-        assert_eq!(values(&got), values(&want));
     }
 }

@@ -260,9 +260,54 @@ pub fn cat<T: WithDType>(ts: &[Tensor], d: usize) -> Option<Tensor> {
     } else {
         (TASK / row).max(1) * row
     };
+    // Where every part steps through its rows by one stride (its outer dims merge into
+    // one: a contiguous input), that stride per part.
+    let row_strides: Option<Vec<usize>> = parts
+        .iter()
+        .map(|p| match merge(outer, &[p.outer]) {
+            (md, ms) if md.len() == 1 => Some(ms[0][0]),
+            _ => None,
+        })
+        .collect();
     let failed = AtomicBool::new(false);
     let task = |at: usize, c: &mut [MaybeUninit<T>]| {
         let first_row = at / row;
+        if let Some(strides) = &row_strides {
+            let mut bases: Vec<usize> = (parts.iter().zip(strides))
+                .map(|(p, s)| p.start + first_row * s)
+                .collect();
+            if row == parts.len() {
+                // One value of each part per row (a stack along a new last dim, a grid's
+                // coordinates): the values in turn.
+                for orow in c.chunks_mut(row) {
+                    for (((o, p), base), s) in
+                        orow.iter_mut().zip(&parts).zip(&mut bases).zip(strides)
+                    {
+                        let Some(&v) = p.data.get(*base) else {
+                            failed.store(true, Ordering::Relaxed);
+                            c.fill(MaybeUninit::new(T::zero()));
+                            return;
+                        };
+                        o.write(v);
+                        *base += s;
+                    }
+                }
+                return;
+            }
+            for orow in c.chunks_mut(row) {
+                let mut col = 0;
+                for ((p, base), s) in parts.iter().zip(bases.iter_mut()).zip(strides) {
+                    if !p.copy_into(&mut orow[col..col + p.len], *base) {
+                        failed.store(true, Ordering::Relaxed);
+                        c.fill(MaybeUninit::new(T::zero()));
+                        return;
+                    }
+                    col += p.len;
+                    *base += s;
+                }
+            }
+            return;
+        }
         // The outer index of the task's first row, then stepped row by row (an offset
         // recomputed by division per row cost more than copying a short row).
         let mut index = vec![0; d];
@@ -329,6 +374,11 @@ impl<T: WithDType> Part<'_, T> {
     /// when a read falls outside `data`.
     #[inline(always)]
     fn copy_into(&self, o: &mut [MaybeUninit<T>], base: usize) -> bool {
+        if let [one] = o {
+            // A part of one value per row (a stack along a new last dim, a coordinate
+            // grid's x and y): the value, without a run's setup.
+            return self.data.get(base).map(|&v| one.write(v)).is_some();
+        }
         if self.runs.0.is_empty() {
             return gather(o, self.data, base, self.step, &|v| v);
         }
@@ -580,6 +630,27 @@ mod tests {
                 t(&[p, q, 1]).broadcast_as((p, q, r)).unwrap(),
             ];
             cat_views_match_candle(&x, &views);
+        }
+        // Parts of one value per row (a stack along a new last dim): each stepping through
+        // its rows by one stride (contiguous, or a transposed view), a broadcast view that
+        // does not, and next to a part of two values per row.
+        for [p, q] in [[2, 3], [64, 300]] {
+            let (a, c) = (t(&[p, q, 1]), t(&[p, q, 1]));
+            let b = t(&[p, 1, q]).transpose(1, 2).unwrap();
+            let wide = t(&[p, q, 2]);
+            let broadcast = t(&[1, q, 1]).broadcast_as((p, q, 1)).unwrap();
+            for parts in [
+                vec![a.clone(), c.clone()],
+                vec![a.clone(), b, c],
+                vec![a.clone(), broadcast],
+                vec![wide, a],
+            ] {
+                let got = cat::<f32>(&parts, 2).expect("applies");
+                let want = Tensor::cat(&parts, 2).unwrap();
+                assert_eq!(got.dims(), want.dims());
+                let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(flat(&got), flat(&want), "{p} x {q}, {} parts", parts.len());
+            }
         }
         let x = t(&[2, 3, 8]);
         // An empty part, and integer data.

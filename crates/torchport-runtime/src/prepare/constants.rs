@@ -163,8 +163,8 @@ fn candidate<'n>(
 }
 
 /// The tensors `node` reads, if every input is a tensor (or an optional one given as none)
-/// for which `constant` holds, or a plain value (ints, floats, bools, strings, dtypes; never a symbolic value, which a run computes
-/// from its inputs' sizes); `None` otherwise.
+/// for which `constant` holds, or a plain value (ints, floats, bools, strings, dtypes; never
+/// a symbolic value, which a run computes from its inputs' sizes); `None` otherwise.
 fn constant_inputs<'n>(node: &'n Node, constant: &impl Fn(&str) -> bool) -> Option<Vec<&'n str>> {
     let mut names = Vec::new();
     for a in &node.inputs {
