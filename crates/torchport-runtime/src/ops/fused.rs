@@ -1161,6 +1161,15 @@ mod tests {
                 );
             }
         }
+        // Rows too short for runs of their own, in blocks of rows that chunk boundaries cut:
+        // a broadcast and a transposed operand.
+        let long = t(&[3, 6001, 3]);
+        for short in [t(&[1, 6001, 1]), t(&[3, 3, 6001]).transpose(1, 2).unwrap()] {
+            for (x, y) in [(&long, &short), (&short, &long)] {
+                let got = binary(x, y, BinOp::Sub).expect("fast path applies");
+                assert!(close(&got, &x.broadcast_sub(y).unwrap()), "{:?}", y.dims());
+            }
+        }
         // Large enough to run in chunks across threads, with rows and blocks (odd lengths)
         // that chunk boundaries cut: exactly candle's result, operands on either side.
         let big = t(&[3, 7, 61, 67]);

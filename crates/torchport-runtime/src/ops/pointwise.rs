@@ -17,7 +17,7 @@ use candle_core::{DType, Storage, Tensor};
 use super::fused::{
     cube_f32, relu_f32, rsqrt_f32, sigmoid_fast, silu_slice, square_f32, tanh_fast,
 };
-use super::strided::{by_runs, merge, offset};
+use super::strided::{by_runs, merge};
 use super::Registry;
 use crate::error::OpResult;
 use crate::op_bail;
@@ -206,18 +206,16 @@ fn run(ins: &[Tensor], steps: &[Step]) -> Option<Vec<f32>> {
     let dims_all = ins.first()?.dims();
     let (dims, st) = merge(dims_all, &strides);
     let last = dims.len() - 1;
-    let inner = dims[last];
     let total: usize = dims_all.iter().product();
-    // Where tensor k's run for output element (row, col) starts.
-    let start = |k: usize, row: usize, col: usize| {
-        guards[k].1.start_offset() + offset(row, &dims[..last], &st[k][..last]) + col * st[k][last]
-    };
+    let bases: Vec<usize> = guards.iter().map(|(_, l)| l.start_offset()).collect();
     by_runs(
         total,
-        inner,
+        &dims,
+        &st,
+        &bases,
         #[inline(always)]
-        |buf, row, col, acc| {
-            if !load(acc, data[0], start(0, row, col), st[0][last]) {
+        |buf, at, _, acc| {
+            if !load(acc, data[0], at[0], st[0][last]) {
                 return false;
             }
             for step in steps {
@@ -225,7 +223,7 @@ fn run(ins: &[Tensor], steps: &[Step]) -> Option<Vec<f32>> {
                     Step::Unary(u) => unary(u, acc),
                     Step::Scalar(b, s) => scalar(b, acc, s),
                     Step::Tensor(b, k) => {
-                        let (off, s, len) = (start(k, row, col), st[k][last], acc.len());
+                        let (off, s, len) = (at[k], st[k][last], acc.len());
                         let src = if s == 1 {
                             match data[k].get(off..off + len) {
                                 Some(x) => x,

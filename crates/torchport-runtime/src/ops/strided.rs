@@ -75,22 +75,45 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
         with_storage::<f32, _>(&b, |bd, bl| {
             let (dims, st) = merge(shape.dims(), &[al.stride(), bl.stride()]);
             let last = dims.len() - 1;
-            let inner = dims[last];
             let (sa, sb) = (st[0][last], st[1][last]);
-            // Row `row` of the output starts at these offsets of the operands.
-            let starts = |row: usize| {
-                (
-                    al.start_offset() + offset(row, &dims[..last], &st[0][..last]),
-                    bl.start_offset() + offset(row, &dims[..last], &st[1][..last]),
-                )
-            };
+            let bases = [al.start_offset(), bl.start_offset()];
+            if last == 0 || dims[last] >= SHORT_ROW {
+                return by_runs(
+                    total,
+                    &dims,
+                    &st,
+                    &bases,
+                    #[inline(always)]
+                    |_, at, _, run| binary_run(run, (ad, at[0], sa), (bd, at[1], sb), &f),
+                );
+            }
+            // Rows too short to be runs of their own: runs of whole blocks of rows (the
+            // last two dims), each operand stepped through a block by additions.
+            let (inner, block) = (dims[last], dims[last - 1] * dims[last]);
+            let mut blocks = dims[..last].to_vec();
+            blocks[last - 1] = block;
+            let (ra, rb) = (st[0][last - 1], st[1][last - 1]);
+            // Each block's start, whatever the run's first element in it.
+            let starts: Vec<Vec<usize>> = (st.iter())
+                .map(|s| [&s[..last - 1], &[0]].concat())
+                .collect();
             by_runs(
                 total,
-                inner,
+                &blocks,
+                &starts,
+                &bases,
                 #[inline(always)]
-                |_, row, col, run| {
-                    let (oa, ob) = starts(row);
-                    binary_run(run, (ad, oa + col * sa, sa), (bd, ob + col * sb, sb), &f)
+                |_, at, col, run| {
+                    let (j, k) = (col / inner, col % inner);
+                    let at = [at[0] + j * ra + k * sa, at[1] + j * rb + k * sb];
+                    binary_rows(
+                        run,
+                        inner - k,
+                        inner,
+                        (ad, at[0], ra, sa),
+                        (bd, at[1], rb, sb),
+                        &f,
+                    )
                 },
             )
         })
@@ -98,22 +121,32 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
     Tensor::from_vec(out, shape, a.device()).ok()
 }
 
-/// A new row-major buffer of `total` elements in rows of `inner`, computed one run at a time:
-/// `f(scratch, row, col, run)` writes `run` with output elements `col..col + run.len()` of row
-/// `row` (a run never crosses a row's end; `run` and `scratch` are the thread's own buffers
-/// from [`with_scratch`], holding whatever their last user left there), which are then
-/// copied into the output, so each output element is written once, with no zeroing first.
-/// Tasks of whole rows, or of pieces of one row when rows are long, in parallel from
-/// `2 * TASK` elements; each task's loop is compiled for the CPU's vector width (see
-/// [`simd`]: mark `f` `#[inline(always)]`). `None` when any `f` returns false.
+/// A new row-major buffer of `total` elements (the product of `dims`, whose last is the
+/// row length) of operands laid out with `strides` (one list per operand, one stride per
+/// dim; `merge`d), operand `k`'s element 0 at offset `bases[k]`, computed one run at a time:
+/// `f(scratch, at, col, run)` writes `run` with the next output elements, from element `col`
+/// of a row and never past its end, operand `k`'s element for the row's element `col` at
+/// offset `at[k]` (`run` and `scratch` are
+/// the thread's own buffers from [`with_scratch`], holding whatever their last user left
+/// there). The runs are then copied into the output, so each output element is written
+/// once, with no zeroing first. Tasks of whole rows, or of pieces of one row when rows are
+/// long, in parallel from `2 * TASK` elements; each task's loop is compiled for the CPU's
+/// vector width (see [`simd`]: mark `f` `#[inline(always)]`), and steps from row to row by
+/// additions ([`RowWalk`]). `None` when any `f` returns false.
 pub(crate) fn by_runs(
     total: usize,
-    inner: usize,
-    f: impl Fn(&mut Vec<f32>, usize, usize, &mut [f32]) -> bool + Sync,
+    dims: &[usize],
+    strides: &[Vec<usize>],
+    bases: &[usize],
+    f: impl Fn(&mut Vec<f32>, &[usize], usize, &mut [f32]) -> bool + Sync,
 ) -> Option<Vec<f32>> {
+    let Some((&inner, outer)) = dims.split_last() else {
+        return Some(vec![0.0; total]);
+    };
     if total == 0 || inner == 0 {
         return Some(vec![0.0; total]);
     }
+    let last = outer.len();
     let chunk = if total < 2 * TASK {
         total
     } else if inner >= TASK {
@@ -128,17 +161,24 @@ pub(crate) fn by_runs(
                 simd(
                     #[inline(always)]
                     || {
+                        let mut col = start % inner;
+                        let mut walk = RowWalk::at(outer, strides, bases, start / inner);
+                        let mut at = vec![0; strides.len()];
                         let mut done = 0;
                         while done < o.len() {
-                            let at = start + done;
-                            let (row, col) = (at / inner, at % inner);
                             let len = (inner - col).min(o.len() - done);
+                            let starts = walk.starts().iter().zip(strides);
+                            for (a, (&s, st)) in at.iter_mut().zip(starts) {
+                                *a = s + col * st[last];
+                            }
                             let r = &mut run[..len];
-                            if !f(scratch, row, col, r) {
+                            if !f(scratch, &at, col, r) {
                                 return false;
                             }
                             super::fused::put(&mut o[done..done + len], r);
                             done += len;
+                            col = 0;
+                            walk.next();
                         }
                         true
                     },
@@ -155,6 +195,108 @@ pub(crate) fn by_runs(
     #[allow(unsafe_code)]
     let out = unsafe { super::fused::written(total, chunk, task) };
     (!failed.load(Ordering::Relaxed)).then_some(out)
+}
+
+/// Where one row (one index over the `outer` dims, row-major) of several layouts starts:
+/// layout `k` at `bases[k]` plus the sum over the outer dims of index times `strides[k]`,
+/// stepped from row to row by additions. Computing the offsets by division for each row cost
+/// more than copying a short row (RAFT's adds of `[256, 1, 1, 2]` and `[1, 7, 7, 2]`, rows of
+/// two values: BENCHMARKS.md, issue 14).
+pub(crate) struct RowWalk<'a, S> {
+    outer: &'a [usize],
+    strides: &'a [S],
+    index: Vec<usize>,
+    starts: Vec<usize>,
+}
+
+impl<'a, S: AsRef<[usize]>> RowWalk<'a, S> {
+    /// At row `row`, for layouts with `strides` (each with at least one stride per outer
+    /// dim; any after those are not read).
+    pub(crate) fn at(outer: &'a [usize], strides: &'a [S], bases: &[usize], row: usize) -> Self {
+        let mut index = vec![0; outer.len()];
+        let mut i = row;
+        for (x, &n) in index.iter_mut().zip(outer).rev() {
+            *x = i % n;
+            i /= n;
+        }
+        let starts = strides
+            .iter()
+            .zip(bases)
+            .map(|(s, &base)| {
+                base + index
+                    .iter()
+                    .zip(s.as_ref())
+                    .map(|(i, s)| i * s)
+                    .sum::<usize>()
+            })
+            .collect();
+        RowWalk {
+            outer,
+            strides,
+            index,
+            starts,
+        }
+    }
+
+    /// Each layout's offset of the current row's first element.
+    #[inline(always)]
+    pub(crate) fn starts(&self) -> &[usize] {
+        &self.starts
+    }
+
+    /// On to the next row (after the last, back to row 0).
+    #[inline(always)]
+    pub(crate) fn next(&mut self) {
+        for d in (0..self.outer.len()).rev() {
+            self.index[d] += 1;
+            for (at, s) in self.starts.iter_mut().zip(self.strides) {
+                *at += s.as_ref()[d];
+            }
+            if self.index[d] < self.outer[d] {
+                return;
+            }
+            self.index[d] = 0;
+            for (at, s) in self.starts.iter_mut().zip(self.strides) {
+                *at -= self.outer[d] * s.as_ref()[d];
+            }
+        }
+    }
+}
+
+/// Rows shorter than this many elements are computed by [`binary_f32`] a block of rows at a
+/// time ([`binary_rows`]): a run's setup cost more than its values (RAFT's adds of
+/// `[256, 1, 1, 2]` and `[1, 7, 7, 2]`, rows of two values: BENCHMARKS.md, issue 14).
+const SHORT_ROW: usize = 8;
+
+/// A run of [`binary_f32`] over rows of `inner` elements: `o[i] = f(a, b)` for consecutive
+/// elements of a block of rows, the first `first` of them left in the first row; each
+/// operand given as (data, offset of the first element, stride between rows, stride within
+/// a row) and stepped by additions. False when a read falls outside its data.
+#[inline(always)]
+fn binary_rows(
+    o: &mut [f32],
+    first: usize,
+    inner: usize,
+    (ad, mut ia, ra, sa): (&[f32], usize, usize, usize),
+    (bd, mut ib, rb, sb): (&[f32], usize, usize, usize),
+    f: &impl Fn(f32, f32) -> f32,
+) -> bool {
+    let mut left = first;
+    for v in o.iter_mut() {
+        let (Some(&x), Some(&y)) = (ad.get(ia), bd.get(ib)) else {
+            return false;
+        };
+        *v = f(x, y);
+        left -= 1;
+        if left == 0 {
+            // To the next row's first element.
+            left = inner;
+            (ia, ib) = (ia + ra - (inner - 1) * sa, ib + rb - (inner - 1) * sb);
+        } else {
+            (ia, ib) = (ia + sa, ib + sb);
+        }
+    }
+    true
 }
 
 /// One run of [`binary_f32`]: `o[j] = f(a[oa + j * sa], b[ob + j * sb])`, each operand given
@@ -269,6 +411,8 @@ pub fn cat<T: WithDType>(ts: &[Tensor], d: usize) -> Option<Tensor> {
             _ => None,
         })
         .collect();
+    let outer_strides: Vec<&[usize]> = parts.iter().map(|p| p.outer).collect();
+    let starts: Vec<usize> = parts.iter().map(|p| p.start).collect();
     let failed = AtomicBool::new(false);
     let task = |at: usize, c: &mut [MaybeUninit<T>]| {
         let first_row = at / row;
@@ -308,21 +452,10 @@ pub fn cat<T: WithDType>(ts: &[Tensor], d: usize) -> Option<Tensor> {
             }
             return;
         }
-        // The outer index of the task's first row, then stepped row by row (an offset
-        // recomputed by division per row cost more than copying a short row).
-        let mut index = vec![0; d];
-        let mut i = first_row;
-        for k in (0..d).rev() {
-            index[k] = i % outer[k];
-            i /= outer[k];
-        }
-        let mut bases: Vec<usize> = parts
-            .iter()
-            .map(|p| p.start + offset(first_row, outer, p.outer))
-            .collect();
+        let mut walk = RowWalk::at(outer, &outer_strides, &starts, first_row);
         for orow in c.chunks_mut(row) {
             let mut col = 0;
-            for (p, &base) in parts.iter().zip(&bases) {
+            for (p, &base) in parts.iter().zip(walk.starts()) {
                 if !p.copy_into(&mut orow[col..col + p.len], base) {
                     failed.store(true, Ordering::Relaxed);
                     orow.fill(MaybeUninit::new(T::zero()));
@@ -330,19 +463,7 @@ pub fn cat<T: WithDType>(ts: &[Tensor], d: usize) -> Option<Tensor> {
                 }
                 col += p.len;
             }
-            for k in (0..d).rev() {
-                index[k] += 1;
-                for (b, p) in bases.iter_mut().zip(&parts) {
-                    *b += p.outer[k];
-                }
-                if index[k] < outer[k] {
-                    break;
-                }
-                index[k] = 0;
-                for (b, p) in bases.iter_mut().zip(&parts) {
-                    *b -= outer[k] * p.outer[k];
-                }
-            }
+            walk.next();
         }
     };
     // SAFETY: every chunk is whole rows (`chunk` and `total` are multiples of `row`), and
@@ -462,34 +583,18 @@ pub fn map_f32(t: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Option<Tensor> {
             (TASK / inner).max(1) * inner
         };
         let failed = AtomicBool::new(false);
-        let (outer, outer_strides) = (&dims[..last], &strides[0][..last]);
+        let outer = &dims[..last];
         let task = |at: usize, c: &mut [MaybeUninit<f32>]| {
-            // The first run's index over the outer dims, then stepped run by run (an offset
-            // recomputed by division per run cost more than the copy of a short run).
-            let mut index = vec![0; last];
-            let mut i = at / inner;
-            for d in (0..last).rev() {
-                index[d] = i % outer[d];
-                i /= outer[d];
-            }
-            let mut off = start + offset(at / inner, outer, outer_strides);
+            let mut walk = RowWalk::at(outer, &strides, &[start], at / inner);
             simd(
                 #[inline(always)]
                 || {
                     for o in c.chunks_mut(inner) {
-                        if !gather(o, data, off, s, &f) {
+                        if !gather(o, data, walk.starts()[0], s, &f) {
                             failed.store(true, Ordering::Relaxed);
                             o.fill(MaybeUninit::new(0.0));
                         }
-                        for d in (0..last).rev() {
-                            index[d] += 1;
-                            off += outer_strides[d];
-                            if index[d] < outer[d] {
-                                break;
-                            }
-                            index[d] = 0;
-                            off -= outer[d] * outer_strides[d];
-                        }
+                        walk.next();
                     }
                 },
             )
@@ -509,29 +614,63 @@ mod tests {
     use candle_core::Device;
 
     /// Every output element comes from its run, in serial and parallel tasks, with short
-    /// rows (several to a task) and long ones (pieces of one row to a task); a run that fails
-    /// fails the whole buffer.
+    /// rows (several to a task) and long ones (pieces of one row to a task), each run given
+    /// its operands' offsets (here an operand laid out as the output, from offset 3, and a
+    /// broadcast one); a run that fails fails the whole buffer.
     #[test]
     fn runs_fill_every_element_once() {
-        for (total, inner) in [(1000, 7), (5 * TASK + 3, 100), (3 * TASK, 2 * TASK + 1)] {
-            let index = |_: &mut Vec<f32>, row: usize, col: usize, run: &mut [f32]| {
+        for dims in [
+            vec![143, 7],
+            vec![5 * TASK + 3, 100],
+            vec![3, 2 * TASK + 1],
+            vec![3, 5, 7, 2],
+        ] {
+            let total: usize = dims.iter().product();
+            let mut strides = vec![vec![1; dims.len()], vec![0; dims.len()]];
+            for d in (0..dims.len() - 1).rev() {
+                strides[0][d] = strides[0][d + 1] * dims[d + 1];
+            }
+            let index = |_: &mut Vec<f32>, at: &[usize], col: usize, run: &mut [f32]| {
+                assert_eq!((at[0] - 3) % dims[dims.len() - 1], col, "{dims:?}");
+                assert_eq!(at[1], 5, "a broadcast operand stays put");
                 for (j, v) in run.iter_mut().enumerate() {
-                    *v = (row * inner + col + j) as f32;
+                    *v = (at[0] + j - 3) as f32;
                 }
                 true
             };
             let want: Vec<f32> = (0..total).map(|i| i as f32).collect();
-            assert_eq!(
-                by_runs(total, inner, index),
-                Some(want),
-                "{total} / {inner}"
-            );
-            let fail_row_1 = |_: &mut Vec<f32>, row: usize, _: usize, _: &mut [f32]| row != 1;
-            assert!(
-                by_runs(total, inner, fail_row_1).is_none(),
-                "{total} / {inner}"
-            );
+            let got = by_runs(total, &dims, &strides, &[3, 5], index);
+            assert_eq!(got, Some(want), "{dims:?}");
+            let fail_row_1 = |_: &mut Vec<f32>, at: &[usize], _: usize, _: &mut [f32]| {
+                at[0] - 3 < dims[dims.len() - 1] || at[0] - 3 >= 2 * dims[dims.len() - 1]
+            };
+            let failed = by_runs(total, &dims, &strides, &[3, 5], fail_row_1);
+            assert!(failed.is_none(), "{dims:?}");
         }
+    }
+
+    /// A walk over the rows of several layouts (transposed, broadcast in a middle dim, with
+    /// size-1 dims) from any row gives each row's offsets as [`offset`] computes them, and
+    /// comes back to row 0 after the last.
+    #[test]
+    fn row_walks_step_to_each_rows_offsets() {
+        let outer = [3, 1, 4, 2];
+        let strides = [vec![8, 8, 2, 1], vec![1, 3, 6, 24], vec![4, 0, 0, 1]];
+        let bases = [0, 7, 100];
+        let rows: usize = outer.iter().product();
+        for first in 0..rows {
+            let mut walk = RowWalk::at(&outer, &strides, &bases, first);
+            for row in (first..rows).chain(0..2) {
+                for ((s, base), &got) in strides.iter().zip(bases).zip(walk.starts()) {
+                    assert_eq!(got, base + offset(row, &outer, s), "{first} {row} {s:?}");
+                }
+                walk.next();
+            }
+        }
+        // No outer dims: one row, at the bases.
+        let mut walk = RowWalk::at(&[], &strides, &bases, 0);
+        walk.next();
+        assert_eq!(walk.starts(), bases);
     }
 
     /// Transposed, narrowed, broadcast and offset views copied exactly as candle's
