@@ -205,7 +205,10 @@ fn contract(l: Term, r: Term, needed: &[char]) -> OpResult<Term> {
         .reshape((nb, nl, ns))?;
     let rm = arrange(&r, [batch.clone(), summed.clone(), right.clone()].concat())?
         .reshape((nb, ns, nr))?;
-    let y = lm.matmul(&rm)?;
+    let y = match super::linalg::batched_f32(&lm, &rm) {
+        Some(y) => y,
+        None => lm.matmul(&rm)?,
+    };
     let letters = [batch, left, right].concat();
     let shape: Vec<usize> = letters.iter().map(|&c| dim(c)).collect();
     Ok(Term {

@@ -4,6 +4,9 @@
 
 use candle_core::{DType, Shape, Tensor};
 
+use super::fused::with_storage;
+use super::sgemm::{self, Mat};
+use super::strided::offset;
 use super::{float, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
@@ -86,6 +89,9 @@ pub fn mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     if a.rank() < 2 || b.rank() < 2 {
         op_bail!("matrix product of shapes {:?} and {:?}", a.dims(), b.dims());
     }
+    if let Some(r) = batched_f32(&a, &b) {
+        return Ok(r);
+    }
     let prod = |a: &Tensor, b: &Tensor| {
         if a.rank() == 2 && b.rank() == 2 {
             a.matmul(b)
@@ -101,6 +107,102 @@ pub fn mm(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         Err(_) => batched_3d(&a, &b),
     }
 }
+
+/// `a [.., n, k] @ b [.., k, p]` for f32 CPU tensors of any strides, batch dims broadcast,
+/// each matrix read in place by the runtime's GEMM ([`sgemm`]). One product (a single
+/// matrix, or a batch against one shared right-hand matrix whose left-hand rows stack) is
+/// split over the pool's threads; a batch of at least as many products as threads runs one
+/// product per thread, grouped so that a task holds at least [`TASK_MACS`] multiply-adds;
+/// a smaller batch runs its products in turn, each split over the threads. candle's matmul
+/// runs a batch's products in turn, each split only when large: attention inside Swin's
+/// windows (192 products of 49 × 32 × 49) ran on one thread at any thread count.
+/// `None` when an operand is not an f32 CPU tensor, the shapes do not multiply, or a view
+/// reaches outside its storage (the caller then tries candle's product).
+pub(crate) fn batched_f32(a: &Tensor, b: &Tensor) -> Option<Tensor> {
+    use rayon::prelude::*;
+    use sgemm::{product, sgemm};
+    if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
+        return None;
+    }
+    let (ra, rb) = (a.rank(), b.rank());
+    let (n, k, p) = (a.dims()[ra - 2], a.dims()[ra - 1], b.dims()[rb - 1]);
+    if b.dims()[rb - 2] != k {
+        return None;
+    }
+    let batch = Shape::from(&a.dims()[..ra - 2])
+        .broadcast_shape_binary_op(&Shape::from(&b.dims()[..rb - 2]), "matmul")
+        .ok()?;
+    let full = |t: &Tensor, rows: usize, cols: usize| {
+        let mut dims = batch.dims().to_vec();
+        dims.extend([rows, cols]);
+        t.broadcast_as(dims).ok()
+    };
+    let (a, b) = (full(a, n, k)?, full(b, k, p)?);
+    let mut dims = batch.dims().to_vec();
+    dims.extend([n, p]);
+    let count = batch.elem_count();
+    let size = n.checked_mul(p)?;
+    let len = count.checked_mul(size)?;
+    let threads = rayon::current_num_threads();
+    let out = with_storage::<f32, _>(&a, |ad, al| {
+        with_storage::<f32, _>(&b, |bd, bl| {
+            let mat = |data, lay, i| matrix(data, lay, batch.dims(), i);
+            if len == 0 {
+                return Some(vec![0.0; len]);
+            }
+            let shared_rhs = bl.stride()[..batch.rank()].iter().all(|&s| s == 0);
+            if count == 1 {
+                return product(n, p, k, mat(ad, al, 0)?, mat(bd, bl, 0)?, 1.0, threads);
+            }
+            if shared_rhs && a.is_contiguous() {
+                // The batch's rows stacked into one matrix.
+                let a = Mat::rows(ad.get(al.start_offset()..)?, k);
+                return product(count * n, p, k, a, mat(bd, bl, 0)?, 1.0, threads);
+            }
+            let mut out = vec![0f32; len];
+            let each = |i: usize, o: &mut [f32]| match (mat(ad, al, i), mat(bd, bl, i)) {
+                (Some(x), Some(y)) => sgemm(n, p, k, x, y, o, p, false, 1.0, 1),
+                _ => false,
+            };
+            let ok = if count >= threads && threads > 1 {
+                let per = (TASK_MACS / size.saturating_mul(k).max(1)).clamp(1, count);
+                out.par_chunks_mut(per * size).enumerate().all(|(t, o)| {
+                    o.chunks_mut(size)
+                        .enumerate()
+                        .all(|(j, o)| each(t * per + j, o))
+                })
+            } else {
+                out.chunks_mut(size).enumerate().all(|(i, o)| {
+                    match (mat(ad, al, i), mat(bd, bl, i)) {
+                        (Some(x), Some(y)) => sgemm(n, p, k, x, y, o, p, false, 1.0, threads),
+                        _ => false,
+                    }
+                })
+            };
+            ok.then_some(out)
+        })
+    })???;
+    Tensor::from_vec(out, dims, a.device()).ok()
+}
+
+/// Matrix `i` (row-major over the `batch` dims) of `data` laid out as `lay` (the batch dims,
+/// then rows and columns); `None` when it starts outside `data`.
+fn matrix<'d>(
+    data: &'d [f32],
+    lay: &candle_core::Layout,
+    batch: &[usize],
+    i: usize,
+) -> Option<Mat<'d>> {
+    let (st, nb) = (lay.stride(), batch.len());
+    Some(Mat {
+        data: data.get(lay.start_offset() + offset(i, batch, &st[..nb])..)?,
+        rs: st[nb],
+        cs: st[nb + 1],
+    })
+}
+
+/// Multiply-adds per task of a batch of products spread over the threads ([`batched_f32`]).
+const TASK_MACS: usize = 1 << 16;
 
 /// `a [.., n, k] @ b [.., k, p]` with the batch dims broadcast, as one rank-3 product on
 /// contiguous copies.
@@ -380,10 +482,16 @@ mod batch_tests {
     use candle_core::Device;
 
     /// A rank-5 batch of one-row products that candle's own matmul refuses (lambda
-    /// networks' content lambdas) is computed through the rank-3 fallback, equal to a plain
-    /// triple loop.
+    /// networks' content lambdas) is computed, equal to a plain triple loop: in float32 by
+    /// the runtime's batched product, in float64 through the rank-3 fallback.
     #[test]
-    fn batches_candle_refuses_go_through_the_rank3_fallback() {
+    fn batches_candle_refuses_are_computed() {
+        for dtype in [DType::F32, DType::F64] {
+            batch_candle_refuses(dtype);
+        }
+    }
+
+    fn batch_candle_refuses(dtype: DType) {
         let (bs, k, p) = ([1usize, 4, 256], 16, 64);
         let nb: usize = bs.iter().product();
         let av: Vec<f32> = (0..nb * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
@@ -392,12 +500,14 @@ mod batch_tests {
             .collect();
         let a = Tensor::from_vec(av.clone(), (1, 4, 256, 1, k), &Device::Cpu).unwrap();
         let b = Tensor::from_vec(bv.clone(), (1, 4, 256, k, p), &Device::Cpu).unwrap();
+        let (a, b) = (a.to_dtype(dtype).unwrap(), b.to_dtype(dtype).unwrap());
         assert!(
             a.broadcast_matmul(&b).is_err(),
             "candle now takes this layout: the test no longer reaches the fallback"
         );
         let got = mm(&a, &b).unwrap();
         assert_eq!(got.dims(), &[1, 4, 256, 1, p]);
+        let got = got.to_dtype(DType::F32).unwrap();
         let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         for batch in 0..nb {
             for j in 0..p {
@@ -405,6 +515,61 @@ mod batch_tests {
                     .map(|i| av[batch * k + i] * bv[(batch * k + i) * p + j])
                     .sum();
                 assert_eq!(got[batch * p + j], want, "batch {batch}, column {j}");
+            }
+        }
+    }
+
+    /// The batched float32 product equals candle's product of contiguous copies, for
+    /// operands of every layout: transposed, broadcast over the batch on either side, rows
+    /// that repeat (stride 0), size-1 dims, a shared right-hand matrix (rows stacked), one
+    /// matrix, empty dims; batches larger and smaller than the pool, on 1 and 2 threads.
+    #[test]
+    fn batched_products_match_candle() {
+        let dev = Device::Cpu;
+        let t = |s: &[usize]| Tensor::randn(0f32, 1., s.to_vec(), &dev).unwrap();
+        let cases = [
+            (t(&[6, 5, 7]), t(&[6, 7, 3])),
+            (t(&[2, 3, 5, 7]), t(&[3, 7, 4])),
+            (
+                t(&[3, 7, 5]).transpose(1, 2).unwrap(),
+                t(&[3, 4, 7]).transpose(1, 2).unwrap(),
+            ),
+            (t(&[1, 5, 7]), t(&[9, 7, 3])),
+            (t(&[9, 5, 7]), t(&[1, 7, 3])),
+            (t(&[9, 5, 7]), t(&[7, 3]).unsqueeze(0).unwrap()),
+            (
+                t(&[4, 1, 7]).broadcast_as((4, 5, 7)).unwrap(),
+                t(&[4, 7, 2]),
+            ),
+            (t(&[4, 2, 1, 7]).transpose(1, 2).unwrap(), t(&[4, 1, 7, 3])),
+            (t(&[5, 7]), t(&[7, 3])),
+            (t(&[1, 1, 7]), t(&[1, 7, 1])),
+            (
+                t(&[2, 5, 6, 8]).permute((0, 2, 1, 3)).unwrap(),
+                t(&[2, 6, 8, 5]),
+            ),
+            (t(&[200, 3, 4]), t(&[200, 4, 5])),
+            (t(&[40, 16, 16]), t(&[40, 16, 16]).transpose(1, 2).unwrap()),
+            (t(&[3, 0, 4]), t(&[3, 4, 5])),
+            (t(&[3, 5, 0]), t(&[3, 0, 5])),
+        ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (a, b) in &cases {
+                let got = pool.install(|| batched_f32(a, b)).expect("applies");
+                let want = a
+                    .contiguous()
+                    .unwrap()
+                    .broadcast_matmul(&b.contiguous().unwrap())
+                    .unwrap();
+                assert_eq!(got.dims(), want.dims(), "{:?} @ {:?}", a.dims(), b.dims());
+                let diff = (got - &want).unwrap().abs().unwrap();
+                let diff = diff.flatten_all().unwrap().max(0).ok();
+                let diff = diff.map_or(0.0, |d| d.to_scalar::<f32>().unwrap());
+                assert!(diff < 1e-5, "{:?} @ {:?}: {diff}", a.dims(), b.dims());
             }
         }
     }
