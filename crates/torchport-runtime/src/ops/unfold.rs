@@ -69,35 +69,75 @@ fn im2col(a: &Args) -> OpResult<Outputs> {
 }
 
 /// Every block of `x` `[N, C, H, W]` (zero-padded) as a column: `[N, C·kh·kw, L]`, L the
-/// block positions row by row (one gather; any dtype).
+/// block positions row by row (any dtype). Each output row (one plane and kernel tap) is
+/// read straight from the unpadded plane, rows in parallel; the positions a row's taps
+/// fall in the padding stay zero.
 pub(super) fn columns(x: &Tensor, b: &Blocks) -> OpResult<Tensor> {
     let (n, c, h, w) = x.dims4()?;
     let (bh, bw) = (b.count(0, h)?, b.count(1, w)?);
     let (kh, kw) = (b.k[0], b.k[1]);
     result_numel(&[n, c, kh, kw, bh, bw], "im2col")?;
-    let x = x
-        .pad_with_zeros(2, b.p[0], b.p[0])?
-        .pad_with_zeros(3, b.p[1], b.p[1])?
-        .contiguous()?;
-    let (hp, wp) = (h + 2 * b.p[0], w + 2 * b.p[1]);
-    let mut off = Vec::with_capacity(n * c * kh * kw * bh * bw);
-    for plane in 0..n * c {
-        for i in 0..kh {
-            for j in 0..kw {
-                for y in 0..bh {
-                    for xx in 0..bw {
-                        let (r, col) = (y * b.s[0] + i * b.d[0], xx * b.s[1] + j * b.d[1]);
-                        off.push(((plane * hp + r) * wp + col) as i64);
+    let x = x.contiguous()?;
+    let size = [h, w, bh, bw];
+    let out = match x.dtype() {
+        DType::F32 => taps::<f32>(&x, b, size),
+        DType::F64 => taps::<f64>(&x, b, size),
+        DType::F16 => taps::<half::f16>(&x, b, size),
+        DType::BF16 => taps::<half::bf16>(&x, b, size),
+        DType::I64 => taps::<i64>(&x, b, size),
+        DType::I32 => taps::<i32>(&x, b, size),
+        DType::I16 => taps::<i16>(&x, b, size),
+        DType::U32 => taps::<u32>(&x, b, size),
+        DType::U8 => taps::<u8>(&x, b, size),
+        other => op_bail!("im2col does not support {other:?} tensors"),
+    };
+    let Some(out) = out else {
+        op_bail!("im2col reads a CPU tensor");
+    };
+    Ok(out.reshape((n, c * kh * kw, bh * bw))?)
+}
+
+/// [`columns`] of a contiguous `x` of dtype `T`, `[N, C, h, w]`, with `bh × bw` block
+/// positions (`size`: `[h, w, bh, bw]`): `[N·C·kh·kw, bh·bw]`. `None` when `x` is not a CPU tensor of `T`.
+fn taps<T: candle_core::WithDType>(x: &Tensor, b: &Blocks, size: [usize; 4]) -> Option<Tensor> {
+    use rayon::prelude::*;
+    let [h, w, bh, bw] = size;
+    let (kh, kw) = (b.k[0], b.k[1]);
+    let planes = x.dims()[0] * x.dims()[1];
+    let l = bh * bw;
+    let mut out = vec![T::zero(); planes * kh * kw * l];
+    if out.is_empty() {
+        return Tensor::from_vec(out, (planes * kh * kw, l), &Device::Cpu).ok();
+    }
+    // Where tap `k` of position `pos` falls along a dim (stride `s`, dilation `d`, padding
+    // `p`), if inside `0..len`.
+    let at = |pos: usize, k: usize, s: usize, d: usize, p: usize, len: usize| {
+        (pos * s + k * d).checked_sub(p).filter(|&i| i < len)
+    };
+    super::fused::with_storage::<T, _>(x, |xs, lay| {
+        let xs = xs.get(lay.start_offset()..)?.get(..planes * h * w)?;
+        out.par_chunks_mut(l)
+            .with_min_len((4096 / l).max(1))
+            .enumerate()
+            .for_each(|(row, o)| {
+                let (plane, tap) = (row / (kh * kw), row % (kh * kw));
+                let (i, j) = (tap / kw, tap % kw);
+                let src = &xs[plane * h * w..][..h * w];
+                for (y, orow) in o.chunks_mut(bw).enumerate() {
+                    let Some(r) = at(y, i, b.s[0], b.d[0], b.p[0], h) else {
+                        continue;
+                    };
+                    let srow = &src[r * w..][..w];
+                    for (xx, v) in orow.iter_mut().enumerate() {
+                        if let Some(col) = at(xx, j, b.s[1], b.d[1], b.p[1], w) {
+                            *v = srow[col];
+                        }
                     }
                 }
-            }
-        }
-    }
-    let len = off.len();
-    let idx = Tensor::from_vec(off, len, &Device::Cpu)?;
-    Ok(x.flatten_all()?
-        .index_select(&idx, 0)?
-        .reshape((n, c * kh * kw, bh * bw))?)
+            });
+        Some(())
+    })??;
+    Tensor::from_vec(out, (planes * kh * kw, l), &Device::Cpu).ok()
 }
 
 /// `col2im(self, output_size, kernel_size, dilation, padding, stride)`: `[N, C·kh·kw, L]`
