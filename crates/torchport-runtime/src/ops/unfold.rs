@@ -189,6 +189,49 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Each column holds the zero-padded input's value at its block position and tap, for
+    /// kernels, dilations, paddings and strides unequal across the two dims, blocks that
+    /// reach into the padding on every side, many rows to a parallel task and one, and
+    /// integer inputs as float ones.
+    #[test]
+    fn columns_read_the_padded_input() {
+        let dev = Device::Cpu;
+        for (shape, k, d, p, s) in [
+            ([2, 3, 7, 9], [3, 2], [1, 2], [1, 2], [2, 1]),
+            ([1, 5, 28, 28], [3, 3], [1, 1], [1, 1], [1, 1]),
+            ([1, 2, 5, 4], [5, 4], [1, 1], [2, 0], [3, 1]),
+            ([3, 1, 6, 6], [2, 2], [3, 2], [0, 3], [1, 2]),
+        ] {
+            let x = Tensor::randn(0f32, 1., shape.to_vec(), &dev).unwrap();
+            let b = Blocks { k, d, p, s };
+            let got = columns(&x, &b).unwrap();
+            let padded = (x.pad_with_zeros(2, p[0], p[0]).unwrap())
+                .pad_with_zeros(3, p[1], p[1])
+                .unwrap();
+            let padded = padded.flatten_to(1).unwrap().to_vec3::<f32>().unwrap();
+            let (bh, bw) = (b.count(0, shape[2]).unwrap(), b.count(1, shape[3]).unwrap());
+            let got3 = got.to_vec3::<f32>().unwrap();
+            assert_eq!(got.dims(), [shape[0], shape[1] * k[0] * k[1], bh * bw]);
+            for (ni, image) in got3.iter().enumerate() {
+                for (row, values) in image.iter().enumerate() {
+                    let (ch, i, j) = (row / (k[0] * k[1]), row / k[1] % k[0], row % k[1]);
+                    for (at, &v) in values.iter().enumerate() {
+                        let (y, xx) = (at / bw * s[0] + i * d[0], at % bw * s[1] + j * d[1]);
+                        let want = padded[ni * shape[1] + ch][y][xx];
+                        assert_eq!(v, want, "{shape:?} {k:?}: {ni} {row} {at}");
+                    }
+                }
+            }
+            let ints = x.affine(10.0, 0.0).unwrap().to_dtype(DType::I64).unwrap();
+            let as_floats = columns(&ints, &b).unwrap().to_dtype(DType::F32).unwrap();
+            let floats = columns(&ints.to_dtype(DType::F32).unwrap(), &b).unwrap();
+            assert_eq!(
+                as_floats.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                floats.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            );
+        }
+    }
+
     /// A crafted fold output size is refused (its block count does not match the input)
     /// instead of allocated; a crafted stride is refused; a kernel larger than the input is
     /// an error.
