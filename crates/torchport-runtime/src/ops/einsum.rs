@@ -4,7 +4,7 @@
 //! first. Ellipses, implicit outputs (`"ij,jk"`) and spaces are accepted; a letter repeated
 //! within one operand (a diagonal) is refused.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::{float, Registry};
 use crate::error::OpResult;
@@ -107,7 +107,11 @@ fn einsum(a: &Args) -> OpResult<Outputs> {
         .ok_or_else(|| {
             crate::error::OpError(format!("einsum '{eq}': an output letter is in no operand"))
         })?;
-    one(acc.t.permute(perm)?.contiguous()?)
+    let y = acc.t.permute(perm)?;
+    one(match super::strided::contiguous_f32(&y) {
+        Some(y) => y,
+        None => y.contiguous()?,
+    })
 }
 
 /// The letters of one operand spec, its ellipsis expanded to the last `rank - named` of `ell`.
@@ -199,15 +203,46 @@ fn contract(l: Term, r: Term, needed: &[char]) -> OpResult<Term> {
             .collect();
         Ok(t.t.permute(perm)?.broadcast_as(shape)?.contiguous()?)
     };
-    let prod = |cs: &[char]| cs.iter().map(|&c| dim(c)).product::<usize>();
-    let (nb, nl, ns, nr) = (prod(&batch), prod(&left), prod(&summed), prod(&right));
-    let lm = arrange(&l, [batch.clone(), left.clone(), summed.clone()].concat())?
-        .reshape((nb, nl, ns))?;
-    let rm = arrange(&r, [batch.clone(), summed.clone(), right.clone()].concat())?
-        .reshape((nb, ns, nr))?;
-    let y = match super::linalg::batched_f32(&lm, &rm) {
+    // Each operand as a view of its batch letters' dims, then its two other groups of
+    // letters as one dim each where each group has at most one letter: the runtime's
+    // batched product reads such views in place (a transposed key, say), with no copy.
+    let view = |t: &Term, rows: &[char], cols: &[char]| -> OpResult<Option<Tensor>> {
+        if rows.len() > 1 || cols.len() > 1 || t.t.dtype() != DType::F32 {
+            return Ok(None);
+        }
+        let order = [&batch[..], rows, cols].concat();
+        let perm: Vec<usize> = (order.iter())
+            .filter_map(|c| t.letters.iter().position(|x| x == c))
+            .collect();
+        let shape: Vec<usize> = order.iter().map(|&c| dim(c)).collect();
+        let mut v = t.t.permute(perm)?.broadcast_as(shape)?;
+        if rows.is_empty() {
+            v = v.unsqueeze(batch.len())?;
+        }
+        if cols.is_empty() {
+            v = v.unsqueeze(v.rank())?;
+        }
+        Ok(Some(v))
+    };
+    let views = (view(&l, &left, &summed)?, view(&r, &summed, &right)?);
+    let direct = match views {
+        (Some(lv), Some(rv)) => super::linalg::batched_f32(&lv, &rv),
+        _ => None,
+    };
+    let y = match direct {
         Some(y) => y,
-        None => lm.matmul(&rm)?,
+        None => {
+            let prod = |cs: &[char]| cs.iter().map(|&c| dim(c)).product::<usize>();
+            let (nb, nl, ns, nr) = (prod(&batch), prod(&left), prod(&summed), prod(&right));
+            let lm = arrange(&l, [batch.clone(), left.clone(), summed.clone()].concat())?
+                .reshape((nb, nl, ns))?;
+            let rm = arrange(&r, [batch.clone(), summed.clone(), right.clone()].concat())?
+                .reshape((nb, ns, nr))?;
+            match super::linalg::batched_f32(&lm, &rm) {
+                Some(y) => y,
+                None => lm.matmul(&rm)?,
+            }
+        }
     };
     let letters = [batch, left, right].concat();
     let shape: Vec<usize> = letters.iter().map(|&c| dim(c)).collect();
@@ -215,4 +250,87 @@ fn contract(l: Term, r: Term, needed: &[char]) -> OpResult<Term> {
         t: y.reshape(shape)?,
         letters,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn einsum_of(eq: &str, ts: &[&Tensor]) -> Tensor {
+        let names: Vec<String> = (0..ts.len()).map(|i| format!("t{i}")).collect();
+        let list: Vec<serde_json::Value> = names.iter().map(|n| json!({ "name": n })).collect();
+        let args = [
+            ("equation", json!({ "as_string": eq })),
+            ("tensors", json!({ "as_tensors": list })),
+        ];
+        let env: Vec<(&str, Tensor)> = (names.iter().map(String::as_str))
+            .zip(ts.iter().map(|&t| t.clone()))
+            .collect();
+        let out = super::super::run_node(register, "aten.einsum.default", &args, &env).unwrap();
+        match out.into_iter().next() {
+            Some(crate::value::Value::Tensor(t)) => t,
+            _ => panic!("einsum gives one tensor"),
+        }
+    }
+
+    fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
+        assert_eq!(got.dims(), want.dims(), "{what}");
+        let diff = (got - want).unwrap().abs().unwrap().flatten_all().unwrap();
+        let diff = diff.max(0).unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "{what}: {diff}");
+    }
+
+    /// Products whose operands the batched product reads in place (a transposed key, a
+    /// batch letter broadcast from size 1, a vector on either side, one matrix), and one that needs
+    /// copies (two letters summed), equal candle's matmul of the same operands arranged by
+    /// hand.
+    #[test]
+    fn products_equal_candles_matmul() {
+        let dev = candle_core::Device::Cpu;
+        let t = |s: &[usize]| Tensor::randn(0f32, 1., s.to_vec(), &dev).unwrap();
+        let (q, k) = (t(&[2, 3, 7, 5]), t(&[2, 3, 6, 5]));
+        let want = q
+            .matmul(&k.transpose(2, 3).unwrap().contiguous().unwrap())
+            .unwrap();
+        assert_close(&einsum_of("bhpd,bhqd->bhpq", &[&q, &k]), &want, "q k^T");
+        let want = want.transpose(2, 3).unwrap().contiguous().unwrap();
+        assert_close(&einsum_of("bhpd,bhqd->bhqp", &[&q, &k]), &want, "(q k^T)^T");
+        let k1 = t(&[1, 3, 6, 5]);
+        let kb = k1.broadcast_as((2, 3, 6, 5)).unwrap().contiguous().unwrap();
+        let want = q
+            .matmul(&kb.transpose(2, 3).unwrap().contiguous().unwrap())
+            .unwrap();
+        assert_close(
+            &einsum_of("bhpd,bhqd->bhpq", &[&q, &k1]),
+            &want,
+            "broadcast",
+        );
+        let (a, v) = (t(&[4, 7]), t(&[7]));
+        let want = a
+            .matmul(&v.unsqueeze(1).unwrap())
+            .unwrap()
+            .squeeze(1)
+            .unwrap();
+        assert_close(&einsum_of("ij,j->i", &[&a, &v]), &want, "vector");
+        let (u, m) = (t(&[3, 7]), t(&[3, 7, 4]));
+        let want = u
+            .unsqueeze(1)
+            .unwrap()
+            .matmul(&m)
+            .unwrap()
+            .squeeze(1)
+            .unwrap();
+        assert_close(&einsum_of("bj,bjk->bk", &[&u, &m]), &want, "batched vector");
+        let b = t(&[5, 7]);
+        let want = a.matmul(&b.t().unwrap().contiguous().unwrap()).unwrap();
+        assert_close(&einsum_of("ik,jk->ij", &[&a, &b]), &want, "one matrix");
+        let (x, y) = (t(&[3, 4, 5]), t(&[4, 5, 6]));
+        let want = x
+            .reshape((3, 20))
+            .unwrap()
+            .matmul(&y.reshape((20, 6)).unwrap())
+            .unwrap();
+        assert_close(&einsum_of("iab,abj->ij", &[&x, &y]), &want, "two summed");
+    }
 }
