@@ -282,9 +282,9 @@ mod tests {
     }
 
     /// Products whose operands the batched product reads in place (a transposed key, a
-    /// batch letter broadcast from size 1, a vector on either side, one matrix), and one that needs
-    /// copies (two letters summed), equal candle's matmul of the same operands arranged by
-    /// hand.
+    /// batch letter broadcast from size 1, a vector on either side, one matrix), and one
+    /// that needs copies (two letters summed), equal candle's matmul of the same operands
+    /// arranged by hand.
     #[test]
     fn products_equal_candles_matmul() {
         let dev = candle_core::Device::Cpu;

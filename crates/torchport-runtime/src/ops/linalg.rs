@@ -160,24 +160,21 @@ pub(crate) fn batched_f32(a: &Tensor, b: &Tensor) -> Option<Tensor> {
                 return product(count * n, p, k, a, mat(bd, bl, 0)?, 1.0, threads);
             }
             let mut out = vec![0f32; len];
-            let each = |i: usize, o: &mut [f32]| match (mat(ad, al, i), mat(bd, bl, i)) {
-                (Some(x), Some(y)) => sgemm(n, p, k, x, y, o, p, false, 1.0, 1),
-                _ => false,
-            };
+            // Product `i` of the batch into `o`, split for `threads`.
+            let each =
+                |i: usize, o: &mut [f32], threads: usize| match (mat(ad, al, i), mat(bd, bl, i)) {
+                    (Some(x), Some(y)) => sgemm(n, p, k, x, y, o, p, false, 1.0, threads),
+                    _ => false,
+                };
             let ok = if count >= threads && threads > 1 {
                 let per = (TASK_MACS / size.saturating_mul(k).max(1)).clamp(1, count);
                 out.par_chunks_mut(per * size).enumerate().all(|(t, o)| {
                     o.chunks_mut(size)
                         .enumerate()
-                        .all(|(j, o)| each(t * per + j, o))
+                        .all(|(j, o)| each(t * per + j, o, 1))
                 })
             } else {
-                out.chunks_mut(size).enumerate().all(|(i, o)| {
-                    match (mat(ad, al, i), mat(bd, bl, i)) {
-                        (Some(x), Some(y)) => sgemm(n, p, k, x, y, o, p, false, 1.0, threads),
-                        _ => false,
-                    }
-                })
+                (out.chunks_mut(size).enumerate()).all(|(i, o)| each(i, o, threads))
             };
             ok.then_some(out)
         })

@@ -126,13 +126,13 @@ pub fn binary_f32(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync) ->
 /// dim; `merge`d), operand `k`'s element 0 at offset `bases[k]`, computed one run at a time:
 /// `f(scratch, at, col, run)` writes `run` with the next output elements, from element `col`
 /// of a row and never past its end, operand `k`'s element for the row's element `col` at
-/// offset `at[k]` (`run` and `scratch` are
-/// the thread's own buffers from [`with_scratch`], holding whatever their last user left
-/// there). The runs are then copied into the output, so each output element is written
-/// once, with no zeroing first. Tasks of whole rows, or of pieces of one row when rows are
-/// long, in parallel from `2 * TASK` elements; each task's loop is compiled for the CPU's
-/// vector width (see [`simd`]: mark `f` `#[inline(always)]`), and steps from row to row by
-/// additions ([`RowWalk`]). `None` when any `f` returns false.
+/// offset `at[k]` (`run` and `scratch` are the thread's own buffers from [`with_scratch`],
+/// holding whatever their last user left there). The runs are then copied into the output,
+/// so each output element is written once, with no zeroing first. Tasks of whole rows, or
+/// of pieces of one row when rows are long, in parallel from `2 * TASK` elements; each
+/// task's loop is compiled for the CPU's vector width (see [`simd`]: mark `f`
+/// `#[inline(always)]`), and steps from row to row by additions ([`RowWalk`]). `None` when
+/// any `f` returns false.
 pub(crate) fn by_runs(
     total: usize,
     dims: &[usize],

@@ -1,6 +1,6 @@
 //! Sliding blocks: `im2col` (F.unfold: every kernel-sized block of a padded `[N, C, H, W]`
-//! input as a column, any dtype, one gather) and `col2im` (F.fold: the columns summed back
-//! into the image, in f32 or f64, the scatter half of a transposed convolution).
+//! input as a column, any dtype, output rows in parallel) and `col2im` (F.fold: the columns
+//! summed back into the image, in f32 or f64, the scatter half of a transposed convolution).
 
 use candle_core::{DType, Device, Tensor};
 
@@ -98,7 +98,8 @@ pub(super) fn columns(x: &Tensor, b: &Blocks) -> OpResult<Tensor> {
 }
 
 /// [`columns`] of a contiguous `x` of dtype `T`, `[N, C, h, w]`, with `bh × bw` block
-/// positions (`size`: `[h, w, bh, bw]`): `[N·C·kh·kw, bh·bw]`. `None` when `x` is not a CPU tensor of `T`.
+/// positions (`size`: `[h, w, bh, bw]`): `[N·C·kh·kw, bh·bw]`. `None` when `x` is not a CPU
+/// tensor of `T`.
 fn taps<T: candle_core::WithDType>(x: &Tensor, b: &Blocks, size: [usize; 4]) -> Option<Tensor> {
     use rayon::prelude::*;
     let [h, w, bh, bw] = size;
