@@ -375,11 +375,13 @@ fn select_scatter(a: &Args) -> OpResult<Outputs> {
 }
 
 /// Replace positions `pos` (increasing) of dim `d` of `t` by the slices of `src` (same rank,
-/// `pos.len()` along `d`): consecutive positions (`x[:, 1:] = y`) by copying `t` and writing
-/// `src` over the slice, in place; others by rebuilding `t` from pieces, each run of `t`'s
-/// positions or `src`'s one piece. One piece per position, concatenated (along the last dim
-/// through strided views), had taken MViTv2-S's 96 `slice_scatter`s over its `[1, 2, 6273,
-/// 1569]` attention maps 1.3 s of a 3.8 s run at 1 thread (BENCHMARKS.md, issue 14).
+/// `pos.len()` along `d`), as a new tensor (never `t`'s storage, which others may read):
+/// `t` rebuilt from pieces, each run of `t`'s positions or `src`'s one piece, concatenated by
+/// the runtime's `cat` (any layout, each output element written once, on the pool's
+/// threads). One piece per position had taken MViTv2-S's 96 `slice_scatter`s over its `[1,
+/// 2, 6273, 1569]` attention maps 1.3 s of a 3.8 s run at 1 thread; a copy of all of `t`
+/// with `src` then written over the slice (candle's, on one thread), 178 ms of 2.09 s
+/// (BENCHMARKS.md, issue 14).
 fn scatter_along(t: &Tensor, src: &Tensor, d: usize, pos: &[usize]) -> OpResult<Outputs> {
     if t.rank() == 0 {
         op_bail!("cannot scatter into a 0-d tensor along a dim");
@@ -391,15 +393,6 @@ fn scatter_along(t: &Tensor, src: &Tensor, d: usize, pos: &[usize]) -> OpResult<
             "the source has shape {:?} but the slice it replaces has shape {want:?}",
             src.dims()
         );
-    }
-    if let (Some(&start), true) = (pos.first(), pos.windows(2).all(|w| w[1] == w[0] + 1)) {
-        // A new tensor of `t`'s own size (never `t`'s storage, which others may read; nor a
-        // copy of all of it, which for a weight is the program's whole weight buffer: Swin
-        // V2's twelve such scatters into 288-2304 bias values took 10 ms each), `src` written
-        // over it.
-        let out = t.force_contiguous()?;
-        out.slice_set(&src.contiguous()?, d, start)?;
-        return one(out);
     }
     let n = t.dims()[d];
     // Runs of `t`'s own slices and of `src`'s, as (from src, start, length).
@@ -427,7 +420,10 @@ fn scatter_along(t: &Tensor, src: &Tensor, d: usize, pos: &[usize]) -> OpResult<
     if pieces.is_empty() {
         return one(t.clone());
     }
-    one(Tensor::cat(&pieces, d)?)
+    match super::shape::strided_cat(&pieces, d) {
+        Some(out) => one(out),
+        None => one(Tensor::cat(&pieces, d)?),
+    }
 }
 
 #[cfg(test)]
@@ -480,8 +476,8 @@ mod tests {
         }
     }
 
-    /// `src` over positions of a dim, consecutive (written over a copy) or not (rebuilt from
-    /// runs), on every dim: each element is `src`'s at the positions and `t`'s elsewhere, the
+    /// `src` over positions of a dim, consecutive or not (`t` rebuilt from runs either way),
+    /// on every dim: each element is `src`'s at the positions and `t`'s elsewhere, the
     /// result's storage is its own size (`t` is a view into a larger one, as weights are),
     /// and `t` itself is left as it was.
     #[test]

@@ -358,7 +358,7 @@ fn cat(a: &Args) -> OpResult<Outputs> {
 
 /// [`super::strided::cat`] for the dtypes it is compiled for (by the first tensor's; `None`
 /// for others, and where it declines).
-fn strided_cat(ts: &[Tensor], d: usize) -> Option<Tensor> {
+pub(super) fn strided_cat(ts: &[Tensor], d: usize) -> Option<Tensor> {
     match ts.first()?.dtype() {
         DType::F32 => super::strided::cat::<f32>(ts, d),
         DType::F64 => super::strided::cat::<f64>(ts, d),
