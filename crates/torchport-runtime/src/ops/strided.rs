@@ -556,7 +556,55 @@ pub fn contiguous_f32(t: &Tensor) -> Option<Tensor> {
     if t.dtype() == candle_core::DType::F32 && t.is_contiguous() {
         return Some(t.clone());
     }
-    map_f32(t, |v| v)
+    transposed_copy(t).or_else(|| map_f32(t, |v| v))
+}
+
+/// A contiguous copy of an f32 view whose last two merged dims are transposed (the one
+/// before the last steps by one value, the last by more), by 16 x 16 tiles
+/// ([`super::tile::transpose`]), blocks of 16 output rows in parallel. Read run by run,
+/// each output row gathers one value from every source row it crosses, a cache line each:
+/// MViTv2-S's reshapes of `[2, 25088, 96]` maps transposed to `[2, 96, 25088]` took 11–14 ms
+/// each on 2 threads (BENCHMARKS.md, issue 14). `None` for any other tensor.
+fn transposed_copy(t: &Tensor) -> Option<Tensor> {
+    use super::tile::{transpose, SIDE};
+    use rayon::prelude::*;
+    if t.dtype() != candle_core::DType::F32 || t.elem_count() == 0 {
+        return None;
+    }
+    let out = with_storage::<f32, _>(t, |data, lay| {
+        let (dims, strides) = merge(lay.dims(), &[lay.stride()]);
+        let st = &strides[0];
+        let n = dims.len();
+        if n < 2 || st[n - 2] != 1 || st[n - 1] <= 1 || dims[n - 2] < SIDE {
+            return None;
+        }
+        // Output rows `a` (source columns, adjacent) of `b` values (source rows, `s` apart).
+        let (rows, cols, s) = (dims[n - 2], dims[n - 1], st[n - 1]);
+        let reach = (dims.iter().zip(st.iter())).try_fold(lay.start_offset(), |at, (&d, &s)| {
+            at.checked_add((d - 1).checked_mul(s)?)
+        })?;
+        if reach >= data.len() {
+            return None;
+        }
+        let (outer, outer_st) = (&dims[..n - 2], &st[..n - 2]);
+        let mut out = super::fused::zeros(t.elem_count());
+        out.par_chunks_mut(rows * cols)
+            .enumerate()
+            .for_each(|(m, o)| {
+                let base = lay.start_offset() + offset(m, outer, outer_st);
+                o.par_chunks_mut(SIDE * cols)
+                    .enumerate()
+                    .for_each(|(k, o)| {
+                        let (a0, na) = (k * SIDE, o.len() / cols);
+                        for b0 in (0..cols).step_by(SIDE) {
+                            let nb = SIDE.min(cols - b0);
+                            transpose(data, base + b0 * s + a0, s, nb, na, o, b0, cols);
+                        }
+                    });
+            });
+        Some(out)
+    })??;
+    Tensor::from_vec(out, t.dims(), t.device()).ok()
 }
 
 /// `f` of each element of `t`, an f32 CPU tensor of any layout, as a new contiguous tensor in
@@ -675,8 +723,8 @@ mod tests {
 
     /// Transposed, narrowed, broadcast and offset views copied exactly as candle's
     /// `contiguous` copies them (and mapped as candle maps them), small (one task) and large
-    /// (runs over the pool's threads, long runs and runs of one element); contiguous and
-    /// empty tensors, and other dtypes.
+    /// (runs over the pool's threads, long runs and runs of one element; transposes by
+    /// tiles, whole and cut at the edges); contiguous and empty tensors, and other dtypes.
     #[test]
     fn contiguous_copies_match_candle() {
         let dev = Device::Cpu;
@@ -685,7 +733,7 @@ mod tests {
             .num_threads(3)
             .build()
             .expect("pool");
-        for [p, q, r] in [[2, 3, 5], [8, 128, 96], [3, 5, 3 * TASK]] {
+        for [p, q, r] in [[2, 3, 5], [8, 128, 96], [3, 37, 53], [3, 5, 3 * TASK]] {
             let views = [
                 t(&[p, r, q]).transpose(1, 2).unwrap(),
                 t(&[p, q, 2 * r]).narrow(2, 5, r).unwrap(),
