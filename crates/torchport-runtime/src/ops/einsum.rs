@@ -107,11 +107,16 @@ fn einsum(a: &Args) -> OpResult<Outputs> {
         .ok_or_else(|| {
             crate::error::OpError(format!("einsum '{eq}': an output letter is in no operand"))
         })?;
-    let y = acc.t.permute(perm)?;
-    one(match super::strided::contiguous_f32(&y) {
-        Some(y) => y,
-        None => y.contiguous()?,
-    })
+    one(contiguous(&acc.t.permute(perm)?)?)
+}
+
+/// `t` as a contiguous tensor: copied on the pool's threads where f32
+/// ([`super::strided::contiguous_f32`]), by candle otherwise.
+fn contiguous(t: &Tensor) -> OpResult<Tensor> {
+    match super::strided::contiguous_f32(t) {
+        Some(c) => Ok(c),
+        None => Ok(t.contiguous()?),
+    }
 }
 
 /// The letters of one operand spec, its ellipsis expanded to the last `rank - named` of `ell`.
@@ -201,7 +206,7 @@ fn contract(l: Term, r: Term, needed: &[char]) -> OpResult<Term> {
             .iter()
             .map(|&c| if t.letters.contains(&c) { dim(c) } else { 1 })
             .collect();
-        Ok(t.t.permute(perm)?.broadcast_as(shape)?.contiguous()?)
+        contiguous(&t.t.permute(perm)?.broadcast_as(shape)?)
     };
     // Each operand as a view of its batch letters' dims, then its two other groups of
     // letters as one dim each where each group has at most one letter: the runtime's
@@ -276,8 +281,7 @@ mod tests {
 
     fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
         assert_eq!(got.dims(), want.dims(), "{what}");
-        let diff = (got - want).unwrap().abs().unwrap().flatten_all().unwrap();
-        let diff = diff.max(0).unwrap().to_scalar::<f32>().unwrap();
+        let diff = super::super::max_abs_diff(got, want);
         assert!(diff < 1e-5, "{what}: {diff}");
     }
 
@@ -332,5 +336,10 @@ mod tests {
             .matmul(&y.reshape((20, 6)).unwrap())
             .unwrap();
         assert_close(&einsum_of("iab,abj->ij", &[&x, &y]), &want, "two summed");
+        // The same, each operand's letters in another order (arranged by a permute).
+        let (xp, yp) = (x.permute((1, 2, 0)).unwrap(), y.permute((2, 0, 1)).unwrap());
+        let (xp, yp) = (xp.contiguous().unwrap(), yp.contiguous().unwrap());
+        let got = einsum_of("abi,jab->ij", &[&xp, &yp]);
+        assert_close(&got, &want, "two summed, permuted");
     }
 }
