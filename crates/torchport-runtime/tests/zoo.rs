@@ -13,7 +13,7 @@ mod compare;
 use compare::{numbered, output_mismatches};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 17] = [
+const MODELS: [&str; 19] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -41,6 +41,10 @@ const MODELS: [&str; 17] = [
     "hf_gpt2",
     // Weight-standardized convolutions: a batch norm over each weight, every call.
     "timm_nf_resnet",
+    // Video: 3-d patch embedding with depth padding and stride, depthwise 3-d pooling.
+    "tv_mvit_tiny",
+    // Video: 3-d convolutions with batch norms, relus and a residual add folded in at load.
+    "tv_video_resnet_stem",
 ];
 
 fn fixtures() -> PathBuf {
@@ -392,5 +396,45 @@ fn node_profiles_time_every_node_once() {
     for o in &per_op {
         let n = nodes.iter().filter(|n| n.op == o.op).count();
         assert_eq!(n, o.count, "{}", o.op);
+    }
+}
+
+/// The video ResNet parts' three batch norms fold into their `conv3d`s at load, and their
+/// relus and residual add join those convolutions, in both programs (the outputs against
+/// torch's are checked above).
+#[test]
+fn video_norms_fold_into_3d_convolutions() {
+    for (flavour, norm) in [
+        ("plain", "aten.batch_norm.default"),
+        (
+            "decomp",
+            "aten._native_batch_norm_legit_no_training.default",
+        ),
+    ] {
+        let path = fixtures().join(format!("tv_video_resnet_stem.{flavour}.pt2"));
+        let count = |ops: &[torchport_runtime::OpUse], prefix: &str| -> usize {
+            ops.iter()
+                .filter(|o| o.op.starts_with(prefix))
+                .map(|o| o.count)
+                .sum()
+        };
+        let before = Program::ops_of(&path).unwrap();
+        let after = Program::load(&path).unwrap().ops();
+        assert_eq!(count(&before, norm), 4, "{flavour}: norms as exported");
+        assert_eq!(
+            count(&after, norm),
+            0,
+            "{flavour}: norms left after folding"
+        );
+        assert!(
+            count(&before, "aten.relu") > 0,
+            "{flavour}: relus as exported"
+        );
+        assert_eq!(count(&after, "aten.relu"), 0, "{flavour}: relus left");
+        assert_eq!(
+            count(&after, "aten.add"),
+            0,
+            "{flavour}: residual adds left"
+        );
     }
 }

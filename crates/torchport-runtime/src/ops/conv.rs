@@ -283,24 +283,28 @@ fn add_residual(y: Tensor, r: Tensor) -> OpResult<Tensor> {
     Ok(y.broadcast_add(&r)?)
 }
 
-/// A plain 2-d convolution of `[N, C, H, W]` by `[O, C / groups, KH, KW]` (no bias, no
-/// activation), for the kernels that build on it (3-d convolution).
-pub(super) fn conv2d_plain(
+/// A 2-d convolution of `[N, C, H, W]` by `[O, C / groups, KH, KW]`, with its bias and
+/// activation, by the kernels `aten.conv2d` runs, for the kernels that build on it (3-d
+/// convolution).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn conv2d_with(
     x: &Tensor,
     w: &Tensor,
+    b: Option<&Tensor>,
     stride: [usize; 2],
     padding: [usize; 2],
     dilation: [usize; 2],
     groups: usize,
+    act: Act,
 ) -> OpResult<Tensor> {
     let p = Params {
         stride,
         padding,
         dilation,
         groups,
-        act: Act::None,
+        act,
     };
-    conv(x, w, None, None, &p)
+    conv(x, w, b, None, &p)
 }
 
 fn conv_nd(a: &Args) -> OpResult<Outputs> {

@@ -1,11 +1,13 @@
-//! Volumetric (3-d) ops of video models: `conv3d` (and `convolution` with a 5-d weight) as a
-//! sum over the kernel's depth of 2-d convolutions of depth slices, `conv_transpose3d` (and
+//! Volumetric (3-d) ops of video models: `conv3d` (and `convolution` with a 5-d weight) as
+//! 2-d convolutions whose images are the output's depth slices (see [`conv3d`]),
+//! `conv_transpose3d` (and
 //! transposed `convolution` with a 5-d weight; groups, per-dim stride, padding, output
 //! padding, dilation) as a direct scatter of each input voxel through the kernel, and
 //! `adaptive_avg_pool3d` (f32, f64 for float64).
 
 use candle_core::{DType, Tensor};
 
+use super::conv::Act;
 use super::{float, result_numel, usize_of, window_param, Real, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
@@ -34,6 +36,14 @@ pub(super) fn triple(v: &[i64], what: &str) -> OpResult<[usize; 3]> {
 }
 
 /// `conv3d(input, weight, bias, stride, padding, dilation, groups)` on `[N, C, D, H, W]`.
+///
+/// Each output depth slice of each image is one image of a 2-d convolution (the runtime's
+/// own, on the pool's threads) whose channels are the input's, each with the `kd` depth slices
+/// its kernel's taps read: the weight `[co, ci / groups, kd, kh, kw]` read as `[co, ci /
+/// groups * kd, kh, kw]`. Slices next to the depth padding, which read fewer taps, run apart
+/// with the weight's taps they read (the others would multiply zeros). Summing one 2-d
+/// convolution per tap and output slice instead, each on one image, left threads idle:
+/// R3D-18 took 34.1 ms on 2 threads for 46.5 on 1 (BENCHMARKS.md, issue 14).
 pub fn conv3d(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let w = float(&a.tensor("weight")?)?;
@@ -73,55 +83,231 @@ pub fn conv3d(a: &Args) -> OpResult<Outputs> {
         _ => triple(&a.ints_or("padding", &[0])?, "padding")?.map(|p| (p, p)),
     };
     let groups = usize_of(a.int_or("groups", 1)?, "groups")?;
-    // Height and width padding applied here; depth padding by skipping slices below.
-    let x = x
-        .pad_with_zeros(3, pads[1].0, pads[1].1)?
-        .pad_with_zeros(4, pads[2].0, pads[2].1)?;
-    let (d, kd) = (x.dims()[2], k[0]);
+    let (ci, [co, wci, kd]) = (x.dims()[1], [w.dims()[0], w.dims()[1], k[0]]);
+    if groups == 0 || wci.checked_mul(groups) != Some(ci) || co % groups != 0 {
+        op_bail!(
+            "conv3d weight {:?} does not fit input {:?} with {groups} groups",
+            w.dims(),
+            x.dims()
+        );
+    }
+    // Height and width padding by the 2-d kernel where even, else applied here.
+    let (x, hw_pad) = if pads[1].0 == pads[1].1 && pads[2].0 == pads[2].1 {
+        (x, [pads[1].0, pads[2].0])
+    } else {
+        let x = x
+            .pad_with_zeros(3, pads[1].0, pads[1].1)?
+            .pad_with_zeros(4, pads[2].0, pads[2].1)?;
+        (x, [0, 0])
+    };
+    let d = x.dims()[2];
     let span = dilation[0] * (kd.max(1) - 1) + 1;
     let padded = d + pads[0].0 + pads[0].1;
-    if padded < span {
+    if padded < span || kd == 0 {
         op_bail!("conv3d kernel depth {kd} is larger than the padded input depth");
     }
     let out_d = (padded - span) / stride[0] + 1;
-    let padding = [pads[0].0, 0, 0];
-    let mut slices = Vec::with_capacity(out_d);
-    for od in 0..out_d {
-        let mut acc: Option<Tensor> = None;
-        for k in 0..kd {
-            // The input depth this kernel slice reads (outside the input: zero padding).
-            let Some(id) = (od * stride[0] + k * dilation[0]).checked_sub(padding[0]) else {
-                continue;
-            };
-            if id >= d {
-                continue;
+    let depth = Depth {
+        d,
+        stride: stride[0],
+        dilation: dilation[0],
+        pad: pads[0].0,
+    };
+    // The activation waits for a fused residual, which is laid out as the output.
+    let residual = a.opt_tensor(super::conv::FUSED_RESIDUAL_ARG)?.is_some();
+    let act = super::conv::fused_act(a)?;
+    // Depthwise: one 2-d convolution per tap (the depthwise kernel), summed, where the
+    // channels with their taps would make groups of kd channels.
+    let depthwise = groups == ci && wci == 1 && groups > 1;
+    let mut parts = Vec::new();
+    let mut od = 0;
+    while od < out_d {
+        let taps = depth.taps(od, kd);
+        let end = (od..out_d)
+            .find(|&o| depth.taps(o, kd) != taps)
+            .unwrap_or(out_d);
+        if taps.is_empty() {
+            op_bail!("conv3d output depth {od} reads only padding");
+        }
+        let y = if depthwise {
+            // Tap by tap, each a depthwise 2-d convolution of all the slices, summed.
+            let mut sum: Option<Tensor> = None;
+            for t in taps {
+                let planes = depth_taps(&x, &depth, od..end, t..t + 1)?;
+                let wt = w.narrow(2, t, 1)?.squeeze(2)?.contiguous()?;
+                let y = super::conv::conv2d_with(
+                    &planes,
+                    &wt,
+                    b.as_ref().filter(|_| sum.is_none()),
+                    [stride[1], stride[2]],
+                    hw_pad,
+                    [dilation[1], dilation[2]],
+                    groups,
+                    Act::None,
+                )?;
+                sum = Some(match sum {
+                    Some(s) => match super::strided::binary_f32(&s, &y, |a, b| a + b) {
+                        Some(v) => v,
+                        None => (s + y)?,
+                    },
+                    None => y,
+                });
             }
-            let y = super::conv::conv2d_plain(
-                &x.narrow(2, id, 1)?.squeeze(2)?,
-                &w.narrow(2, k, 1)?.squeeze(2)?,
+            let Some(y) = sum else {
+                op_bail!("conv3d output depth {od} reads only padding");
+            };
+            match residual {
+                true => y,
+                false => act.apply_to(&y)?,
+            }
+        } else {
+            let planes = depth_taps(&x, &depth, od..end, taps.clone())?;
+            let w2 = match taps.len() == kd {
+                true => w.reshape((co, wci * kd, k[1], k[2]))?,
+                false => w
+                    .narrow(2, taps.start, taps.len())?
+                    .contiguous()?
+                    .reshape((co, wci * taps.len(), k[1], k[2]))?,
+            };
+            super::conv::conv2d_with(
+                &planes,
+                &w2,
+                b.as_ref(),
                 [stride[1], stride[2]],
-                [padding[1], padding[2]],
+                hw_pad,
                 [dilation[1], dilation[2]],
                 groups,
-            )?;
-            acc = Some(match acc {
-                Some(s) => (s + y)?,
-                None => y,
-            });
-        }
-        let Some(slice) = acc else {
-            op_bail!("conv3d output depth {od} reads only padding");
+                if residual { Act::None } else { act },
+            )?
         };
-        slices.push(slice);
+        // [N * slices, co, oh, ow] -> [N, co, slices, oh, ow].
+        let (oh, ow) = (y.dims()[2], y.dims()[3]);
+        let y = y.reshape((x.dims()[0], end - od, co, oh, ow))?;
+        parts.push(y.permute((0, 2, 1, 3, 4))?);
+        od = end;
     }
-    let mut y = Tensor::stack(&slices, 2)?;
-    if let Some(b) = b {
-        y = y.broadcast_add(&float(&b)?.reshape((1, (), 1, 1, 1))?)?;
-    }
-    // A residual and an activation the load-time rewrites fused onto this node.
-    let y = super::conv::add_fused_residual(a, y, unbatched)?;
-    let y = super::conv::fused_act(a)?.apply_to(&y)?;
+    let y = match (parts.as_slice(), parts[0].dtype()) {
+        ([y], DType::F32) => super::strided::contiguous_f32(y),
+        (_, DType::F32) => super::strided::cat::<f32>(&parts, 2),
+        (_, _) => super::strided::cat::<f64>(&parts, 2),
+    };
+    let Some(y) = y else {
+        op_bail!("conv3d could not assemble its output slices");
+    };
+    let y = if residual {
+        let y = super::conv::add_fused_residual(a, y, unbatched)?;
+        act.apply_to(&y)?
+    } else {
+        y
+    };
     one(if unbatched { y.squeeze(0)? } else { y })
+}
+
+/// How a 3-d convolution's kernel steps through the input's `d` depth slices: output slices
+/// `stride` apart, taps `dilation` apart, `pad` slices of zeros before the input's.
+struct Depth {
+    d: usize,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+}
+
+impl Depth {
+    /// The input slice tap `t` of output slice `od` reads, `None` in the padding.
+    fn slice(&self, od: usize, t: usize) -> Option<usize> {
+        (od * self.stride + t * self.dilation)
+            .checked_sub(self.pad)
+            .filter(|&s| s < self.d)
+    }
+
+    /// The taps of `kd` that output slice `od` reads inside the input (consecutive).
+    fn taps(&self, od: usize, kd: usize) -> std::ops::Range<usize> {
+        let first = (0..kd).find(|&t| self.slice(od, t).is_some());
+        let Some(first) = first else { return 0..0 };
+        let end = (first..kd)
+            .find(|&t| self.slice(od, t).is_none())
+            .unwrap_or(kd);
+        first..end
+    }
+}
+
+/// `[N, C, D, H, W]` as `[N * S, C * T, H, W]` for output slices `slices` (S of them) and
+/// taps `taps` (T): image `n * S + o`, channel `c * T + t` is the input's depth slice read
+/// by tap `taps.start + t` of output slice `slices.start + o` (zeros in the padding), image
+/// `n`, channel `c`; each plane copied once, planes in parallel.
+fn depth_taps(
+    x: &Tensor,
+    g: &Depth,
+    slices: std::ops::Range<usize>,
+    taps: std::ops::Range<usize>,
+) -> OpResult<Tensor> {
+    let x = match super::strided::contiguous_f32(x) {
+        Some(x) => x,
+        None => x.contiguous()?,
+    };
+    let &[n, c, d, h, w] = x.dims() else {
+        op_bail!("conv3d input {:?} is not 5-d", x.dims());
+    };
+    let shape = [n * slices.len(), c * taps.len(), h, w];
+    result_numel(&shape, "conv3d")?;
+    let at = Taps {
+        sizes: [n, c, d, h * w],
+        slices,
+        taps,
+    };
+    let y = match x.dtype() {
+        DType::F64 => taps_of::<f64>(&x, &at, g).map(|v| Tensor::from_vec(v, &shape, x.device())),
+        DType::F32 => taps_of::<f32>(&x, &at, g).map(|v| Tensor::from_vec(v, &shape, x.device())),
+        other => op_bail!("conv3d of {other:?} values"),
+    };
+    let Some(y) = y else {
+        op_bail!("conv3d input {:?} does not hold its values", x.dims());
+    };
+    Ok(y?)
+}
+
+/// What [`taps_of`] gathers: from a contiguous `[n, c, d, plane]` input, the planes of
+/// output slices `slices` and kernel taps `taps`.
+struct Taps {
+    sizes: [usize; 4],
+    slices: std::ops::Range<usize>,
+    taps: std::ops::Range<usize>,
+}
+
+/// [`depth_taps`] of a contiguous tensor of `T`.
+fn taps_of<T: candle_core::WithDType>(x: &Tensor, at: &Taps, g: &Depth) -> Option<Vec<T>> {
+    let [n, c, d, plane] = at.sizes;
+    let (ns, nt) = (at.slices.len(), at.taps.len());
+    let total = n * ns * c * nt * plane;
+    super::fused::with_storage::<T, _>(x, |data, lay| {
+        let data = data.get(lay.start_offset()..lay.start_offset() + n * c * d * plane)?;
+        if total == 0 {
+            return Some(Vec::new());
+        }
+        // Whole planes per task, about 32 K values each.
+        let per = (1 << 15) / plane + 1;
+        let write = |first: usize, out: &mut [std::mem::MaybeUninit<T>]| {
+            for (i, o) in out.chunks_mut(plane).enumerate() {
+                let q = first / plane + i;
+                let (t, q) = (q % nt, q / nt);
+                let (ch, q) = (q % c, q / c);
+                let (o_s, img) = (q % ns, q / ns);
+                match g.slice(at.slices.start + o_s, at.taps.start + t) {
+                    Some(s) => {
+                        let from = ((img * c + ch) * d + s) * plane;
+                        for (o, &v) in o.iter_mut().zip(&data[from..from + plane]) {
+                            o.write(v);
+                        }
+                    }
+                    None => o.fill(std::mem::MaybeUninit::new(T::zero())),
+                }
+            }
+        };
+        // SAFETY: `write` initialises every value of each chunk it is handed: one plane
+        // (copied or zeros) per `plane` values, and every chunk is whole planes.
+        #[allow(unsafe_code)]
+        Some(unsafe { super::fused::written(total, per * plane, write) })
+    })?
 }
 
 /// `conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
@@ -342,5 +528,163 @@ mod tests {
         .unwrap_err()
         .0;
         assert!(e.contains("is too large"), "{e}");
+    }
+
+    /// conv3d from its definition, in f64: `y[n, o, z, i, j] = b[o] + sum over the group's
+    /// channels and the kernel of x * w`, zeros outside the input.
+    #[allow(clippy::too_many_arguments)]
+    fn conv3d_by_definition(
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        stride: [usize; 3],
+        pad: [usize; 3],
+        dil: [usize; 3],
+        groups: usize,
+    ) -> Vec<f64> {
+        let f = |t: &Tensor| t.to_dtype(DType::F64).unwrap().flatten_all().unwrap();
+        let (xv, wv, bv) = (
+            f(x).to_vec1::<f64>().unwrap(),
+            f(w).to_vec1::<f64>().unwrap(),
+            f(b).to_vec1::<f64>().unwrap(),
+        );
+        let &[n, c, d, h, wd] = x.dims() else {
+            panic!()
+        };
+        let &[co, cg, kd, kh, kw] = w.dims() else {
+            panic!()
+        };
+        let size =
+            |i: usize, l: usize, k: usize| (l + 2 * pad[i] - dil[i] * (k - 1) - 1) / stride[i] + 1;
+        let o = [size(0, d, kd), size(1, h, kh), size(2, wd, kw)];
+        let mut y = Vec::new();
+        for img in 0..n {
+            for oc in 0..co {
+                let g = oc / (co / groups);
+                for z in 0..o[0] {
+                    for i in 0..o[1] {
+                        for j in 0..o[2] {
+                            let mut acc = bv[oc];
+                            for cl in 0..cg {
+                                for t in 0..kd {
+                                    for u in 0..kh {
+                                        for v in 0..kw {
+                                            let at =
+                                                |p: usize, k: usize, dim: usize, len: usize| {
+                                                    (p * stride[dim] + k * dil[dim])
+                                                        .checked_sub(pad[dim])
+                                                        .filter(|&q| q < len)
+                                                };
+                                            let (Some(zz), Some(ii), Some(jj)) =
+                                                (at(z, t, 0, d), at(i, u, 1, h), at(j, v, 2, wd))
+                                            else {
+                                                continue;
+                                            };
+                                            let ch = g * cg + cl;
+                                            acc += xv
+                                                [(((img * c + ch) * d + zz) * h + ii) * wd + jj]
+                                                * wv[(((oc * cg + cl) * kd + t) * kh + u) * kw + v];
+                                        }
+                                    }
+                                }
+                            }
+                            y.push(acc);
+                        }
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// The 3-d convolution (output slices as images of 2-d convolutions, the slices next to
+    /// the depth padding apart, depthwise tap by tap) computes the definition: depth
+    /// padding, stride and dilation, groups, depthwise, bias, a fused activation, float64.
+    #[test]
+    fn conv3d_matches_its_definition() {
+        let dev = Device::Cpu;
+        // (input, weight, stride, padding, dilation, groups)
+        type Case = (
+            [usize; 5],
+            [usize; 5],
+            [usize; 3],
+            [usize; 3],
+            [usize; 3],
+            usize,
+        );
+        #[rustfmt::skip]
+        let cases: [Case; 7] = [
+            ([1, 3, 4, 6, 5], [4, 3, 3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+            ([2, 4, 5, 5, 6], [6, 2, 3, 1, 3], [2, 1, 2], [2, 0, 1], [1, 1, 1], 2),
+            ([1, 2, 7, 4, 4], [3, 2, 2, 3, 3], [1, 1, 1], [1, 1, 0], [2, 1, 1], 1),
+            ([1, 5, 4, 6, 6], [5, 1, 3, 3, 3], [1, 2, 2], [1, 1, 1], [1, 1, 1], 5),
+            ([2, 3, 1, 5, 5], [2, 3, 3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+            ([1, 2, 3, 4, 4], [4, 2, 1, 3, 3], [1, 1, 1], [0, 1, 1], [1, 1, 1], 1),
+            ([0, 2, 3, 4, 4], [4, 2, 3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+        ];
+        let run = |args: &[(&str, serde_json::Value)], tensors: &[(&str, Tensor)]| {
+            match &super::super::run_node(register, "aten.conv3d.default", args, tensors).unwrap()
+                [0]
+            {
+                crate::value::Value::Tensor(t) => t.clone(),
+                _ => panic!("not a tensor"),
+            }
+        };
+        for (xs, ws, stride, pad, dil, groups) in cases {
+            for dtype in [DType::F32, DType::F64] {
+                // No activation, a fused relu, a fused residual and relu.
+                for fused in 0..3 {
+                    let r = |s: &[usize]| {
+                        Tensor::randn(0f32, 1., s, &dev)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap()
+                    };
+                    let (x, w, b) = (r(&xs), r(&ws), r(&[ws[0]]));
+                    let mut args = vec![
+                        ("input", json!({"as_tensor": {"name": "x"}})),
+                        ("weight", json!({"as_tensor": {"name": "w"}})),
+                        ("bias", json!({"as_tensor": {"name": "b"}})),
+                        ("stride", json!({ "as_ints": stride })),
+                        ("padding", json!({ "as_ints": pad })),
+                        ("dilation", json!({ "as_ints": dil })),
+                        ("groups", json!({ "as_int": groups })),
+                    ];
+                    let mut tensors = vec![("x", x.clone()), ("w", w.clone()), ("b", b.clone())];
+                    let mut want = conv3d_by_definition(&x, &w, &b, stride, pad, dil, groups);
+                    if fused > 0 {
+                        args.push((
+                            super::super::conv::FUSED_ACT_ARG,
+                            json!({"as_string": "relu"}),
+                        ));
+                    }
+                    if fused == 2 {
+                        let plain = run(&args, &tensors);
+                        let res = r(plain.dims());
+                        let rv = res.to_dtype(DType::F64).unwrap().flatten_all().unwrap();
+                        for (v, r) in want.iter_mut().zip(rv.to_vec1::<f64>().unwrap()) {
+                            *v += r;
+                        }
+                        args.push((
+                            super::super::conv::FUSED_RESIDUAL_ARG,
+                            json!({"as_tensor": {"name": "r"}}),
+                        ));
+                        tensors.push(("r", res));
+                    }
+                    if fused > 0 {
+                        want.iter_mut().for_each(|v| *v = v.max(0.0));
+                    }
+                    let y = run(&args, &tensors).to_dtype(DType::F64).unwrap();
+                    let y = y.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+                    assert_eq!(y.len(), want.len(), "{xs:?} {ws:?}");
+                    let err = y
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0, f64::max);
+                    assert!(err < 1e-4, "{xs:?} {ws:?} {dtype:?}: {err}");
+                }
+            }
+        }
     }
 }

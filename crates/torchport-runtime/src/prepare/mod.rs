@@ -340,11 +340,11 @@ fn values(weights: &HashMap<String, Tensor>, name: Option<&str>, len: usize) -> 
         .ok()
 }
 
-/// Whether `node` is a (not transposed) convolution: `conv1d`, `conv2d`, or `convolution`
-/// with `transposed=False`.
+/// Whether `node` is a (not transposed) convolution: `conv1d`, `conv2d`, `conv3d`, or
+/// `convolution` with `transposed=False`.
 fn is_forward_conv(node: &crate::schema::Node) -> bool {
     match op_key(&node.target) {
-        "aten.conv2d.default" | "aten.conv1d.default" => true,
+        "aten.conv2d.default" | "aten.conv1d.default" | "aten.conv3d.default" => true,
         "aten.convolution.default" => matches!(
             node.inputs
                 .iter()
