@@ -7,7 +7,7 @@
 //! each line it reads on stdin and prints that run's milliseconds, until stdin closes; then
 //! the JSON line below over those runs (how benches/run_bench.py --paired alternates engines
 //! run by run).
-//! Prints one JSON line: {"load_ms", "load_cpu_ms", "read_ms", "read_fresh_ms", "file_mb", "load_rss_mb",
+//! Prints one JSON line: {"load_ms", "load_again_ms", "load_cpu_ms", "read_ms", "read_fresh_ms", "file_mb", "load_rss_mb",
 //! "peak_rss_mb", "median_ms", "min_ms", "cpu_ms", "runs"}; cpu_ms is the process's CPU time
 //! (all threads, from /proc/self/stat, 10 ms ticks) per timed run, which a busy machine
 //! inflates less than wall time; load_cpu_ms is that of `Program::load`. read_ms is the time to
@@ -22,6 +22,10 @@
 //! With TORCHPORT_PIN_THREADS set (to any value), calls `pin_pool_threads` first, as the CLI
 //! does: each pool thread bound to a CPU of its own. Calls `candle_pool_without_workers`
 //! first, as the CLI does (set CANDLE_NUM_THREADS to keep candle's own pool: for comparison).
+//! With `--loads N` (N > 1), the program is dropped at the end and loaded N - 1 more times:
+//! load_again_ms is the least of those loads (NaN without), which write the memory the first
+//! load's weights freed instead of fresh pages (on the benchmark machine, a VM, a fresh page
+//! cost up to ten times more to touch than a recycled one: BENCHMARKS.md, issue 14).
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr); set to a number N,
 //! each node's time is its least over N profiled runs (a busy machine only adds time), an
 //! operator's the sum of its nodes'. With TORCHPORT_PROFILE_NODES=K too, then the K slowest
@@ -41,6 +45,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         runs = args.get(i + 1).ok_or("--runs needs a number")?.parse()?;
         args.drain(i..i + 2);
     }
+    let mut loads = 1usize;
+    if let Some(i) = args.iter().position(|a| a == "--loads") {
+        loads = args.get(i + 1).ok_or("--loads needs a number")?.parse()?;
+        args.drain(i..i + 2);
+    }
     if std::env::var_os("TORCHPORT_PIN_THREADS").is_some() {
         torchport_runtime::pin_pool_threads()?;
     }
@@ -48,7 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     args.retain(|a| a != "--serve");
     let model = args
         .first()
-        .ok_or("usage: run_timing MODEL.pt2 INPUT.npy... [--runs N | --serve]")?;
+        .ok_or("usage: run_timing MODEL.pt2 INPUT.npy... [--runs N | --serve] [--loads N]")?;
     let (read_ms, file_bytes) = {
         read_all(model.as_ref())?; // warm the page cache
         let t = Instant::now();
@@ -146,9 +155,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::hint::black_box(&bytes);
         t.elapsed().as_secs_f64() * 1e3
     };
+    drop(program);
+    let mut load_again_ms = f64::NAN;
+    for _ in 1..loads {
+        let t = Instant::now();
+        let again = Program::load(model)?;
+        load_again_ms = load_again_ms.min(t.elapsed().as_secs_f64() * 1e3);
+        drop(again);
+    }
     let file_mb = file_bytes as f64 / 1e6;
     println!(
-        "{{\"load_ms\": {load_ms:.2}, \"load_cpu_ms\": {load_cpu_ms:.1}, \"read_ms\": {read_ms:.2}, \"read_fresh_ms\": {read_fresh_ms:.2}, \"file_mb\": {file_mb:.1}, \"load_rss_mb\": {load_rss_mb:.1}, \"peak_rss_mb\": {peak_rss_mb:.1}, \"median_ms\": {:.3}, \"min_ms\": {:.3}, \"cpu_ms\": {cpu_ms:.1}, \"runs\": {runs}}}",
+        "{{\"load_ms\": {load_ms:.2}, \"load_again_ms\": {load_again_ms:.2}, \"load_cpu_ms\": {load_cpu_ms:.1}, \"read_ms\": {read_ms:.2}, \"read_fresh_ms\": {read_fresh_ms:.2}, \"file_mb\": {file_mb:.1}, \"load_rss_mb\": {load_rss_mb:.1}, \"peak_rss_mb\": {peak_rss_mb:.1}, \"median_ms\": {:.3}, \"min_ms\": {:.3}, \"cpu_ms\": {cpu_ms:.1}, \"runs\": {runs}}}",
         times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
         times.first().copied().unwrap_or(f64::NAN)
     );
