@@ -561,13 +561,13 @@ pub fn contiguous_f32(t: &Tensor) -> Option<Tensor> {
 
 /// A contiguous copy of an f32 view whose last two merged dims are transposed (the one
 /// before the last steps by one value, the last by more), by 16 x 16 tiles
-/// ([`super::tile::transpose`]), blocks of 16 output rows in parallel. Read run by run,
-/// each output row gathers one value from every source row it crosses, a cache line each:
-/// MViTv2-S's reshapes of `[2, 25088, 96]` maps transposed to `[2, 96, 25088]` took 11–14 ms
-/// each on 2 threads (BENCHMARKS.md, issue 14). `None` for any other tensor.
+/// ([`super::tile::transpose_into`]) written once into new memory, blocks of 16 output rows
+/// in parallel. Read run by run, each output row gathers one value from every source row it
+/// crosses, a cache line each: MViTv2-S's reshapes of `[2, 25088, 96]` maps transposed to
+/// `[2, 96, 25088]` took 11–14 ms each on 2 threads (BENCHMARKS.md, issue 14). `None` for
+/// any other tensor.
 fn transposed_copy(t: &Tensor) -> Option<Tensor> {
-    use super::tile::{transpose, SIDE};
-    use rayon::prelude::*;
+    use super::tile::{transpose_into, SIDE};
     if t.dtype() != candle_core::DType::F32 || t.elem_count() == 0 {
         return None;
     }
@@ -587,22 +587,26 @@ fn transposed_copy(t: &Tensor) -> Option<Tensor> {
             return None;
         }
         let (outer, outer_st) = (&dims[..n - 2], &st[..n - 2]);
-        let mut out = super::fused::zeros(t.elem_count());
-        out.par_chunks_mut(rows * cols)
-            .enumerate()
-            .for_each(|(m, o)| {
+        // Blocks of up to 16 output rows, each inside one matrix `m` of the outer dims.
+        let write = |at: usize, o: &mut [MaybeUninit<f32>]| {
+            let (first, count) = (at / cols, o.len() / cols);
+            let mut done = 0;
+            while done < count {
+                let (m, a0) = ((first + done) / rows, (first + done) % rows);
+                let na = (rows - a0).min(count - done);
                 let base = lay.start_offset() + offset(m, outer, outer_st);
-                o.par_chunks_mut(SIDE * cols)
-                    .enumerate()
-                    .for_each(|(k, o)| {
-                        let (a0, na) = (k * SIDE, o.len() / cols);
-                        for b0 in (0..cols).step_by(SIDE) {
-                            let nb = SIDE.min(cols - b0);
-                            transpose(data, base + b0 * s + a0, s, nb, na, o, b0, cols);
-                        }
-                    });
-            });
-        Some(out)
+                let block = &mut o[done * cols..(done + na) * cols];
+                for b0 in (0..cols).step_by(SIDE) {
+                    let nb = SIDE.min(cols - b0);
+                    transpose_into(data, base + b0 * s + a0, s, nb, na, block, b0, cols);
+                }
+                done += na;
+            }
+        };
+        // SAFETY: every output row of a chunk (the chunks are whole rows, SIDE of them) lies
+        // in one block of its matrix, whose tiles write each of its `cols` values once.
+        #[allow(unsafe_code)]
+        Some(unsafe { super::fused::written(t.elem_count(), SIDE * cols, write) })
     })??;
     Tensor::from_vec(out, t.dims(), t.device()).ok()
 }

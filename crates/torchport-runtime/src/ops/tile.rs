@@ -4,6 +4,8 @@
 //! matrix's layout: the panels a packed weight is stored in, the planes of a convolution
 //! computed channels-last, a depthwise convolution's channels-innermost blocks.
 
+use std::mem::MaybeUninit;
+
 /// The side of a tile.
 pub(crate) const SIDE: usize = 16;
 
@@ -17,6 +19,26 @@ pub(crate) fn transpose(
     rows: usize,
     cols: usize,
     dst: &mut [f32],
+    dst_at: usize,
+    dst_stride: usize,
+) {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and `transpose_into` writes only
+    // initialised values, so `dst` holds f32 values throughout.
+    #[allow(unsafe_code)]
+    let dst = unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) };
+    transpose_into(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride);
+}
+
+/// [`transpose`] into memory not yet initialised (a new buffer each of whose values some
+/// tile writes once: no zeroing pass first).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn transpose_into(
+    src: &[f32],
+    src_at: usize,
+    src_stride: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [MaybeUninit<f32>],
     dst_at: usize,
     dst_stride: usize,
 ) {
@@ -51,7 +73,7 @@ pub(crate) fn transpose(
                 src_stride,
                 rows,
                 cols,
-                dst.as_mut_ptr().add(dst_at),
+                dst.as_mut_ptr().add(dst_at).cast::<f32>(),
                 dst_stride,
             )
         };
@@ -59,7 +81,7 @@ pub(crate) fn transpose(
     }
     for r in 0..rows {
         for c in 0..cols {
-            dst[dst_at + c * dst_stride + r] = src[src_at + r * src_stride + c];
+            dst[dst_at + c * dst_stride + r].write(src[src_at + r * src_stride + c]);
         }
     }
 }
