@@ -632,10 +632,18 @@ fn read_for_build(
     // Packed: parameters (never updated by a run) read only as the weight of products the
     // packed kernel computes, in one layout under every name they are bound to.
     let mut products = crate::prepare::packable_weights(&g, |n| fqns.contains_key(n));
+    // The buffers a run updates (never computed from at load).
+    let updated = updated_buffers(&ep, &final_names);
     if pack {
         // The convolutions on small planes the build runs packed (`prepare::pack_small_convs`).
         let convs = crate::prepare::small_conv_weights(&g);
         products.extend(convs.into_iter().map(|n| (n, Source::Rows)));
+        // Not the weights that only nodes computed from weights alone read: the build
+        // computes those nodes once (`prepare::fold_constants`), which it cannot do from a
+        // packed weight (Swin V2's and timm's relative-position MLPs, run on every call).
+        let folds =
+            crate::prepare::folded_weights(&g, |n| fqns.contains_key(n), |n| updated.contains(n));
+        products.retain(|n, _| !folds.contains(n));
     }
     let mut votes: HashMap<&str, Option<Source>> = HashMap::new();
     for spec in &ep.graph_module.signature.input_specs {
@@ -707,7 +715,6 @@ fn read_for_build(
     // And the weights only nodes the build computes from weights alone read
     // (`prepare::fold_constants`), under every name they are bound to.
     if pack {
-        let updated = updated_buffers(&ep, &final_names);
         let keep =
             |n: &str| updated.contains(n) || fqns.get(n).is_some_and(|f| packed.contains_key(*f));
         let folded = crate::prepare::folded_weights(&g, |n| fqns.contains_key(n), keep);

@@ -235,8 +235,9 @@ fn zoo_fixtures_exercise_what_they_are_there_for() {
 /// standardizes each convolution's weight with a batch norm over the weight (and scales it
 /// by a gain), both flavours; torchvision's Swin gathers its relative position biases from a
 /// table with a constant index (and its plain export builds the shifted-window mask from
-/// zeros). After the load no such node is left, and the standardized weights are weights
-/// like any other: the NF-ResNet's convolutions then run packed or by Winograd.
+/// zeros); DeBERTa-v2 projects its relative-position embeddings by Linears. After the load no
+/// such node is left, and the standardized weights are weights like any other: the
+/// NF-ResNet's convolutions then run packed or by Winograd.
 /// `zoo_models_match_pytorch` checks the outputs of these same programs.
 #[test]
 fn nodes_computed_from_weights_alone_are_computed_at_load() {
@@ -276,6 +277,18 @@ fn nodes_computed_from_weights_alone_are_computed_at_load() {
             count(&exported, "aten.index.Tensor") >= 3,
             "{flavour}: {exported:?}"
         );
+    }
+    // DeBERTa-v2 projects its relative-position embeddings (a weight, layer-normed) with
+    // Linears of their own: those four are computed at load, which needs their weights left
+    // unpacked; the other twelve run packed.
+    if torchport_runtime::ops::packed::Packing::detect().is_some() {
+        for flavour in ["plain", "decomp"] {
+            let path = fixtures().join(format!("hf_deberta_v2.{flavour}.pt2"));
+            let ops = Program::load(&path).unwrap().ops();
+            let packed = count(&ops, "torchport.linear_packed");
+            let others = count(&ops, "aten.linear") + count(&ops, "aten.addmm");
+            assert_eq!((packed, others), (12, 0), "{flavour}: {ops:?}");
+        }
     }
 }
 
