@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Tensor};
 
+use super::strided::contiguous;
 use super::{float, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
@@ -110,15 +111,6 @@ fn einsum(a: &Args) -> OpResult<Outputs> {
     one(contiguous(&acc.t.permute(perm)?)?)
 }
 
-/// `t` as a contiguous tensor: copied on the pool's threads where f32
-/// ([`super::strided::contiguous_f32`]), by candle otherwise.
-fn contiguous(t: &Tensor) -> OpResult<Tensor> {
-    match super::strided::contiguous_f32(t) {
-        Some(c) => Ok(c),
-        None => Ok(t.contiguous()?),
-    }
-}
-
 /// The letters of one operand spec, its ellipsis expanded to the last `rank - named` of `ell`.
 fn expand(spec: &str, rank: usize, ell: &[char]) -> OpResult<Vec<char>> {
     let named = spec.replace("...", "");
@@ -206,7 +198,7 @@ fn contract(l: Term, r: Term, needed: &[char]) -> OpResult<Term> {
             .iter()
             .map(|&c| if t.letters.contains(&c) { dim(c) } else { 1 })
             .collect();
-        contiguous(&t.t.permute(perm)?.broadcast_as(shape)?)
+        Ok(contiguous(&t.t.permute(perm)?.broadcast_as(shape)?)?)
     };
     // Each operand as a view of its batch letters' dims, then its two other groups of
     // letters as one dim each where each group has at most one letter: the runtime's

@@ -1313,7 +1313,8 @@ mod tests {
             let want = softmax_last(&t, false).unwrap().transpose(d, last).unwrap();
             let flat = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
             for (i, (g, w)) in flat(&got).iter().zip(flat(&want)).enumerate() {
-                let same = (g.is_nan() && w.is_nan()) || (g - w).abs() < 1e-6;
+                // The two sum a column in different orders: a few roundings of f32 apart.
+                let same = (g.is_nan() && w.is_nan()) || (g - w).abs() < 4e-6;
                 assert!(same, "{shape:?} dim {d}, element {i}: {g} against {w}");
             }
         }

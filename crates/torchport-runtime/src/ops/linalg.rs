@@ -159,7 +159,8 @@ pub(crate) fn batched_f32(a: &Tensor, b: &Tensor) -> Option<Tensor> {
                 let a = Mat::rows(ad.get(al.start_offset()..)?, k);
                 return product(count * n, p, k, a, mat(bd, bl, 0)?, 1.0, threads);
             }
-            let mut out = vec![0f32; len];
+            // Zeroed on the pool's threads (the products then write every value).
+            let mut out = super::fused::zeros(len);
             // Product `i` of the batch into `o`, split for `threads`.
             let each =
                 |i: usize, o: &mut [f32], threads: usize| match (mat(ad, al, i), mat(bd, bl, i)) {

@@ -559,6 +559,15 @@ pub fn contiguous_f32(t: &Tensor) -> Option<Tensor> {
     transposed_copy(t).or_else(|| map_f32(t, |v| v))
 }
 
+/// `t` as a contiguous tensor: copied on the pool's threads where f32 ([`contiguous_f32`]),
+/// by candle otherwise.
+pub(crate) fn contiguous(t: &Tensor) -> candle_core::Result<Tensor> {
+    match contiguous_f32(t) {
+        Some(c) => Ok(c),
+        None => t.contiguous(),
+    }
+}
+
 /// A contiguous copy of an f32 view whose last two merged dims are transposed (the one
 /// before the last steps by one value, the last by more), by 16 x 16 tiles
 /// ([`super::tile::transpose_into`]) written once into new memory, blocks of 16 output rows

@@ -186,13 +186,12 @@ pub fn conv3d(a: &Args) -> OpResult<Outputs> {
         parts.push(y.permute((0, 2, 1, 3, 4))?);
         od = end;
     }
-    let y = match (parts.as_slice(), parts[0].dtype()) {
-        ([y], DType::F32) => super::strided::contiguous_f32(y),
-        (_, DType::F32) => super::strided::cat::<f32>(&parts, 2),
-        (_, _) => super::strided::cat::<f64>(&parts, 2),
-    };
-    let Some(y) = y else {
-        op_bail!("conv3d could not assemble its output slices");
+    let y = match parts.as_slice() {
+        [y] => super::strided::contiguous(y)?,
+        _ => match super::shape::strided_cat(&parts, 2) {
+            Some(y) => y,
+            None => Tensor::cat(&parts, 2)?,
+        },
     };
     let y = if residual {
         let y = super::conv::add_fused_residual(a, y, unbatched)?;
@@ -241,10 +240,7 @@ fn depth_taps(
     slices: std::ops::Range<usize>,
     taps: std::ops::Range<usize>,
 ) -> OpResult<Tensor> {
-    let x = match super::strided::contiguous_f32(x) {
-        Some(x) => x,
-        None => x.contiguous()?,
-    };
+    let x = super::strided::contiguous(x)?;
     let &[n, c, d, h, w] = x.dims() else {
         op_bail!("conv3d input {:?} is not 5-d", x.dims());
     };
