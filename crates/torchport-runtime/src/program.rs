@@ -817,15 +817,17 @@ fn user_outputs(ep: &ExportedProgram) -> Result<(Vec<Argument>, Vec<BufferUpdate
     Ok((out, mutations))
 }
 
-/// Whether a node of `g` updates the value `name` in place (an in-place op other than a view
-/// op, with `name` as its `self`).
-fn updated_in_place(g: &crate::schema::Graph, name: &str) -> bool {
-    g.nodes.iter().any(|n| {
-        let key = op_key(&n.target);
-        crate::views::self_name(n) == Some(name)
-            && crate::ops::functional_name(key).is_some()
-            && !crate::views::is_view_op(key)
-    })
+/// The values nodes of `g` update in place (in-place ops other than view ops, by their
+/// `self`): one pass over the nodes, which every placeholder is then looked up in.
+fn updated_in_place(g: &crate::schema::Graph) -> HashSet<&str> {
+    g.nodes
+        .iter()
+        .filter(|n| {
+            let key = op_key(&n.target);
+            crate::ops::functional_name(key).is_some() && !crate::views::is_view_op(key)
+        })
+        .filter_map(crate::views::self_name)
+        .collect()
 }
 
 /// The placeholders of the buffers the program updates (by a declared mutation, in place, or
@@ -845,7 +847,7 @@ fn updated_buffers(ep: &ExportedProgram, final_names: &HashMap<String, String>) 
 /// A plain export updates a user input with in-place ops on its placeholder (a decomposed
 /// one declares it, see [`user_outputs`]): refused, as the caller's tensor is not changed.
 fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, String>) -> Result<()> {
-    let g = &ep.graph_module.graph;
+    let updated = updated_in_place(&ep.graph_module.graph);
     for spec in &ep.graph_module.signature.input_specs {
         let InputSpec::UserInput {
             arg: Argument::AsTensor(t),
@@ -853,7 +855,7 @@ fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, Stri
         else {
             continue;
         };
-        if updated_in_place(g, &t.name) || final_names.contains_key(&t.name) {
+        if updated.contains(t.name.as_str()) || final_names.contains_key(&t.name) {
             return Err(Error::Program(format!(
                 "the program updates its input '{}' in place; programs that mutate their \
                  inputs are not supported (clone the input first)",
@@ -871,7 +873,7 @@ fn inplace_buffer_updates(
     ep: &ExportedProgram,
     final_names: &HashMap<String, String>,
 ) -> Vec<BufferUpdate> {
-    let g = &ep.graph_module.graph;
+    let updated = updated_in_place(&ep.graph_module.graph);
     let mut updates = Vec::new();
     for spec in &ep.graph_module.signature.input_specs {
         let InputSpec::Buffer { arg, .. } = spec else {
@@ -882,7 +884,7 @@ fn inplace_buffer_updates(
             updates.push((last.clone(), name.clone()));
             continue;
         }
-        if updated_in_place(g, name) {
+        if updated.contains(name.as_str()) {
             updates.push((name.clone(), name.clone()));
         }
     }

@@ -409,13 +409,16 @@ fn drop_nodes(graph: &mut Graph, dropped: &HashSet<usize>) {
     });
 }
 
+/// A number by value name, hashed with foldhash's fast hash (the load builds these maps for
+/// every rewrite: with std's SipHash, hashing was most of their cost).
+pub(crate) type Counts = HashMap<String, usize, foldhash::fast::RandomState>;
+
 /// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
 /// a great many readers, so it is never rewritten away), and which node produces it (nodes
 /// with one tensor output only).
-pub(crate) fn readers_and_producers(
-    graph: &Graph,
-) -> (HashMap<String, usize>, HashMap<String, usize>) {
-    let mut readers: HashMap<String, usize> = HashMap::new();
+pub(crate) fn readers_and_producers(graph: &Graph) -> (Counts, Counts) {
+    // Every value is read at least once, most by one node.
+    let mut readers = Counts::with_capacity_and_hasher(graph.nodes.len(), Default::default());
     for node in &graph.nodes {
         for a in &node.inputs {
             for n in tensor_names(&a.arg) {
@@ -428,7 +431,7 @@ pub(crate) fn readers_and_producers(
             *readers.entry(n.to_string()).or_default() += usize::MAX / 4;
         }
     }
-    let mut producer: HashMap<String, usize> = HashMap::new();
+    let mut producer = Counts::with_capacity_and_hasher(graph.nodes.len(), Default::default());
     for (i, node) in graph.nodes.iter().enumerate() {
         if let [Argument::AsTensor(t)] = node.outputs.as_slice() {
             producer.insert(t.name.clone(), i);
@@ -625,7 +628,7 @@ pub(crate) struct BnFold {
 /// graph and values, both fold the same norms with the same scales.
 pub(crate) fn plan_bn_folds(
     graph: &Graph,
-    links: (&HashMap<String, usize>, &HashMap<String, usize>),
+    links: (&Counts, &Counts),
     f32_dims: impl Fn(&str) -> Option<Vec<usize>>,
     values: impl Fn(&str, usize) -> Option<Vec<f64>>,
     taken: impl Fn(&str) -> bool,

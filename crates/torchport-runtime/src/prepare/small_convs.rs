@@ -18,7 +18,7 @@ use crate::schema::{Argument, Graph, Node};
 pub(crate) fn packed_weight<'g>(
     graph: &'g Graph,
     node: &'g Node,
-    readers: &HashMap<String, usize>,
+    readers: &super::Counts,
     any_plane: bool,
 ) -> Option<&'g str> {
     let (w, _, out) = dense_conv(graph, node)?;

@@ -56,7 +56,7 @@ pub fn winograd_conv_weights(graph: &Graph) -> HashSet<&str> {
 fn winograd_weight_name<'g>(
     graph: &'g Graph,
     node: &'g Node,
-    readers: &HashMap<String, usize>,
+    readers: &super::Counts,
 ) -> Option<(&'g str, [usize; 4])> {
     let (w, input, output) = dense_conv(graph, node)?;
     let weight = [output[1], input[1], 3, 3];
