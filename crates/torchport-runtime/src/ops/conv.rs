@@ -706,15 +706,21 @@ fn conv_gemm(
     };
     let per_image = c * h * wd;
     // Several small images to a product, their columns side by side (see `group`): as many
-    // groups as threads, each computed on one.
+    // groups as threads, each computed on one; or, where the images do not split evenly
+    // over the threads (`share` splits each), all of them in one product split over the
+    // threads (3 images on 2 threads had been groups of 2 and 1).
     let threads = rayon::current_num_threads();
     let share = share(n, threads);
     let small = (2..GROUP_MAX_PIXELS).contains(&pix);
-    let per = if geometry.is_none() && !direct && !grouped && small && n > 1 && n >= threads {
-        n.div_ceil(threads)
-    } else {
-        1
-    };
+    let (per, group_threads) =
+        if geometry.is_none() && !direct && !grouped && small && n > 1 && n >= threads {
+            match share {
+                1 => (n.div_ceil(threads), 1),
+                _ => (n, threads),
+            }
+        } else {
+            (1, 1)
+        };
     // A residual of another shape or dtype (the graph's metadata said otherwise) is left to
     // `conv`'s general paths.
     let residual = match residual {
@@ -789,7 +795,7 @@ fn conv_gemm(
                     wide,
                     bias.is_some(),
                     1.0,
-                    1,
+                    group_threads,
                 );
                 // The product's row o holds channel o of each image in turn.
                 for (o, row) in prod.chunks_exact(wide).enumerate() {
@@ -835,18 +841,23 @@ fn conv_gemm(
     }
 }
 
-/// The threads each of `images` images running side by side gets of `threads`: 1 where there
-/// are at least as many images as threads, else an equal share, rounded up so that no thread
-/// idles (a batch of 8 on 16 threads: 2 each; one image: all). Running the images of a small
-/// batch one after another, each split over all the threads, cut their products and Winograd
-/// blocks into slivers: ResNet-50 at batch 8 took 280 ms in its convolutions on 16 threads
-/// against 142 on 8 (BENCHMARKS.md, issue 14).
+/// The threads each of `images` images running side by side gets of `threads`: fewer images
+/// than threads, an equal share, rounded up so that no thread idles (a batch of 8 on 16
+/// threads: 2 each; one image: all). At least as many, 1 where that keeps the threads
+/// within an eighth of evenly loaded (a batch of 8 on 2 threads, or 9), else the fewest
+/// parts per image that do (3 images on 2 threads: 2 each, six halves of an image for two
+/// threads where three whole ones kept one thread idle a third of the time; 17 on 16: 6).
+/// Running the images of a small batch one after another, each split over all the threads,
+/// cut their products and Winograd blocks into slivers: ResNet-50 at batch 8 took 280 ms in
+/// its convolutions on 16 threads against 142 on 8 (BENCHMARKS.md, issue 14).
 fn share(images: usize, threads: usize) -> usize {
-    if images >= threads {
-        1
-    } else {
-        threads.div_ceil(images.max(1))
+    if images < threads {
+        return threads.div_ceil(images.max(1));
     }
+    // Parts of `s` per image: the busiest thread runs `ceil(images * s / threads)` of them,
+    // against `images * s / threads` if even.
+    let even = |s: usize| (images * s).div_ceil(threads) * threads * 8 <= images * s * 9;
+    (1..threads).find(|&s| even(s)).unwrap_or(threads)
 }
 
 /// A float32 convolution of `xs` (`[n, c, h, w]`) by `w` (`[co, c / groups * kh * kw]`) as one
@@ -1371,6 +1382,35 @@ mod tests {
     fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
         pool.unwrap().install(f)
+    }
+
+    /// Each image's share of the threads: every thread busy within an eighth of evenly,
+    /// with as few parts per image as that takes.
+    #[test]
+    fn shares_keep_every_thread_busy() {
+        // Fewer images than threads: an equal share, rounded up.
+        assert_eq!(share(1, 16), 16);
+        assert_eq!(share(8, 16), 2);
+        assert_eq!(share(3, 16), 6);
+        assert_eq!(share(0, 4), 4);
+        // As many or more: whole images where they split evenly enough...
+        for (images, threads) in [(2, 2), (8, 2), (9, 2), (16, 16), (32, 16), (1, 1), (5, 1)] {
+            assert_eq!(share(images, threads), 1, "{images} on {threads}");
+        }
+        // ...else parts of images: 3 on 2 threads in halves, 5 on 4 in thirds (the busiest
+        // thread runs 4 thirds against 3.75), 17 on 16 in sixths (7 against 6.375).
+        assert_eq!(share(3, 2), 2);
+        assert_eq!(share(5, 4), 3);
+        assert_eq!(share(17, 16), 6);
+        for threads in 1..=16 {
+            for images in threads..4 * threads {
+                let s = share(images, threads);
+                let busiest = (images * s).div_ceil(threads) as f64;
+                let even = (images * s) as f64 / threads as f64;
+                assert!(busiest <= even * 1.125, "{images} on {threads}: {s} parts");
+                assert!(s <= threads, "{images} on {threads}: {s} parts");
+            }
+        }
     }
 
     /// The im2col + gemm and Winograd paths against candle's own conv2d (a different
