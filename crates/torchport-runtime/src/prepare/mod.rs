@@ -409,8 +409,9 @@ fn drop_nodes(graph: &mut Graph, dropped: &HashSet<usize>) {
     });
 }
 
-/// A number by value name, hashed with foldhash's fast hash (the load builds these maps for
-/// every rewrite: with std's SipHash, hashing was most of their cost).
+/// A number by value name, hashed with foldhash's fast hash: the load builds these maps for
+/// every rewrite, which took 6.9% of MobileNetV3's load samples with std's SipHash and
+/// tables grown as they filled (`perf`; BENCHMARKS.md, issue 14).
 pub(crate) type Counts = HashMap<String, usize, foldhash::fast::RandomState>;
 
 /// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
