@@ -12,8 +12,9 @@
 //! just this crate's: the `torchport` CLI calls it; a program embedding the runtime decides
 //! for itself.
 //!
-//! The weights a load decodes are the other large allocation: [`weight_buffer`] asks the
-//! kernel to back them with 2 MiB pages, which a load faults in 512 times less often.
+//! The weights a load decodes are the other large allocation: [`weight_written`] (and
+//! [`weight_buffer`]) ask the kernel to back them with 2 MiB pages, which a load faults in
+//! 512 times less often.
 
 /// Allocations below this many bytes come from the allocator's heap (and go back to it when
 /// freed) instead of being mapped from the kernel each time.
@@ -51,10 +52,11 @@ pub fn retain_freed_memory() -> bool {
 /// advice covers a buffer's whole aligned stretches of this size only.
 const HUGE_PAGE: usize = 2 << 20;
 
-/// A zeroed buffer of `len` f32 for values decoded from little-endian bytes (the weights a
-/// load decodes, and the arrays `npy.rs` reads). On Linux, the buffer's whole aligned 2 MiB
-/// stretches are advised to the kernel as transparent huge pages (`MADV_HUGEPAGE`) before
-/// the values are written, so that filling fresh memory takes one page fault (and one page
+/// A zeroed buffer of `len` f32 for weights laid out at build (the small convolutions'
+/// packed weights, `ops/conv/small.rs`; a load's decoded weights and the arrays `npy.rs`
+/// reads are written once into [`weight_written`] buffers instead). On Linux, the buffer's
+/// whole aligned 2 MiB stretches are advised to the kernel as transparent huge pages
+/// (`MADV_HUGEPAGE`), so that filling fresh memory takes one page fault (and one page
 /// clear) per 2 MiB instead of one per 4 KiB:
 /// copying 400 MB into fresh memory took 310–400 ms in small pages and 150 ms advised on
 /// the benchmark machine (BENCHMARKS.md, issue 14). Only advice, and only inside the
@@ -74,6 +76,26 @@ pub(crate) fn weight_space(len: usize) -> Vec<f32> {
     let buf = Vec::with_capacity(len);
     advise_huge_pages(buf.as_ptr(), len);
     buf
+}
+
+/// A buffer of `len` f32 in [`weight_space`]'s memory, each value written once by `fill`
+/// into the spare capacity (no zeroing pass first: on a reused buffer the allocator's clear
+/// was 4.8% of MobileNetV3-Large's load samples; BENCHMARKS.md, issue 14). An error from
+/// `fill` is handed back and the buffer freed.
+///
+/// # Safety
+///
+/// When `fill` returns `Ok`, it has written every one of the `len` values it was given.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn weight_written<E>(
+    len: usize,
+    fill: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]) -> Result<(), E>,
+) -> Result<Vec<f32>, E> {
+    let mut buf = weight_space(len);
+    fill(&mut buf.spare_capacity_mut()[..len])?;
+    // SAFETY: the caller's contract: `fill` wrote all `len` values of the capacity.
+    unsafe { buf.set_len(len) };
+    Ok(buf)
 }
 
 /// Advise the whole aligned 2 MiB stretches of the `len` values allocated from `at` as

@@ -7,6 +7,7 @@
 //! bytes to a runtime tensor ([`tensor_from_bytes`]) is also what `npy.rs` reads arrays with.
 
 use std::collections::{HashMap, HashSet};
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::path::Path;
 
@@ -38,7 +39,8 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
 /// each copied once out of the memory-mapped archive, whose pages are then released (so that
 /// the load does not hold the archive and the decoded weights in memory at once).
 ///
-/// The float32 tensors share one buffer ([`crate::allocator::weight_buffer`]), each a view of
+/// The float32 tensors share one buffer ([`crate::allocator::weight_space`]: each value
+/// written once, by its tensor's decoding, or zero where it pads between two), each a view of
 /// its own 64-byte-aligned stretch: one allocation advised as huge pages as a whole, where
 /// one allocation per tensor left every tensor under 2 MiB (and the ends of larger ones) in
 /// small pages, each faulted in and cleared on its own (BENCHMARKS.md, issue 14). A 2-d one
@@ -85,19 +87,23 @@ pub(crate) fn decode(
         .map(|(pack, slot)| pack.filter(|_| slot.is_some()))
         .collect();
     let total = slots.iter().flatten().map(|r| r.end).max().unwrap_or(0);
-    let mut shared = crate::allocator::weight_buffer(total + ALIGN);
+    let len = total + ALIGN;
+    // Written once: each slot by its tensor's fill, the padding between them zeroed here
+    // (no zeroing pass over the whole buffer first).
+    let mut shared = crate::allocator::weight_space(len);
+    let buf = &mut shared.spare_capacity_mut()[..len];
     // The slots are aligned from the buffer's start; shift them so that their addresses are.
-    let lead = (shared.as_ptr() as usize).wrapping_neg() % 64 / 4;
+    let lead = (buf.as_ptr() as usize).wrapping_neg() % 64 / 4;
     for r in slots.iter_mut().flatten() {
         *r = r.start + lead..r.end + lead;
     }
-    let mut parts = split_at_slots(&mut shared, &slots);
+    let mut parts = split_at_slots(buf, &slots, |gap| gap.fill(MaybeUninit::new(0.0)));
     let mut own: Vec<Option<Tensor>> = vec![None; infos.len()];
     let vector = |t: &TensorInfo| t.shape.len() <= 1;
     // Decode the vectors (or the rest), in parallel, each into its slot or as its own
     // tensor, multiplied where `scales` says.
     let mut pass =
-        |vectors: bool, parts: &mut [Option<&mut [f32]>], scales: &HashMap<String, Vec<f64>>| {
+        |vectors: bool, parts: &mut [Option<&mut [Uninit]>], scales: &HashMap<String, Vec<f64>>| {
             infos
                 .par_iter()
                 .zip(parts.par_iter_mut())
@@ -121,8 +127,13 @@ pub(crate) fn decode(
                             if matches!(fill, Fill::Scaled(_))
                                 || (t.dtype.name() == "float32" && t.quant.is_none()) =>
                         {
-                            let mut v = crate::allocator::weight_buffer(t.numel());
-                            fill_f32(ckpt, t, fill, &mut v)?;
+                            // SAFETY: `fill_f32` wrote every value when it returns `Ok`.
+                            #[allow(unsafe_code)]
+                            let v = unsafe {
+                                crate::allocator::weight_written(t.numel(), |v| {
+                                    fill_f32(ckpt, t, fill, v)
+                                })?
+                            };
                             let x = Tensor::from_vec(v, t.shape.as_slice(), &Device::Cpu);
                             *own = Some(x.map_err(|e| Error::Weight {
                                 name: t.name.clone(),
@@ -138,9 +149,15 @@ pub(crate) fn decode(
     pass(true, &mut parts, &HashMap::new())?;
     let first: HashMap<&str, &[f32]> = infos
         .iter()
-        .zip(&parts)
+        .zip(parts.iter_mut())
         .filter(|(t, _)| vector(t))
-        .filter_map(|(t, p)| Some((t.name.as_str(), &**p.as_ref()?)))
+        .filter_map(|(t, p)| {
+            // SAFETY: the pass above wrote every vector's slot (`fill_f32`, which returned
+            // `Ok` for each).
+            #[allow(unsafe_code)]
+            let values = unsafe { crate::ops::fused::assume_written(p.as_deref_mut()?) };
+            Some((t.name.as_str(), &*values))
+        })
         .collect();
     let mut scales = scales(&first);
     drop(first);
@@ -163,7 +180,13 @@ pub(crate) fn decode(
     scales.retain(|name, _| scalable.contains(name.as_str()));
     pass(false, &mut parts, &scales)?;
     drop(parts);
-    let shared = Tensor::from_vec(shared, total + ALIGN, &Device::Cpu)
+    // SAFETY: both passes returned `Ok`, so every slot was written (`fill_f32`), and
+    // `split_at_slots` zeroed what lies between them: all `len` values.
+    #[allow(unsafe_code)]
+    unsafe {
+        shared.set_len(len)
+    };
+    let shared = Tensor::from_vec(shared, len, &Device::Cpu)
         .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
     let was_packed: HashMap<String, (Source, (usize, usize))> = infos
         .iter()
@@ -255,26 +278,33 @@ fn shared_slots(
     slots
 }
 
-/// `buf` cut at `slots` (disjoint, in any order) into one mutable part per slot.
-fn split_at_slots<'a>(
-    mut buf: &'a mut [f32],
+/// `buf` cut at `slots` (disjoint, in any order) into one mutable part per slot; `gap` is
+/// handed each stretch no slot covers, the end of `buf` after the last slot too.
+fn split_at_slots<'a, T>(
+    mut buf: &'a mut [T],
     slots: &[Option<Range<usize>>],
-) -> Vec<Option<&'a mut [f32]>> {
+    mut gap: impl FnMut(&mut [T]),
+) -> Vec<Option<&'a mut [T]>> {
     let mut order: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
     // By start, an empty slot before a slot starting where it does.
     order.sort_by_key(|&i| slots[i].as_ref().map(|r| (r.start, r.end)));
-    let mut parts: Vec<Option<&'a mut [f32]>> = (0..slots.len()).map(|_| None).collect();
+    let mut parts: Vec<Option<&'a mut [T]>> = (0..slots.len()).map(|_| None).collect();
     let mut at = 0;
     for i in order {
         let Some(r) = &slots[i] else { continue };
-        let (_, rest) = std::mem::take(&mut buf).split_at_mut(r.start - at);
+        let (before, rest) = std::mem::take(&mut buf).split_at_mut(r.start - at);
+        gap(before);
         let (part, rest) = rest.split_at_mut(r.len());
         buf = rest;
         at = r.end;
         parts[i] = Some(part);
     }
+    gap(buf);
     parts
 }
+
+/// A value of a buffer being written (see [`decode`]).
+type Uninit = MaybeUninit<f32>;
 
 /// How [`fill_f32`] writes a tensor's values into its slot.
 #[derive(Clone, Copy)]
@@ -293,8 +323,9 @@ enum Fill<'a> {
     Packed(Packing, Source, Option<&'a [f64]>),
 }
 
-/// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer) as `fill` says.
-fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> Result<()> {
+/// Decode the float32 tensor `t` into `dst` (its slot of the shared buffer, or a buffer of
+/// its own) as `fill` says. Returns `Ok` only with every value of `dst` written.
+fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [Uninit]) -> Result<()> {
     let bytes = ckpt.data(t).map_err(|e| Error::Weight {
         name: t.name.clone(),
         what: e.to_string(),
@@ -337,7 +368,7 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
         (Fill::Transposed, &[n, k]) => crate::prepare::transpose_le_f32_into(&bytes, n, k, dst),
         (Fill::Packed(pk, source, scale), _) => {
             let (n, k) = packed.flatten().unwrap_or_default();
-            if !pk.pack_le_into(&bytes, source, n, k, dst, scale) {
+            if !pk.pack_le_into_uninit(&bytes, source, n, k, dst, scale) {
                 return Err(Error::Weight {
                     name: t.name.clone(),
                     what: format!("could not pack a float32 tensor of shape {:?}", t.shape),
@@ -353,9 +384,14 @@ fn fill_f32(ckpt: &Checkpoint, t: &TensorInfo, fill: Fill, dst: &mut [f32]) -> R
 /// Little-endian f32 bytes into `dst`, each of the `scale.len()` equal slices multiplied by
 /// its scale, in one pass over each slice while it is in cache (a second pass over it, even
 /// in cache, was ~5% of ResNet-18's load samples), in wide registers where the CPU has them.
-fn le_f32s_scaled_into(bytes: &[u8], scale: &[f64], dst: &mut [f32]) {
+/// Every value of `dst` is written: past the slices the scales cover (none where the
+/// caller checked the sizes), zeros.
+fn le_f32s_scaled_into(bytes: &[u8], scale: &[f64], dst: &mut [Uninit]) {
     use rayon::prelude::*;
     let per = dst.len() / scale.len().max(1);
+    let covered = (per * scale.len()).min(bytes.len() / 4);
+    let (dst, rest) = dst.split_at_mut(covered - covered % per.max(1));
+    rest.fill(MaybeUninit::new(0.0));
     if per == 0 {
         return;
     }
@@ -370,7 +406,7 @@ fn le_f32s_scaled_into(bytes: &[u8], scale: &[f64], dst: &mut [f32]) {
                 || {
                     for (o, c) in d.iter_mut().zip(b.chunks_exact(4)) {
                         let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        *o = crate::prepare::bn_scaled(v, s);
+                        o.write(crate::prepare::bn_scaled(v, s));
                     }
                 },
             )
@@ -495,23 +531,34 @@ pub fn tensor_from_bytes(
 }
 
 /// Little-endian f32 bytes as f32 values, converted in parallel in 1 MiB stretches: one pass
-/// over the bytes into a [`crate::allocator::weight_buffer`] (a large one comes as fresh,
-/// already zero pages from the kernel, so its values are written once, here).
+/// over the bytes into a new buffer, each value written once
+/// ([`crate::allocator::weight_written`]).
 fn le_f32s(bytes: &[u8]) -> Vec<f32> {
-    let mut out = crate::allocator::weight_buffer(bytes.len() / 4);
-    le_f32s_into(bytes, &mut out);
-    out
+    // SAFETY: `le_f32s_into` writes every value of `out`.
+    #[allow(unsafe_code)]
+    let out = unsafe {
+        crate::allocator::weight_written(bytes.len() / 4, |out| {
+            le_f32s_into(bytes, out);
+            Ok::<(), std::convert::Infallible>(())
+        })
+    };
+    match out {
+        Ok(v) => v,
+        Err(never) => match never {},
+    }
 }
 
-/// [`le_f32s`] into `out` (`bytes.len() / 4` values).
-fn le_f32s_into(bytes: &[u8], out: &mut [f32]) {
+/// [`le_f32s`] into `out` (`bytes.len() / 4` values, each written; any more are zeroed).
+fn le_f32s_into(bytes: &[u8], out: &mut [Uninit]) {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 18;
+    let (out, rest) = out.split_at_mut((bytes.len() / 4).min(out.len()));
+    rest.fill(MaybeUninit::new(0.0));
     out.par_chunks_mut(CHUNK)
         .zip(bytes.par_chunks(CHUNK * 4))
         .for_each(|(d, s)| {
             for (o, c) in d.iter_mut().zip(s.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                o.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
             }
         });
 }
@@ -531,13 +578,18 @@ mod tests {
             None,
             Some(32..33),
         ];
-        let parts = split_at_slots(&mut buf, &slots);
+        let mut gaps = Vec::new();
+        let parts = split_at_slots(&mut buf, &slots, |g| gaps.push(g.to_vec()));
         let got: Vec<Option<Vec<f32>>> = parts.into_iter().map(|p| p.map(|p| p.to_vec())).collect();
         let want: Vec<Option<Vec<f32>>> = slots
             .iter()
             .map(|s| s.clone().map(|r| r.map(|v| v as f32).collect()))
             .collect();
         assert_eq!(got, want);
+        // What no slot covers, in order (the empty slot's place gives an empty gap).
+        let span = |r: std::ops::Range<usize>| r.map(|v| v as f32).collect::<Vec<f32>>();
+        let want = [span(0..3), span(7..16), vec![], span(30..32), span(33..40)];
+        assert_eq!(gaps, want);
     }
 
     /// The shared buffer holds each float32 tensor's values as the archive stores them (read

@@ -104,6 +104,19 @@ pub(crate) unsafe fn assume_written(dst: &mut [MaybeUninit<f32>]) -> &mut [f32] 
     unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len()) }
 }
 
+/// `dst` as memory to write f32 values into, for code that writes through
+/// `MaybeUninit` (into new buffers elsewhere): writing through it leaves `dst` holding
+/// initialised f32 values, so no write can break it.
+pub(crate) fn as_uninit(dst: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and safe code can only write
+    // initialised values through a `&mut [MaybeUninit<f32>]` (`write`, or assigning one made
+    // by `MaybeUninit::new`), so `dst` holds f32 values throughout.
+    #[allow(unsafe_code)]
+    unsafe {
+        &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>])
+    }
+}
+
 /// `f` of each value of `xs`, into a new buffer (written once), in chunks of `chunk` values
 /// on the pool's threads when large.
 fn mapped(xs: &[f32], chunk: usize, f: impl Fn(f32) -> f32 + Copy + Sync) -> Vec<f32> {

@@ -19,12 +19,14 @@
 //! are decoded packed the same way, each row scaled for its batch norm's fold as it is
 //! packed (`Program::from_parts`, whose weights come decoded, packs them at build).
 
+use std::mem::MaybeUninit;
+
 use candle_core::Tensor;
 use gemm_common::microkernel::MicroKernelFn;
 
 use super::fused::Spare;
 use super::sgemm::{block_fits, finish_rows, for_each_tile, new_block, tiles, Finish, Mat, Shared};
-use super::tile::{transpose, SIDE};
+use super::tile::{transpose_into, SIDE};
 use super::Registry;
 use crate::error::OpResult;
 use crate::op_bail;
@@ -128,23 +130,42 @@ impl Packing {
         dst: &mut [f32],
         scale: Option<&[f64]>,
     ) -> bool {
+        let dst = super::fused::as_uninit(dst);
         self.pack_into(Values::Le(bytes), source, n, k, dst, scale)
+    }
+
+    /// [`Packing::pack_le_into`] into memory not yet written (a load's new buffer), exactly
+    /// `self.len(n, k)` values: true when it wrote every one of them, false (having written
+    /// none) where `pack_le_into` is false or `dst` has another length.
+    pub(crate) fn pack_le_into_uninit(
+        &self,
+        bytes: &[u8],
+        source: Source,
+        n: usize,
+        k: usize,
+        dst: &mut [MaybeUninit<f32>],
+        scale: Option<&[f64]>,
+    ) -> bool {
+        self.len(n, k) == Some(dst.len())
+            && self.pack_into(Values::Le(bytes), source, n, k, dst, scale)
     }
 
     /// [`Packing::pack_le_into`] from a row-major `[n, k]` matrix of f32 values (a weight
     /// already decoded), unscaled.
     pub fn pack_f32_into(&self, src: &[f32], n: usize, k: usize, dst: &mut [f32]) -> bool {
+        let dst = super::fused::as_uninit(dst);
         self.pack_into(Values::F32(src), Source::Rows, n, k, dst, None)
     }
 
-    /// [`Packing::pack_le_into`] from either kind of [`Values`].
+    /// [`Packing::pack_le_into`] from either kind of [`Values`]; when true, every one of the
+    /// first `self.len(n, k)` values of `dst` was written.
     fn pack_into(
         &self,
         src: Values,
         source: Source,
         n: usize,
         k: usize,
-        dst: &mut [f32],
+        dst: &mut [MaybeUninit<f32>],
         scale: Option<&[f64]>,
     ) -> bool {
         use rayon::prelude::*;
@@ -185,7 +206,7 @@ impl Packing {
                                 let rn = SIDE.min(rows - r0);
                                 for c0 in (0..kb).step_by(SIDE) {
                                     let (at, cn) = (first + r0 * k + c0, SIDE.min(kb - c0));
-                                    transpose(v, at, k, rn, cn, panel, c0 * mr + r0, mr);
+                                    transpose_into(v, at, k, rn, cn, panel, c0 * mr + r0, mr);
                                 }
                             }
                         }
@@ -196,13 +217,19 @@ impl Packing {
                             for r in from..mr {
                                 let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
                                 if r >= rows {
-                                    cols.take(c1 - c0).for_each(|d| *d = 0.0);
+                                    cols.take(c1 - c0).for_each(|d| {
+                                        d.write(0.0);
+                                    });
                                 } else if let Values::Le(_) = src {
                                     src.copy(first + r * k + c0, c1 - c0, cols);
                                 }
                             }
                         }
                         if let Some(scale) = scale {
+                            // SAFETY: every value of the panel was written above: rows
+                            // `..rows` by the tiles or the byte copies, the rest zeroed.
+                            #[allow(unsafe_code)]
+                            let panel = unsafe { super::fused::assume_written(panel) };
                             let scale = &scale[q * mr..q * mr + rows];
                             // In wide registers where the CPU has them (`fused::simd`).
                             super::fused::simd(
@@ -230,7 +257,7 @@ impl Packing {
                                 let rows = mr.min(n - i0.min(n));
                                 let (vals, pad) = panel[c * mr..(c + 1) * mr].split_at_mut(rows);
                                 src.copy((p0 + c) * n + i0, rows, vals.iter_mut());
-                                pad.fill(0.0);
+                                pad.fill(MaybeUninit::new(0.0));
                             }
                         }
                     })
@@ -279,14 +306,23 @@ impl<'a> Values<'a> {
     }
 
     /// Values `at..at + count` into `dst`, in order.
-    fn copy<'d>(&self, at: usize, count: usize, dst: impl Iterator<Item = &'d mut f32>) {
+    fn copy<'d>(
+        &self,
+        at: usize,
+        count: usize,
+        dst: impl Iterator<Item = &'d mut MaybeUninit<f32>>,
+    ) {
         match self {
             Values::Le(b) => {
                 let src = b[at * 4..(at + count) * 4].chunks_exact(4);
                 let le = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                dst.zip(src).for_each(|(d, c)| *d = le(c));
+                dst.zip(src).for_each(|(d, c)| {
+                    d.write(le(c));
+                });
             }
-            Values::F32(v) => dst.zip(&v[at..at + count]).for_each(|(d, &v)| *d = v),
+            Values::F32(v) => dst.zip(&v[at..at + count]).for_each(|(d, &v)| {
+                d.write(v);
+            }),
         }
     }
 }

@@ -22,10 +22,7 @@ pub(crate) fn transpose(
     dst_at: usize,
     dst_stride: usize,
 ) {
-    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and `transpose_into` writes only
-    // initialised values, so `dst` holds f32 values throughout.
-    #[allow(unsafe_code)]
-    let dst = unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) };
+    let dst = super::fused::as_uninit(dst);
     transpose_into(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride);
 }
 

@@ -17,6 +17,7 @@
 //! Weights with any other use are left as they are.
 
 use std::collections::{HashMap, HashSet};
+use std::mem::MaybeUninit;
 
 use candle_core::{DType, Tensor};
 
@@ -218,12 +219,18 @@ pub fn pretranspose_linear_weights(graph: &Graph, weights: &mut HashMap<String, 
 fn transpose_f32(w: &Tensor) -> Option<Tensor> {
     let (n, k) = w.dims2().ok()?;
     let out = crate::ops::fused::with_f32(w, |src| {
-        let mut dst = crate::allocator::weight_buffer(n * k);
-        transpose_into(n, k, &mut dst, |start, row| {
-            row.copy_from_slice(&src[start..start + row.len()]);
-        });
-        dst
-    })?;
+        // SAFETY: `transpose_into` writes every value of its `n * k`.
+        #[allow(unsafe_code)]
+        let dst = unsafe {
+            crate::allocator::weight_written(n * k, |dst| {
+                transpose_into(n, k, dst, |start, row| {
+                    row.copy_from_slice(&src[start..start + row.len()]);
+                });
+                Ok::<(), std::convert::Infallible>(())
+            })
+        };
+        dst.ok()
+    })??;
     Tensor::from_vec(out, (k, n), w.device()).ok()
 }
 
@@ -231,13 +238,27 @@ fn transpose_f32(w: &Tensor) -> Option<Tensor> {
 /// as little-endian values (`n * k * 4` bytes, as the caller checked): a weight decoded
 /// straight from the archive into the layout [`pretranspose_linear_weights`] would give it.
 pub fn transpose_le_f32(bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
-    let mut dst = crate::allocator::weight_buffer(n * k);
-    transpose_le_f32_into(bytes, n, k, &mut dst);
-    dst
+    // SAFETY: `transpose_le_f32_into` writes every value of its `n * k`.
+    #[allow(unsafe_code)]
+    let dst = unsafe {
+        crate::allocator::weight_written(n * k, |dst| {
+            transpose_le_f32_into(bytes, n, k, dst);
+            Ok::<(), std::convert::Infallible>(())
+        })
+    };
+    match dst {
+        Ok(v) => v,
+        Err(never) => match never {},
+    }
 }
 
-/// [`transpose_le_f32`] into `dst` (`n * k` values) instead of a new buffer.
-pub(crate) fn transpose_le_f32_into(bytes: &[u8], n: usize, k: usize, dst: &mut [f32]) {
+/// [`transpose_le_f32`] into `dst` (`n * k` values, each written) instead of a new buffer.
+pub(crate) fn transpose_le_f32_into(
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+    dst: &mut [MaybeUninit<f32>],
+) {
     transpose_into(n, k, dst, |start, row| {
         let src = &bytes[start * 4..(start + row.len()) * 4];
         for (o, c) in row.iter_mut().zip(src.chunks_exact(4)) {
@@ -246,12 +267,17 @@ pub(crate) fn transpose_le_f32_into(bytes: &[u8], n: usize, k: usize, dst: &mut 
     })
 }
 
-/// Writes into `dst` (`n * k` values) the transpose `[k, n]` of a row-major `[n, k]` f32
-/// matrix, whose elements from flat index `start` on `load(start, row)` writes into `row`.
-/// Bands of 256 output rows in parallel; in each, 64 x 64 tiles: 64 stretches of source rows
-/// are loaded into a small buffer (reads along the rows), then written out transposed (writes
-/// along the output rows).
-fn transpose_into(n: usize, k: usize, dst: &mut [f32], load: impl Fn(usize, &mut [f32]) + Sync) {
+/// Writes into `dst` (`n * k` values, each written once) the transpose `[k, n]` of a
+/// row-major `[n, k]` f32 matrix, whose elements from flat index `start` on `load(start,
+/// row)` writes into `row`. Bands of 256 output rows in parallel; in each, 64 x 64 tiles: 64
+/// stretches of source rows are loaded into a small buffer (reads along the rows), then
+/// written out transposed (writes along the output rows).
+fn transpose_into(
+    n: usize,
+    k: usize,
+    dst: &mut [MaybeUninit<f32>],
+    load: impl Fn(usize, &mut [f32]) + Sync,
+) {
     use rayon::prelude::*;
     const T: usize = 64;
     const BAND: usize = 4 * T;
@@ -276,7 +302,7 @@ fn transpose_into(n: usize, k: usize, dst: &mut [f32], load: impl Fn(usize, &mut
                     for jj in 0..jw {
                         let drow = &mut d[(jb + jj) * n + i0..][..iw];
                         for (ii, o) in drow.iter_mut().enumerate() {
-                            *o = tile[ii * T + jj];
+                            o.write(tile[ii * T + jj]);
                         }
                     }
                 }
