@@ -569,6 +569,64 @@ pub fn mean_rows(x: &Tensor, n: usize, shape: &[usize]) -> Option<Tensor> {
     Tensor::from_vec(means, shape, x.device()).ok()
 }
 
+/// The 2-norm of each row of `n` values of `x` (`squares` true: the square root of the sum of
+/// squares) or its 1-norm (the sum of magnitudes), as [`mean_rows`] takes means (f64 lanes,
+/// rounded to f32 once, rows split across threads when large), from a float32 tensor of any
+/// layout whose rows (its trailing `n` values) each lie in one contiguous run: read where
+/// they lie, not copied first (Swin V2 normalizes the rows of queries and keys that are
+/// views of the projection's output). `None` for any other tensor, as for `mean_rows`.
+/// candle's composed form (magnitudes, squares, sum, root: four passes on one thread, the
+/// first a copy) took 1.9 ms a run on 1 thread and 2.1 on 2 for torchvision Swin V2-T's 24
+/// cosine-attention norms (BENCHMARKS.md, issue 14).
+pub fn norm_rows(x: &Tensor, n: usize, shape: &[usize], squares: bool) -> Option<Tensor> {
+    if x.dtype() != DType::F32
+        || n == 0
+        || shape.iter().product::<usize>().checked_mul(n) != Some(x.elem_count())
+    {
+        return None;
+    }
+    let norm = |row: &[f32]| match squares {
+        true => lane_sum(row, |v| f64::from(v) * f64::from(v)).sqrt() as f32,
+        false => lane_sum(row, |v| f64::from(v).abs()) as f32,
+    };
+    let values = with_storage::<f32, _>(x, |data, layout| {
+        // Rows of `n` values in runs of stride 1: the merged layout's last dim, cut into rows.
+        let (mut dims, strides) = super::strided::merge(layout.dims(), &[layout.stride()]);
+        let mut strides = strides.into_iter().next()?;
+        let (&last, &step) = (dims.last()?, strides.last()?);
+        if (step != 1 && last > 1) || last % n != 0 {
+            return None;
+        }
+        *dims.last_mut()? = last / n;
+        *strides.last_mut()? = n;
+        let rows = x.elem_count() / n;
+        let per = (PAR_MIN / n).max(1);
+        let strides = [strides];
+        let base = [layout.start_offset()];
+        let fill = |(c, o): (usize, &mut [f32])| {
+            let mut walk = super::strided::RowWalk::at(&dims, &strides, &base, c * per);
+            simd(
+                #[inline(always)]
+                || {
+                    for m in o.iter_mut() {
+                        let at = walk.starts()[0];
+                        *m = norm(&data[at..at + n]);
+                        walk.next();
+                    }
+                },
+            )
+        };
+        let mut out = vec![0f32; rows];
+        if rows * n >= PAR_MIN {
+            out.par_chunks_mut(per).enumerate().for_each(fill);
+        } else {
+            out.chunks_mut(per).enumerate().for_each(fill);
+        }
+        Some(out)
+    })??;
+    Tensor::from_vec(values, shape, x.device()).ok()
+}
+
 /// The largest element of `r` (NaNs ignored, as `f32::max` does), `-inf` when empty.
 #[inline(always)]
 pub fn row_max(r: &[f32]) -> f32 {
@@ -1066,6 +1124,63 @@ mod tests {
         assert!(mean_rows(&x.t().unwrap(), 4, &[6]).is_none());
         assert!(mean_rows(&x, 0, &[4]).is_none());
         assert!(mean_rows(&x, 6, &[5]).is_none());
+    }
+
+    /// Row 2- and 1-norms against direct f64 sums per row, rounded once, as the means are
+    /// held above; declined where the means are.
+    #[test]
+    fn row_norms_are_the_rounded_exact_norms() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool");
+        for (rows, n) in [(3, 5), (8 * 96, 32), (2 * PAR_MIN + 1, 7), (4, 3 * PAR_MIN)] {
+            let data: Vec<f32> = (0..rows * n)
+                .map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 1e-3 + 1e2 * ((i % 3) as f32))
+                .collect();
+            let x = Tensor::from_vec(data.clone(), (rows, n), &Device::Cpu).unwrap();
+            for squares in [true, false] {
+                let got = pool
+                    .install(|| norm_rows(&x, n, &[rows], squares))
+                    .expect("applies");
+                assert_eq!(got.dims(), &[rows]);
+                let got = got.to_vec1::<f32>().unwrap();
+                for (r, &g) in got.iter().enumerate() {
+                    let row = data[r * n..][..n].iter().map(|&v| f64::from(v));
+                    let want = match squares {
+                        true => row.map(|v| v * v).sum::<f64>().sqrt() as f32,
+                        false => row.map(f64::abs).sum::<f64>() as f32,
+                    };
+                    assert!(
+                        (g - want).abs() <= want.abs() * 1e-6,
+                        "{rows} x {n}, row {r}, squares {squares}: {g} vs {want}"
+                    );
+                }
+            }
+        }
+        // A view whose rows each lie in one run (Swin V2's queries: heads and tokens
+        // permuted, each head's values together) is read where it lies: the norms of its
+        // contiguous copy's rows.
+        let data: Vec<f32> = (0..2 * 3 * 4 * 5).map(|i| (i % 11) as f32 - 5.0).collect();
+        let x = Tensor::from_vec(data, (2, 3, 4, 5), &Device::Cpu).unwrap();
+        let view = x.permute((0, 2, 1, 3)).unwrap();
+        assert!(!view.is_contiguous());
+        let copy = view.contiguous().unwrap();
+        for squares in [true, false] {
+            let got = norm_rows(&view, 5, &[2, 4, 3], squares).expect("applies");
+            let want = norm_rows(&copy, 5, &[2, 4, 3], squares).expect("applies");
+            let (got, want) = (got.flatten_all().unwrap(), want.flatten_all().unwrap());
+            assert_eq!(
+                got.to_vec1::<f32>().unwrap(),
+                want.to_vec1::<f32>().unwrap()
+            );
+        }
+        // Declined: rows that do not lie in runs (a transpose), empty rows, a shape that
+        // does not hold one value per row.
+        let x = Tensor::ones((4, 6), DType::F32, &Device::Cpu).unwrap();
+        assert!(norm_rows(&x.t().unwrap(), 4, &[6], true).is_none());
+        assert!(norm_rows(&x, 0, &[4], true).is_none());
+        assert!(norm_rows(&x, 6, &[5], false).is_none());
     }
 
     /// A thread's spare buffers go back for its next use, nested uses get their own, other

@@ -240,6 +240,24 @@ fn vector_norm(a: &Args) -> OpResult<Outputs> {
     let ord = a.float_or("ord", 2.0)?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
+    let rank = t.rank();
+    // The 2- and 1-norms over trailing dims of a float32 tensor (Swin V2's cosine attention
+    // normalizes rows): each row in one pass, over the pool's threads.
+    let trailing = !dims.is_empty() && dims.iter().copied().eq(rank - dims.len()..rank);
+    if trailing && (ord == 2.0 || ord == 1.0) && t.dtype() == DType::F32 {
+        let lead = &t.dims()[..rank - dims.len()];
+        let n = dims.iter().map(|&d| t.dims()[d]).product();
+        let mut out = lead.to_vec();
+        if keep {
+            out.extend(std::iter::repeat_n(1, dims.len()));
+        }
+        if let Some(r) = super::fused::norm_rows(&t, n, &out, ord == 2.0) {
+            return match a.opt_scalar_type("dtype")? {
+                Some(st) => one(crate::dtype::cast(&r, st)?),
+                None => one(r),
+            };
+        }
+    }
     let abs = t.abs()?;
     let r = if ord == f64::INFINITY {
         reduce(&abs, &dims, keep, |x, d| x.max_keepdim(d))?
