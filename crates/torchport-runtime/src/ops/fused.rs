@@ -534,61 +534,62 @@ fn lane_sum(r: &[f32], f: impl Fn(f32) -> f64) -> f64 {
     lane_fold(r, 0.0, f, |a, b| a + b)
 }
 
-/// The mean of each row of `n` values of `x`, a contiguous f32 tensor whose rows are its
-/// trailing dims, as a tensor of `shape` (one value per row): sums in 16 f64 lanes, rounded
-/// to f32 once, rows split across threads when large. Global average pooling used to copy
-/// its input whole, then take candle's mean on one thread: EfficientNet-B0's
-/// squeeze-excitation pools took 27 ms per run at batch 8 on 1 thread and 25 on 2
-/// (BENCHMARKS.md, issue 14). `None` for any other tensor, for `n` = 0, or when `shape` does
-/// not hold one value per row.
+/// The mean of each row of `n` values of `x` (its trailing values), as a tensor of `shape`
+/// (one value per row): sums in 16 f64 lanes, rounded to f32 once, rows split across threads
+/// when large, read where they lie ([`per_row`]). Global average pooling used to copy its
+/// input whole, then take candle's mean on one thread: EfficientNet-B0's squeeze-excitation
+/// pools took 27 ms per run at batch 8 on 1 thread and 25 on 2 (BENCHMARKS.md, issue 14).
+/// `None` where `per_row` declines.
 pub fn mean_rows(x: &Tensor, n: usize, shape: &[usize]) -> Option<Tensor> {
-    if n == 0 || shape.iter().product::<usize>().checked_mul(n) != Some(x.elem_count()) {
-        return None;
-    }
-    let means = with_f32(x, |xs| {
-        let per = (PAR_MIN / n).max(1);
-        let fill = |(c, o): (usize, &mut [f32])| {
-            simd(
-                #[inline(always)]
-                || {
-                    for (r, m) in o.iter_mut().enumerate() {
-                        let row = &xs[(c * per + r) * n..][..n];
-                        *m = (lane_sum(row, f64::from) / n as f64) as f32;
-                    }
-                },
-            )
-        };
-        let mut out = vec![0f32; xs.len() / n];
-        if xs.len() >= PAR_MIN {
-            out.par_chunks_mut(per).enumerate().for_each(fill);
-        } else {
-            out.chunks_mut(per).enumerate().for_each(fill);
-        }
-        out
-    })?;
-    Tensor::from_vec(means, shape, x.device()).ok()
+    per_row(
+        x,
+        n,
+        shape,
+        #[inline(always)]
+        |row| (lane_sum(row, f64::from) / row.len() as f64) as f32,
+    )
 }
 
 /// The 2-norm of each row of `n` values of `x` (`squares` true: the square root of the sum of
-/// squares) or its 1-norm (the sum of magnitudes), as [`mean_rows`] takes means (f64 lanes,
-/// rounded to f32 once, rows split across threads when large), from a float32 tensor of any
-/// layout whose rows (its trailing `n` values) each lie in one contiguous run: read where
-/// they lie, not copied first (Swin V2 normalizes the rows of queries and keys that are
-/// views of the projection's output). `None` for any other tensor, as for `mean_rows`.
-/// candle's composed form (magnitudes, squares, sum, root: four passes on one thread, the
-/// first a copy) took 1.9 ms a run on 1 thread and 2.1 on 2 for torchvision Swin V2-T's 24
-/// cosine-attention norms (BENCHMARKS.md, issue 14).
+/// squares) or its 1-norm (the sum of magnitudes), as [`mean_rows`] takes means: f64 lanes,
+/// rounded to f32 once, rows read where they lie ([`per_row`]: Swin V2 normalizes the rows of
+/// queries and keys that are views of the projection's output). candle's composed form
+/// (magnitudes, squares, sum, root: four passes on one thread, the first a copy) took 1.9 ms
+/// a run on 1 thread and 2.1 on 2 for torchvision Swin V2-T's 24 cosine-attention norms
+/// (BENCHMARKS.md, issue 14). `None` where `per_row` declines.
 pub fn norm_rows(x: &Tensor, n: usize, shape: &[usize], squares: bool) -> Option<Tensor> {
+    per_row(
+        x,
+        n,
+        shape,
+        #[inline(always)]
+        |row| match squares {
+            true => lane_sum(row, |v| f64::from(v) * f64::from(v)).sqrt() as f32,
+            false => lane_sum(row, |v| f64::from(v).abs()) as f32,
+        },
+    )
+}
+
+/// `f` of each row of `n` values of `x` (its trailing values), as a tensor of `shape` (one
+/// value per row), rows split across threads when large; `f` runs in wide registers where
+/// the CPU has them ([`simd`]: give it `#[inline(always)]`, or it may be compiled apart,
+/// without them: the row means took 35% longer so). `x` is a float32 CPU tensor of any
+/// layout whose rows each lie in one contiguous run, read where they lie (a contiguous
+/// tensor, or a view with its trailing values together, as a permute of the leading dims
+/// leaves them). `None` for any other tensor, for `n` = 0, or when `shape` does not hold one
+/// value per row.
+fn per_row(
+    x: &Tensor,
+    n: usize,
+    shape: &[usize],
+    f: impl Fn(&[f32]) -> f32 + Sync,
+) -> Option<Tensor> {
     if x.dtype() != DType::F32
         || n == 0
         || shape.iter().product::<usize>().checked_mul(n) != Some(x.elem_count())
     {
         return None;
     }
-    let norm = |row: &[f32]| match squares {
-        true => lane_sum(row, |v| f64::from(v) * f64::from(v)).sqrt() as f32,
-        false => lane_sum(row, |v| f64::from(v).abs()) as f32,
-    };
     let values = with_storage::<f32, _>(x, |data, layout| {
         // Rows of `n` values in runs of stride 1: the merged layout's last dim, cut into rows.
         let (mut dims, strides) = super::strided::merge(layout.dims(), &[layout.stride()]);
@@ -610,7 +611,7 @@ pub fn norm_rows(x: &Tensor, n: usize, shape: &[usize], squares: bool) -> Option
                 || {
                     for m in o.iter_mut() {
                         let at = walk.starts()[0];
-                        *m = norm(&data[at..at + n]);
+                        *m = f(&data[at..at + n]);
                         walk.next();
                     }
                 },
@@ -1093,7 +1094,7 @@ mod tests {
     }
 
     /// Row means against a direct f64 mean per row, rounded once: short rows and long ones,
-    /// few and many (split across the pool's threads); declined for a strided tensor, empty
+    /// few and many (split across the pool's threads); declined for a transpose, empty
     /// rows and a shape that does not hold one value per row.
     #[test]
     fn row_means_are_the_rounded_exact_means() {

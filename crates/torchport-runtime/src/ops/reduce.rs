@@ -89,24 +89,34 @@ fn f64_if_asked(a: &Args, t: Tensor) -> OpResult<Tensor> {
     }
 }
 
+/// Where `dims` are the trailing dims of `t` (in order, at least one): the values per row
+/// they hold and the result's shape, one value per row (the reduced dims kept as 1 with
+/// `keep`).
+fn trailing_rows(t: &Tensor, dims: &[usize], keep: bool) -> Option<(usize, Vec<usize>)> {
+    let r = t.rank();
+    if dims.is_empty() || !dims.iter().copied().eq(r - dims.len()..r) {
+        return None;
+    }
+    let n = dims.iter().map(|&d| t.dims()[d]).product();
+    let mut out = t.dims()[..r - dims.len()].to_vec();
+    if keep {
+        out.extend(std::iter::repeat_n(1, dims.len()));
+    }
+    Some((n, out))
+}
+
 fn mean(a: &Args) -> OpResult<Outputs> {
     let t = f64_if_asked(a, float(&a.tensor("self")?)?)?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     // Contiguous trailing dims reduce as one flattened axis (one pass, better accuracy).
-    let r = t.rank();
-    if !dims.is_empty() && dims.iter().copied().eq(r - dims.len()..r) {
-        let lead = &t.dims()[..r - dims.len()];
-        let n = dims.iter().map(|&d| t.dims()[d]).product();
-        let mut out = lead.to_vec();
-        if keep {
-            out.extend(std::iter::repeat_n(1, dims.len()));
-        }
-        // A contiguous f32 tensor's rows, read in place over the pool's threads.
+    if let Some((n, out)) = trailing_rows(&t, &dims, keep) {
+        // An f32 tensor's rows, read where they lie over the pool's threads.
         if let Some(m) = super::fused::mean_rows(&t, n, &out) {
             return one(m);
         }
         if dims.len() > 1 {
+            let lead = &t.dims()[..t.rank() - dims.len()];
             let mut s = lead.to_vec();
             s.push(n);
             let m = t.reshape(s)?.mean_keepdim(lead.len())?;
@@ -240,17 +250,10 @@ fn vector_norm(a: &Args) -> OpResult<Outputs> {
     let ord = a.float_or("ord", 2.0)?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
-    let rank = t.rank();
     // The 2- and 1-norms over trailing dims of a float32 tensor (Swin V2's cosine attention
     // normalizes rows): each row in one pass, over the pool's threads.
-    let trailing = !dims.is_empty() && dims.iter().copied().eq(rank - dims.len()..rank);
-    if trailing && (ord == 2.0 || ord == 1.0) && t.dtype() == DType::F32 {
-        let lead = &t.dims()[..rank - dims.len()];
-        let n = dims.iter().map(|&d| t.dims()[d]).product();
-        let mut out = lead.to_vec();
-        if keep {
-            out.extend(std::iter::repeat_n(1, dims.len()));
-        }
+    let rows = trailing_rows(&t, &dims, keep).filter(|_| ord == 2.0 || ord == 1.0);
+    if let Some((n, out)) = rows {
         if let Some(r) = super::fused::norm_rows(&t, n, &out, ord == 2.0) {
             return match a.opt_scalar_type("dtype")? {
                 Some(st) => one(crate::dtype::cast(&r, st)?),
