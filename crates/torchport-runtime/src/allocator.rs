@@ -98,6 +98,27 @@ pub(crate) unsafe fn weight_written<E>(
     Ok(buf)
 }
 
+/// [`weight_written`] for a `fill` that cannot fail.
+///
+/// # Safety
+///
+/// `fill` writes every one of the `len` values it is given.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn weight_filled(
+    len: usize,
+    fill: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]),
+) -> Vec<f32> {
+    let filled = |buf: &mut [std::mem::MaybeUninit<f32>]| {
+        fill(buf);
+        Ok::<(), std::convert::Infallible>(())
+    };
+    // SAFETY: the caller's contract, which is `weight_written`'s for a `fill` always `Ok`.
+    match unsafe { weight_written(len, filled) } {
+        Ok(buf) => buf,
+        Err(never) => match never {},
+    }
+}
+
 /// Advise the whole aligned 2 MiB stretches of the `len` values allocated from `at` as
 /// transparent huge pages.
 #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]

@@ -536,15 +536,8 @@ pub fn tensor_from_bytes(
 fn le_f32s(bytes: &[u8]) -> Vec<f32> {
     // SAFETY: `le_f32s_into` writes every value of `out`.
     #[allow(unsafe_code)]
-    let out = unsafe {
-        crate::allocator::weight_written(bytes.len() / 4, |out| {
-            le_f32s_into(bytes, out);
-            Ok::<(), std::convert::Infallible>(())
-        })
-    };
-    match out {
-        Ok(v) => v,
-        Err(never) => match never {},
+    unsafe {
+        crate::allocator::weight_filled(bytes.len() / 4, |out| le_f32s_into(bytes, out))
     }
 }
 

@@ -221,16 +221,14 @@ fn transpose_f32(w: &Tensor) -> Option<Tensor> {
     let out = crate::ops::fused::with_f32(w, |src| {
         // SAFETY: `transpose_into` writes every value of its `n * k`.
         #[allow(unsafe_code)]
-        let dst = unsafe {
-            crate::allocator::weight_written(n * k, |dst| {
+        unsafe {
+            crate::allocator::weight_filled(n * k, |dst| {
                 transpose_into(n, k, dst, |start, row| {
                     row.copy_from_slice(&src[start..start + row.len()]);
-                });
-                Ok::<(), std::convert::Infallible>(())
+                })
             })
-        };
-        dst.ok()
-    })??;
+        }
+    })?;
     Tensor::from_vec(out, (k, n), w.device()).ok()
 }
 
@@ -240,15 +238,8 @@ fn transpose_f32(w: &Tensor) -> Option<Tensor> {
 pub fn transpose_le_f32(bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
     // SAFETY: `transpose_le_f32_into` writes every value of its `n * k`.
     #[allow(unsafe_code)]
-    let dst = unsafe {
-        crate::allocator::weight_written(n * k, |dst| {
-            transpose_le_f32_into(bytes, n, k, dst);
-            Ok::<(), std::convert::Infallible>(())
-        })
-    };
-    match dst {
-        Ok(v) => v,
-        Err(never) => match never {},
+    unsafe {
+        crate::allocator::weight_filled(n * k, |dst| transpose_le_f32_into(bytes, n, k, dst))
     }
 }
 
