@@ -536,7 +536,7 @@ fn lane_sum(r: &[f32], f: impl Fn(f32) -> f64) -> f64 {
 
 /// The mean of each row of `n` values of `x` (its trailing values), as a tensor of `shape`
 /// (one value per row): sums in 16 f64 lanes, rounded to f32 once, rows split across threads
-/// when large, read where they lie ([`per_row`]). Global average pooling used to copy its
+/// when large, read where they lie (`per_row`). Global average pooling used to copy its
 /// input whole, then take candle's mean on one thread: EfficientNet-B0's squeeze-excitation
 /// pools took 27 ms per run at batch 8 on 1 thread and 25 on 2 (BENCHMARKS.md, issue 14).
 /// `None` where `per_row` declines.
@@ -552,7 +552,7 @@ pub fn mean_rows(x: &Tensor, n: usize, shape: &[usize]) -> Option<Tensor> {
 
 /// The 2-norm of each row of `n` values of `x` (`squares` true: the square root of the sum of
 /// squares) or its 1-norm (the sum of magnitudes), as [`mean_rows`] takes means: f64 lanes,
-/// rounded to f32 once, rows read where they lie ([`per_row`]: Swin V2 normalizes the rows of
+/// rounded to f32 once, rows read where they lie (`per_row`: Swin V2 normalizes the rows of
 /// queries and keys that are views of the projection's output). candle's composed form
 /// (magnitudes, squares, sum, root: four passes on one thread, the first a copy) took 1.9 ms
 /// a run on 1 thread and 2.1 on 2 for torchvision Swin V2-T's 24 cosine-attention norms
