@@ -549,11 +549,7 @@ fn le_f32s_into(bytes: &[u8], out: &mut [Uninit]) {
     rest.fill(MaybeUninit::new(0.0));
     out.par_chunks_mut(CHUNK)
         .zip(bytes.par_chunks(CHUNK * 4))
-        .for_each(|(d, s)| {
-            for (o, c) in d.iter_mut().zip(s.chunks_exact(4)) {
-                o.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            }
-        });
+        .for_each(|(d, s)| crate::ops::stream::streamed(|st| st.copy_le_into(s, d)));
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ pub mod sgemm;
 pub mod shape;
 pub mod sort;
 pub mod stats;
+pub(crate) mod stream;
 pub mod strided;
 pub mod sym;
 mod tile;

@@ -39,6 +39,24 @@ pub(crate) fn transpose_into(
     dst_at: usize,
     dst_stride: usize,
 ) {
+    let (src, dst) = ((src, src_at, src_stride), (dst, dst_at, dst_stride));
+    transpose_tile::<false>(src, rows, cols, dst);
+}
+
+/// A source tile: values, the first value's index, the row stride.
+pub(super) type Strided<'a> = (&'a [f32], usize, usize);
+/// A destination tile: values, the first value's index, the row stride.
+pub(super) type StridedMut<'a> = (&'a mut [MaybeUninit<f32>], usize, usize);
+
+/// [`transpose_into`]; with `STREAM`, where the AVX-512 path writes a whole tile row
+/// (16 values) to a 64-byte aligned address, by a non-temporal store (past the caches:
+/// `super::stream`, whose caller fences them).
+pub(super) fn transpose_tile<const STREAM: bool>(
+    (src, src_at, src_stride): Strided,
+    rows: usize,
+    cols: usize,
+    (dst, dst_at, dst_stride): StridedMut,
+) {
     assert!(rows <= SIDE && cols <= SIDE, "a tile of {rows} x {cols}");
     if rows == 0 || cols == 0 {
         return;
@@ -65,7 +83,7 @@ pub(crate) fn transpose_into(
         // more than those.
         #[allow(unsafe_code)]
         unsafe {
-            transpose_avx512(
+            transpose_avx512::<STREAM>(
                 src.as_ptr().add(src_at),
                 src_stride,
                 rows,
@@ -88,11 +106,12 @@ pub(crate) fn transpose_into(
 /// # Safety
 /// AVX-512F; `rows, cols <= 16`; `src + r * src_stride` holds `cols` readable values for
 /// every `r < rows`, `dst + c * dst_stride` holds `rows` writable ones for every `c < cols`,
-/// and the two do not overlap.
+/// and the two do not overlap. With `STREAM`, the caller fences before the values are read
+/// (`_mm_sfence`, on this thread).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(unsafe_code)]
-unsafe fn transpose_avx512(
+unsafe fn transpose_avx512<const STREAM: bool>(
     src: *const f32,
     src_stride: usize,
     rows: usize,
@@ -111,9 +130,16 @@ unsafe fn transpose_avx512(
         }
     }
     transpose16(&mut t);
+    // Streamed where every row of the tile is a whole aligned line.
+    let aligned = (dst as usize).is_multiple_of(64) && dst_stride.is_multiple_of(SIDE);
+    let stream = STREAM && rows == SIDE && aligned;
     for (c, t) in t.iter().enumerate() {
         if c < cols {
-            _mm512_mask_storeu_ps(dst.add(c * dst_stride), store, *t);
+            if stream {
+                _mm512_stream_ps(dst.add(c * dst_stride), *t);
+            } else {
+                _mm512_mask_storeu_ps(dst.add(c * dst_stride), store, *t);
+            }
         }
     }
 }
