@@ -35,9 +35,19 @@ pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
     Ok((ckpt, ep))
 }
 
+/// Archives whose tensors hold at most this many bytes keep their pages mapped until the
+/// archive is closed at the end of the read (one unmap), instead of releasing each tensor's
+/// pages once it is copied: a release per tensor is a system call and, with several threads,
+/// a TLB flush on each CPU the load runs on. Without them, MobileNetV3-Large's loads into
+/// reused memory took 16–21% less time and EfficientNet-B0's 9–14%, their peak resident
+/// memory 40 → 55 MB (BENCHMARKS.md, issue 14); keeping the pages raises the peak by no
+/// more than this. ResNet-18's (48 MB) were level, so larger archives release as before.
+const RELEASE_ABOVE: u64 = 32 << 20;
+
 /// Every weight and constant of `ckpt` by state_dict or constant name, decoded in parallel,
 /// each copied once out of the memory-mapped archive, whose pages are then released (so that
-/// the load does not hold the archive and the decoded weights in memory at once).
+/// the load does not hold the archive and the decoded weights in memory at once) where its
+/// tensors hold more than [`RELEASE_ABOVE`] bytes.
 ///
 /// The float32 tensors share one buffer ([`crate::allocator::weight_space`]: each value
 /// written once, by its tensor's decoding, or zero where it pads between two), each a view of
@@ -68,6 +78,8 @@ pub(crate) fn decode(
 ) -> Result<DecodedWeights> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
+    let bytes = infos.iter().map(|t| t.nbytes() as u64);
+    let release = bytes.fold(0u64, u64::saturating_add) > RELEASE_ABOVE;
     let packing = crate::ops::packed::Packing::detect();
     // The tensors decoded packed: 2-d, named in `packed`, with a slot of the shared buffer.
     let packs: Vec<Option<(Packing, Source)>> = infos
@@ -142,7 +154,9 @@ pub(crate) fn decode(
                         }
                         (None, _) => *own = Some(tensor(ckpt, t)?),
                     }
-                    ckpt.release(t);
+                    if release {
+                        ckpt.release(t);
+                    }
                     Ok(())
                 })
         };
