@@ -362,7 +362,7 @@ impl Program {
         let in_place = g
             .nodes
             .iter()
-            .map(|n| crate::ops::functional_name(op_key(&n.target)).is_some())
+            .map(|n| crate::ops::is_in_place(op_key(&n.target)))
             .collect();
         let weights = weights
             .into_iter()
@@ -824,7 +824,7 @@ fn updated_in_place(g: &crate::schema::Graph) -> HashSet<&str> {
         .iter()
         .filter(|n| {
             let key = op_key(&n.target);
-            crate::ops::functional_name(key).is_some() && !crate::views::is_view_op(key)
+            crate::ops::is_in_place(key) && !crate::views::is_view_op(key)
         })
         .filter_map(crate::views::self_name)
         .collect()

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::error::{Error, Result};
-use crate::ops::{functional_name, op_key};
+use crate::ops::{functional_name, is_in_place, op_key};
 use crate::program::used_names;
 use crate::schema::{Argument, Graph, NamedArgument, Node, OptionalTensorArgument, TensorArgument};
 
@@ -82,7 +82,7 @@ pub(crate) fn check_inplace_views(g: &crate::schema::Graph, outputs: &[Argument]
                 Argument::AsTensor(t) => Some(t.name.as_str()),
                 _ => None,
             });
-        if let (Some(s), true) = (self_name, crate::ops::functional_name(key).is_some()) {
+        if let (Some(s), true) = (self_name, is_in_place(key)) {
             let r = root.get(s).copied().unwrap_or(s);
             let shared = defined.iter().find(|(&n, &d)| {
                 d < i
@@ -114,7 +114,7 @@ pub(crate) fn check_inplace_views(g: &crate::schema::Graph, outputs: &[Argument]
                 };
                 defined.insert(name, i);
                 // A view, or the result of an in-place op (the mutated tensor itself).
-                let aliases = is_view_op(key) || crate::ops::functional_name(key).is_some();
+                let aliases = is_view_op(key) || is_in_place(key);
                 if let (true, Some(s)) = (aliases, self_name) {
                     root.insert(name, root.get(s).copied().unwrap_or(s));
                 }
@@ -236,7 +236,7 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
     // The base must own its memory: not a view or an in-place result of something else.
     if let Some(&j) = producers.get(base.as_str()) {
         let k = op_key(&g.nodes[j].target);
-        if is_view_op(k) || functional_name(k).is_some() {
+        if is_view_op(k) || is_in_place(k) {
             return None;
         }
     }
@@ -267,7 +267,7 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
     for n in &g.nodes[..i] {
         let k = op_key(&n.target);
         let Some(s) = self_name(n) else { continue };
-        if is_view_op(k) || functional_name(k).is_some() {
+        if is_view_op(k) || is_in_place(k) {
             let r = root.get(s).cloned().unwrap_or_else(|| s.to_string());
             let mut outs = Vec::new();
             n.outputs.iter().for_each(|o| used_names(o, &mut outs));

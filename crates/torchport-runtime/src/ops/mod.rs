@@ -129,19 +129,43 @@ impl Registry {
 /// `add`, `_index_put_impl_` → `_index_put_impl`, `__iand__` → `__and__`; `None` for an op
 /// that is not in place.
 pub fn functional_name(key: &str) -> Option<String> {
+    let (ns, base, overload) = in_place_parts(key)?;
+    let overload = overload.map(|o| format!(".{o}")).unwrap_or_default();
+    Some(match base {
+        Functional::Dunder(d) => format!("{ns}.__{d}__{overload}"),
+        Functional::Plain(f) => format!("{ns}.{f}{overload}"),
+    })
+}
+
+/// Whether `key` names an in-place overload ([`functional_name`] is `Some`), without
+/// building the name: the load's rewrites ask it of every node, several times.
+pub fn is_in_place(key: &str) -> bool {
+    in_place_parts(key).is_some()
+}
+
+/// The functional op's base name, as [`in_place_parts`] finds it.
+enum Functional<'a> {
+    /// `iand` of `__iand__`, without its `i`: `and`.
+    Dunder(&'a str),
+    /// `add` of `add_`.
+    Plain(&'a str),
+}
+
+/// An in-place overload's namespace, functional base name and overload (`None` where the key
+/// has none); `None` for an op that is not in place.
+fn in_place_parts(key: &str) -> Option<(&str, Functional<'_>, Option<&str>)> {
     let mut parts = key.splitn(3, '.');
-    let (ns, base) = (parts.next()?, parts.next()?);
-    let overload = parts.next().map(|o| format!(".{o}")).unwrap_or_default();
+    let (ns, base, overload) = (parts.next()?, parts.next()?, parts.next());
     let f = if let Some(dunder) = base.strip_prefix("__").and_then(|b| b.strip_suffix("__")) {
-        format!("__{}__", dunder.strip_prefix('i')?)
+        Functional::Dunder(dunder.strip_prefix('i')?)
     } else {
         let f = base.strip_suffix('_')?;
         if f.is_empty() || f.ends_with('_') {
             return None;
         }
-        f.to_string()
+        Functional::Plain(f)
     };
-    Some(format!("{ns}.{f}{overload}"))
+    Some((ns, f, overload))
 }
 
 /// Run `kernel` on `args`, turning a panic inside it (a dependency's unimplemented case, a
@@ -432,4 +456,31 @@ pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_ops_are_named_by_their_functional_overload() {
+        let cases = [
+            ("aten.add_.Tensor", Some("aten.add.Tensor")),
+            ("aten.relu_", Some("aten.relu")),
+            (
+                "aten._index_put_impl_.default",
+                Some("aten._index_put_impl.default"),
+            ),
+            ("aten.__iand__.Tensor", Some("aten.__and__.Tensor")),
+            ("aten.__and__.Tensor", None),
+            ("aten.relu.default", None),
+            ("aten._.default", None),
+            ("aten.__foo___.x", None),
+            ("aten", None),
+        ];
+        for (key, want) in cases {
+            assert_eq!(functional_name(key).as_deref(), want, "{key}");
+            assert_eq!(is_in_place(key), want.is_some(), "{key}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ use std::ops::Range;
 use candle_core::Tensor;
 
 use super::{drop_nodes, tensor_names};
-use crate::ops::{functional_name, op_key, Registry};
+use crate::ops::{op_key, Registry};
 use crate::schema::{Argument, Graph, Node, SymBoolArgument, SymFloatArgument, SymIntArgument};
 use crate::value::{Args, Env, Value};
 
@@ -136,7 +136,7 @@ fn rebound(graph: &Graph) -> HashSet<&str> {
     graph
         .nodes
         .iter()
-        .filter(|n| functional_name(op_key(&n.target)).is_some())
+        .filter(|n| crate::ops::is_in_place(op_key(&n.target)))
         .flat_map(|n| {
             n.inputs
                 .iter()
@@ -154,7 +154,7 @@ fn candidate<'n>(
     rebound: &HashSet<&str>,
     constant: impl Fn(&str) -> bool,
 ) -> Option<(Vec<&'n str>, Vec<&'n str>)> {
-    let in_place = functional_name(op_key(&node.target)).is_some();
+    let in_place = crate::ops::is_in_place(op_key(&node.target));
     let outputs = output_names(node);
     if in_place || outputs.is_empty() || outputs.iter().any(|o| rebound.contains(o)) {
         return None;

@@ -463,7 +463,7 @@ pub(crate) fn readers_and_producers(graph: &Graph) -> (Counts, Counts) {
 /// read the new value.
 fn rebinds_any(nodes: &[Node], read: impl Fn(&str) -> bool) -> bool {
     nodes.iter().any(|n| {
-        crate::ops::functional_name(op_key(&n.target)).is_some()
+        crate::ops::is_in_place(op_key(&n.target))
             && (input_tensor(n, "self").or(input_tensor(n, "input"))).is_some_and(&read)
     })
 }

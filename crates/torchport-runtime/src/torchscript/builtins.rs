@@ -47,8 +47,7 @@ pub fn is_global(n: &str) -> bool {
 
 /// Whether `torch.<op>` updates its first argument in place (`add_`, `relu_`, `__iand__`).
 pub fn is_inplace(op: &str) -> bool {
-    !matches!(op, "_set_item" | "__setitem__")
-        && crate::ops::functional_name(&format!("aten.{op}")).is_some()
+    !matches!(op, "_set_item" | "__setitem__") && crate::ops::is_in_place(&format!("aten.{op}"))
 }
 
 /// The value of a one-element tensor as f64.
