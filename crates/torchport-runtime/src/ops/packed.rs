@@ -211,7 +211,7 @@ impl Packing {
                                     for c0 in (0..kb).step_by(SIDE) {
                                         let (at, cn) = (first + r0 * k + c0, SIDE.min(kb - c0));
                                         let to = c0 * mr + r0;
-                                        s.transpose_into(v, at, k, rn, cn, panel, to, mr);
+                                        s.transpose_into((v, at, k), rn, cn, (panel, to, mr));
                                     }
                                 }
                             });

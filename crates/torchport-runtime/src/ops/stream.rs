@@ -35,22 +35,10 @@ pub(crate) fn streamed<R>(f: impl FnOnce(&Streamer) -> R) -> R {
 }
 
 impl Streamer {
-    /// [`super::tile::transpose_into`], each whole 16-value row of the tile written to a
-    /// 64-byte aligned address by a non-temporal store (AVX-512).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn transpose_into(
-        &self,
-        src: &[f32],
-        src_at: usize,
-        src_stride: usize,
-        rows: usize,
-        cols: usize,
-        dst: &mut [MaybeUninit<f32>],
-        dst_at: usize,
-        dst_stride: usize,
-    ) {
-        let (src, dst): (Strided, StridedMut) =
-            ((src, src_at, src_stride), (dst, dst_at, dst_stride));
+    /// [`super::tile::transpose_into`] (its source and destination each given as values,
+    /// first index, row stride), each whole 16-value row of the tile written to a 64-byte
+    /// aligned address by a non-temporal store (AVX-512).
+    pub(crate) fn transpose_into(&self, src: Strided, rows: usize, cols: usize, dst: StridedMut) {
         transpose_tile::<true>(src, rows, cols, dst);
     }
 
@@ -205,7 +193,7 @@ mod tests {
                     super::super::tile::transpose_into(
                         &src, 41, 40, rows, cols, plain, lead, stride,
                     );
-                    streamed(|s| s.transpose_into(&src, 41, 40, rows, cols, got, lead, stride));
+                    streamed(|s| s.transpose_into((&src, 41, 40), rows, cols, (got, lead, stride)));
                     assert_eq!(
                         values(got),
                         values(plain),
