@@ -124,7 +124,7 @@ def main():
         print(f"| {r['model']} | {r['file_mb']:.0f} | {r['read_ms']:.1f} | "
               f"{r['read_fresh_ms']:.1f} | {r['load_ms']:.0f} | {r['load_cpu_ms']:.0f} | "
               f"{r['load_ms'] / r['read_ms']:.2f} | {r['load_ms'] / r['read_fresh_ms']:.2f} | "
-              f"{r['load_again_ms']:.0f} | {r['load_again_ms'] / r['read_ms']:.2f} | "
+              f"{r['load_again_ms']:.1f} | {r['load_again_ms'] / r['read_ms']:.2f} | "
               f"{r['load_rss_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
               f"{tpk if tpk is None else round(tpk)} | {ratio} |")
     if args.json:
