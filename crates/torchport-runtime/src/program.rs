@@ -696,7 +696,7 @@ fn read_for_build(
         );
         plans
             .into_iter()
-            .filter(|p| readers.get(&p.weight) == Some(&1))
+            .filter(|p| readers.get(p.weight.as_str()) == Some(&1))
             .filter_map(|p| Some((*fqns.get(p.weight.as_str())?, p.scale)))
             .filter(|(fqn, _)| bound.get(fqn) == Some(&1))
             .map(|(fqn, scale)| (fqn.to_string(), scale))

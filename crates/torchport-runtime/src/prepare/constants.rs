@@ -79,7 +79,7 @@ pub fn fold_constants(
             made.push(name.to_string());
         }
         for name in node.inputs.iter().flat_map(|a| tensor_names(&a.arg)) {
-            let left = readers.entry(name.to_string()).or_default();
+            let left = readers.entry(name).or_default();
             *left = left.saturating_sub(1);
             if *left == 0 && !keep(name) {
                 weights.remove(name);
@@ -92,7 +92,7 @@ pub fn fold_constants(
     }
     // Results nothing reads (dead code in the export).
     for name in &made {
-        if !readers.contains_key(name) && !keep(name) {
+        if !readers.contains_key(name.as_str()) && !keep(name) {
             weights.remove(name);
         }
     }

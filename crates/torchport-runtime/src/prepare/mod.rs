@@ -426,33 +426,35 @@ fn drop_nodes(graph: &mut Graph, dropped: &HashSet<usize>) {
     });
 }
 
-/// A number by value name, hashed with foldhash's fast hash: the load builds these maps for
-/// every rewrite, which took 6.9% of MobileNetV3's load samples with std's SipHash and
-/// tables grown as they filled (`perf`; BENCHMARKS.md, issue 14).
-pub(crate) type Counts = HashMap<String, usize, foldhash::fast::RandomState>;
+/// A number by value name (borrowed from the graph), hashed with foldhash's fast hash: the
+/// load builds these maps for every rewrite, which took 6.9% of MobileNetV3's load samples
+/// with std's SipHash and tables grown as they filled, and 5% with a key of its own per name
+/// (`perf`; BENCHMARKS.md, issue 14). A rewrite that changes the graph's nodes decides what
+/// to change first, then changes it.
+pub(crate) type Counts<'g> = HashMap<&'g str, usize, foldhash::fast::RandomState>;
 
 /// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
 /// a great many readers, so it is never rewritten away), and which node produces it (nodes
 /// with one tensor output only).
-pub(crate) fn readers_and_producers(graph: &Graph) -> (Counts, Counts) {
+pub(crate) fn readers_and_producers(graph: &Graph) -> (Counts<'_>, Counts<'_>) {
     // Every value is read at least once, most by one node.
     let mut readers = Counts::with_capacity_and_hasher(graph.nodes.len(), Default::default());
     for node in &graph.nodes {
         for a in &node.inputs {
             for n in tensor_names(&a.arg) {
-                *readers.entry(n.to_string()).or_default() += 1;
+                *readers.entry(n).or_default() += 1;
             }
         }
     }
     for o in &graph.outputs {
         for n in tensor_names(o) {
-            *readers.entry(n.to_string()).or_default() += usize::MAX / 4;
+            *readers.entry(n).or_default() += usize::MAX / 4;
         }
     }
     let mut producer = Counts::with_capacity_and_hasher(graph.nodes.len(), Default::default());
     for (i, node) in graph.nodes.iter().enumerate() {
         if let [Argument::AsTensor(t)] = node.outputs.as_slice() {
-            producer.insert(t.name.clone(), i);
+            producer.insert(t.name.as_str(), i);
         }
     }
     (readers, producer)
@@ -525,6 +527,12 @@ pub(crate) fn fold_batch_norms_with(
         |n, len| values(weights, Some(n), len),
         |n| weights.contains_key(n),
     );
+    // The weights their conv alone reads (decided before the convs change).
+    let sole_reader: HashSet<String> = plans
+        .iter()
+        .filter(|p| readers.get(p.weight.as_str()) == Some(&1))
+        .map(|p| p.weight.clone())
+        .collect();
     if let Some(w) = prescaled
         .iter()
         .find(|w| !plans.iter().any(|p| &p.weight == *w))
@@ -566,7 +574,7 @@ pub(crate) fn fold_batch_norms_with(
             continue;
         };
         let sole = in_place
-            && readers.get(&plan.weight) == Some(&1)
+            && sole_reader.contains(&plan.weight)
             && names_of.get(&w.id()) == Some(&1)
             && w.is_contiguous();
         let new_w = if scaled || (sole && w.inplace_op1(&ScaleChannels(&plan.scale)).is_ok()) {
@@ -584,7 +592,7 @@ pub(crate) fn fold_batch_norms_with(
         weights.insert(bname.clone(), new_b);
         // Free the old weight now if this conv was its only reader (rather than at the end,
         // which would hold every folded convolution's weight twice).
-        if readers.get(&plan.weight) == Some(&1) {
+        if sole_reader.contains(&plan.weight) {
             weights.remove(&plan.weight);
         }
         let conv = &mut graph.nodes[plan.conv];
@@ -821,10 +829,10 @@ pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
     use crate::ops::conv::{Act, FUSED_ACT_ARG};
     use crate::schema::NamedArgument;
     let (readers, producer) = readers_and_producers(graph);
-    let mut dropped: HashSet<usize> = HashSet::new();
-    let mut fused = 0;
-    for i in 0..graph.nodes.len() {
-        let node = &graph.nodes[i];
+    // (activation node, conv node, activation, the activation's output): a conv's output
+    // has one reader, so no conv is chosen twice.
+    let mut fusions = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
         let Some(act) = Act::of_op(op_key(&node.target)) else {
             continue;
         };
@@ -833,7 +841,6 @@ pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
         else {
             continue;
         };
-        let y = y.name.clone();
         let (Some(&j), Some(1)) = (producer.get(x), readers.get(x).copied()) else {
             continue;
         };
@@ -842,6 +849,11 @@ pub fn fuse_conv_activations(graph: &mut Graph) -> usize {
         if !conv_ok || conv.inputs.iter().any(|a| a.name == FUSED_ACT_ARG) {
             continue;
         }
+        fusions.push((i, j, act, y.name.clone()));
+    }
+    let mut dropped: HashSet<usize> = HashSet::new();
+    let mut fused = 0;
+    for (i, j, act, y) in fusions {
         let conv = &mut graph.nodes[j];
         conv.inputs.push(NamedArgument {
             name: FUSED_ACT_ARG.into(),
@@ -919,7 +931,7 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
             continue;
         };
         // The activation after, when it is the add's only reader.
-        let act = (readers.get(&y.name) == Some(&1))
+        let act = (readers.get(y.name.as_str()) == Some(&1))
             .then(|| {
                 graph
                     .nodes
@@ -970,25 +982,30 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
 /// and its unread indices output becomes `None`. Returns how many.
 pub fn drop_unread_pool_indices(graph: &mut Graph) -> usize {
     let (readers, _) = readers_and_producers(graph);
-    let mut changed = 0;
-    for node in &mut graph.nodes {
-        let plain = match op_key(&node.target) {
-            "aten.max_pool2d_with_indices.default" => "aten.max_pool2d.default",
-            "aten.max_pool1d_with_indices.default" => "aten.max_pool1d.default",
-            "aten.max_pool3d_with_indices.default" => "aten.max_pool3d.default",
-            _ => continue,
-        };
-        let [Argument::AsTensor(_), Argument::AsTensor(indices)] = node.outputs.as_slice() else {
-            continue;
-        };
-        if readers.contains_key(&indices.name) {
-            continue;
-        }
+    let pools: Vec<(usize, &str)> = graph
+        .nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, node)| {
+            let plain = match op_key(&node.target) {
+                "aten.max_pool2d_with_indices.default" => "aten.max_pool2d.default",
+                "aten.max_pool1d_with_indices.default" => "aten.max_pool1d.default",
+                "aten.max_pool3d_with_indices.default" => "aten.max_pool3d.default",
+                _ => return None,
+            };
+            let [Argument::AsTensor(_), Argument::AsTensor(indices)] = node.outputs.as_slice()
+            else {
+                return None;
+            };
+            (!readers.contains_key(indices.name.as_str())).then_some((i, plain))
+        })
+        .collect();
+    for &(i, plain) in &pools {
+        let node = &mut graph.nodes[i];
         node.target = format!("torch.ops.{plain}");
         node.outputs[1] = Argument::AsNone(serde_json::Value::Null);
-        changed += 1;
     }
-    changed
+    pools.len()
 }
 
 #[cfg(test)]

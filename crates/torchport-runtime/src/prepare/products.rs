@@ -119,7 +119,7 @@ pub fn linears_from_products(graph: &mut Graph, is_weight: impl Fn(&str) -> bool
     // The transposes the rewrites left unread.
     let (readers, _) = readers_and_producers(graph);
     transposes.retain(|&t| match graph.nodes[t].outputs.as_slice() {
-        [Argument::AsTensor(out)] => !readers.contains_key(&out.name),
+        [Argument::AsTensor(out)] => !readers.contains_key(out.name.as_str()),
         _ => false,
     });
     super::drop_nodes(graph, &transposes);

@@ -52,16 +52,23 @@ pub fn pack_small_convs(
     decoded: &HashMap<TensorId, Vec<usize>>,
 ) -> Result<usize, String> {
     let (readers, _) = readers_and_producers(graph);
+    // (node, its weight, the weight's [co, ci, kh, kw] where the load packed it).
+    let convs: Vec<(usize, String, Option<Vec<usize>>)> = graph
+        .nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, node)| {
+            let packed_at_load =
+                input_tensor(node, "weight").and_then(|w| decoded.get(&weights.get(w)?.id()));
+            let w = packed_weight(graph, node, &readers, packed_at_load.is_some())?;
+            Some((i, w.to_string(), packed_at_load.cloned()))
+        })
+        .collect();
     let mut changed = 0;
-    for i in 0..graph.nodes.len() {
-        let node = &graph.nodes[i];
-        let packed_at_load =
-            input_tensor(node, "weight").and_then(|w| decoded.get(&weights.get(w)?.id()));
-        let Some(w) = packed_weight(graph, node, &readers, packed_at_load.is_some()) else {
-            continue;
-        };
+    for (i, w, packed_at_load) in convs {
+        let w = w.as_str();
         let shape = match packed_at_load {
-            Some(shape) => shape.clone(),
+            Some(shape) => shape,
             None => {
                 let weight = weights.get(w).filter(|t| t.rank() == 4);
                 let Some((dims, packed)) =
