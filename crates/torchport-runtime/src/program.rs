@@ -726,6 +726,15 @@ fn read_for_build(
     }
     let (payloads, prescaled, packed) =
         crate::archive::decode(&ckpt, &transposed, &packed, &separate, scales)?;
+    // Closing the archive unmaps every page the decode mapped (all of a small archive's,
+    // `archive::decode`): 8% of MobileNetV3-Large's load samples, on the thread that goes on
+    // to build the program. Where the pool has a second thread, which sits idle during the
+    // build, that thread closes it meanwhile (EfficientNet-B0's loads into reused memory at 2
+    // threads 7.5% less; BENCHMARKS.md, issue 14). With one, the caller closes it, so that a
+    // one-thread load keeps to one thread.
+    if rayon::current_num_threads() > 1 {
+        rayon::spawn(move || drop(ckpt));
+    }
     Ok((ep, payloads, Decoded { prescaled, packed }))
 }
 
