@@ -1077,6 +1077,48 @@ mod tests {
         }
     }
 
+    /// An activation that alone reads a convolution's output is folded into it (in place or
+    /// not); one whose conv output is read elsewhere too, or that reads no conv, stays.
+    #[test]
+    fn conv_activations_fold_into_their_sole_conv() {
+        let calls: [Call; 8] = [
+            ("conv2d.default", &[("input", "x"), ("weight", "w")], "c1"),
+            ("relu.default", &[("self", "c1")], "y1"),
+            ("conv2d.default", &[("input", "y1"), ("weight", "w")], "c2"),
+            ("silu.default", &[("self", "c2")], "y2"),
+            ("add.Tensor", &[("self", "c2"), ("other", "y2")], "z"),
+            ("conv2d.default", &[("input", "z"), ("weight", "w")], "c3"),
+            ("hardswish_.default", &[("self", "c3")], "y3"),
+            ("relu.default", &[("self", "y3")], "out"),
+        ];
+        let mut g = graph(&calls, &[], "out");
+        assert_eq!(fuse_conv_activations(&mut g), 2);
+        let targets: Vec<&str> = g.nodes.iter().map(|n| op_key(&n.target)).collect();
+        let want = [
+            "aten.conv2d.default",
+            "aten.conv2d.default",
+            "aten.silu.default",
+            "aten.add.Tensor",
+            "aten.conv2d.default",
+            "aten.relu.default",
+        ];
+        assert_eq!(targets, want);
+        let fused = |i: usize| {
+            let act = g.nodes[i]
+                .inputs
+                .iter()
+                .find(|a| a.name == crate::ops::conv::FUSED_ACT_ARG);
+            let out = match g.nodes[i].outputs.as_slice() {
+                [Argument::AsTensor(t)] => t.name.as_str(),
+                _ => "",
+            };
+            (act.map(|a| a.arg.clone()), out)
+        };
+        assert!(matches!(fused(0), (Some(Argument::AsString(a)), "y1") if a == "relu"));
+        assert!(matches!(fused(1), (None, "c2")));
+        assert!(matches!(fused(4), (Some(Argument::AsString(a)), "y3") if a == "hardswish"));
+    }
+
     /// Only the Linears reading a packed weight are rewritten, with its shape; a
     /// packed weight that anything else reads (or the graph returns) is refused, not handed
     /// over in its packed layout.

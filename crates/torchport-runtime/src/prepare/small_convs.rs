@@ -66,17 +66,16 @@ pub fn pack_small_convs(
         .collect();
     let mut changed = 0;
     for (i, w, packed_at_load) in convs {
-        let w = w.as_str();
         let shape = match packed_at_load {
             Some(shape) => shape,
             None => {
-                let weight = weights.get(w).filter(|t| t.rank() == 4);
+                let weight = weights.get(&w).filter(|t| t.rank() == 4);
                 let Some((dims, packed)) =
                     weight.and_then(|t| Some((t.dims().to_vec(), pack_weight(t)?)))
                 else {
                     continue;
                 };
-                weights.insert(w.to_string(), packed);
+                weights.insert(w, packed);
                 dims
             }
         };
