@@ -6,8 +6,11 @@
 //! lines straight to memory: with them, BERT-base's and the Llama-style model's loads into
 //! reused memory took 18–22% less time, GPT-2's 7–9%, MobileNetV3-Large's 5% on 1 thread
 //! (BENCHMARKS.md, issue 14). They write the packed panels, the plain copies and GPT-2's
-//! columns; not the batch norms' scaled copies (measured level). Such stores are weakly
-//! ordered, so [`streamed`] fences them before handing the values on.
+//! columns; not the batch norms' scaled copies (measured level). The plain copy is also how
+//! `archive::tensor_from_bytes` decodes float32 values, so the arrays `npy.rs` reads (a
+//! run's inputs) are written past the caches too, and their first reader reads them from
+//! memory. Such stores are weakly ordered, so [`streamed`] fences them before handing the
+//! values on.
 
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
