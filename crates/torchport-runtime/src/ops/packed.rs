@@ -27,7 +27,7 @@ use gemm_common::microkernel::MicroKernelFn;
 use super::fused::Spare;
 use super::sgemm::{block_fits, finish_rows, for_each_tile, new_block, tiles, Finish, Mat, Shared};
 use super::stream::streamed;
-use super::tile::SIDE;
+use super::tile::{Lanes, SIDE};
 use super::Registry;
 use crate::error::OpResult;
 use crate::op_bail;
@@ -202,52 +202,55 @@ impl Packing {
                     .for_each(|(q, panel)| {
                         let rows = mr.min(n - (q * mr).min(n));
                         let first = (q * mr) * k + p0;
-                        // Past the caches: nothing reads the panel before the first run
-                        // (measured faster even where the scaling below reads it back).
-                        if let Values::F32(v) = src {
-                            streamed(|s| {
-                                for r0 in (0..rows).step_by(SIDE) {
-                                    let rn = SIDE.min(rows - r0);
+                        let scale = scale.map(|s| &s[q * mr..q * mr + rows]);
+                        match src {
+                            // Past the caches: nothing reads the panel before the first run.
+                            // The padding rows' zeros and the fold's scaling are written by
+                            // the tiles themselves: one pass over the panel.
+                            Values::F32(v) => streamed(|s| {
+                                for r0 in (0..mr).step_by(SIDE) {
+                                    let rn = rows.saturating_sub(r0).min(SIDE);
+                                    let lanes = Lanes {
+                                        wide: SIDE.min(mr - r0),
+                                        scale: scale.map(|s| &s[r0.min(rows)..r0.min(rows) + rn]),
+                                    };
                                     for c0 in (0..kb).step_by(SIDE) {
                                         let (at, cn) = (first + r0 * k + c0, SIDE.min(kb - c0));
                                         let to = c0 * mr + r0;
-                                        s.transpose_into((v, at, k), rn, cn, (panel, to, mr));
+                                        s.transpose_into(
+                                            (v, at, k),
+                                            rn,
+                                            cn,
+                                            (panel, to, mr),
+                                            lanes,
+                                        );
                                     }
                                 }
-                            });
-                        }
-                        // The rows past `n` (zeros), and those of bytes read one at a time.
-                        let from = if let Values::F32(_) = src { rows } else { 0 };
-                        for c0 in (0..kb).step_by(SIDE) {
-                            let c1 = (c0 + SIDE).min(kb);
-                            for r in from..mr {
-                                let cols = panel[c0 * mr..].iter_mut().skip(r).step_by(mr);
-                                if r >= rows {
-                                    cols.take(c1 - c0).for_each(|d| {
-                                        d.write(0.0);
-                                    });
-                                } else if let Values::Le(_) = src {
-                                    src.copy(first + r * k + c0, c1 - c0, cols);
+                            }),
+                            // Bytes read one at a time (unaligned), the padding rows zeroed,
+                            // then scaled.
+                            Values::Le(_) => {
+                                for r in 0..mr {
+                                    let column = panel.iter_mut().skip(r).step_by(mr).take(kb);
+                                    if r < rows {
+                                        src.copy(first + r * k, kb, column);
+                                    } else {
+                                        column.for_each(|d| {
+                                            d.write(0.0);
+                                        });
+                                    }
                                 }
-                            }
-                        }
-                        if let Some(scale) = scale {
-                            // SAFETY: every value of the panel was written above: rows
-                            // `..rows` by the tiles or the byte copies, the rest zeroed.
-                            #[allow(unsafe_code)]
-                            let panel = unsafe { super::fused::assume_written(panel) };
-                            let scale = &scale[q * mr..q * mr + rows];
-                            // In wide registers where the CPU has them (`fused::simd`).
-                            super::fused::simd(
-                                #[inline(always)]
-                                || {
+                                if let Some(scale) = scale {
+                                    // SAFETY: every value of the panel was written above.
+                                    #[allow(unsafe_code)]
+                                    let panel = unsafe { super::fused::assume_written(panel) };
                                     for col in panel.chunks_exact_mut(mr) {
                                         for (v, &s) in col.iter_mut().zip(scale) {
                                             *v = crate::prepare::bn_scaled(*v, s);
                                         }
                                     }
-                                },
-                            );
+                                }
+                            }
                         }
                     }),
                 // A panel's column is a stretch of one row of the `[k, n]` source: 16 panels
@@ -923,6 +926,25 @@ mod tests {
                 .zip(&out)
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{n} x {k} packed from {what}");
+        }
+        // Scaled for a batch norm's fold (rows only), from f32 values (the tiles scale) and
+        // from unaligned bytes (scaled after): as the rows scaled first, then packed.
+        let scale: Vec<f64> = (0..n).map(|i| 0.3 + i as f64 / 7.0).collect();
+        let scaled: Vec<f32> = w
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| crate::prepare::bn_scaled(v, scale[i / k]))
+            .collect();
+        let mut want = vec![f32::NAN; out.len()];
+        assert!(pk.pack_le_into(&le(&scaled), Source::Rows, n, k, &mut want, None));
+        for (what, b) in [("f32", &bytes[..]), ("unaligned bytes", &shifted[1..])] {
+            let mut got = vec![f32::NAN; out.len()];
+            assert!(pk.pack_le_into(b, Source::Rows, n, k, &mut got, Some(&scale)));
+            let differ = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(differ, None, "{n} x {k} packed scaled from {what}");
         }
         for source in [Source::Rows, Source::Columns] {
             if !bytes.is_empty() {

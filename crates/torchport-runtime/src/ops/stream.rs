@@ -15,7 +15,7 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use super::tile::{transpose_tile, Strided, StridedMut};
+use super::tile::{transpose_tile, Lanes, Strided, StridedMut};
 
 /// Writes values with non-temporal stores where the CPU and the alignment allow (plain
 /// stores elsewhere). Only [`streamed`] makes one, and it cannot leave its thread (a raw
@@ -39,10 +39,18 @@ pub(crate) fn streamed<R>(f: impl FnOnce(&Streamer) -> R) -> R {
 
 impl Streamer {
     /// [`super::tile::transpose_into`] (its source and destination each given as values,
-    /// first index, row stride), each whole 16-value row of the tile written to a 64-byte
-    /// aligned address by a non-temporal store (AVX-512).
-    pub(crate) fn transpose_into(&self, src: Strided, rows: usize, cols: usize, dst: StridedMut) {
-        transpose_tile::<true>(src, rows, cols, dst);
+    /// first index, row stride), each destination row written as `lanes` says (wider than
+    /// the tile, with zeros; scaled), each whole 16-value row written to a 64-byte aligned
+    /// address by a non-temporal store (AVX-512).
+    pub(crate) fn transpose_into(
+        &self,
+        src: Strided,
+        rows: usize,
+        cols: usize,
+        dst: StridedMut,
+        lanes: Lanes,
+    ) {
+        transpose_tile::<true>(src, rows, cols, dst, lanes);
     }
 
     /// The values of `src` into `dst` (`src.len()` of them, at most `dst.len()`), as
@@ -196,7 +204,10 @@ mod tests {
                     super::super::tile::transpose_into(
                         &src, 41, 40, rows, cols, plain, lead, stride,
                     );
-                    streamed(|s| s.transpose_into((&src, 41, 40), rows, cols, (got, lead, stride)));
+                    let lanes = Lanes::plain(rows);
+                    streamed(|s| {
+                        s.transpose_into((&src, 41, 40), rows, cols, (got, lead, stride), lanes)
+                    });
                     assert_eq!(
                         values(got),
                         values(plain),

@@ -40,7 +40,7 @@ pub(crate) fn transpose_into(
     dst_stride: usize,
 ) {
     let (src, dst) = ((src, src_at, src_stride), (dst, dst_at, dst_stride));
-    transpose_tile::<false>(src, rows, cols, dst);
+    transpose_tile::<false>(src, rows, cols, dst, Lanes::plain(rows));
 }
 
 /// A source tile: values, the first value's index, the row stride.
@@ -48,17 +48,48 @@ pub(super) type Strided<'a> = (&'a [f32], usize, usize);
 /// A destination tile: values, the first value's index, the row stride.
 pub(super) type StridedMut<'a> = (&'a mut [MaybeUninit<f32>], usize, usize);
 
-/// [`transpose_into`]; with `STREAM`, where the AVX-512 path writes a whole tile row
-/// (16 values) to a 64-byte aligned address, by a non-temporal store (past the caches:
-/// `super::stream`, whose caller fences them).
+/// What a tile's destination rows hold besides the transposed values: each written
+/// `wide` values wide (at least the tile's `rows`, at most [`SIDE`]), those past `rows` zero
+/// (a packed panel's padding rows); with `scale`, the value from source row `r` multiplied
+/// by `scale[r]` in f64 and rounded to f32, as [`crate::prepare::bn_scaled`] computes it (a
+/// batch norm's fold into the weight it is packed from).
+#[derive(Clone, Copy)]
+pub(super) struct Lanes<'a> {
+    pub wide: usize,
+    pub scale: Option<&'a [f64]>,
+}
+
+impl Lanes<'_> {
+    /// The tile's values as they are, nothing written past its `rows`.
+    pub fn plain(rows: usize) -> Lanes<'static> {
+        Lanes {
+            wide: rows,
+            scale: None,
+        }
+    }
+}
+
+/// [`transpose_into`], each destination row written as `lanes` says; with `STREAM`, where
+/// the AVX-512 path writes a whole destination row (16 values) to a 64-byte aligned address,
+/// by a non-temporal store (past the caches: `super::stream`, whose caller fences them).
+/// A tile of no rows writes zeros.
 pub(super) fn transpose_tile<const STREAM: bool>(
     (src, src_at, src_stride): Strided,
     rows: usize,
     cols: usize,
     (dst, dst_at, dst_stride): StridedMut,
+    lanes: Lanes,
 ) {
-    assert!(rows <= SIDE && cols <= SIDE, "a tile of {rows} x {cols}");
-    if rows == 0 || cols == 0 {
+    let wide = lanes.wide;
+    assert!(
+        rows <= wide && wide <= SIDE && cols <= SIDE,
+        "a tile of {rows} x {cols} written {wide} wide"
+    );
+    assert!(
+        lanes.scale.is_none_or(|s| s.len() >= rows),
+        "a tile of {rows} rows with fewer scales"
+    );
+    if wide == 0 || cols == 0 {
         return;
     }
     let last = |at: usize, stride: usize, lines: usize, len: usize| {
@@ -68,61 +99,70 @@ pub(super) fn transpose_tile<const STREAM: bool>(
             .and_then(|v| v.checked_add(len))
     };
     assert!(
-        last(src_at, src_stride, rows, cols).is_some_and(|e| e <= src.len()),
+        rows == 0 || last(src_at, src_stride, rows, cols).is_some_and(|e| e <= src.len()),
         "the tile's source lies outside its slice"
     );
     assert!(
-        last(dst_at, dst_stride, cols, rows).is_some_and(|e| e <= dst.len()),
+        last(dst_at, dst_stride, cols, wide).is_some_and(|e| e <= dst.len()),
         "the tile's destination lies outside its slice"
     );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F was just found; the asserts above put every row of the source
-        // (`cols` values from `src_at + r * src_stride`) and of the destination (`rows`
-        // values from `dst_at + c * dst_stride`) inside its slice, and the masks touch no
-        // more than those.
+        // (`cols` values from `src_at + r * src_stride`, none read when `rows` is 0) and of
+        // the destination (`wide` values from `dst_at + c * dst_stride`) inside its slice,
+        // `scale` holds `rows` values, and the masks touch no more than those.
         #[allow(unsafe_code)]
         unsafe {
+            let src = match rows {
+                0 => src.as_ptr(),
+                _ => src.as_ptr().add(src_at),
+            };
+            let scale = lanes.scale.map_or(std::ptr::null(), <[f64]>::as_ptr);
             transpose_avx512::<STREAM>(
-                src.as_ptr().add(src_at),
-                src_stride,
-                rows,
-                cols,
-                dst.as_mut_ptr().add(dst_at).cast::<f32>(),
-                dst_stride,
+                (src, src_stride, rows, cols),
+                (dst.as_mut_ptr().add(dst_at).cast::<f32>(), dst_stride, wide),
+                scale,
             )
         };
         return;
     }
-    for r in 0..rows {
+    for r in 0..wide {
         for c in 0..cols {
-            dst[dst_at + c * dst_stride + r].write(src[src_at + r * src_stride + c]);
+            let v = match (r < rows, lanes.scale) {
+                (false, _) => 0.0,
+                (true, None) => src[src_at + r * src_stride + c],
+                (true, Some(s)) => {
+                    crate::prepare::bn_scaled(src[src_at + r * src_stride + c], s[r])
+                }
+            };
+            dst[dst_at + c * dst_stride + r].write(v);
         }
     }
 }
 
-/// [`transpose`] from raw pointers to the tile's first value in each matrix.
+/// [`transpose_tile`] from raw pointers: the source's first value, row stride, rows and
+/// columns; the destination's first value, row stride and width; the rows' scales or null.
 ///
 /// # Safety
-/// AVX-512F; `rows, cols <= 16`; `src + r * src_stride` holds `cols` readable values for
-/// every `r < rows`, `dst + c * dst_stride` holds `rows` writable ones for every `c < cols`,
-/// and the two do not overlap. With `STREAM`, the caller fences before the values are read
-/// (`_mm_sfence`, on this thread).
+/// AVX-512F; `rows <= wide <= 16`, `cols <= 16`; `src + r * src_stride` holds `cols`
+/// readable values for every `r < rows`, `dst + c * dst_stride` holds `wide` writable ones
+/// for every `c < cols`, `scale` is null or holds `rows` readable values, and the source
+/// and destination do not overlap. With `STREAM`, the caller fences before the values are
+/// read (`_mm_sfence`, on this thread).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(unsafe_code)]
 unsafe fn transpose_avx512<const STREAM: bool>(
-    src: *const f32,
-    src_stride: usize,
-    rows: usize,
-    cols: usize,
-    dst: *mut f32,
-    dst_stride: usize,
+    (src, src_stride, rows, cols): (*const f32, usize, usize, usize),
+    (dst, dst_stride, wide): (*mut f32, usize, usize),
+    scale: *const f64,
 ) {
     use std::arch::x86_64::*;
     let load: __mmask16 = ((1u32 << cols) - 1) as u16;
-    let store: __mmask16 = ((1u32 << rows) - 1) as u16;
+    let store: __mmask16 = ((1u32 << wide) - 1) as u16;
     // Loops of constant length (a condition inside), so that the rows stay in registers.
+    // The rows past `rows` stay zero: after the transpose, the lanes past `rows`.
     let mut t = [_mm512_setzero_ps(); SIDE];
     for (r, t) in t.iter_mut().enumerate() {
         if r < rows {
@@ -130,9 +170,34 @@ unsafe fn transpose_avx512<const STREAM: bool>(
         }
     }
     transpose16(&mut t);
+    if !scale.is_null() {
+        // Lane `r` times `scale[r]`: widened to f64 in two halves, multiplied, rounded back
+        // (to nearest, as `as f32` rounds). The lanes past `rows` are 0 times 0.
+        let m = (1u32 << rows) - 1;
+        let lo = _mm512_maskz_loadu_pd(m as u8, scale);
+        let hi = _mm512_maskz_loadu_pd((m >> 8) as u8, scale.add(8.min(rows)));
+        for (c, t) in t.iter_mut().enumerate() {
+            if c < cols {
+                let v = _mm512_castps_pd(*t);
+                let (a, b) = (
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_castpd512_pd256(v))),
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(v))),
+                );
+                let (a, b) = (
+                    _mm512_cvtpd_ps(_mm512_mul_pd(a, lo)),
+                    _mm512_cvtpd_ps(_mm512_mul_pd(b, hi)),
+                );
+                let ab = _mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(a)),
+                    _mm256_castps_pd(b),
+                );
+                *t = _mm512_castpd_ps(ab);
+            }
+        }
+    }
     // Streamed where every row of the tile is a whole aligned line.
     let aligned = (dst as usize).is_multiple_of(64) && dst_stride.is_multiple_of(SIDE);
-    let stream = STREAM && rows == SIDE && aligned;
+    let stream = STREAM && wide == SIDE && aligned;
     for (c, t) in t.iter().enumerate() {
         if c < cols {
             if stream {
@@ -199,6 +264,59 @@ mod tests {
                     }
                 }
                 assert_eq!(dst, want, "{rows} x {cols}");
+            }
+        }
+    }
+
+    /// Tiles written wider than their rows (zeros past them) and scaled by row, plain and
+    /// streamed, against the definition; a tile of no rows writes only zeros.
+    #[test]
+    fn tiles_written_wide_and_scaled_by_row() {
+        let src: Vec<f32> = (0..40 * 37).map(|v| v as f32 * 0.37 - 9.0).collect();
+        let scale: Vec<f64> = (0..SIDE).map(|r| 0.1 + r as f64 / 3.0).collect();
+        for rows in 0..=SIDE {
+            for cols in [1, 5, 16] {
+                for wide in [rows, rows.next_multiple_of(4).min(SIDE), SIDE] {
+                    for scale in [None, Some(&scale[..rows])] {
+                        let (src_at, src_stride, dst_at, dst_stride) = (2 * 37 + 3, 37, 16, 32);
+                        let mut want = vec![-1f32; 32 * 18];
+                        for r in 0..wide {
+                            for c in 0..cols {
+                                want[dst_at + c * dst_stride + r] = match (r < rows, scale) {
+                                    (false, _) => 0.0,
+                                    (true, s) => {
+                                        let v = src[src_at + r * src_stride + c];
+                                        s.map_or(v, |s| crate::prepare::bn_scaled(v, s[r]))
+                                    }
+                                };
+                            }
+                        }
+                        let lanes = Lanes { wide, scale };
+                        let tile = (&src[..], src_at, src_stride);
+                        let mut plain = vec![-1f32; want.len()];
+                        let dst = (
+                            super::super::fused::as_uninit(&mut plain),
+                            dst_at,
+                            dst_stride,
+                        );
+                        transpose_tile::<false>(tile, rows, cols, dst, lanes);
+                        // From a 64-byte boundary, so that whole rows are streamed.
+                        let mut buf = vec![-1f32; want.len() + 16];
+                        let lead = (buf.as_ptr() as usize).wrapping_neg() % 64 / 4;
+                        let streamed = &mut buf[lead..lead + want.len()];
+                        let dst = super::super::fused::as_uninit(streamed);
+                        super::super::stream::streamed(|s| {
+                            s.transpose_into(tile, rows, cols, (dst, dst_at, dst_stride), lanes)
+                        });
+                        for got in [&plain[..], &*streamed] {
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{rows} x {cols} written {wide} wide, {scale:?}");
+                        }
+                    }
+                }
             }
         }
     }
