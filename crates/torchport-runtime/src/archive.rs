@@ -30,8 +30,8 @@ pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
 /// The opened archive and its program; the weights are decoded later by [`decode`], once
 /// the caller knows the layout each should have.
 pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
-    let ckpt = open_pt2(path)?;
-    let ep = program(path, &ckpt)?;
+    let mut ckpt = open_pt2(path)?;
+    let ep = program(path, &mut ckpt)?;
     Ok((ckpt, ep))
 }
 
@@ -445,7 +445,7 @@ fn view(
 
 /// The program of the `.pt2` archive at `path`, without decoding its weights or constants.
 pub fn read_program(path: &Path) -> Result<ExportedProgram> {
-    program(path, &open_pt2(path)?)
+    program(path, &mut open_pt2(path)?)
 }
 
 /// Open `path` with torchport's reader, refusing anything but a `.pt2` archive.
@@ -463,10 +463,11 @@ fn open_pt2(path: &Path) -> Result<Checkpoint> {
     Ok(ckpt)
 }
 
-/// The one program of an opened archive, parsed into the core's IR.
-fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram> {
+/// The one program of an opened archive in the core's IR: as the open parsed it, or, where
+/// the IR could not, parsed again for the reason.
+fn program(path: &Path, ckpt: &mut Checkpoint) -> Result<ExportedProgram> {
     let programs: Vec<(&str, &[u8])> = ckpt.programs().collect();
-    let [(record, json)] = programs[..] else {
+    let [(record, _)] = programs[..] else {
         let records: Vec<&str> = programs.iter().map(|p| p.0).collect();
         return Err(Error::Archive {
             path: path.to_path_buf(),
@@ -477,9 +478,14 @@ fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram> {
             ),
         });
     };
+    let record = record.to_string();
+    if let Some(ep) = ckpt.take_program(&record) {
+        return Ok(ep);
+    }
+    let json = ckpt.programs().next().map_or(&[][..], |p| p.1);
     schema::parse_program(json).map_err(|e| Error::Schema {
         path: path.to_path_buf(),
-        record: record.to_string(),
+        record,
         what: e.to_string(),
     })
 }

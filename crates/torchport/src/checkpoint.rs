@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::format;
 use crate::format::kind::Format;
-use crate::format::parts::Parts;
+use crate::format::parts::{Parts, ProgramRecord};
 use crate::limits::Limits;
 use crate::storage::Storage;
 use crate::tensor::{view_bytes, ByteOrder, TensorData, TensorInfo};
@@ -30,8 +30,8 @@ pub struct Checkpoint {
     pub(crate) constants: Vec<TensorInfo>,
     /// How many storages, at the end of `storages`, only constants view.
     pub(crate) constant_storages: usize,
-    /// Serialized programs of a `.pt2`: (record name, JSON bytes).
-    pub(crate) programs: Vec<(String, Storage)>,
+    /// Serialized programs of a `.pt2`.
+    pub(crate) programs: Vec<ProgramRecord>,
     /// For a TorchScript archive: its module tree, code and constants.
     pub(crate) script: Option<std::sync::Arc<crate::script::Script>>,
     pub(crate) storages: Vec<Storage>,
@@ -197,11 +197,22 @@ impl Checkpoint {
 
     /// For a program (`.pt2`): each serialized program as (record name, JSON bytes), e.g.
     /// (`model/models/model.json`, …), or `serialized_exported_program.json` for the torch ≤
-    /// 2.7 layout. The bytes are the record as stored, for a runtime to parse with the full
-    /// schema (torchport itself reads only the graph's op targets). Empty for files that
-    /// hold no program.
+    /// 2.7 layout. The bytes are the record as stored. Empty for files that hold no program.
     pub fn programs(&self) -> impl ExactSizeIterator<Item = (&str, &[u8])> {
-        self.programs.iter().map(|(r, s)| (r.as_str(), s.bytes()))
+        self.programs
+            .iter()
+            .map(|p| (p.record.as_str(), p.bytes.bytes()))
+    }
+
+    /// For a program (`.pt2`): the program of record `record` (a name [`Checkpoint::programs`]
+    /// lists) as the typed IR parsed it at open, handed over, so that a runtime does not parse
+    /// the JSON a second time. `None` where the IR could not parse the record (opening still
+    /// counts its ops, [`Checkpoint::graph_ops`], from a lenient view of the targets alone;
+    /// [`crate::pt2::parse_program`] on its bytes says why), where no record has that name,
+    /// or once taken.
+    pub fn take_program(&mut self, record: &str) -> Option<crate::pt2::ExportedProgram> {
+        let p = self.programs.iter_mut().find(|p| p.record == record)?;
+        p.parsed.take().map(|ep| *ep)
     }
 
     /// For a TorchScript archive (`torch.jit.save`): its module tree with every attribute,

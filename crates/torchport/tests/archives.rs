@@ -112,3 +112,36 @@ fn pt2_records_are_storages() {
     assert!(fc.requires_grad);
     assert!(ckpt.storage(fc).unwrap().is_mapped());
 }
+
+/// A `.pt2`'s program is parsed once, at open: `take_program` hands over the typed IR
+/// (once), whose nodes are those `graph_ops` counted. One the typed IR refuses (schema major
+/// 99) still opens with its ops counted, and is not handed over.
+#[test]
+fn pt2_programs_are_parsed_once_at_open() {
+    let mut programs = 0;
+    for f in expected_files(&fixtures()) {
+        let exp = Expected::from_json(&f);
+        let mut ckpt = exp.open();
+        let records: Vec<String> = ckpt.programs().map(|p| p.0.to_string()).collect();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for r in &records {
+            let ep = ckpt
+                .take_program(r)
+                .unwrap_or_else(|| panic!("{r}: parsed"));
+            for n in &ep.graph_module.graph.nodes {
+                *counts.entry(n.target.clone()).or_default() += 1;
+            }
+            assert!(ckpt.take_program(r).is_none(), "{r}: handed over twice");
+            programs += 1;
+        }
+        let ops: BTreeMap<String, usize> = ckpt.graph_ops().iter().cloned().collect();
+        assert_eq!(counts, ops, "{}", exp.ctx());
+    }
+    assert!(programs >= 4, "only {programs} programs");
+
+    let bad = fixture_dir("export").join("bad_version.pt2");
+    let mut ckpt = torchport::open(&bad).unwrap();
+    assert!(!ckpt.graph_ops().is_empty());
+    let record = ckpt.programs().next().unwrap().0.to_string();
+    assert!(ckpt.take_program(&record).is_none());
+}

@@ -30,10 +30,22 @@ pub(crate) struct Parts {
     pub constants: Vec<TensorInfo>,
     /// How many storages, at the end of `storages`, only constants view.
     pub constant_storages: usize,
-    /// Serialized programs (`.pt2`): (record name, JSON bytes).
-    pub programs: Vec<(String, Storage)>,
+    /// Serialized programs (`.pt2`).
+    pub programs: Vec<ProgramRecord>,
     /// A TorchScript archive's module tree, code and constants.
     pub script: Option<std::sync::Arc<crate::script::Script>>,
+}
+
+/// A serialized program of a `.pt2` archive.
+#[derive(Debug)]
+pub(crate) struct ProgramRecord {
+    /// The record's name in the archive.
+    pub record: String,
+    /// Its JSON bytes, as stored.
+    pub bytes: Storage,
+    /// The typed IR, where it parsed the record at open (a runtime takes it rather than
+    /// parsing the JSON again).
+    pub parsed: Option<Box<crate::pt2::ExportedProgram>>,
 }
 
 impl Parts {

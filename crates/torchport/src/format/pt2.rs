@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::format::archive::Archive;
 use crate::format::kind::Format;
 use crate::format::parts::Found;
-use crate::format::parts::Parts;
+use crate::format::parts::{Parts, ProgramRecord};
 use crate::format::pt2_json::{layout_name, PayloadConfig, PayloadMeta, Program};
 use crate::format::torch::zip::{read_byteorder, read_parts};
 use crate::limits::Limits;
@@ -138,7 +138,7 @@ struct Builder<'a> {
     constants: Group,
     values: Vec<(String, Value)>,
     globals: Vec<(String, String)>,
-    programs: Vec<(String, Storage)>,
+    programs: Vec<ProgramRecord>,
     ops: Vec<(String, usize)>,
     op_index: HashMap<String, usize>,
 }
@@ -248,22 +248,40 @@ impl Builder<'_> {
         })
     }
 
-    /// Read a program record: count its ops and keep its bytes.
+    /// Read a program record: parse it with the typed IR, kept for a runtime (a program is
+    /// up to megabytes of JSON, parsed once per load), and count its ops; where the IR
+    /// refuses it (another schema major version, a union member added by a newer torch),
+    /// count them from the lenient view of the targets alone. Keep its bytes.
     fn program(&mut self, record: &str) -> Result<()> {
         let bytes = self.ar.record(record)?;
-        let program: Program = self.parse(record, &bytes, "program")?;
-        self.count_ops(&program);
-        self.programs.push((record.to_string(), bytes));
+        let parsed = crate::pt2::parse_program(bytes.bytes()).ok().map(Box::new);
+        match &parsed {
+            Some(ep) => {
+                let nodes = &ep.graph_module.graph.nodes;
+                self.count_ops(nodes.iter().map(|n| n.target.as_str()))
+            }
+            None => {
+                let program: Program = self.parse(record, &bytes, "program")?;
+                let nodes = &program.graph_module.graph.nodes;
+                self.count_ops(nodes.iter().map(|n| n.target.as_str()))
+            }
+        }
+        let record = record.to_string();
+        self.programs.push(ProgramRecord {
+            record,
+            bytes,
+            parsed,
+        });
         Ok(())
     }
 
-    fn count_ops(&mut self, program: &Program) {
-        for node in &program.graph_module.graph.nodes {
-            match self.op_index.get(&node.target) {
+    fn count_ops<'t>(&mut self, targets: impl Iterator<Item = &'t str>) {
+        for target in targets {
+            match self.op_index.get(target) {
                 Some(&i) => self.ops[i].1 += 1,
                 None => {
-                    self.op_index.insert(node.target.clone(), self.ops.len());
-                    self.ops.push((node.target.clone(), 1));
+                    self.op_index.insert(target.to_string(), self.ops.len());
+                    self.ops.push((target.to_string(), 1));
                 }
             }
         }
