@@ -42,7 +42,7 @@ impl Streamer {
     /// first index, row stride), each destination row written as `lanes` says (wider than
     /// the tile, with zeros; scaled), each whole 16-value row written to a 64-byte aligned
     /// address by a non-temporal store (AVX-512).
-    pub(crate) fn transpose_into(
+    pub(super) fn transpose_into(
         &self,
         src: Strided,
         rows: usize,
