@@ -121,13 +121,7 @@ impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
         let (ep, payloads, decoded) = read_for_build(path.as_ref(), true)?;
-        Program::build(
-            ep,
-            payloads,
-            &Registry::with_all_ops(),
-            true,
-            Some(&decoded),
-        )
+        Program::build(ep, payloads, Registry::all_ops(), true, Some(&decoded))
     }
 
     /// [`Program::load`] with the kernels of `registry` instead of this crate's own: start
@@ -152,7 +146,7 @@ impl Program {
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
     pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
-        Program::build(ep, payloads, &Registry::with_all_ops(), true, None)
+        Program::build(ep, payloads, Registry::all_ops(), true, None)
     }
 
     /// [`Program::from_parts`] with the kernels of `registry` (see
@@ -422,7 +416,7 @@ impl Program {
     /// from its program alone: no weight is decoded and the program is not built.
     pub fn ops_of(path: impl AsRef<Path>) -> Result<Vec<OpUse>> {
         let ep = crate::archive::read_program(path.as_ref())?;
-        Ok(op_uses(&ep, &Registry::with_all_ops()))
+        Ok(op_uses(&ep, Registry::all_ops()))
     }
 
     /// Operators the runtime lacks (empty when the program can run).

@@ -100,6 +100,14 @@ impl Registry {
         r
     }
 
+    /// [`Registry::with_all_ops`], built once per process and shared: a load looks its
+    /// kernels up here rather than building the table again (0.7% of EfficientNet-B0's load
+    /// samples at 1 thread; BENCHMARKS.md, issue 14).
+    pub(crate) fn all_ops() -> &'static Registry {
+        static ALL: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+        ALL.get_or_init(Registry::with_all_ops)
+    }
+
     /// Register `f` for `name` (e.g. `aten.relu.default`), replacing any earlier kernel.
     pub fn add(&mut self, name: &'static str, f: OpFn) {
         self.ops.insert(name, f);

@@ -176,7 +176,7 @@ impl Ops {
     pub fn get() -> &'static Ops {
         static OPS: OnceLock<Ops> = OnceLock::new();
         OPS.get_or_init(|| {
-            let registry = Registry::with_all_ops();
+            let registry = Registry::all_ops();
             let mut by_name: HashMap<String, Vec<(Schema, OpFn, String)>> = HashMap::new();
             for line in include_str!("schemas.txt").lines() {
                 let Some((name, s)) = parse_schema(line) else {
