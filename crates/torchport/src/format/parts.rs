@@ -37,7 +37,6 @@ pub(crate) struct Parts {
 }
 
 /// A serialized program of a `.pt2` archive.
-#[derive(Debug)]
 pub(crate) struct ProgramRecord {
     /// The record's name in the archive.
     pub record: String,
@@ -46,6 +45,17 @@ pub(crate) struct ProgramRecord {
     /// The typed IR, where it parsed the record at open (a runtime takes it rather than
     /// parsing the JSON again).
     pub parsed: Option<Box<crate::pt2::ExportedProgram>>,
+}
+
+impl std::fmt::Debug for ProgramRecord {
+    /// The record and its size, not the whole program.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgramRecord")
+            .field("record", &self.record)
+            .field("bytes", &self.bytes.bytes().len())
+            .field("parsed", &self.parsed.is_some())
+            .finish()
+    }
 }
 
 impl Parts {
