@@ -240,7 +240,7 @@ impl Builder<'_> {
     }
 
     fn parse<T: DeserializeOwned>(&self, record: &str, bytes: &Storage, what: &str) -> Result<T> {
-        serde_json::from_slice(bytes.bytes()).map_err(|e| {
+        crate::pt2::from_json(bytes.bytes()).map_err(|e| {
             Error::corrupt(
                 self.path,
                 format!("record {record} is not a valid {what}: {e}"),

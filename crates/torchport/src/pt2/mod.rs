@@ -18,6 +18,7 @@ pub mod scalar_type;
 pub use program::*;
 pub use scalar_type::ScalarType;
 
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 /// Why a program record could not be read as an [`ExportedProgram`].
@@ -50,7 +51,7 @@ pub fn parse_program(json: &[u8]) -> Result<ExportedProgram, ProgramError> {
     struct VersionOnly {
         schema_version: Option<SchemaVersion>,
     }
-    match serde_json::from_slice::<ExportedProgram>(json) {
+    match from_json::<ExportedProgram>(json) {
         Ok(ep) => {
             check_version(ep.schema_version)?;
             Ok(ep)
@@ -60,6 +61,18 @@ pub fn parse_program(json: &[u8]) -> Result<ExportedProgram, ProgramError> {
             check_version(v.schema_version.ok_or(ProgramError::NoVersion)?)?;
             Err(e.into())
         }
+    }
+}
+
+/// Parse JSON `bytes` into `T`, as `serde_json::from_slice` does. Text that is valid UTF-8 as
+/// a whole (every record torch writes) is checked once and parsed as a `str`: `from_slice`
+/// checks each string it keeps on its own, which took a quarter of a program's parse (its
+/// keys and names are short strings). Other text is parsed by `from_slice`, which accepts
+/// invalid UTF-8 inside the strings it skips and names the place of any it keeps.
+pub(crate) fn from_json<T: DeserializeOwned>(bytes: &[u8]) -> serde_json::Result<T> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(bytes),
     }
 }
 
@@ -118,5 +131,36 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_is_parsed_as_bytes() {
+        // One node, with a metadata string (skipped) and a target (kept).
+        let program = |meta: &[u8], target: &[u8]| {
+            let mut v = br#"{"schema_version": {"major": 8, "minor": 3},
+                "graph_module": {"graph": {"inputs": [], "outputs": [], "nodes": [
+                {"target": ""#
+                .to_vec();
+            v.extend_from_slice(target);
+            v.extend_from_slice(
+                br#"", "inputs": [], "outputs": [], "metadata": {"stack_trace": ""#,
+            );
+            v.extend_from_slice(meta);
+            v.extend_from_slice(
+                br#""}}]}, "signature": {"input_specs": [], "output_specs": []}}}"#,
+            );
+            v
+        };
+        let ep = parse_program(&program(b"caf\\u00e9", b"aten.relu")).unwrap();
+        assert_eq!(ep.graph_module.graph.nodes[0].target, "aten.relu");
+        // Invalid UTF-8 where the parse skips it: read, as `serde_json::from_slice` reads it.
+        let ep = parse_program(&program(b"caf\xe9", b"aten.relu")).unwrap();
+        assert_eq!(ep.graph_module.graph.nodes[0].target, "aten.relu");
+        let ep = parse_program(&program(b"caf\xff\xfe", b"aten.relu")).unwrap();
+        assert_eq!(ep.graph_module.graph.nodes[0].target, "aten.relu");
+        // Where it keeps it: refused, with the place named.
+        let e = parse_program(&program(b"ok", b"aten.\xffrelu")).unwrap_err();
+        assert!(matches!(e, ProgramError::Json(_)), "{e}");
+        assert!(e.to_string().contains("line 3"), "{e}");
     }
 }
