@@ -286,8 +286,14 @@ impl Program {
         // The weights now held only by `weights`: a rewrite that replaces one (a folded
         // convolution, a transposed Linear weight) frees the old copy at once.
         drop(payloads);
-        crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
-        let final_names = crate::views::write_back_view_updates(&mut ep.graph_module.graph);
+        // A loaded graph comes with these rewrites made (`read_for_build`).
+        let final_names = match owned {
+            Some(decoded) => decoded.final_names.clone(),
+            None => {
+                crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
+                crate::views::write_back_view_updates(&mut ep.graph_module.graph)
+            }
+        };
         if own_kernels {
             // Nodes computed from weights alone, computed now. Not constant: the buffers the
             // program updates. Not to be read as they are: weights decoded packed or scaled
@@ -596,10 +602,23 @@ fn read_for_build(
     path: &Path,
     pack: bool,
 ) -> Result<(ExportedProgram, HashMap<String, Tensor>, Decoded)> {
-    let (ckpt, ep) = crate::archive::open(path)?;
-    let mut g = ep.graph_module.graph.clone();
-    crate::subgraphs::inline_wrappers(&mut g)?;
-    let final_names = crate::views::write_back_view_updates(&mut g);
+    let (ckpt, mut ep) = crate::archive::open(path)?;
+    // The graph's rewrites that need no weights, made here once for both the plan below and
+    // the build (which skips them when handed a `Decoded`).
+    let module = &mut ep.graph_module;
+    crate::subgraphs::inline_wrappers(&mut module.graph)?;
+    let final_names = crate::views::write_back_view_updates(&mut module.graph);
+    if pack {
+        // As the build would (it runs this crate's kernels).
+        let weights: HashSet<&str> = module
+            .signature
+            .input_specs
+            .iter()
+            .filter_map(|s| Some(s.weight()?.0.name.as_str()))
+            .collect();
+        crate::prepare::linears_from_products(&mut module.graph, |n| weights.contains(n));
+    }
+    let g = &ep.graph_module.graph;
     let fqns: HashMap<&str, &str> = ep
         .graph_module
         .signature
@@ -607,11 +626,7 @@ fn read_for_build(
         .iter()
         .filter_map(|s| s.weight().map(|(arg, fqn)| (arg.name.as_str(), fqn)))
         .collect();
-    if pack {
-        // As the build will (it runs this crate's kernels).
-        crate::prepare::linears_from_products(&mut g, |n| fqns.contains_key(n));
-    }
-    let wanted = crate::prepare::transposed_weights(&g, |n| fqns.contains_key(n));
+    let wanted = crate::prepare::transposed_weights(g, |n| fqns.contains_key(n));
     // A weight bound to several placeholders is decoded transposed only if all of them
     // read it so (each would otherwise get a strided view where it expects a plain tensor).
     let mut votes: HashMap<&str, bool> = HashMap::new();
@@ -625,18 +640,18 @@ fn read_for_build(
         .collect();
     // Packed: parameters (never updated by a run) read only as the weight of products the
     // packed kernel computes, in one layout under every name they are bound to.
-    let mut products = crate::prepare::packable_weights(&g, |n| fqns.contains_key(n));
+    let mut products = crate::prepare::packable_weights(g, |n| fqns.contains_key(n));
     // The buffers a run updates (never computed from at load).
     let updated = updated_buffers(&ep, &final_names);
     if pack {
         // The convolutions on small planes the build runs packed (`prepare::pack_small_convs`).
-        let convs = crate::prepare::small_conv_weights(&g);
+        let convs = crate::prepare::small_conv_weights(g);
         products.extend(convs.into_iter().map(|n| (n, Source::Rows)));
         // Not the weights that only nodes computed from weights alone read: the build
         // computes those nodes once (`prepare::fold_constants`), which it cannot do from a
         // packed weight (Swin V2's and timm's relative-position MLPs, run on every call).
         let folds =
-            crate::prepare::folded_weights(&g, |n| fqns.contains_key(n), |n| updated.contains(n));
+            crate::prepare::folded_weights(g, |n| fqns.contains_key(n), |n| updated.contains(n));
         products.retain(|n, _| !folds.contains(n));
     }
     let mut votes: HashMap<&str, Option<Source>> = HashMap::new();
@@ -663,7 +678,7 @@ fn read_for_build(
     // The folds planned from the norms' values, decoded first; a weight read by its conv
     // alone, under one name, is multiplied as it is decoded (the build's fold would scale
     // it in place).
-    let (readers, producer) = crate::prepare::readers_and_producers(&g);
+    let (readers, producer) = crate::prepare::readers_and_producers(g);
     let mut bound: HashMap<&str, usize> = HashMap::new();
     for fqn in fqns.values() {
         *bound.entry(fqn).or_default() += 1;
@@ -676,7 +691,7 @@ fn read_for_build(
         .collect();
     let scales = |first: &HashMap<&str, &[f32]>| {
         let plans = crate::prepare::plan_bn_folds(
-            &g,
+            g,
             (&readers, &producer),
             |n| {
                 let t = infos.get(fqns.get(n)?)?;
@@ -700,7 +715,7 @@ fn read_for_build(
     // (`prepare::transform_winograd_convs`): decoded on their own, not into the shared
     // buffer, so that the memory of each is given back when its transform replaces it.
     let mut separate: HashSet<String> = match pack {
-        true => crate::prepare::winograd_conv_weights(&g)
+        true => crate::prepare::winograd_conv_weights(g)
             .into_iter()
             .filter_map(|n| Some(fqns.get(n)?.to_string()))
             .collect(),
@@ -711,7 +726,7 @@ fn read_for_build(
     if pack {
         let keep =
             |n: &str| updated.contains(n) || fqns.get(n).is_some_and(|f| packed.contains_key(*f));
-        let folded = crate::prepare::folded_weights(&g, |n| fqns.contains_key(n), keep);
+        let folded = crate::prepare::folded_weights(g, |n| fqns.contains_key(n), keep);
         let mut votes: HashMap<&str, bool> = HashMap::new();
         for (name, fqn) in &fqns {
             *votes.entry(fqn).or_insert(true) &= folded.contains(name);
@@ -729,7 +744,12 @@ fn read_for_build(
     if rayon::current_num_threads() > 1 {
         rayon::spawn(move || drop(ckpt));
     }
-    Ok((ep, payloads, Decoded { prescaled, packed }))
+    let decoded = Decoded {
+        prescaled,
+        packed,
+        final_names,
+    };
+    Ok((ep, payloads, decoded))
 }
 
 /// What the load did to the weights it decoded for [`Program::build`] (by state_dict name).
@@ -739,6 +759,9 @@ struct Decoded {
     /// Weights decoded packed ([`crate::ops::packed`]): the layout they were stored in and
     /// their `(n, k)` (output and input features) as the archive stores them.
     packed: HashMap<String, (Source, (usize, usize))>,
+    /// The names holding the final values of values updated through views, from the
+    /// rewrites already made to the graph ([`crate::views::write_back_view_updates`]).
+    final_names: HashMap<String, String>,
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {

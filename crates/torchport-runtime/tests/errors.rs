@@ -354,6 +354,33 @@ fn buffers_updated_in_forward_keep_their_new_values_for_the_next_run() {
 }
 
 #[test]
+fn a_buffer_updated_through_a_slice_keeps_its_new_values_for_the_next_run() {
+    // `self.state[:, :2] += x[:, :2]; return self.state * 2 + x`: torch's outputs of two
+    // successive calls. The plain export keeps the update as `add_` on a slice and `copy_`
+    // into another slice of the buffer, which the load writes back into the buffer.
+    for flavour in ["plain", "decomp"] {
+        let p = Program::load(fixture(&format!("buffer_view_update.{flavour}.pt2"))).unwrap();
+        for call in 0..2 {
+            let x = read_npy(&fixture(&format!("buffer_view_update.input_{call}.npy"))).unwrap();
+            let want =
+                read_npy(&fixture(&format!("buffer_view_update.output_{call}.npy"))).unwrap();
+            let got = p.run(&[x]).unwrap();
+            let diff = (&got[0] - &want).unwrap().abs().unwrap().max_all().unwrap();
+            assert!(
+                diff.to_scalar::<f32>().unwrap() <= 1e-6,
+                "{flavour}, call {call}"
+            );
+        }
+    }
+    // The same update of an input (`x[:, :2] += 1`): refused, naming the input.
+    let err = Program::load(fixture("bad_input_view_mutation.pt2"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("updates its input 'x' in place"), "{err}");
+}
+
+#[test]
 fn weights_returned_as_they_are_are_outputs() {
     // `return x * self.scale, self.table, self.scale`: two outputs name placeholders.
     for flavour in ["plain", "decomp"] {
