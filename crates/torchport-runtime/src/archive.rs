@@ -7,6 +7,8 @@
 //! bytes to a runtime tensor ([`tensor_from_bytes`]) is also what `npy.rs` reads arrays with.
 
 use std::collections::{HashMap, HashSet};
+
+use crate::fast::{HashMap as FastMap, HashSet as FastSet};
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::path::Path;
@@ -22,8 +24,10 @@ use crate::schema::{self, ExportedProgram};
 /// or constant name.
 pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
     let (ckpt, ep) = open(path)?;
-    let none = HashSet::new();
-    let (payloads, _, _) = decode(&ckpt, &none, &HashMap::new(), &none, |_| HashMap::new())?;
+    let none = FastSet::default();
+    let (payloads, _, _) = decode(&ckpt, &none, &FastMap::default(), &none, |_| {
+        FastMap::default()
+    })?;
     Ok((ep, payloads))
 }
 
@@ -71,10 +75,10 @@ const RELEASE_ABOVE: u64 = 32 << 20;
 /// Returns the tensors, the names of those so multiplied, and those packed ([`DecodedWeights`]).
 pub(crate) fn decode(
     ckpt: &Checkpoint,
-    transposed: &HashSet<String>,
-    packed: &HashMap<String, Source>,
-    separate: &HashSet<String>,
-    scales: impl FnOnce(&HashMap<&str, &[f32]>) -> HashMap<String, Vec<f64>>,
+    transposed: &FastSet<String>,
+    packed: &FastMap<String, Source>,
+    separate: &FastSet<String>,
+    scales: impl FnOnce(&FastMap<&str, &[f32]>) -> FastMap<String, Vec<f64>>,
 ) -> Result<DecodedWeights> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
@@ -115,7 +119,7 @@ pub(crate) fn decode(
     // Decode the vectors (or the rest), in parallel, each into its slot or as its own
     // tensor, multiplied where `scales` says.
     let mut pass =
-        |vectors: bool, parts: &mut [Option<&mut [Uninit]>], scales: &HashMap<String, Vec<f64>>| {
+        |vectors: bool, parts: &mut [Option<&mut [Uninit]>], scales: &FastMap<String, Vec<f64>>| {
             infos
                 .par_iter()
                 .zip(parts.par_iter_mut())
@@ -160,8 +164,8 @@ pub(crate) fn decode(
                     Ok(())
                 })
         };
-    pass(true, &mut parts, &HashMap::new())?;
-    let first: HashMap<&str, &[f32]> = infos
+    pass(true, &mut parts, &FastMap::default())?;
+    let first: FastMap<&str, &[f32]> = infos
         .iter()
         .zip(parts.iter_mut())
         .filter(|(t, _)| vector(t))
@@ -177,7 +181,7 @@ pub(crate) fn decode(
     drop(first);
     // Only a tensor of rank 2 or more in the shared buffer, not transposed, and not packed
     // unless a convolution's weight, is multiplied.
-    let scalable: HashSet<&str> = infos
+    let scalable: FastSet<&str> = infos
         .iter()
         .zip(&slots)
         .zip(&packs)
@@ -259,7 +263,7 @@ fn shared_slots(
     ckpt: &Checkpoint,
     infos: &[&TensorInfo],
     packs: &[Option<(Packing, Source)>],
-    separate: &HashSet<String>,
+    separate: &FastSet<String>,
 ) -> Vec<Option<Range<usize>>> {
     let fits = |t: &TensorInfo| {
         !separate.contains(&t.name)
@@ -613,14 +617,15 @@ mod tests {
         let (ckpt, _) = open(&path).unwrap();
         let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
         // Every 2-d float32 tensor decoded transposed, as Linear weights are.
-        let transposed: HashSet<String> = infos
+        let transposed: FastSet<String> = infos
             .iter()
             .filter(|t| t.shape.len() == 2 && t.dtype.name() == "float32")
             .map(|t| t.name.clone())
             .collect();
         assert!(transposed.len() > 4);
-        let (decoded, _, _) = decode(&ckpt, &transposed, &HashMap::new(), &HashSet::new(), |_| {
-            HashMap::new()
+        let none = FastSet::default();
+        let (decoded, _, _) = decode(&ckpt, &transposed, &FastMap::default(), &none, |_| {
+            FastMap::default()
         })
         .unwrap();
         assert_eq!(decoded.len(), infos.len());

@@ -21,6 +21,7 @@ pub mod archive;
 pub mod dtype;
 mod dynamic_dims;
 pub mod error;
+mod fast;
 pub mod npy;
 pub mod ops;
 pub mod prepare;

@@ -10,6 +10,7 @@ use candle_core::{DType, Tensor};
 use crate::dtype::{self, ScalarType};
 use crate::dynamic_dims::{check_dynamic_dims, dim_ranges, DimRange};
 use crate::error::{Error, Result};
+use crate::fast::{HashMap as FastMap, HashSet as FastSet};
 use crate::ops::packed::Source;
 use crate::ops::{op_key, OpFn, Registry};
 use crate::schema::{Argument, ExportedProgram, InputSpec, OutputSpec, TensorMeta};
@@ -610,7 +611,7 @@ fn read_for_build(
     let final_names = crate::views::write_back_view_updates(&mut module.graph);
     if pack {
         // As the build would (it runs this crate's kernels).
-        let weights: HashSet<&str> = module
+        let weights: FastSet<&str> = module
             .signature
             .input_specs
             .iter()
@@ -619,7 +620,7 @@ fn read_for_build(
         crate::prepare::linears_from_products(&mut module.graph, |n| weights.contains(n));
     }
     let g = &ep.graph_module.graph;
-    let fqns: HashMap<&str, &str> = ep
+    let fqns: FastMap<&str, &str> = ep
         .graph_module
         .signature
         .input_specs
@@ -629,11 +630,11 @@ fn read_for_build(
     let wanted = crate::prepare::transposed_weights(g, |n| fqns.contains_key(n));
     // A weight bound to several placeholders is decoded transposed only if all of them
     // read it so (each would otherwise get a strided view where it expects a plain tensor).
-    let mut votes: HashMap<&str, bool> = HashMap::new();
+    let mut votes: FastMap<&str, bool> = FastMap::default();
     for (name, fqn) in &fqns {
         *votes.entry(fqn).or_insert(true) &= wanted.contains(name);
     }
-    let transposed: HashSet<String> = votes
+    let transposed: FastSet<String> = votes
         .into_iter()
         .filter(|&(_, all)| all)
         .map(|(fqn, _)| fqn.to_string())
@@ -654,7 +655,7 @@ fn read_for_build(
             crate::prepare::folded_weights(g, |n| fqns.contains_key(n), |n| updated.contains(n));
         products.retain(|n, _| !folds.contains(n));
     }
-    let mut votes: HashMap<&str, Option<Source>> = HashMap::new();
+    let mut votes: FastMap<&str, Option<Source>> = FastMap::default();
     for spec in &ep.graph_module.signature.input_specs {
         if let Some((arg, fqn)) = spec.weight() {
             let parameter = matches!(spec, InputSpec::Parameter { .. });
@@ -667,11 +668,11 @@ fn read_for_build(
             }
         }
     }
-    let packed: HashMap<String, Source> = votes
+    let packed: FastMap<String, Source> = votes
         .into_iter()
         .filter_map(|(fqn, source)| Some((fqn.to_string(), source?)))
         .collect();
-    let transposed: HashSet<String> = transposed
+    let transposed: FastSet<String> = transposed
         .into_iter()
         .filter(|fqn| !packed.contains_key(fqn))
         .collect();
@@ -679,17 +680,17 @@ fn read_for_build(
     // alone, under one name, is multiplied as it is decoded (the build's fold would scale
     // it in place).
     let (readers, producer) = crate::prepare::readers_and_producers(g);
-    let mut bound: HashMap<&str, usize> = HashMap::new();
+    let mut bound: FastMap<&str, usize> = FastMap::default();
     for fqn in fqns.values() {
         *bound.entry(fqn).or_default() += 1;
     }
-    let infos: HashMap<&str, &torchport::TensorInfo> = ckpt
+    let infos: FastMap<&str, &torchport::TensorInfo> = ckpt
         .tensors()
         .iter()
         .chain(ckpt.constants())
         .map(|t| (t.name.as_str(), t))
         .collect();
-    let scales = |first: &HashMap<&str, &[f32]>| {
+    let scales = |first: &FastMap<&str, &[f32]>| {
         let plans = crate::prepare::plan_bn_folds(
             g,
             (&readers, &producer),
@@ -714,12 +715,12 @@ fn read_for_build(
     // Weights the build replaces with their Winograd transform
     // (`prepare::transform_winograd_convs`): decoded on their own, not into the shared
     // buffer, so that the memory of each is given back when its transform replaces it.
-    let mut separate: HashSet<String> = match pack {
+    let mut separate: FastSet<String> = match pack {
         true => crate::prepare::winograd_conv_weights(g)
             .into_iter()
             .filter_map(|n| Some(fqns.get(n)?.to_string()))
             .collect(),
-        false => HashSet::new(),
+        false => FastSet::default(),
     };
     // And the weights only nodes the build computes from weights alone read
     // (`prepare::fold_constants`), under every name they are bound to.
@@ -727,7 +728,7 @@ fn read_for_build(
         let keep =
             |n: &str| updated.contains(n) || fqns.get(n).is_some_and(|f| packed.contains_key(*f));
         let folded = crate::prepare::folded_weights(g, |n| fqns.contains_key(n), keep);
-        let mut votes: HashMap<&str, bool> = HashMap::new();
+        let mut votes: FastMap<&str, bool> = FastMap::default();
         for (name, fqn) in &fqns {
             *votes.entry(fqn).or_insert(true) &= folded.contains(name);
         }

@@ -437,8 +437,10 @@ pub(crate) type Counts<'g> = HashMap<&'g str, usize, foldhash::fast::RandomState
 /// a great many readers, so it is never rewritten away), and which node produces it (nodes
 /// with one tensor output only).
 pub(crate) fn readers_and_producers(graph: &Graph) -> (Counts<'_>, Counts<'_>) {
-    // Every value is read at least once, most by one node.
-    let mut readers = Counts::with_capacity_and_hasher(graph.nodes.len(), Default::default());
+    // Every value is read at least once, most by one node: the nodes' outputs and the
+    // placeholders.
+    let values = graph.nodes.len() + graph.inputs.len();
+    let mut readers = Counts::with_capacity_and_hasher(values, Default::default());
     for node in &graph.nodes {
         for a in &node.inputs {
             for n in tensor_names(&a.arg) {

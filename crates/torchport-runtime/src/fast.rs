@@ -1,0 +1,11 @@
+//! Hash maps and sets for the load's and the build's own bookkeeping (value names, weight
+//! names), with foldhash's hasher instead of std's SipHash: hashing names was a sixth of a
+//! small model's load on the thread that plans and builds it (BENCHMARKS.md, issue 14). The
+//! hasher is seeded at random per process, as std's is. Maps that cross the crate's public
+//! API stay std's.
+
+/// A `HashMap` with foldhash's hasher; make one with `default()` or `with_capacity_and_hasher`.
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A `HashSet` with foldhash's hasher.
+pub(crate) type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
