@@ -349,6 +349,10 @@ fn values(weights: &HashMap<String, Tensor>, name: Option<&str>, len: usize) -> 
     if t.elem_count() != len || !matches!(t.dtype(), DType::F32 | DType::F64) {
         return None;
     }
+    // A contiguous f32 tensor (every decoded weight) read in place, without a f64 copy.
+    if let Some(v) = crate::ops::fused::with_f32(t, |v| v.iter().map(|&x| f64::from(x)).collect()) {
+        return Some(v);
+    }
     t.to_dtype(DType::F64)
         .ok()?
         .flatten_all()
@@ -618,16 +622,16 @@ pub(crate) fn fold_batch_norms_with(
     }
     if folded > 0 {
         drop_nodes(graph, &dropped);
-        let mut read: HashSet<String> = HashSet::new();
+        let mut read: HashSet<&str> = HashSet::new();
         for node in &graph.nodes {
             for a in &node.inputs {
-                read.extend(tensor_names(&a.arg).into_iter().map(str::to_string));
+                read.extend(tensor_names(&a.arg));
             }
         }
         for o in &graph.outputs {
-            read.extend(tensor_names(o).into_iter().map(str::to_string));
+            read.extend(tensor_names(o));
         }
-        weights.retain(|name, _| read.contains(name));
+        weights.retain(|name, _| read.contains(name.as_str()));
     }
     Ok(folded)
 }
