@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 /// Tensors with at least this many elements are split across threads.
-const PAR_MIN: usize = 1 << 15;
+pub(crate) const PAR_MIN: usize = 1 << 15;
 
 /// Run `f` on the data of `t` without copying it, if `t` is a contiguous f32 CPU tensor.
 pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {

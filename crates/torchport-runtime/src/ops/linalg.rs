@@ -375,6 +375,9 @@ fn linear(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let w = float(&a.tensor("weight")?)?;
     let bias = a.opt_tensor("bias")?.map(|b| float(&b)).transpose()?;
+    if let Some(y) = linear_row(&x, &w, bias.as_ref())? {
+        return one(y);
+    }
     if w.rank() == 2 && bias.as_ref().is_none_or(|b| b.rank() == 1) {
         if let Some(y) = gemm_bias(&x, &w.t()?, bias.as_ref(), 1.0, 1.0)? {
             return one(y);
@@ -393,6 +396,127 @@ fn linear(a: &Args) -> OpResult<Outputs> {
         }
         None => one(y),
     }
+}
+
+/// Outputs per task of [`linear_row`] when the weight is split over the pool's threads.
+const ROW_BLOCK: usize = 64;
+
+/// `x @ w.T + bias` for a single row `x` (all sizes 1 but the last, `k`) and a contiguous
+/// float32 weight `[n, k]` as stored: one dot product of `x` with each of the weight's rows,
+/// each in 16 lanes, blocks of outputs on the pool's threads when the weight is large. A
+/// batch-1 classifier's weight is read once per run whatever its layout, so the load leaves
+/// such a Linear's weight as the archive stores it (`prepare::products::single_row`) instead
+/// of packing or transposing it. `None` for any other shape or layout.
+fn linear_row(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> OpResult<Option<Tensor>> {
+    use super::fused::with_f32;
+    use rayon::prelude::*;
+    let (Ok((n, k)), true) = (w.dims2(), w.is_contiguous()) else {
+        return Ok(None);
+    };
+    if x.rank() == 0 || x.dims()[x.rank() - 1] != k || x.elem_count() != k || k == 0 {
+        return Ok(None);
+    }
+    let bias = match bias {
+        Some(b) if b.dims() != [n] => return Ok(None),
+        Some(b) => Some(super::strided::contiguous_f32(b).unwrap_or(b.clone())),
+        None => None,
+    };
+    let x = super::strided::contiguous_f32(x).unwrap_or(x.clone());
+    let out = with_f32(w, |w| {
+        with_f32(&x, |x| {
+            let b = bias.as_ref().and_then(|b| with_f32(b, <[f32]>::to_vec));
+            let mut out = b.unwrap_or_else(|| vec![0.0; n]);
+            let dots = |(i, block): (usize, &mut [f32])| {
+                let rows = w[i * ROW_BLOCK * k..].chunks_exact(k);
+                for (y, row) in block.iter_mut().zip(rows) {
+                    *y += dot(row, x);
+                }
+            };
+            if n * k >= super::fused::PAR_MIN && rayon::current_num_threads() > 1 {
+                out.par_chunks_mut(ROW_BLOCK).enumerate().for_each(dots);
+            } else {
+                out.chunks_mut(ROW_BLOCK).enumerate().for_each(dots);
+            }
+            out
+        })
+    })
+    .flatten();
+    let Some(out) = out else {
+        return Ok(None);
+    };
+    let mut shape = x.dims().to_vec();
+    *shape.last_mut().expect("rank checked above") = n;
+    Ok(Some(Tensor::from_vec(out, shape, x.device())?))
+}
+
+/// The dot product of `a` and `b` (as long as the shorter): by AVX-512 fused multiply-adds in
+/// four registers where the CPU has them, else in 16 interleaved lanes (which the compiler
+/// vectorises), then summed.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (checked above).
+        #[allow(unsafe_code)]
+        return unsafe { dot_avx512(a, b) };
+    }
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// [`dot`] by AVX-512: 64 values a step in four accumulators, then 16, then the last up to
+/// 15 by masked loads. Reads only the first `min(a.len(), b.len())` values of each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY (every load below): `i + 64 <= n`, `i + 16 <= n`, and the mask covers
+    // `n - i < 16` values, so each reads inside both slices.
+    while i + 64 <= n {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let (x, y) = (
+                _mm512_loadu_ps(pa.add(i + 16 * j)),
+                _mm512_loadu_ps(pb.add(i + 16 * j)),
+            );
+            *acc = _mm512_fmadd_ps(x, y, *acc);
+        }
+        i += 64;
+    }
+    while i + 16 <= n {
+        acc[0] = _mm512_fmadd_ps(
+            _mm512_loadu_ps(pa.add(i)),
+            _mm512_loadu_ps(pb.add(i)),
+            acc[0],
+        );
+        i += 16;
+    }
+    if i < n {
+        let m = ((1u32 << (n - i)) - 1) as __mmask16;
+        let (x, y) = (
+            _mm512_maskz_loadu_ps(m, pa.add(i)),
+            _mm512_maskz_loadu_ps(m, pb.add(i)),
+        );
+        acc[1] = _mm512_fmadd_ps(x, y, acc[1]);
+    }
+    let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(sum)
 }
 
 fn addmm(a: &Args) -> OpResult<Outputs> {
@@ -571,5 +695,69 @@ mod batch_tests {
                 assert!(diff < 1e-5, "{:?} @ {:?}: {diff}", a.dims(), b.dims());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `x @ w.T + b` in f64, rounded once.
+    fn reference(x: &[f32], w: &[f32], b: Option<&[f32]>, n: usize, k: usize) -> Vec<f32> {
+        (0..n)
+            .map(|j| {
+                let s: f64 = (0..k)
+                    .map(|i| f64::from(w[j * k + i]) * f64::from(x[i]))
+                    .sum();
+                (s + b.map_or(0.0, |b| f64::from(b[j]))) as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn single_rows_take_a_dot_product_per_output() {
+        // Inner sizes below, at and past 16 and 64 values, with tails; outputs past a block.
+        for (n, k) in [
+            (1, 1),
+            (3, 15),
+            (70, 16),
+            (65, 17),
+            (130, 64),
+            (5, 100),
+            (200, 960),
+        ] {
+            let x: Vec<f32> = (0..k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 11 % 17) as f32 - 8.0) / 7.0)
+                .collect();
+            let b: Vec<f32> = (0..n).map(|j| j as f32 / 3.0 - 1.0).collect();
+            let wt = Tensor::from_vec(w.clone(), (n, k), &candle_core::Device::Cpu).unwrap();
+            let bt = Tensor::from_vec(b.clone(), n, &candle_core::Device::Cpu).unwrap();
+            for dims in [vec![k], vec![1, k], vec![1, 1, k]] {
+                let xt = Tensor::from_vec(x.clone(), dims.as_slice(), &candle_core::Device::Cpu)
+                    .unwrap();
+                for bias in [None, Some(&bt)] {
+                    let got = linear_row(&xt, &wt, bias).unwrap().expect("a single row");
+                    let mut want_dims = dims.clone();
+                    *want_dims.last_mut().unwrap() = n;
+                    assert_eq!(got.dims(), want_dims.as_slice(), "{n} x {k}");
+                    let want = reference(&x, &w, bias.map(|_| b.as_slice()), n, k);
+                    let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!(
+                            (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                            "{n} x {k}: {g} {w}"
+                        );
+                    }
+                }
+            }
+        }
+        // Not a single row, or a weight that is a transposed view: declined.
+        let w = Tensor::zeros((4, 8), DType::F32, &candle_core::Device::Cpu).unwrap();
+        let two = Tensor::zeros((2, 8), DType::F32, &candle_core::Device::Cpu).unwrap();
+        assert!(linear_row(&two, &w, None).unwrap().is_none());
+        let one = Tensor::zeros(4, DType::F32, &candle_core::Device::Cpu).unwrap();
+        let wt = Tensor::zeros((8, 4), DType::F32, &candle_core::Device::Cpu).unwrap();
+        assert!(linear_row(&one, &wt.t().unwrap(), None).unwrap().is_none());
     }
 }

@@ -66,8 +66,11 @@ fn transposed_read(node: &Node, input: &str) -> bool {
 /// The weights (graph input names for which `is_weight` holds) that every reader of `graph`
 /// reads transposed: those [`pretranspose_linear_weights`] re-lays out when they are 2-d
 /// f32. `Program::load` asks before decoding the weights, to decode these transposed at once.
+/// Not the weight of a Linear of a single row, which reads it as stored.
 pub fn transposed_weights(graph: &Graph, is_weight: impl Fn(&str) -> bool) -> HashSet<&str> {
-    weights_read_only(graph, is_weight, transposed_read)
+    weights_read_only(graph, is_weight, |node, input| {
+        transposed_read(node, input) && !products::single_row(graph, node)
+    })
 }
 
 /// The weights (graph input names for which `is_weight` holds) read only as the weight of

@@ -17,6 +17,9 @@ use super::{input_float, input_tensor, readers_and_producers, rebinds_any, trans
 /// How `node` reads its input `input` as the weight of a product the packed kernel computes
 /// (`x @ w.T + b` or `x @ w + b`, with `b` absent or `[n]`), if it does.
 pub(crate) fn packable_read(graph: &Graph, node: &Node, input: &str) -> Option<Source> {
+    if single_row(graph, node) {
+        return None;
+    }
     match (op_key(&node.target), input) {
         ("aten.linear.default", "weight") => Some(Source::Rows),
         ("aten.mm.default", "mat2") | ("aten.matmul.default", "other") => Some(Source::Columns),
@@ -26,6 +29,21 @@ pub(crate) fn packable_read(graph: &Graph, node: &Node, input: &str) -> Option<S
         }
         _ => None,
     }
+}
+
+/// Whether `node` is a Linear of a single row: its input's static sizes all 1 but the last
+/// (a batch-1 classifier). It reads each weight value once per run however the weight is laid
+/// out, so its weight stays as stored, neither packed nor transposed: the load copies it
+/// instead of rearranging it, and the kernel takes one dot product per output row
+/// (`ops::linalg`).
+pub(crate) fn single_row(graph: &Graph, node: &Node) -> bool {
+    op_key(&node.target) == "aten.linear.default"
+        && input_tensor(node, "input")
+            .and_then(|x| sizes(graph, x))
+            .is_some_and(|s| {
+                s.split_last()
+                    .is_some_and(|(_, rows)| rows.iter().all(|&d| d == 1))
+            })
 }
 
 /// Whether the `addmm` `node` is `mat1 @ mat2 + self` with `self` a vector of `n`, the
