@@ -7,8 +7,6 @@
 //! bytes to a runtime tensor ([`tensor_from_bytes`]) is also what `npy.rs` reads arrays with.
 
 use std::collections::{HashMap, HashSet};
-
-use crate::fast::{HashMap as FastMap, HashSet as FastSet};
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::path::Path;
@@ -17,6 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use torchport::{Checkpoint, Format, TensorData, TensorInfo};
 
 use crate::error::{Error, Result};
+use crate::fast::{HashMap as FastMap, HashSet as FastSet};
 use crate::ops::packed::{Packing, Source};
 use crate::schema::{self, ExportedProgram};
 

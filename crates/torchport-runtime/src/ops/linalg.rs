@@ -402,8 +402,8 @@ fn linear(a: &Args) -> OpResult<Outputs> {
 const ROW_BLOCK: usize = 64;
 
 /// `x @ w.T + bias` for a single row `x` (all sizes 1 but the last, `k`) and a contiguous
-/// float32 weight `[n, k]` as stored: one dot product of `x` with each of the weight's rows,
-/// each in 16 lanes, blocks of outputs on the pool's threads when the weight is large. A
+/// float32 weight `[n, k]` as stored: one dot product ([`dot`]) of `x` with each of the
+/// weight's rows, blocks of outputs on the pool's threads when the weight is large. A
 /// batch-1 classifier's weight is read once per run whatever its layout, so the load leaves
 /// such a Linear's weight as the archive stores it (`prepare::products::single_row`) instead
 /// of packing or transposing it. `None` for any other shape or layout.
@@ -459,6 +459,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         #[allow(unsafe_code)]
         return unsafe { dot_avx512(a, b) };
     }
+    dot_lanes(a, b)
+}
+
+/// [`dot`] in 16 interleaved lanes (which the compiler vectorises for any CPU), then summed.
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     const LANES: usize = 16;
     let mut acc = [0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
@@ -750,6 +755,22 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+        // The portable dot product too (what a CPU without AVX-512 runs).
+        for k in [1, 15, 16, 17, 64, 100, 960] {
+            let a: Vec<f32> = (0..k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+            let b: Vec<f32> = (0..k).map(|i| ((i * 3 % 7) as f32 - 3.0) / 2.0).collect();
+            let want: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
+            for got in [dot_lanes(&a, &b), dot(&a, &b)] {
+                assert!(
+                    (f64::from(got) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{k}"
+                );
             }
         }
         // Not a single row, or a weight that is a transposed view: declined.
