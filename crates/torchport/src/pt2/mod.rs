@@ -66,9 +66,10 @@ pub fn parse_program(json: &[u8]) -> Result<ExportedProgram, ProgramError> {
 
 /// Parse JSON `bytes` into `T`, as `serde_json::from_slice` does. Text that is valid UTF-8 as
 /// a whole (every record torch writes) is checked once and parsed as a `str`: `from_slice`
-/// checks each string it keeps on its own, which took a quarter of a program's parse (its
-/// keys and names are short strings). Other text is parsed by `from_slice`, which accepts
-/// invalid UTF-8 inside the strings it skips and names the place of any it keeps.
+/// checks each string it keeps on its own (a program's keys and names are short strings), and
+/// MobileNetV3-Large's program parsed in a quarter less time as a `str` (BENCHMARKS.md,
+/// issue 14). Other text is parsed by `from_slice`, which accepts invalid UTF-8 inside the
+/// strings it skips and names the place of any it keeps.
 pub(crate) fn from_json<T: DeserializeOwned>(bytes: &[u8]) -> serde_json::Result<T> {
     match std::str::from_utf8(bytes) {
         Ok(text) => serde_json::from_str(text),
