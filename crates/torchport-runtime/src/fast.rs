@@ -1,5 +1,5 @@
 //! Hash maps and sets for the load's own bookkeeping (the plan's and the decode's maps of
-//! value and weight names), with foldhash's hasher instead of std's SipHash: hashing names
+//! value and weight names, and `prepare`'s counts of readers by value name), with foldhash's hasher instead of std's SipHash: hashing names
 //! was a sixth of a small model's load on the thread that plans and builds it (BENCHMARKS.md,
 //! issue 14). The hasher is seeded at random per process, as std's is. Maps that cross the
 //! crate's public API (the build's weights, `prepare`'s arguments) stay std's.

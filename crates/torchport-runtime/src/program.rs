@@ -308,11 +308,13 @@ impl Program {
                 registry,
                 |n| keep.contains(n),
             );
-            // The decomposed export's Linears as Linears (read_for_build did the same when
-            // it chose the weights to pack).
-            crate::prepare::linears_from_products(&mut ep.graph_module.graph, |n| {
-                weights.contains_key(n)
-            });
+            // The decomposed export's Linears as Linears (a loaded graph has them already:
+            // `read_for_build` made them before it chose the weights to pack).
+            if owned.is_none() {
+                crate::prepare::linears_from_products(&mut ep.graph_module.graph, |n| {
+                    weights.contains_key(n)
+                });
+            }
         }
         crate::prepare::fold_batch_norms_with(
             &mut ep.graph_module.graph,

@@ -438,7 +438,7 @@ fn drop_nodes(graph: &mut Graph, dropped: &HashSet<usize>) {
 /// with std's SipHash and tables grown as they filled, and 5% with a key of its own per name
 /// (`perf`; BENCHMARKS.md, issue 14). A rewrite that changes the graph's nodes decides what
 /// to change first, then changes it.
-pub(crate) type Counts<'g> = HashMap<&'g str, usize, foldhash::fast::RandomState>;
+pub(crate) type Counts<'g> = crate::fast::HashMap<&'g str, usize>;
 
 /// For each tensor value of `graph`: how many node inputs read it (a graph output counts as
 /// a great many readers, so it is never rewritten away), and which node produces it (nodes
