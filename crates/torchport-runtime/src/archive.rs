@@ -6,7 +6,7 @@
 //! parallel, releasing the map's pages as it goes). The conversion of contiguous little-endian
 //! bytes to a runtime tensor ([`tensor_from_bytes`]) is also what `npy.rs` reads arrays with.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::path::Path;
@@ -27,7 +27,7 @@ pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
     let (payloads, _, _) = decode(&ckpt, &none, &FastMap::default(), &none, |_| {
         FastMap::default()
     })?;
-    Ok((ep, payloads))
+    Ok((ep, payloads.into_iter().collect()))
 }
 
 /// The opened archive and its program; the weights are decoded later by [`decode`], once
@@ -205,7 +205,7 @@ pub(crate) fn decode(
     };
     let shared = Tensor::from_vec(shared, len, &Device::Cpu)
         .map_err(|e| Error::Program(crate::error::candle_message(&e)))?;
-    let was_packed: HashMap<String, (Source, (usize, usize))> = infos
+    let was_packed: FastMap<String, (Source, (usize, usize))> = infos
         .iter()
         .zip(&packs)
         .filter_map(|(t, pack)| {
@@ -213,11 +213,9 @@ pub(crate) fn decode(
             Some((t.name.clone(), (source, source.features(&t.shape)?)))
         })
         .collect();
-    let tensors = infos
-        .iter()
-        .zip(slots)
-        .zip(own)
-        .map(|((t, slot), x)| {
+    let mut tensors = FastMap::with_capacity_and_hasher(infos.len(), Default::default());
+    for ((t, slot), x) in infos.iter().zip(slots).zip(own) {
+        {
             let x = match (x, slot) {
                 (Some(x), _) => x,
                 (None, Some(r)) if was_packed.contains_key(&t.name) => shared
@@ -233,18 +231,18 @@ pub(crate) fn decode(
                     })?,
                 (None, None) => unreachable!("a tensor without a slot is decoded on its own"),
             };
-            Ok((t.name.clone(), x))
-        })
-        .collect::<Result<_>>()?;
+            tensors.insert(t.name.clone(), x);
+        }
+    }
     Ok((tensors, scales.into_keys().collect(), was_packed))
 }
 
 /// What [`decode`] returns: the tensors by name, the names of those multiplied for a fold,
 /// and those packed, with the layout they were stored in and their `(n, k)` as stored.
 pub(crate) type DecodedWeights = (
-    HashMap<String, Tensor>,
-    HashSet<String>,
-    HashMap<String, (Source, (usize, usize))>,
+    FastMap<String, Tensor>,
+    FastSet<String>,
+    FastMap<String, (Source, (usize, usize))>,
 );
 
 /// The alignment of each tensor in the shared buffer of [`decode`], in f32 values (64 bytes:
@@ -628,7 +626,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(decoded.len(), infos.len());
-        let mut storages = HashSet::new();
+        let mut storages = std::collections::HashSet::new();
         let mut others = 0;
         // Where the vectors' values end and the other tensors' begin, in the buffer.
         let (mut vectors_end, mut rest_start) = (0, usize::MAX);

@@ -1,6 +1,6 @@
 //! `Program`: a loaded exported program (graph + weights) and the interpreter that runs it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -147,7 +147,13 @@ impl Program {
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
     /// buffers) or constant name, as held in the runtime representation (f32 / i64 / u8).
     pub fn from_parts(ep: ExportedProgram, payloads: HashMap<String, Tensor>) -> Result<Program> {
-        Program::build(ep, payloads, Registry::all_ops(), true, None)
+        Program::build(
+            ep,
+            payloads.into_iter().collect(),
+            Registry::all_ops(),
+            true,
+            None,
+        )
     }
 
     /// [`Program::from_parts`] with the kernels of `registry` (see
@@ -162,7 +168,7 @@ impl Program {
         payloads: HashMap<String, Tensor>,
         registry: &Registry,
     ) -> Result<Program> {
-        Program::build(ep, payloads, registry, false, None)
+        Program::build(ep, payloads.into_iter().collect(), registry, false, None)
     }
 
     /// Bind the weights, rewrite the graph for speed, and look up every node's kernel.
@@ -173,7 +179,7 @@ impl Program {
     /// `read_for_build`).
     fn build(
         mut ep: ExportedProgram,
-        payloads: HashMap<String, Tensor>,
+        payloads: FastMap<String, Tensor>,
         registry: &Registry,
         own_kernels: bool,
         owned: Option<&Decoded>,
@@ -187,13 +193,14 @@ impl Program {
                 g.inputs.len()
             )));
         }
-        let mut weights = HashMap::new();
-        let mut prescaled = HashSet::new();
+        let mut weights =
+            FastMap::with_capacity_and_hasher(specs.len(), foldhash::fast::RandomState::default());
+        let mut prescaled = FastSet::default();
         // Packed weights by graph input: (n, k), output and input features.
-        let mut packed = HashMap::new();
+        let mut packed = FastMap::default();
         // Of those, the convolutions' weights: their [co, ci, kh, kw] by tensor (the fold
         // renames them).
-        let mut packed_convs: HashMap<candle_core::TensorId, Vec<usize>> = HashMap::new();
+        let mut packed_convs: FastMap<candle_core::TensorId, Vec<usize>> = FastMap::default();
         let packing = crate::ops::packed::Packing::detect();
         let mut inputs = Vec::new();
         for spec in specs {
@@ -604,7 +611,7 @@ impl Program {
 fn read_for_build(
     path: &Path,
     pack: bool,
-) -> Result<(ExportedProgram, HashMap<String, Tensor>, Decoded)> {
+) -> Result<(ExportedProgram, FastMap<String, Tensor>, Decoded)> {
     let (ckpt, mut ep) = crate::archive::open(path)?;
     // The graph's rewrites that need no weights, made here once for both the plan below and
     // the build (which skips them when handed a `Decoded`).
@@ -758,13 +765,13 @@ fn read_for_build(
 /// What the load did to the weights it decoded for [`Program::build`] (by state_dict name).
 struct Decoded {
     /// Conv weights already scaled for their batch norm's fold.
-    prescaled: HashSet<String>,
+    prescaled: FastSet<String>,
     /// Weights decoded packed ([`crate::ops::packed`]): the layout they were stored in and
     /// their `(n, k)` (output and input features) as the archive stores them.
-    packed: HashMap<String, (Source, (usize, usize))>,
+    packed: FastMap<String, (Source, (usize, usize))>,
     /// The names holding the final values of values updated through views, from the
     /// rewrites already made to the graph ([`crate::views::write_back_view_updates`]).
-    final_names: HashMap<String, String>,
+    final_names: FastMap<String, String>,
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
@@ -848,7 +855,7 @@ fn user_outputs(ep: &ExportedProgram) -> Result<(Vec<Argument>, Vec<BufferUpdate
 
 /// The values nodes of `g` update in place (in-place ops other than view ops, by their
 /// `self`): one pass over the nodes, which every placeholder is then looked up in.
-fn updated_in_place(g: &crate::schema::Graph) -> HashSet<&str> {
+fn updated_in_place(g: &crate::schema::Graph) -> FastSet<&str> {
     g.nodes
         .iter()
         .filter(|n| {
@@ -863,8 +870,8 @@ fn updated_in_place(g: &crate::schema::Graph) -> HashSet<&str> {
 /// through a view: `final_names`, as [`crate::views::write_back_view_updates`] returned it)
 /// and every other name whose reads that rewrite renamed: values that are not the same from
 /// one run to the next.
-fn updated_buffers(ep: &ExportedProgram, final_names: &HashMap<String, String>) -> HashSet<String> {
-    let mut names: HashSet<String> = final_names.keys().cloned().collect();
+fn updated_buffers(ep: &ExportedProgram, final_names: &FastMap<String, String>) -> FastSet<String> {
+    let mut names: FastSet<String> = final_names.keys().cloned().collect();
     if let Ok((_, mutations)) = user_outputs(ep) {
         names.extend(mutations.into_iter().map(|(_, buffer)| buffer));
     }
@@ -875,7 +882,7 @@ fn updated_buffers(ep: &ExportedProgram, final_names: &HashMap<String, String>) 
 
 /// A plain export updates a user input with in-place ops on its placeholder (a decomposed
 /// one declares it, see [`user_outputs`]): refused, as the caller's tensor is not changed.
-fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, String>) -> Result<()> {
+fn refuse_input_updates(ep: &ExportedProgram, final_names: &FastMap<String, String>) -> Result<()> {
     let updated = updated_in_place(&ep.graph_module.graph);
     for spec in &ep.graph_module.signature.input_specs {
         let InputSpec::UserInput {
@@ -900,7 +907,7 @@ fn refuse_input_updates(ep: &ExportedProgram, final_names: &HashMap<String, Stri
 /// [`crate::views`] — as (the name holding the new value, the buffer's placeholder).
 fn inplace_buffer_updates(
     ep: &ExportedProgram,
-    final_names: &HashMap<String, String>,
+    final_names: &FastMap<String, String>,
 ) -> Vec<BufferUpdate> {
     let updated = updated_in_place(&ep.graph_module.graph);
     let mut updates = Vec::new();
@@ -1163,7 +1170,7 @@ pub(crate) fn used_names(arg: &Argument, out: &mut Vec<String>) {
 /// by an in-place op, whose name lives on).
 fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
     let g = &ep.graph_module.graph;
-    let mut last: HashMap<String, usize> = HashMap::new();
+    let mut last: FastMap<String, usize> = FastMap::default();
     let mut keep: Vec<String> = Vec::new();
     for o in outputs {
         used_names(o, &mut keep);
@@ -1483,14 +1490,14 @@ mod tests {
     #[test]
     fn a_packed_weight_not_scaled_keeps_its_norm() {
         let (ep, weights) = resnet18d_weights();
-        let fold = |packed_dims: &HashMap<candle_core::TensorId, Vec<usize>>| {
+        let fold = |packed_dims: &FastMap<candle_core::TensorId, Vec<usize>>| {
             let (mut g, mut w) = (ep.graph_module.graph.clone(), weights.clone());
-            let none = HashSet::new();
+            let none = FastSet::default();
             let n =
                 crate::prepare::fold_batch_norms_with(&mut g, &mut w, false, &none, packed_dims);
             (n.unwrap(), w)
         };
-        let (all, folded) = fold(&HashMap::new());
+        let (all, folded) = fold(&FastMap::default());
         // A conv weight that folds (the fold drops its unscaled copy).
         let conv = weights
             .keys()
@@ -1498,7 +1505,7 @@ mod tests {
             .unwrap()
             .clone();
         let dims = weights[&conv].dims().to_vec();
-        let (some, kept) = fold(&[(weights[&conv].id(), dims)].into());
+        let (some, kept) = fold(&[(weights[&conv].id(), dims)].into_iter().collect());
         assert_eq!(some + 1, all, "{conv}");
         let bits = |t: &Tensor| -> Vec<u32> {
             let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
@@ -1523,8 +1530,8 @@ mod tests {
             g,
             &mut weights,
             true,
-            &[fc].into(),
-            &HashMap::new(),
+            &[fc].into_iter().collect(),
+            &FastMap::default(),
         )
         .unwrap_err();
         assert!(err.contains("p_fc_weight"), "{err}");

@@ -5,7 +5,7 @@
 //! call's name as a prefix, so they cannot collide with the outer graph's. An enabled
 //! autocast region (its ops computed in a lower precision) is refused.
 
-use std::collections::HashMap;
+use crate::fast::HashMap;
 
 use crate::error::{Error, Result};
 use crate::ops::op_key;
@@ -64,11 +64,11 @@ pub(crate) fn inline_wrappers(g: &mut Graph) -> Result<()> {
             )));
         }
         // Subgraph inputs read the operands; its outputs define the call's outputs.
-        let mut map: HashMap<String, String> = HashMap::new();
+        let mut map: HashMap<String, String> = HashMap::default();
         for (param, operand) in sub.inputs.iter().zip(operands) {
             bind(param, &operand.arg, &mut map);
         }
-        let mut outputs = HashMap::new();
+        let mut outputs = HashMap::default();
         for (inner, outer) in sub.outputs.iter().zip(&node.outputs) {
             bind(inner, outer, &mut outputs);
         }

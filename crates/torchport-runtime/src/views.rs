@@ -4,7 +4,7 @@
 //! scatters that carry the update into the base, as `run_decompositions()` would have
 //! written it; what it cannot express that way is refused by [`check_inplace_views`].
 
-use std::collections::{HashMap, HashSet};
+use crate::fast::{HashMap, HashSet};
 
 use crate::error::{Error, Result};
 use crate::ops::{functional_name, is_in_place, op_key};
@@ -53,9 +53,9 @@ pub(crate) fn is_view_op(key: &str) -> bool {
 /// refused at load, naming the node, rather than computed wrong; `run_decompositions()`
 /// writes them functionally.
 pub(crate) fn check_inplace_views(g: &crate::schema::Graph, outputs: &[Argument]) -> Result<()> {
-    let mut root: HashMap<&str, &str> = HashMap::new();
-    let mut defined: HashMap<&str, usize> = HashMap::new();
-    let mut last_read: HashMap<String, usize> = HashMap::new();
+    let mut root: HashMap<&str, &str> = HashMap::default();
+    let mut defined: HashMap<&str, usize> = HashMap::default();
+    let mut last_read: HashMap<String, usize> = HashMap::default();
     for (i, node) in g.nodes.iter().enumerate() {
         let mut names = Vec::new();
         for a in &node.inputs {
@@ -153,7 +153,7 @@ fn tensor_output(node: &Node) -> Option<&str> {
 /// Returns, for each value whose reads were renamed, the name that holds its final value
 /// (how a buffer updated through a view gets its new value).
 pub(crate) fn write_back_view_updates(g: &mut Graph) -> HashMap<String, String> {
-    let mut latest: HashMap<String, String> = HashMap::new();
+    let mut latest: HashMap<String, String> = HashMap::default();
     let mut i = 0;
     while i < g.nodes.len() {
         if let Some((inserted, renames)) = write_back(g, i) {
@@ -240,7 +240,7 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
             return None;
         }
     }
-    let mut later = HashSet::new();
+    let mut later = HashSet::default();
     for n in &g.nodes[i + 1..] {
         let mut names = Vec::new();
         for a in &n.inputs {
@@ -263,7 +263,7 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
     }
     // Another view of the same base, made before the update and read after it, would keep
     // the old values: left to the check, which refuses it.
-    let mut root: HashMap<String, String> = HashMap::new();
+    let mut root: HashMap<String, String> = HashMap::default();
     for n in &g.nodes[..i] {
         let k = op_key(&n.target);
         let Some(s) = self_name(n) else { continue };
@@ -282,7 +282,7 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
     if stale {
         return None;
     }
-    let mut renames = HashMap::new();
+    let mut renames = HashMap::default();
     renames.insert(chain[0].0.clone(), out.clone());
     let mut src = out;
     let mut inserted = Vec::new();
@@ -302,7 +302,7 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
         inputs.extend(
             def.inputs
                 .iter()
-                .filter(|a| matches!(a.name.as_str(), "dim" | "start" | "end" | "step" | "index"))
+                .filter(|a| matches!(&*a.name, "dim" | "start" | "end" | "step" | "index"))
                 .cloned(),
         );
         inserted.push(Node {
@@ -320,9 +320,9 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
     Some((inserted, renames))
 }
 
-fn tensor_arg(name: &str, value: &str) -> NamedArgument {
+fn tensor_arg(name: &'static str, value: &str) -> NamedArgument {
     NamedArgument {
-        name: name.to_string(),
+        name: name.into(),
         arg: Argument::AsTensor(TensorArgument {
             name: value.to_string(),
         }),

@@ -162,8 +162,15 @@ enum Functional<'a> {
 /// An in-place overload's namespace, functional base name and overload (`None` where the key
 /// has none); `None` for an op that is not in place.
 fn in_place_parts(key: &str) -> Option<(&str, Functional<'_>, Option<&str>)> {
-    let mut parts = key.splitn(3, '.');
-    let (ns, base, overload) = (parts.next()?, parts.next()?, parts.next());
+    // Cut at the dots by a plain scan: keys are short, and the load's passes ask this of
+    // every node several times (a `splitn` searcher was most of its cost).
+    let dot = |s: &str| s.bytes().position(|b| b == b'.');
+    let (ns, rest) = key.split_at(dot(key)?);
+    let rest = &rest[1..];
+    let (base, overload) = match dot(rest) {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
+    };
     let f = if let Some(dunder) = base.strip_prefix("__").and_then(|b| b.strip_suffix("__")) {
         Functional::Dunder(dunder.strip_prefix('i')?)
     } else {

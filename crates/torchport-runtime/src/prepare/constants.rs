@@ -10,11 +10,13 @@
 //! or transformed for its kernel) apply to it as to any weight.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::ops::Range;
 
 use candle_core::Tensor;
 
 use super::{drop_nodes, tensor_names};
+use crate::fast::HashSet as FastSet;
 use crate::ops::{op_key, Registry};
 use crate::schema::{Argument, Graph, Node, SymBoolArgument, SymFloatArgument, SymIntArgument};
 use crate::value::{Args, Env, Value};
@@ -38,9 +40,9 @@ pub const MAX_GROWTH: usize = 1 << 20;
 /// than [`MAX_GROWTH`] values more than its inputs. A folded result that shares memory with
 /// a weight still bound (a view of it) is copied, so that no two weights share values (the
 /// batch norm fold may scale a weight in place). Returns how many nodes were folded.
-pub fn fold_constants(
+pub fn fold_constants<S: BuildHasher>(
     graph: &mut Graph,
-    weights: &mut HashMap<String, Tensor>,
+    weights: &mut HashMap<String, Tensor, S>,
     registry: &Registry,
     keep: impl Fn(&str) -> bool,
 ) -> usize {
@@ -48,7 +50,7 @@ pub fn fold_constants(
     // Reads left of each value: a weight nothing will read is dropped as soon as it is not
     // (the next fold's result can then reuse its memory).
     let (mut readers, _) = super::readers_and_producers(graph);
-    let mut folded: HashSet<usize> = HashSet::new();
+    let mut folded: FastSet<usize> = FastSet::default();
     let mut made: Vec<String> = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let constant = |name: &str| weights.contains_key(name) && !keep(name);
@@ -132,7 +134,7 @@ pub fn folded_weights(
 }
 
 /// The values an in-place op of `graph` rebinds (its `self` or `input`).
-fn rebound(graph: &Graph) -> HashSet<&str> {
+fn rebound(graph: &Graph) -> FastSet<&str> {
     graph
         .nodes
         .iter()
@@ -151,7 +153,7 @@ fn rebound(graph: &Graph) -> HashSet<&str> {
 /// only tensors for which `constant` holds and plain values ([`constant_inputs`]).
 fn candidate<'n>(
     node: &'n Node,
-    rebound: &HashSet<&str>,
+    rebound: &FastSet<&str>,
     constant: impl Fn(&str) -> bool,
 ) -> Option<(Vec<&'n str>, Vec<&'n str>)> {
     let in_place = crate::ops::is_in_place(op_key(&node.target));
@@ -174,7 +176,7 @@ fn constant_inputs<'n>(node: &'n Node, constant: &impl Fn(&str) -> bool) -> Opti
             | Argument::AsOptionalTensor(_)
             | Argument::AsOptionalTensors(_) => {
                 let tensors = tensor_names(&a.arg);
-                if !tensors.iter().all(|n| constant(n)) {
+                if !tensors.clone().all(constant) {
                     return None;
                 }
                 names.extend(tensors);
@@ -245,7 +247,7 @@ fn tensors_of(outs: Vec<Value>, count: usize) -> Option<Vec<Tensor>> {
 /// Copy each weight named in `made` whose values share memory with another weight's (a view
 /// that a node folded: `reshape`, `expand`, `t`, an op that hands back its input), into a
 /// tensor of its own.
-fn unshare(weights: &mut HashMap<String, Tensor>, made: &[String]) {
+fn unshare<S: BuildHasher>(weights: &mut HashMap<String, Tensor, S>, made: &[String]) {
     let spans: Vec<(&str, (usize, Range<usize>))> = weights
         .iter()
         .filter_map(|(n, t)| Some((n.as_str(), span(t)?)))

@@ -1,7 +1,7 @@
 //! Chains of elementwise float32 ops fused into one node of
 //! [`crate::ops::pointwise::TARGET`], computed in one pass.
 
-use std::collections::{HashMap, HashSet};
+use crate::fast::{HashMap, HashSet};
 
 use super::{
     drop_nodes, input_float, input_tensor, readers_and_producers, rebinds_any, same_meta,
@@ -47,7 +47,7 @@ struct Chain {
 /// sizes: every tensor involved must be float32. Returns how many chains were fused.
 pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
     let (readers, _) = readers_and_producers(graph);
-    let mut asserts: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut asserts: HashMap<String, Vec<usize>> = HashMap::default();
     for (i, node) in graph.nodes.iter().enumerate() {
         if op_key(&node.target) == "aten._assert_tensor_metadata.default" {
             for a in &node.inputs {
@@ -64,7 +64,7 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
     let is_f32 = |v: &str| graph.tensor_values.get(v).is_some_and(|m| m.dtype == FLOAT);
     let mut chains: Vec<Chain> = Vec::new();
     // Chains whose last value may take another step, by that value.
-    let mut open: HashMap<String, usize> = HashMap::new();
+    let mut open: HashMap<String, usize> = HashMap::default();
     for (i, node) in graph.nodes.iter().enumerate() {
         let Some((op, y)) = parse(node) else {
             continue;
@@ -134,7 +134,7 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
         chain.nodes.push(i);
         open.insert(y, c);
     }
-    let mut dropped: HashSet<usize> = HashSet::new();
+    let mut dropped: HashSet<usize> = HashSet::default();
     let mut fused = 0;
     for chain in chains {
         let (Some(&first), Some(&last)) = (chain.nodes.first(), chain.nodes.last()) else {
@@ -156,7 +156,7 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
                 dropped.extend(asserts.get(&v.name).into_iter().flatten());
             }
         }
-        let named = |name: &str, arg: Argument| NamedArgument {
+        let named = |name: &'static str, arg: Argument| NamedArgument {
             name: name.into(),
             arg,
             kind: None,

@@ -6,7 +6,7 @@
 //! ([`linears_from_products`]); every form is a product whose weight the load may pack
 //! ([`packable_read`]).
 
-use std::collections::HashSet;
+use crate::fast::HashSet;
 
 use crate::ops::op_key;
 use crate::ops::packed::Source;
@@ -57,12 +57,12 @@ fn plain_addmm(graph: &Graph, node: &Node, n: i64) -> bool {
 /// The inputs of the packed kernel (`input`, `weight`, `bias`) for a node that reads its
 /// weight as [`packable_read`] says, from the node's own.
 pub(crate) fn packed_inputs(node: &Node) -> Vec<NamedArgument> {
-    let rename = |from: &str, to: &str| {
+    let rename = |from: &str, to: &'static str| {
         node.inputs
             .iter()
             .find(|a| a.name == from)
             .map(|a| NamedArgument {
-                name: to.to_string(),
+                name: to.into(),
                 ..a.clone()
             })
     };
@@ -115,8 +115,8 @@ pub fn linears_from_products(graph: &mut Graph, is_weight: impl Fn(&str) -> bool
         if bias.is_some() && !n.is_some_and(|n| plain_addmm(graph, node, n)) {
             continue;
         }
-        let tensor = |name: &str, t: &str| NamedArgument {
-            name: name.to_string(),
+        let tensor = |name: &'static str, t: &str| NamedArgument {
+            name: name.into(),
             arg: Argument::AsTensor(TensorArgument {
                 name: t.to_string(),
             }),
@@ -127,7 +127,7 @@ pub fn linears_from_products(graph: &mut Graph, is_weight: impl Fn(&str) -> bool
         rewrites.push((i, inputs, producer[mat2]));
     }
     let count = rewrites.len();
-    let mut transposes = HashSet::new();
+    let mut transposes = HashSet::default();
     for (i, inputs, t) in rewrites {
         let node = &mut graph.nodes[i];
         node.target = "aten.linear.default".to_string();

@@ -2,6 +2,7 @@
 //! ([`crate::ops::conv::small`]).
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 
 use candle_core::{Tensor, TensorId};
 
@@ -46,10 +47,10 @@ pub fn small_conv_weights(graph: &Graph) -> HashSet<&str> {
 /// tensor, with their `[co, ci, kh, kw]`: their convolutions are rewritten whatever their
 /// plane, and a weight of them that some other node reads is an error. Run after the batch
 /// norms are folded (the fold rescales the weight it packs). Returns how many.
-pub fn pack_small_convs(
+pub fn pack_small_convs<S: BuildHasher, D: BuildHasher>(
     graph: &mut Graph,
-    weights: &mut HashMap<String, Tensor>,
-    decoded: &HashMap<TensorId, Vec<usize>>,
+    weights: &mut HashMap<String, Tensor, S>,
+    decoded: &HashMap<TensorId, Vec<usize>, D>,
 ) -> Result<usize, String> {
     let (readers, _) = readers_and_producers(graph);
     // (node, its weight, the weight's [co, ci, kh, kw] where the load packed it).

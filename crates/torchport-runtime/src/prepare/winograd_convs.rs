@@ -2,6 +2,7 @@
 //! ([`crate::ops::conv::WINOGRAD_TARGET`]), instead of on every call.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 
 use candle_core::Tensor;
 
@@ -21,7 +22,10 @@ use crate::schema::{Argument, Graph, Node};
 ///
 /// The transform holds 16 values for each 9 of the weight: by their sizes, ResNet-18's
 /// transformed 3x3 weights take 16.8 MB where they took 9.4.
-pub fn transform_winograd_convs(graph: &mut Graph, weights: &mut HashMap<String, Tensor>) -> usize {
+pub fn transform_winograd_convs<S: BuildHasher>(
+    graph: &mut Graph,
+    weights: &mut HashMap<String, Tensor, S>,
+) -> usize {
     let (readers, _) = readers_and_producers(graph);
     let convs: Vec<(usize, String, [usize; 4])> = graph
         .nodes

@@ -268,7 +268,7 @@ fn bind(schema: &Schema, args: &[Val], kwargs: &[(String, Val)], strict: bool) -
 
 fn push(b: &mut Bound, name: &str, arg: Argument) {
     b.inputs.push(NamedArgument {
-        name: name.to_string(),
+        name: name.to_string().into(),
         arg,
         kind: None,
     });

@@ -416,11 +416,17 @@ impl Builder<'_> {
         };
         let shape = ints(&tm.sizes, "sizes")?;
         let strides = ints(&tm.strides, "strides")?;
-        let offset = ints(std::slice::from_ref(&tm.storage_offset), "storage offset")?[0];
+        let offset = match tm.storage_offset.as_int.map(usize::try_from) {
+            Some(Ok(offset)) => offset,
+            _ => return Err(bad(
+                "its storage offset is not a non-negative integer (symbolic sizes are not read)"
+                    .into(),
+            )),
+        };
         let mut t = TensorInfo {
             name: fqn.to_string(),
             dtype,
-            strides: strides.clone(),
+            strides,
             shape,
             offset,
             data: TensorData::Meta,

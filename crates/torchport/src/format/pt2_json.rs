@@ -90,22 +90,53 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Ordered<T> {
                 f.write_str("an object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out: Vec<(String, T)> = Vec::new();
-                let mut index = std::collections::HashMap::new();
-                while let Some((k, v)) = map.next_entry::<String, T>()? {
-                    match index.get(&k) {
-                        Some(&i) => out[i] = (k, v),
-                        None => {
-                            index.insert(k.clone(), out.len());
-                            out.push((k, v));
-                        }
-                    }
+                let mut out: Vec<(String, T)> = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(entry) = map.next_entry::<String, T>()? {
+                    out.push(entry);
                 }
-                Ok(Ordered(out))
+                Ok(Ordered(first_places(out)))
             }
         }
         d.deserialize_map(V(PhantomData))
     }
+}
+
+/// `entries` with each repeated key kept once, at its first position, with its last value.
+/// Keys are found repeated by sorting their positions (no map of owned keys: a weights
+/// config has one entry per tensor, hundreds, and none repeated).
+fn first_places<T>(entries: Vec<(String, T)>) -> Vec<(String, T)> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    // Stable: equal keys stay in file order.
+    order.sort_by(|&a, &b| entries[a].0.cmp(&entries[b].0));
+    // For each position, the later position whose value it takes, if its key repeats.
+    let mut last: Vec<Option<usize>> = vec![None; entries.len()];
+    let mut later: Vec<bool> = vec![false; entries.len()];
+    for run in order.chunk_by(|&a, &b| entries[a].0 == entries[b].0) {
+        if let [first, .., end] = run {
+            last[*first] = Some(*end);
+            for &i in &run[1..] {
+                later[i] = true;
+            }
+        }
+    }
+    if !later.contains(&true) {
+        return entries;
+    }
+    let mut slots: Vec<Option<(String, T)>> = entries.into_iter().map(Some).collect();
+    let mut out = Vec::with_capacity(slots.len());
+    for i in 0..slots.len() {
+        if later[i] {
+            continue;
+        }
+        let value = match last[i] {
+            Some(end) => slots[end].take().map(|(_, v)| v),
+            None => None,
+        };
+        if let Some((key, own)) = slots[i].take() {
+            out.push((key, value.unwrap_or(own)));
+        }
+    }
+    out
 }
 
 /// The name of a `Layout` number other than strided (7).
@@ -141,5 +172,32 @@ mod tests {
             .collect();
         assert_eq!(names, [("z", "weight_2"), ("a", "weight_0")]);
         assert!(c.config.0[1].1.use_pickle);
+    }
+
+    #[test]
+    fn repeated_keys_keep_their_first_place_and_last_value() {
+        type Pairs = &'static [(&'static str, i32)];
+        let entries = |pairs: Pairs| -> Vec<(String, i32)> {
+            pairs.iter().map(|&(k, v)| (k.to_string(), v)).collect()
+        };
+        // As Python's json.loads builds its dict.
+        let cases: [(Pairs, Pairs); 4] = [
+            (
+                &[("b", 1), ("a", 2), ("c", 3)],
+                &[("b", 1), ("a", 2), ("c", 3)],
+            ),
+            (&[("b", 1), ("a", 2), ("b", 3)], &[("b", 3), ("a", 2)]),
+            (
+                &[("a", 1), ("a", 2), ("a", 3), ("c", 4)],
+                &[("a", 3), ("c", 4)],
+            ),
+            (
+                &[("x", 1), ("y", 2), ("y", 3), ("x", 4), ("z", 5)],
+                &[("x", 4), ("y", 3), ("z", 5)],
+            ),
+        ];
+        for (given, want) in cases {
+            assert_eq!(first_places(entries(given)), entries(want), "{given:?}");
+        }
     }
 }

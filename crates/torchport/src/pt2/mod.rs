@@ -164,4 +164,29 @@ mod tests {
         assert!(matches!(e, ProgramError::Json(_)), "{e}");
         assert!(e.to_string().contains("line 3"), "{e}");
     }
+
+    #[test]
+    fn common_names_are_shared_and_others_kept() {
+        use std::borrow::Cow;
+        let node = |name: &str| {
+            format!(
+                r#"{{"target": "aten.relu.default", "outputs": [],
+                "inputs": [{{"name": "{name}", "arg": {{"as_int": 1}}, "kind": 1}}]}}"#
+            )
+        };
+        let weight: Node = serde_json::from_str(&node("weight")).unwrap();
+        assert!(matches!(weight.inputs[0].name, Cow::Borrowed("weight")));
+        // Escaped, the same name: shared too.
+        let escaped: Node = serde_json::from_str(&node("w\\u0065ight")).unwrap();
+        assert!(matches!(escaped.inputs[0].name, Cow::Borrowed("weight")));
+        let other: Node = serde_json::from_str(&node("an_argument_of_tomorrow")).unwrap();
+        assert!(matches!(other.inputs[0].name, Cow::Owned(_)));
+        assert_eq!(other.inputs[0].name, "an_argument_of_tomorrow");
+        let meta: TensorMeta = serde_json::from_str(
+            r#"{"dtype": 7, "sizes": [], "strides": [], "storage_offset": {"as_int": 0},
+            "layout": 7, "device": {"type": "cpu", "index": null}}"#,
+        )
+        .unwrap();
+        assert!(matches!(meta.device.kind, Cow::Borrowed("cpu")));
+    }
 }
