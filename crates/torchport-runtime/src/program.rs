@@ -1147,19 +1147,19 @@ fn is_contiguous(m: &TensorMeta) -> bool {
 }
 
 /// Names of the values each node uses, for `last_uses`.
-pub(crate) fn used_names(arg: &Argument, out: &mut Vec<String>) {
+pub(crate) fn used_names<'a>(arg: &'a Argument, out: &mut Vec<&'a str>) {
     use crate::schema::OptionalTensorArgument as O;
     match arg {
-        Argument::AsTensor(t) => out.push(t.name.clone()),
-        Argument::AsTensors(ts) => out.extend(ts.iter().map(|t| t.name.clone())),
+        Argument::AsTensor(t) => out.push(&t.name),
+        Argument::AsTensors(ts) => out.extend(ts.iter().map(|t| t.name.as_str())),
         Argument::AsOptionalTensors(ts) => out.extend(ts.iter().filter_map(|t| match t {
-            O::AsTensor(t) => Some(t.name.clone()),
+            O::AsTensor(t) => Some(t.name.as_str()),
             O::AsNone(_) => None,
         })),
-        Argument::AsOptionalTensor(O::AsTensor(t)) => out.push(t.name.clone()),
-        Argument::AsSymInt(crate::schema::SymIntArgument::AsName(n)) => out.push(n.clone()),
+        Argument::AsOptionalTensor(O::AsTensor(t)) => out.push(&t.name),
+        Argument::AsSymInt(crate::schema::SymIntArgument::AsName(n)) => out.push(n),
         Argument::AsSymInts(v) => out.extend(v.iter().filter_map(|s| match s {
-            crate::schema::SymIntArgument::AsName(n) => Some(n.clone()),
+            crate::schema::SymIntArgument::AsName(n) => Some(n.as_str()),
             _ => None,
         })),
         _ => {}
@@ -1170,24 +1170,25 @@ pub(crate) fn used_names(arg: &Argument, out: &mut Vec<String>) {
 /// by an in-place op, whose name lives on).
 fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
     let g = &ep.graph_module.graph;
-    let mut last: FastMap<String, usize> = FastMap::default();
-    let mut keep: Vec<String> = Vec::new();
+    let mut last: FastMap<&str, usize> =
+        FastMap::with_capacity_and_hasher(g.tensor_values.len(), Default::default());
+    let mut keep: Vec<&str> = Vec::new();
     for o in outputs {
         used_names(o, &mut keep);
     }
+    let mut names = Vec::new();
     for (i, node) in g.nodes.iter().enumerate() {
-        let mut names = Vec::new();
         for a in &node.inputs {
             used_names(&a.arg, &mut names);
         }
-        for n in names {
+        for n in names.drain(..) {
             last.insert(n, i);
         }
     }
     let mut frees = vec![Vec::new(); g.nodes.len()];
     for (name, i) in last {
         if !keep.contains(&name) {
-            frees[i].push(name);
+            frees[i].push(name.to_string());
         }
     }
     frees

@@ -55,13 +55,13 @@ pub(crate) fn is_view_op(key: &str) -> bool {
 pub(crate) fn check_inplace_views(g: &crate::schema::Graph, outputs: &[Argument]) -> Result<()> {
     let mut root: HashMap<&str, &str> = HashMap::default();
     let mut defined: HashMap<&str, usize> = HashMap::default();
-    let mut last_read: HashMap<String, usize> = HashMap::default();
+    let mut last_read: HashMap<&str, usize> = HashMap::default();
+    let mut names = Vec::new();
     for (i, node) in g.nodes.iter().enumerate() {
-        let mut names = Vec::new();
         for a in &node.inputs {
             used_names(&a.arg, &mut names);
         }
-        for n in names {
+        for n in names.drain(..) {
             last_read.insert(n, i);
         }
     }
@@ -272,13 +272,13 @@ fn write_back(g: &mut Graph, i: usize) -> Option<(Vec<Node>, HashMap<String, Str
             let mut outs = Vec::new();
             n.outputs.iter().for_each(|o| used_names(o, &mut outs));
             for o in outs {
-                root.insert(o, r.clone());
+                root.insert(o.to_string(), r.clone());
             }
         }
     }
     let stale = root
         .iter()
-        .any(|(n, r)| *r == base && !levels.contains(&n.as_str()) && later.contains(n));
+        .any(|(n, r)| *r == base && !levels.contains(&n.as_str()) && later.contains(n.as_str()));
     if stale {
         return None;
     }
