@@ -252,8 +252,11 @@ impl Program {
             let stored = owned.and_then(|o| o.packed.get(fqn));
             let is_packed = stored.is_some();
             if let Some(meta) = g.tensor_values.get(&arg.name) {
-                if let Some(s) = meta.static_sizes() {
-                    let mut want: Vec<usize> = s.iter().map(|&v| v.max(0) as usize).collect();
+                let sizes = meta.sizes.iter().map(|s| match s {
+                    crate::schema::SymInt::AsInt(v) => Some((*v).max(0) as usize),
+                    crate::schema::SymInt::AsExpr(_) => None,
+                });
+                if let Some(mut want) = sizes.collect::<Option<Vec<usize>>>() {
                     if let (Some(&(source, (n, k))), Some(pk)) = (stored, packing) {
                         // Decoded packed (read_for_build): its values, 1-d, which hold the
                         // graph's shape only if the archive stored that one.

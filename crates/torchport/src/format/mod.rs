@@ -56,11 +56,9 @@ fn zip_kind(bytes: &[u8]) -> Format {
         // A damaged zip: the torch zip reader reports what is wrong with it.
         return Format::TorchZip;
     };
-    let names: Vec<String> = zip
-        .file_names()
-        .filter_map(|n| n.ok().map(|n| n.into_owned()))
-        .collect();
-    let torchscript = |n: &String| {
+    // Borrowed: a name is copied only where it is not UTF-8 as stored.
+    let names: Vec<std::borrow::Cow<str>> = zip.file_names().filter_map(Result::ok).collect();
+    let torchscript = |n: &std::borrow::Cow<str>| {
         n == "constants.pkl"
             || n.ends_with("/constants.pkl")
             || n.starts_with("code/__torch__")

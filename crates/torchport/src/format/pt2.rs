@@ -35,18 +35,18 @@ use crate::tensor::{check_view, contiguous_strides, ByteOrder, TensorData, Tenso
 use crate::value::Value;
 
 /// The root folder of a packaged archive: the folder holding `archive_format`.
-fn find_root(names: &[String]) -> Option<String> {
+fn find_root<S: AsRef<str>>(names: &[S]) -> Option<String> {
     names
         .iter()
-        .filter_map(|n| n.strip_suffix("archive_format"))
+        .filter_map(|n| n.as_ref().strip_suffix("archive_format"))
         .filter(|r| r.is_empty() || (r.ends_with('/') && r.matches('/').count() == 1))
         .min_by_key(|r| r.len())
         .map(str::to_string)
 }
 
 /// True when record names look like a `.pt2` archive (either layout).
-pub(crate) fn looks_like(names: &[String]) -> bool {
-    find_root(names).is_some() || names.iter().any(|n| n == V0_PROGRAM)
+pub(crate) fn looks_like<S: AsRef<str>>(names: &[S]) -> bool {
+    find_root(names).is_some() || names.iter().any(|n| n.as_ref() == V0_PROGRAM)
 }
 
 const V0_PROGRAM: &str = "serialized_exported_program.json";
@@ -188,8 +188,14 @@ impl Builder<'_> {
                 let record = format!("{root}data/weights/{model}_weights_config.json");
                 let config: PayloadConfig = self.json(&record, "weights config")?;
                 let dir = format!("{root}data/weights/");
+                // One record per tensor, most of them seen once.
+                self.weights.by_record.reserve(config.config.0.len());
                 for (fqn, meta) in &config.config.0 {
-                    self.payload(Kind::Weight, &dir, &format!("{prefix}{fqn}"), meta)?;
+                    let fqn = match prefix.is_empty() {
+                        true => std::borrow::Cow::Borrowed(fqn.as_str()),
+                        false => std::borrow::Cow::Owned(format!("{prefix}{fqn}")),
+                    };
+                    self.payload(Kind::Weight, &dir, &fqn, meta)?;
                 }
             }
             let legacy = format!("{root}data/constants/{model}.pt");
