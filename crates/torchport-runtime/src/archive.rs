@@ -451,6 +451,13 @@ pub fn read_program(path: &Path) -> Result<ExportedProgram> {
 
 /// Open `path` with torchport's reader, refusing anything but a `.pt2` archive.
 fn open_pt2(path: &Path) -> Result<Checkpoint> {
+    // Read as a .pt2 archive without detecting the format first (detection parses a zip's
+    // directory once more than the read does).
+    if let Ok(ckpt) = torchport::open_as(path, Format::Pt2, &torchport::Limits::default()) {
+        return Ok(ckpt);
+    }
+    // Refused: read again as whatever the file is, for the error that says what is wrong
+    // (the reader of its format on a damaged file, or that it is not a .pt2 archive).
     let ckpt = torchport::open(path).map_err(Error::Read)?;
     if ckpt.format() != Format::Pt2 {
         return Err(Error::Archive {

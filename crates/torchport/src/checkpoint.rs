@@ -55,8 +55,20 @@ pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
 
 /// Open a checkpoint with explicit resource limits.
 pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<Checkpoint> {
-    let path = path.as_ref();
-    let mut c = Checkpoint::from_parts(path, format::open(path, limits)?);
+    open_path(path.as_ref(), limits, None)
+}
+
+/// [`open_with`] as the given format, skipping content detection: for a caller that reads
+/// one format only (the runtime reads `.pt2` archives), which saves detection's pass over a
+/// zip archive's directory. The reader of that format checks the file as it always does, so
+/// a file of another format is refused, by that reader's error; [`crate::detect_file`] then
+/// says what the file is.
+pub fn open_as(path: impl AsRef<Path>, format: Format, limits: &Limits) -> Result<Checkpoint> {
+    open_path(path.as_ref(), limits, Some(format))
+}
+
+fn open_path(path: &Path, limits: &Limits, format: Option<Format>) -> Result<Checkpoint> {
+    let mut c = Checkpoint::from_parts(path, format::open(path, limits, format)?);
     c.max_expanded_bytes = limits.max_expanded_bytes;
     Ok(c)
 }

@@ -157,3 +157,35 @@ fn detect_file_agrees_with_open() {
     // Every format torchport reads is among the fixtures.
     assert!(checked.len() >= 9, "{checked:?}");
 }
+
+/// `open_as` a `.pt2` archive (no detection) reads what `open` reads from the archives it
+/// detects as one, and refuses every other fixture.
+#[test]
+fn open_as_pt2_reads_pt2_archives_only() {
+    let limits = torchport::Limits::default();
+    let summary = |c: &torchport::Checkpoint| -> Vec<(String, String, Vec<usize>)> {
+        let tensors = c.tensors().iter().chain(c.constants());
+        let named = tensors.map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()));
+        named.collect()
+    };
+    let (mut read, mut refused) = (0, 0);
+    for path in common::fixtures::all_fixture_files() {
+        let detected = torchport::open(&path)
+            .ok()
+            .map(|c| (c.format(), summary(&c)));
+        match (detected, torchport::open_as(&path, Format::Pt2, &limits)) {
+            (Some((Format::Pt2, want)), Ok(c)) => {
+                assert_eq!(c.format(), Format::Pt2, "{}", path.display());
+                assert_eq!(summary(&c), want, "{}", path.display());
+                read += 1;
+            }
+            (Some((Format::Pt2, _)), Err(e)) => panic!("{}: {e}", path.display()),
+            (_, Ok(_)) => panic!("{}: read as a .pt2 archive", path.display()),
+            (_, Err(_)) => refused += 1,
+        }
+    }
+    assert!(
+        read >= 10 && refused >= 10,
+        "{read} read, {refused} refused"
+    );
+}

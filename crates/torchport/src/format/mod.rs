@@ -76,9 +76,12 @@ fn zip_kind(bytes: &[u8]) -> Format {
     }
 }
 
-pub(crate) fn open(path: &Path, limits: &Limits) -> Result<Parts> {
+pub(crate) fn open(path: &Path, limits: &Limits, format: Option<Format>) -> Result<Parts> {
     let file = FileBytes::open(path)?;
-    let format = detect_or_fail(path, file.as_slice())?;
+    let format = match format {
+        Some(f) => f,
+        None => detect_or_fail(path, file.as_slice())?,
+    };
     dispatch(path, &file, limits, true, format)
 }
 
