@@ -215,8 +215,8 @@ pub(crate) fn decode(
         .collect();
     let mut tensors = FastMap::with_capacity_and_hasher(infos.len(), Default::default());
     for ((t, slot), x) in infos.iter().zip(slots).zip(own) {
-        {
-            let x = match (x, slot) {
+        let x =
+            match (x, slot) {
                 (Some(x), _) => x,
                 (None, Some(r)) if was_packed.contains_key(&t.name) => shared
                     .narrow(0, r.start, r.len())
@@ -231,8 +231,7 @@ pub(crate) fn decode(
                     })?,
                 (None, None) => unreachable!("a tensor without a slot is decoded on its own"),
             };
-            tensors.insert(t.name.clone(), x);
-        }
+        tensors.insert(t.name.clone(), x);
     }
     Ok((tensors, scales.into_keys().collect(), was_packed))
 }
