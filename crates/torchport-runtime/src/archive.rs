@@ -452,11 +452,16 @@ pub fn read_program(path: &Path) -> Result<ExportedProgram> {
 fn open_pt2(path: &Path) -> Result<Checkpoint> {
     // Read as a .pt2 archive without detecting the format first (detection parses a zip's
     // directory once more than the read does).
-    if let Ok(ckpt) = torchport::open_as(path, Format::Pt2, &torchport::Limits::default()) {
-        return Ok(ckpt);
+    let refused = match torchport::open_as(path, Format::Pt2, &torchport::Limits::default()) {
+        Ok(ckpt) => return Ok(ckpt),
+        Err(e) => e,
+    };
+    // Refused. Where the file is a .pt2 archive by its content, that is the reader's error;
+    // else read it as what it is, for the error that says so (or that format's reader's own
+    // on a damaged file), as a load that detected the format first would have.
+    if torchport::detect_file(path).is_ok_and(|f| f == Format::Pt2) {
+        return Err(Error::Read(refused));
     }
-    // Refused: read again as whatever the file is, for the error that says what is wrong
-    // (the reader of its format on a damaged file, or that it is not a .pt2 archive).
     let ckpt = torchport::open(path).map_err(Error::Read)?;
     if ckpt.format() != Format::Pt2 {
         return Err(Error::Archive {

@@ -252,11 +252,8 @@ impl Program {
             let stored = owned.and_then(|o| o.packed.get(fqn));
             let is_packed = stored.is_some();
             if let Some(meta) = g.tensor_values.get(&arg.name) {
-                let sizes = meta.sizes.iter().map(|s| match s {
-                    crate::schema::SymInt::AsInt(v) => Some((*v).max(0) as usize),
-                    crate::schema::SymInt::AsExpr(_) => None,
-                });
-                if let Some(mut want) = sizes.collect::<Option<Vec<usize>>>() {
+                if let Some(s) = meta.static_sizes() {
+                    let mut want: Vec<usize> = s.iter().map(|&v| v.max(0) as usize).collect();
                     if let (Some(&(source, (n, k))), Some(pk)) = (stored, packing) {
                         // Decoded packed (read_for_build): its values, 1-d, which hold the
                         // graph's shape only if the archive stored that one.
@@ -1149,17 +1146,11 @@ fn is_contiguous(m: &TensorMeta) -> bool {
     true
 }
 
-/// Names of the values each node uses, for `last_uses`.
+/// Names of the values each node uses, for `last_uses`: the tensors an argument reads
+/// ([`crate::prepare::tensor_names`]) and the symbolic ints it names.
 pub(crate) fn used_names<'a>(arg: &'a Argument, out: &mut Vec<&'a str>) {
-    use crate::schema::OptionalTensorArgument as O;
+    out.extend(crate::prepare::tensor_names(arg));
     match arg {
-        Argument::AsTensor(t) => out.push(&t.name),
-        Argument::AsTensors(ts) => out.extend(ts.iter().map(|t| t.name.as_str())),
-        Argument::AsOptionalTensors(ts) => out.extend(ts.iter().filter_map(|t| match t {
-            O::AsTensor(t) => Some(t.name.as_str()),
-            O::AsNone(_) => None,
-        })),
-        Argument::AsOptionalTensor(O::AsTensor(t)) => out.push(&t.name),
         Argument::AsSymInt(crate::schema::SymIntArgument::AsName(n)) => out.push(n),
         Argument::AsSymInts(v) => out.extend(v.iter().filter_map(|s| match s {
             crate::schema::SymIntArgument::AsName(n) => Some(n.as_str()),

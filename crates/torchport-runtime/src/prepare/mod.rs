@@ -311,7 +311,7 @@ fn transpose_into(
 /// An iterator rather than a list: the load's passes ask this of every argument of every
 /// node, and a list per argument was 8,383 of the 28,549 allocations of a MobileNetV3-Large
 /// load (counted by valgrind's DHAT).
-fn tensor_names(arg: &Argument) -> TensorNames<'_> {
+pub(crate) fn tensor_names(arg: &Argument) -> TensorNames<'_> {
     use crate::schema::OptionalTensorArgument as O;
     match arg {
         Argument::AsTensor(t) | Argument::AsOptionalTensor(O::AsTensor(t)) => {
@@ -325,7 +325,7 @@ fn tensor_names(arg: &Argument) -> TensorNames<'_> {
 
 /// What [`tensor_names`] returns.
 #[derive(Clone)]
-enum TensorNames<'a> {
+pub(crate) enum TensorNames<'a> {
     /// One tensor, or none.
     One(Option<&'a str>),
     /// A list of tensors.

@@ -191,9 +191,10 @@ impl Builder<'_> {
                 // One record per tensor, most of them seen once.
                 self.weights.by_record.reserve(config.config.0.len());
                 for (fqn, meta) in &config.config.0 {
-                    let fqn = match prefix.is_empty() {
-                        true => std::borrow::Cow::Borrowed(fqn.as_str()),
-                        false => std::borrow::Cow::Owned(format!("{prefix}{fqn}")),
+                    let fqn: std::borrow::Cow<str> = if prefix.is_empty() {
+                        fqn.into()
+                    } else {
+                        format!("{prefix}{fqn}").into()
                     };
                     self.payload(Kind::Weight, &dir, &fqn, meta)?;
                 }

@@ -102,41 +102,24 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Ordered<T> {
 }
 
 /// `entries` with each repeated key kept once, at its first position, with its last value.
-/// Keys are found repeated by sorting their positions (no map of owned keys: a weights
-/// config has one entry per tensor, hundreds, and none repeated).
+/// Repeated keys are found by sorting the positions by key (no map of copied keys: a weights
+/// config has one entry per tensor, hundreds of them).
 fn first_places<T>(entries: Vec<(String, T)>) -> Vec<(String, T)> {
     let mut order: Vec<usize> = (0..entries.len()).collect();
-    // Stable: equal keys stay in file order.
+    // Stable: equal keys stay in file order, the first of each run its first position.
     order.sort_by(|&a, &b| entries[a].0.cmp(&entries[b].0));
-    // For each position, the later position whose value it takes, if its key repeats.
-    let mut last: Vec<Option<usize>> = vec![None; entries.len()];
-    let mut later: Vec<bool> = vec![false; entries.len()];
+    let mut place = vec![0; entries.len()];
     for run in order.chunk_by(|&a, &b| entries[a].0 == entries[b].0) {
-        if let [first, .., end] = run {
-            last[*first] = Some(*end);
-            for &i in &run[1..] {
-                later[i] = true;
-            }
+        for &i in run {
+            place[i] = run[0];
         }
     }
-    if !later.contains(&true) {
-        return entries;
+    // In file order, so that a later entry of a key replaces an earlier one.
+    let mut out: Vec<Option<(String, T)>> = (0..entries.len()).map(|_| None).collect();
+    for (entry, &at) in entries.into_iter().zip(&place) {
+        out[at] = Some(entry);
     }
-    let mut slots: Vec<Option<(String, T)>> = entries.into_iter().map(Some).collect();
-    let mut out = Vec::with_capacity(slots.len());
-    for i in 0..slots.len() {
-        if later[i] {
-            continue;
-        }
-        let value = match last[i] {
-            Some(end) => slots[end].take().map(|(_, v)| v),
-            None => None,
-        };
-        if let Some((key, own)) = slots[i].take() {
-            out.push((key, value.unwrap_or(own)));
-        }
-    }
-    out
+    out.into_iter().flatten().collect()
 }
 
 /// The name of a `Layout` number other than strided (7).
