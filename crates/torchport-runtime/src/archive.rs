@@ -69,15 +69,17 @@ const RELEASE_ABOVE: u64 = 32 << 20;
 /// `scales` is then shown the values of each float32 one by name and says which other
 /// tensors to multiply, per slice along their first dimension, as they are written (a batch
 /// norm's scale folded into the conv weight before it in the pass that decodes the weight,
-/// instead of a pass of its own at build); then the rest, in one parallel pass. Only a
-/// tensor of rank 2 or more decoded into the shared buffer, not transposed, is multiplied.
+/// instead of a pass of its own at build). While it decides, on one thread of the pool, the
+/// tensors it cannot multiply are decoded on the others; then the rest, in one parallel
+/// pass. Only a tensor of rank 2 or more decoded into the shared buffer (or on its own), not
+/// transposed, and not packed unless a convolution's weight, is multiplied.
 /// Returns the tensors, the names of those so multiplied, and those packed ([`DecodedWeights`]).
 pub(crate) fn decode(
     ckpt: &Checkpoint,
     transposed: &FastSet<String>,
     packed: &FastMap<String, Source>,
     separate: &FastSet<String>,
-    scales: impl FnOnce(&FastMap<&str, &[f32]>) -> FastMap<String, Vec<f64>>,
+    scales: impl FnOnce(&FastMap<&str, &[f32]>) -> FastMap<String, Vec<f64>> + Send,
 ) -> Result<DecodedWeights> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
@@ -114,18 +116,41 @@ pub(crate) fn decode(
     }
     let mut parts = split_at_slots(buf, &slots, |gap| gap.fill(MaybeUninit::new(0.0)));
     let mut own: Vec<Option<Tensor>> = vec![None; infos.len()];
-    let vector = |t: &TensorInfo| t.shape.len() <= 1;
-    // Decode the vectors (or the rest), in parallel, each into its slot or as its own
-    // tensor, multiplied where `scales` says.
+    // Which pass decodes each tensor: the vectors; the tensors `scales` cannot multiply,
+    // while it decides; those it can.
+    let group: Vec<Group> = infos
+        .iter()
+        .zip(&slots)
+        .zip(&packs)
+        .map(|((t, slot), pack)| {
+            // Only a tensor of rank 2 or more in the shared buffer (or decoded separately),
+            // not transposed, and not packed unless a convolution's weight (its rows are its
+            // output channels), is multiplied.
+            let packed_conv = matches!(pack, Some((_, Source::Rows))) && t.shape.len() >= 3;
+            match t.shape.len() {
+                0 | 1 => Group::Vector,
+                _ if (slot.is_some() || separate.contains(&t.name))
+                    && (pack.is_none() || packed_conv)
+                    && !transposed.contains(&t.name) =>
+                {
+                    Group::Scalable
+                }
+                _ => Group::Unscaled,
+            }
+        })
+        .collect();
+    // Decode one group, in parallel, each tensor into its slot or as its own tensor,
+    // multiplied where `scales` says.
     let mut pass =
-        |vectors: bool, parts: &mut [Option<&mut [Uninit]>], scales: &FastMap<String, Vec<f64>>| {
+        |which: Group, parts: &mut [Option<&mut [Uninit]>], scales: &FastMap<String, Vec<f64>>| {
             infos
                 .par_iter()
                 .zip(parts.par_iter_mut())
                 .zip(own.par_iter_mut())
                 .zip(packs.par_iter())
-                .filter(|(((t, _), _), _)| vector(t) == vectors)
-                .try_for_each(|(((t, part), own), pack)| {
+                .zip(group.par_iter())
+                .filter(|(_, g)| **g == which)
+                .try_for_each(|((((t, part), own), pack), _)| {
                     let fill = match (scales.get(&t.name), pack) {
                         (scale, Some((pk, source))) => {
                             Fill::Packed(*pk, *source, scale.map(Vec::as_slice))
@@ -163,11 +188,18 @@ pub(crate) fn decode(
                     Ok(())
                 })
         };
-    pass(true, &mut parts, &FastMap::default())?;
+    // The vectors' slots, taken out of `parts` so that their values can be read while the
+    // other slots are written.
+    let mut vectors: Vec<Option<&mut [Uninit]>> = parts
+        .iter_mut()
+        .zip(&group)
+        .map(|(p, g)| p.take_if(|_| *g == Group::Vector))
+        .collect();
+    let none = FastMap::default();
+    pass(Group::Vector, &mut vectors, &none)?;
     let first: FastMap<&str, &[f32]> = infos
         .iter()
-        .zip(parts.iter_mut())
-        .filter(|(t, _)| vector(t))
+        .zip(vectors.iter_mut())
         .filter_map(|(t, p)| {
             // SAFETY: the pass above wrote every vector's slot (`fill_f32`, which returned
             // `Ok` for each).
@@ -176,27 +208,23 @@ pub(crate) fn decode(
             Some((t.name.as_str(), &*values))
         })
         .collect();
-    let mut scales = scales(&first);
+    // `scales` runs on one thread; the tensors it cannot multiply (a network's Linear
+    // weights, nearly half of MobileNetV3-Large's bytes) are decoded on the others meanwhile.
+    let (mut scales, unscaled) = rayon::join(
+        || scales(&first),
+        || pass(Group::Unscaled, &mut parts, &none),
+    );
+    unscaled?;
     drop(first);
-    // Only a tensor of rank 2 or more in the shared buffer, not transposed, and not packed
-    // unless a convolution's weight, is multiplied.
     let scalable: FastSet<&str> = infos
         .iter()
-        .zip(&slots)
-        .zip(&packs)
-        .filter(|((t, slot), pack)| {
-            // Packed: a convolution's weight (rows are its output channels).
-            let packed_conv = matches!(pack, Some((_, Source::Rows))) && t.shape.len() >= 3;
-            (slot.is_some() || separate.contains(&t.name))
-                && (pack.is_none() || packed_conv)
-                && !vector(t)
-                && !transposed.contains(&t.name)
-        })
-        .map(|((t, _), _)| t.name.as_str())
+        .zip(&group)
+        .filter(|(_, g)| **g == Group::Scalable)
+        .map(|(t, _)| t.name.as_str())
         .collect();
     scales.retain(|name, _| scalable.contains(name.as_str()));
-    pass(false, &mut parts, &scales)?;
-    drop(parts);
+    pass(Group::Scalable, &mut parts, &scales)?;
+    drop((parts, vectors));
     // SAFETY: both passes returned `Ok`, so every slot was written (`fill_f32`), and
     // `split_at_slots` zeroed what lies between them: all `len` values.
     #[allow(unsafe_code)]
@@ -234,6 +262,15 @@ pub(crate) fn decode(
         tensors.insert(t.name.clone(), x);
     }
     Ok((tensors, scales.into_keys().collect(), was_packed))
+}
+
+/// The three passes of [`decode`], in order: vectors (rank 0 or 1), tensors that
+/// `scales` cannot multiply, tensors it can.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Vector,
+    Unscaled,
+    Scalable,
 }
 
 /// What [`decode`] returns: the tensors by name, the names of those multiplied for a fold,

@@ -122,7 +122,7 @@ impl Program {
     /// Load a `.pt2` archive written by `torch.export.save`: the program and its weights.
     pub fn load(path: impl AsRef<Path>) -> Result<Program> {
         let (ep, payloads, decoded) = read_for_build(path.as_ref(), true)?;
-        Program::build(ep, payloads, Registry::all_ops(), true, Some(&decoded))
+        Program::build(ep, payloads, Registry::all_ops(), true, Some(decoded))
     }
 
     /// [`Program::load`] with the kernels of `registry` instead of this crate's own: start
@@ -141,7 +141,7 @@ impl Program {
     /// ```
     pub fn load_with_registry(path: impl AsRef<Path>, registry: &Registry) -> Result<Program> {
         let (ep, payloads, decoded) = read_for_build(path.as_ref(), false)?;
-        Program::build(ep, payloads, registry, false, Some(&decoded))
+        Program::build(ep, payloads, registry, false, Some(decoded))
     }
 
     /// Build a program from a parsed graph and its weights by state_dict name (parameters,
@@ -175,14 +175,14 @@ impl Program {
     /// `own_kernels`: `registry` is this crate's, so kernel-specific fusions apply.
     /// `owned`: nothing outside `payloads` holds its tensors (they were decoded by the load),
     /// so a rewrite may change one in place; it says which conv weights the load already
-    /// scaled for their batch norm's fold and which weights it packed (see
-    /// `read_for_build`).
+    /// scaled for their batch norm's fold, which weights it packed, and the folds it planned
+    /// (see `read_for_build`).
     fn build(
         mut ep: ExportedProgram,
         payloads: FastMap<String, Tensor>,
         registry: &Registry,
         own_kernels: bool,
-        owned: Option<&Decoded>,
+        mut owned: Option<Decoded>,
     ) -> Result<Program> {
         let g = &ep.graph_module.graph;
         let specs = &ep.graph_module.signature.input_specs;
@@ -249,7 +249,7 @@ impl Program {
                 name: fqn.to_string(),
                 what: "the program needs it but the archive does not hold it".into(),
             })?;
-            let stored = owned.and_then(|o| o.packed.get(fqn));
+            let stored = owned.as_ref().and_then(|o| o.packed.get(fqn));
             let is_packed = stored.is_some();
             if let Some(meta) = g.tensor_values.get(&arg.name) {
                 if let Some(s) = meta.static_sizes() {
@@ -280,7 +280,7 @@ impl Program {
                     }
                 }
             }
-            if owned.is_some_and(|o| o.prescaled.contains(fqn)) {
+            if owned.as_ref().is_some_and(|o| o.prescaled.contains(fqn)) {
                 prescaled.insert(arg.name.clone());
             }
             if is_packed && !packed.contains_key(&arg.name) {
@@ -295,8 +295,8 @@ impl Program {
         // convolution, a transposed Linear weight) frees the old copy at once.
         drop(payloads);
         // A loaded graph comes with these rewrites made (`read_for_build`).
-        let final_names = match owned {
-            Some(decoded) => decoded.final_names.clone(),
+        let final_names = match owned.as_mut() {
+            Some(decoded) => std::mem::take(&mut decoded.final_names),
             None => {
                 crate::subgraphs::inline_wrappers(&mut ep.graph_module.graph)?;
                 crate::views::write_back_view_updates(&mut ep.graph_module.graph)
@@ -309,12 +309,18 @@ impl Program {
             let mut keep = updated_buffers(&ep, &final_names);
             keep.extend(packed.keys().cloned());
             keep.extend(prescaled.iter().cloned());
-            crate::prepare::fold_constants(
+            let folded = crate::prepare::fold_constants(
                 &mut ep.graph_module.graph,
                 &mut weights,
                 registry,
                 |n| keep.contains(n),
             );
+            if folded > 0 {
+                // The graph the load planned its folds on has changed: plan them again.
+                if let Some(decoded) = owned.as_mut() {
+                    decoded.bn_folds = None;
+                }
+            }
             // The decomposed export's Linears as Linears (a loaded graph has them already:
             // `read_for_build` made them before it chose the weights to pack).
             if owned.is_none() {
@@ -329,6 +335,7 @@ impl Program {
             owned.is_some(),
             &prescaled,
             &packed_convs,
+            owned.and_then(|decoded| decoded.bn_folds),
         )
         .map_err(Error::Program)?;
         if own_kernels {
@@ -629,17 +636,22 @@ fn read_for_build(
         crate::prepare::linears_from_products(&mut module.graph, |n| weights.contains(n));
     }
     let g = &ep.graph_module.graph;
-    let fqns: FastMap<&str, &str> = ep
-        .graph_module
-        .signature
-        .input_specs
-        .iter()
-        .filter_map(|s| s.weight().map(|(arg, fqn)| (arg.name.as_str(), fqn)))
-        .collect();
+    let specs = &ep.graph_module.signature.input_specs;
+    // The maps of names below, sized up front (grown one insert at a time, they hashed every
+    // name again as they grew).
+    fn sized<K, V>(n: usize) -> FastMap<K, V> {
+        FastMap::with_capacity_and_hasher(n, Default::default())
+    }
+    let mut fqns: FastMap<&str, &str> = sized(specs.len());
+    fqns.extend(
+        specs
+            .iter()
+            .filter_map(|s| s.weight().map(|(arg, fqn)| (arg.name.as_str(), fqn))),
+    );
     let wanted = crate::prepare::transposed_weights(g, |n| fqns.contains_key(n));
     // A weight bound to several placeholders is decoded transposed only if all of them
     // read it so (each would otherwise get a strided view where it expects a plain tensor).
-    let mut votes: FastMap<&str, bool> = FastMap::default();
+    let mut votes: FastMap<&str, bool> = sized(specs.len());
     for (name, fqn) in &fqns {
         *votes.entry(fqn).or_insert(true) &= wanted.contains(name);
     }
@@ -664,8 +676,8 @@ fn read_for_build(
             crate::prepare::folded_weights(g, |n| fqns.contains_key(n), |n| updated.contains(n));
         products.retain(|n, _| !folds.contains(n));
     }
-    let mut votes: FastMap<&str, Option<Source>> = FastMap::default();
-    for spec in &ep.graph_module.signature.input_specs {
+    let mut votes: FastMap<&str, Option<Source>> = sized(specs.len());
+    for spec in specs {
         if let Some((arg, fqn)) = spec.weight() {
             let parameter = matches!(spec, InputSpec::Parameter { .. });
             let source = products
@@ -689,7 +701,7 @@ fn read_for_build(
     // alone, under one name, is multiplied as it is decoded (the build's fold would scale
     // it in place).
     let (readers, producer) = crate::prepare::readers_and_producers(g);
-    let mut bound: FastMap<&str, usize> = FastMap::default();
+    let mut bound: FastMap<&str, usize> = sized(specs.len());
     for fqn in fqns.values() {
         *bound.entry(fqn).or_default() += 1;
     }
@@ -699,6 +711,15 @@ fn read_for_build(
         .chain(ckpt.constants())
         .map(|t| (t.name.as_str(), t))
         .collect();
+    // Every fold planned, for the build, where they are all the folds it could plan on this
+    // graph: one per batch norm (a norm left unplanned here may still fold there, from
+    // values the build reads that the load does not, such as float64 statistics).
+    let norms = g
+        .nodes
+        .iter()
+        .filter(|n| crate::prepare::is_batch_norm(n))
+        .count();
+    let mut bn_folds = None;
     let scales = |first: &FastMap<&str, &[f32]>| {
         let plans = crate::prepare::plan_bn_folds(
             g,
@@ -713,13 +734,15 @@ fn read_for_build(
             },
             |n| fqns.contains_key(n),
         );
-        plans
-            .into_iter()
+        let scales = plans
+            .iter()
             .filter(|p| readers.get(p.weight.as_str()) == Some(&1))
-            .filter_map(|p| Some((*fqns.get(p.weight.as_str())?, p.scale)))
+            .filter_map(|p| Some((*fqns.get(p.weight.as_str())?, &p.scale)))
             .filter(|(fqn, _)| bound.get(fqn) == Some(&1))
-            .map(|(fqn, scale)| (fqn.to_string(), scale))
-            .collect()
+            .map(|(fqn, scale)| (fqn.to_string(), scale.clone()))
+            .collect();
+        bn_folds = (plans.len() == norms).then_some(plans);
+        scales
     };
     // Weights the build replaces with their Winograd transform
     // (`prepare::transform_winograd_convs`): decoded on their own, not into the shared
@@ -758,11 +781,13 @@ fn read_for_build(
         prescaled,
         packed,
         final_names,
+        bn_folds,
     };
     Ok((ep, payloads, decoded))
 }
 
 /// What the load did to the weights it decoded for [`Program::build`] (by state_dict name).
+#[derive(Clone)]
 struct Decoded {
     /// Conv weights already scaled for their batch norm's fold.
     prescaled: FastSet<String>,
@@ -772,6 +797,12 @@ struct Decoded {
     /// The names holding the final values of values updated through views, from the
     /// rewrites already made to the graph ([`crate::views::write_back_view_updates`]).
     final_names: FastMap<String, String>,
+    /// The batch norm folds [`crate::prepare::plan_bn_folds`] found on the graph as the load
+    /// left it, with the archive's values, where they are every fold it could find there
+    /// (one per norm); the build makes them without planning again, unless its own rewrites
+    /// change the graph first. Planning again was a fifth of EfficientNet-B0's build
+    /// (BENCHMARKS.md, issue 14).
+    bn_folds: Option<Vec<crate::prepare::BnFold>>,
 }
 
 fn input_info(name: &str, meta: &TensorMeta) -> InputInfo {
@@ -1335,9 +1366,9 @@ mod tests {
     use super::*;
 
     /// The load multiplies each conv weight that a batch norm folds into by the norm's scale
-    /// as it decodes it, and the build takes it as it is: the folded weights hold the same
-    /// bits as those the build makes itself from plainly decoded weights
-    /// (`Program::from_parts`), and the outputs agree (to rounding: the load's classifier
+    /// as it decodes it, and the build takes it as it is, folding as the load planned (no
+    /// second plan): the folded weights and biases hold the same bits as those the build
+    /// makes itself from plainly decoded weights (`Program::from_parts`), and the outputs agree (to rounding: the load's classifier
     /// reads its weight packed, `from_parts`'s through the gemm's own path, which for one row
     /// sums in another order). The weights of convolutions on small planes are packed in
     /// both: the load's as they are decoded and scaled, the build's after its fold. On
@@ -1352,7 +1383,12 @@ mod tests {
             ("tv_mobilenet_v3_small.decomp", "tv_mobilenet_v3_small"),
         ] {
             let path = zoo.join(format!("{name}.pt2"));
-            let (_, _, decoded) = read_for_build(&path, true).unwrap();
+            let (ep, _, decoded) = read_for_build(&path, true).unwrap();
+            let norms = ep.graph_module.graph.nodes.iter();
+            let norms = norms.filter(|n| crate::prepare::is_batch_norm(n)).count();
+            // Every norm folds, so the build is handed the load's plans.
+            let planned = decoded.bn_folds.map(|p| p.len());
+            assert_eq!(planned, Some(norms), "{name}");
             let prescaled = decoded.prescaled;
             let loaded = Program::load(&path).unwrap();
             let (ep, payloads) = crate::archive::read(&path).unwrap();
@@ -1366,8 +1402,12 @@ mod tests {
                 .filter(|k| k.ends_with("__folded_weight"))
                 .collect();
             assert!(folded.len() >= 20, "{name}: {} folds", folded.len());
+            assert_eq!(folded.len(), norms, "{name}");
             // Every folded conv's weight was scaled as it was decoded.
             assert_eq!(prescaled.len(), folded.len(), "{name}");
+            let biases = bw.keys().filter(|k| k.ends_with("__folded_bias"));
+            let folded: Vec<&String> = folded.into_iter().chain(biases).collect();
+            assert_eq!(folded.len(), 2 * norms, "{name}");
             let bits = |v: &Value| -> Vec<u32> {
                 let Value::Tensor(t) = v else {
                     panic!("{name}: a weight that is not a tensor")
@@ -1409,7 +1449,13 @@ mod tests {
         let (source, (n, k)) = decoded.packed[name];
         assert_eq!((source, n, k), (Source::Columns, 96, 32));
         let build = |ep, payloads, decoded: &Decoded| {
-            Program::build(ep, payloads, &Registry::with_all_ops(), true, Some(decoded))
+            Program::build(
+                ep,
+                payloads,
+                &Registry::with_all_ops(),
+                true,
+                Some(decoded.clone()),
+            )
         };
         assert!(build(ep.clone(), payloads.clone(), &decoded).is_ok());
         decoded
@@ -1488,8 +1534,14 @@ mod tests {
         let fold = |packed_dims: &FastMap<candle_core::TensorId, Vec<usize>>| {
             let (mut g, mut w) = (ep.graph_module.graph.clone(), weights.clone());
             let none = FastSet::default();
-            let n =
-                crate::prepare::fold_batch_norms_with(&mut g, &mut w, false, &none, packed_dims);
+            let n = crate::prepare::fold_batch_norms_with(
+                &mut g,
+                &mut w,
+                false,
+                &none,
+                packed_dims,
+                None,
+            );
             (n.unwrap(), w)
         };
         let (all, folded) = fold(&FastMap::default());
@@ -1527,6 +1579,7 @@ mod tests {
             true,
             &[fc].into_iter().collect(),
             &FastMap::default(),
+            None,
         )
         .unwrap_err();
         assert!(err.contains("p_fc_weight"), "{err}");

@@ -541,7 +541,7 @@ pub fn fold_batch_norms<S: BuildHasher>(
     weights: &mut HashMap<String, Tensor, S>,
 ) -> usize {
     let none = (FastSet::default(), FastMap::default());
-    fold_batch_norms_with(graph, weights, false, &none.0, &none.1).unwrap_or(0)
+    fold_batch_norms_with(graph, weights, false, &none.0, &none.1, None).unwrap_or(0)
 }
 
 /// [`fold_batch_norms`]; `in_place`: the caller owns every tensor of `weights` (nothing
@@ -551,27 +551,33 @@ pub fn fold_batch_norms<S: BuildHasher>(
 /// by their fold's scale as it decoded them ([`plan_bn_folds`] decided that fold on the same
 /// graph and values); they are used as they are. One of them whose norm does not fold is an
 /// error, never a silently scaled weight. `packed_dims`: the shapes of weights the load
-/// decoded packed (1-d tensors), by tensor.
+/// decoded packed (1-d tensors), by tensor. `planned`: the folds [`plan_bn_folds`] finds on
+/// this graph with these weights' values, where the caller has them already (the load
+/// planned them: [`plan_bn_folds`] then does not run again).
 pub(crate) fn fold_batch_norms_with<S: BuildHasher>(
     graph: &mut Graph,
     weights: &mut HashMap<String, Tensor, S>,
     in_place: bool,
     prescaled: &FastSet<String>,
     packed_dims: &FastMap<candle_core::TensorId, Vec<usize>>,
+    planned: Option<Vec<BnFold>>,
 ) -> Result<usize, String> {
     use crate::schema::{NamedArgument, TensorArgument};
     let (readers, producer) = readers_and_producers(graph);
-    let plans = plan_bn_folds(
-        graph,
-        (&readers, &producer),
-        |n| {
-            let w = weights.get(n)?;
-            let dims = packed_dims.get(&w.id()).cloned();
-            (w.dtype() == DType::F32).then(|| dims.unwrap_or_else(|| w.dims().to_vec()))
-        },
-        |n, len| values(weights, Some(n), len),
-        |n| weights.contains_key(n),
-    );
+    let plans = match planned {
+        Some(plans) => plans,
+        None => plan_bn_folds(
+            graph,
+            (&readers, &producer),
+            |n| {
+                let w = weights.get(n)?;
+                let dims = packed_dims.get(&w.id()).cloned();
+                (w.dtype() == DType::F32).then(|| dims.unwrap_or_else(|| w.dims().to_vec()))
+            },
+            |n, len| values(weights, Some(n), len),
+            |n| weights.contains_key(n),
+        ),
+    };
     // The weights their conv alone reads (decided before the convs change).
     let sole_reader: FastSet<String> = plans
         .iter()
@@ -676,6 +682,7 @@ pub(crate) fn fold_batch_norms_with<S: BuildHasher>(
 }
 
 /// One batch norm that [`fold_batch_norms`] folds into the convolution before it.
+#[derive(Clone, Debug)]
 pub(crate) struct BnFold {
     /// The norm's node index.
     pub norm: usize,
@@ -707,8 +714,7 @@ pub(crate) fn plan_bn_folds(
     let (readers, producer) = links;
     let mut plans = Vec::new();
     for (i, bn) in graph.nodes.iter().enumerate() {
-        let key = op_key(&bn.target);
-        let out = match (key, bn.outputs.as_slice()) {
+        let out = match (op_key(&bn.target), bn.outputs.as_slice()) {
             ("aten.batch_norm.default", [Argument::AsTensor(y)]) => {
                 if !matches!(
                     bn.inputs
@@ -773,10 +779,7 @@ pub(crate) fn plan_bn_folds(
         if taken(&format!("{out}__folded_weight")) || taken(&format!("{out}__folded_bias")) {
             continue;
         }
-        let scale: Vec<f64> = (0..co).map(|c| gamma[c] / (var[c] + eps).sqrt()).collect();
-        let bias: Vec<f32> = (0..co)
-            .map(|c| ((cb[c] - mean[c]) * scale[c] + beta[c]) as f32)
-            .collect();
+        let (scale, bias) = bn_fold_terms([&gamma, &beta, &mean, &var, &cb], eps);
         plans.push(BnFold {
             norm: i,
             conv: j,
@@ -787,6 +790,41 @@ pub(crate) fn plan_bn_folds(
         });
     }
     plans
+}
+
+/// A batch norm's fold, per channel `c` of `[gamma, beta, mean, var, conv_bias]` (equally
+/// long): the scale `gamma / sqrt(var + eps)` and the folded bias
+/// `(conv_bias - mean) * scale + beta` (as f32). In wide registers where the CPU has them
+/// (a square root and a division per channel, one at a time, were most of the time a plan
+/// of EfficientNet-B0's 21,008 channels took: its plans took a quarter less time so,
+/// BENCHMARKS.md). Square root, division and the rest are correctly rounded in every width,
+/// so the values are the same either way.
+fn bn_fold_terms(terms: [&[f64]; 5], eps: f64) -> (Vec<f64>, Vec<f32>) {
+    let [gamma, beta, mean, var, conv_bias] = terms;
+    let co = gamma.len();
+    let (mut scale, mut bias) = (vec![0f64; co], vec![0f32; co]);
+    crate::ops::fused::simd(
+        #[inline(always)]
+        || {
+            for (s, (g, v)) in scale.iter_mut().zip(gamma.iter().zip(var)) {
+                *s = g / (v + eps).sqrt();
+            }
+            let terms = conv_bias.iter().zip(mean).zip(scale.iter().zip(beta));
+            for (b, ((cb, m), (s, beta))) in bias.iter_mut().zip(terms) {
+                *b = ((cb - m) * s + beta) as f32;
+            }
+        },
+    );
+    (scale, bias)
+}
+
+/// Whether `node` is an inference batch norm of the two forms [`plan_bn_folds`] folds
+/// (`aten.batch_norm`, `_native_batch_norm_legit_no_training`), foldable or not.
+pub(crate) fn is_batch_norm(node: &crate::schema::Node) -> bool {
+    matches!(
+        op_key(&node.target),
+        "aten.batch_norm.default" | "aten._native_batch_norm_legit_no_training.default"
+    )
 }
 
 /// `w` (f32, `[co, ...]`, `scale.len() == co`) with each output channel `c` multiplied by
