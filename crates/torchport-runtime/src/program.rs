@@ -620,6 +620,39 @@ fn read_for_build(
     pack: bool,
 ) -> Result<(ExportedProgram, FastMap<String, Tensor>, Decoded)> {
     let (ckpt, mut ep) = crate::archive::open(path)?;
+    // While the graph is planned, another thread of the pool maps a small archive's pages
+    // into the process (`archive::populate`), which the decode would otherwise fault in as
+    // it reads them.
+    let threads = rayon::current_num_threads();
+    let (decoded, ()) = rayon::join(
+        || plan_and_decode(&ckpt, &mut ep, pack),
+        || {
+            if threads > 1 {
+                crate::archive::populate(&ckpt)
+            }
+        },
+    );
+    let (payloads, decoded) = decoded?;
+    // Closing the archive unmaps every page the decode mapped (all of a small archive's,
+    // `archive::decode`): 8% of MobileNetV3-Large's load samples, on the thread that goes on
+    // to build the program. Where the pool has a second thread, which sits idle during the
+    // build, that thread closes it meanwhile (EfficientNet-B0's loads into reused memory at 2
+    // threads 7.5% less; BENCHMARKS.md, issue 14). With one, the caller closes it, so that a
+    // one-thread load keeps to one thread.
+    if threads > 1 {
+        rayon::spawn(move || drop(ckpt));
+    }
+    Ok((ep, payloads, decoded))
+}
+
+/// The plan of [`read_for_build`]: the graph rewritten as the build would before it reads
+/// weights, the layout of each weight chosen (transposed, packed, scaled for a batch norm's
+/// fold, decoded on its own), and the weights decoded so.
+fn plan_and_decode(
+    ckpt: &torchport::Checkpoint,
+    ep: &mut ExportedProgram,
+    pack: bool,
+) -> Result<(FastMap<String, Tensor>, Decoded)> {
     // The graph's rewrites that need no weights, made here once for both the plan below and
     // the build (which skips them when handed a `Decoded`).
     let module = &mut ep.graph_module;
@@ -664,7 +697,7 @@ fn read_for_build(
     // packed kernel computes, in one layout under every name they are bound to.
     let mut products = crate::prepare::packable_weights(g, |n| fqns.contains_key(n));
     // The buffers a run updates (never computed from at load).
-    let updated = updated_buffers(&ep, &final_names);
+    let updated = updated_buffers(ep, &final_names);
     if pack {
         // The convolutions on small planes the build runs packed (`prepare::pack_small_convs`).
         let convs = crate::prepare::small_conv_weights(g);
@@ -767,23 +800,14 @@ fn read_for_build(
         separate.extend(votes.into_iter().filter(|v| v.1).map(|v| v.0.to_string()));
     }
     let (payloads, prescaled, packed) =
-        crate::archive::decode(&ckpt, &transposed, &packed, &separate, scales)?;
-    // Closing the archive unmaps every page the decode mapped (all of a small archive's,
-    // `archive::decode`): 8% of MobileNetV3-Large's load samples, on the thread that goes on
-    // to build the program. Where the pool has a second thread, which sits idle during the
-    // build, that thread closes it meanwhile (EfficientNet-B0's loads into reused memory at 2
-    // threads 7.5% less; BENCHMARKS.md, issue 14). With one, the caller closes it, so that a
-    // one-thread load keeps to one thread.
-    if rayon::current_num_threads() > 1 {
-        rayon::spawn(move || drop(ckpt));
-    }
+        crate::archive::decode(ckpt, &transposed, &packed, &separate, scales)?;
     let decoded = Decoded {
         prescaled,
         packed,
         final_names,
         bn_folds,
     };
-    Ok((ep, payloads, decoded))
+    Ok((payloads, decoded))
 }
 
 /// What the load did to the weights it decoded for [`Program::build`] (by state_dict name).

@@ -343,6 +343,16 @@ impl Checkpoint {
         s.file_range(start..start.checked_add(nbytes)?)
     }
 
+    /// Map the pages of every storage (of tensors and constants) into the process ahead of
+    /// reading them ([`Storage::populate`]): a reader that will copy every tensor out of a
+    /// memory-mapped file can have another thread fault its pages in meanwhile. A no-op for
+    /// data held in memory and off Linux.
+    pub fn populate(&self) {
+        for s in &self.storages {
+            s.populate();
+        }
+    }
+
     /// Hint that `t`'s bytes will not be read again soon: drops its storage's pages from this
     /// process's resident memory (they stay in the OS page cache and come back transparently
     /// when read). Writers call it after each tensor, so converting a file keeps about one
