@@ -50,7 +50,7 @@ const RELEASE_ABOVE: u64 = 32 << 20;
 /// Maps the pages of a small archive's tensors into the process ahead of [`decode`]
 /// (`Checkpoint::populate`), for a thread that has nothing else to do while the load plans:
 /// the decode then reads them without faulting each in (EfficientNet-B0's decode phase
-/// 2.35 → 2.18 ms and MobileNetV3-Large's 1.88 → 1.62, 2 threads; BENCHMARKS.md, issue 14).
+/// 2.82 → 2.59 ms and MobileNetV3-Large's 2.53 → 2.34, 2 threads; BENCHMARKS.md, issue 14).
 /// Only where they hold at most [`RELEASE_ABOVE`] bytes, whose pages the decode keeps until
 /// the end anyway: a larger archive's are released tensor by tensor, and mapping them all
 /// first would raise the load's peak memory by the archive's size.

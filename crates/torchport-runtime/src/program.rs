@@ -1392,11 +1392,11 @@ mod tests {
     /// The load multiplies each conv weight that a batch norm folds into by the norm's scale
     /// as it decodes it, and the build takes it as it is, folding as the load planned (no
     /// second plan): the folded weights and biases hold the same bits as those the build
-    /// makes itself from plainly decoded weights (`Program::from_parts`), and the outputs agree (to rounding: the load's classifier
-    /// reads its weight packed, `from_parts`'s through the gemm's own path, which for one row
-    /// sums in another order). The weights of convolutions on small planes are packed in
-    /// both: the load's as they are decoded and scaled, the build's after its fold. On
-    /// timm's ResNet-18d and torchvision's
+    /// makes itself from plainly decoded weights (`Program::from_parts`), and the outputs
+    /// agree (to rounding: the load's classifier reads its weight packed, `from_parts`'s
+    /// through the gemm's own path, which for one row sums in another order). The weights of
+    /// convolutions on small planes are packed in both: the load's as they are decoded and
+    /// scaled, the build's after its fold. On timm's ResNet-18d and torchvision's
     /// MobileNetV3-Small as torch.export wrote them (`batch_norm` in one, the decomposed
     /// `_native_batch_norm_legit_no_training` in the other).
     #[test]
