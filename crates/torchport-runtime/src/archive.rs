@@ -55,13 +55,18 @@ const RELEASE_ABOVE: u64 = 32 << 20;
 /// the end anyway: a larger archive's are released tensor by tensor, and mapping them all
 /// first would raise the load's peak memory by the archive's size.
 pub(crate) fn populate(ckpt: &Checkpoint) {
-    let infos = ckpt.tensors().iter().chain(ckpt.constants());
-    let bytes = infos
-        .map(|t| t.nbytes() as u64)
-        .fold(0u64, u64::saturating_add);
-    if bytes <= RELEASE_ABOVE {
-        ckpt.populate();
+    if !releases_pages(ckpt) {
+        // A hint: where the kernel refuses it, the decode faults the pages in as before.
+        let _ = ckpt.populate();
     }
+}
+
+/// Whether [`decode`] releases each tensor's pages of `ckpt` once copied: where its tensors
+/// and constants hold more than [`RELEASE_ABOVE`] bytes.
+fn releases_pages(ckpt: &Checkpoint) -> bool {
+    let infos = ckpt.tensors().iter().chain(ckpt.constants());
+    let bytes = infos.map(|t| t.nbytes() as u64);
+    bytes.fold(0u64, u64::saturating_add) > RELEASE_ABOVE
 }
 
 /// Every weight and constant of `ckpt` by state_dict or constant name, decoded in parallel,
@@ -100,8 +105,7 @@ pub(crate) fn decode(
 ) -> Result<DecodedWeights> {
     use rayon::prelude::*;
     let infos: Vec<&TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
-    let bytes = infos.iter().map(|t| t.nbytes() as u64);
-    let release = bytes.fold(0u64, u64::saturating_add) > RELEASE_ABOVE;
+    let release = releases_pages(ckpt);
     let packing = crate::ops::packed::Packing::detect();
     // The tensors decoded packed: 2-d, named in `packed`, with a slot of the shared buffer.
     let packs: Vec<Option<(Packing, Source)>> = infos

@@ -346,11 +346,14 @@ impl Checkpoint {
     /// Map the pages of every storage (of tensors and constants) into the process ahead of
     /// reading them ([`Storage::populate`]): a reader that will copy every tensor out of a
     /// memory-mapped file can have another thread fault its pages in meanwhile. A no-op for
-    /// data held in memory and off Linux.
-    pub fn populate(&self) {
+    /// data held in memory and off Linux. Returns whether every mapped storage's pages were
+    /// mapped in.
+    pub fn populate(&self) -> bool {
+        let mut all = true;
         for s in &self.storages {
-            s.populate();
+            all &= s.populate();
         }
+        all
     }
 
     /// Hint that `t`'s bytes will not be read again soon: drops its storage's pages from this

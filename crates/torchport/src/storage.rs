@@ -238,13 +238,26 @@ impl Storage {
     /// (`MADV_POPULATE_READ`: memory-mapped storages on Linux 5.14 or later; a no-op
     /// otherwise, and where the kernel refuses it). Only a hint: the bytes are the same
     /// either way. The pages count towards the process's resident memory until released.
-    pub fn populate(&self) {
+    /// Returns false where the storage is mapped but its pages were not mapped in (not Linux,
+    /// or a kernel without the advice); true otherwise.
+    pub fn populate(&self) -> bool {
+        let FileBytes::Mapped(map) = &self.file else {
+            return true;
+        };
+        if self.range.is_empty() {
+            return true;
+        }
         #[cfg(target_os = "linux")]
-        if let FileBytes::Mapped(map) = &self.file {
-            if !self.range.is_empty() {
-                let (at, len) = (self.range.start, self.range.len());
-                let _ = map.map.advise_range(memmap2::Advice::PopulateRead, at, len);
-            }
+        {
+            let (at, len) = (self.range.start, self.range.len());
+            map.map
+                .advise_range(memmap2::Advice::PopulateRead, at, len)
+                .is_ok()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = map;
+            false
         }
     }
 

@@ -189,3 +189,60 @@ fn open_as_pt2_reads_pt2_archives_only() {
         "{read} read, {refused} refused"
     );
 }
+
+/// `Checkpoint::populate` maps a `.pt2` archive's tensor pages into the process: with
+/// every tensor's pages released first (`Checkpoint::release`), the resident part of the
+/// file's mapping (`/proc/self/smaps`) grows by at least the tensors' bytes. On
+/// torchvision's video ResNet stem as torch.export wrote it (the zoo fixture).
+#[cfg(target_os = "linux")]
+#[test]
+fn populate_maps_the_tensors_pages_in() {
+    let path = fixture_dir("zoo").join("tv_video_resnet_stem.plain.pt2");
+    let c = torchport::open(&path).unwrap();
+    let data: Vec<&[u8]> = c
+        .tensors()
+        .iter()
+        .chain(c.constants())
+        .map(|t| match c.data(t).unwrap() {
+            Cow::Borrowed(b) => b,
+            Cow::Owned(_) => panic!("{}: copied, not mapped", t.name),
+        })
+        .collect();
+    let bytes: usize = data.iter().map(|b| b.len()).sum();
+    let at = data.iter().find(|b| !b.is_empty()).unwrap().as_ptr() as usize;
+    // The resident kilobytes of the mapping holding `at`.
+    let resident_kb = || -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = first.split_once('-') {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&at);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(kb) = line.strip_prefix("Rss:") {
+                    return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+                }
+            }
+        }
+        panic!("no mapping holds the tensor data")
+    };
+    for t in c.tensors().iter().chain(c.constants()) {
+        c.release(t);
+    }
+    let before = resident_kb();
+    if !c.populate() {
+        // A kernel without MADV_POPULATE_READ (before 5.14): nothing to check.
+        return;
+    }
+    let grew = resident_kb() - before;
+    assert!(
+        grew * 1024 >= bytes,
+        "{grew} kB mapped in, {bytes} tensor bytes"
+    );
+}
