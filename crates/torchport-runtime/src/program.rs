@@ -341,6 +341,7 @@ impl Program {
         if own_kernels {
             crate::prepare::fuse_conv_activations(&mut ep.graph_module.graph);
             crate::prepare::fuse_conv_residuals(&mut ep.graph_module.graph);
+            crate::prepare::drop_inference_dropouts(&mut ep.graph_module.graph);
             crate::prepare::fuse_pointwise_chains(&mut ep.graph_module.graph);
             crate::prepare::drop_unread_pool_indices(&mut ep.graph_module.graph);
             let g = &mut ep.graph_module.graph;
@@ -350,6 +351,9 @@ impl Program {
         }
         crate::prepare::pack_linears(&mut ep.graph_module.graph, &packed)
             .map_err(Error::Program)?;
+        if own_kernels {
+            crate::prepare::fuse_linear_epilogues(&mut ep.graph_module.graph);
+        }
         let g = &ep.graph_module.graph;
         crate::prepare::pretranspose_linear_weights(g, &mut weights);
         let (outputs, mut mutations) = user_outputs(&ep)?;

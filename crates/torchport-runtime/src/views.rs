@@ -331,7 +331,7 @@ fn tensor_arg(name: &'static str, value: &str) -> NamedArgument {
 }
 
 /// Rename the tensors an argument reads.
-fn rename(arg: &mut Argument, renames: &HashMap<String, String>) {
+pub(crate) fn rename(arg: &mut Argument, renames: &HashMap<String, String>) {
     let one = |t: &mut TensorArgument| {
         if let Some(n) = renames.get(&t.name) {
             t.name = n.clone();

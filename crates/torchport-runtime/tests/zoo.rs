@@ -325,6 +325,55 @@ fn linears_run_with_packed_weights() {
     }
 }
 
+/// The elementwise work right after the packed Linears of transformers' own exports is done
+/// by the Linears (`prepare::fuse_linear_epilogues`; so `zoo_models_match_pytorch` checks
+/// that path against torch's outputs): no gelu is left in BERT's and ViT's MLPs, the
+/// inference dropouts are dropped, BERT's residual adds after its attention and MLP outputs
+/// go (its other adds are the embeddings' and the mask's), and Llama's `silu(gate) * up`
+/// chains are done by Linears.
+#[test]
+fn linear_epilogues_fold_the_elementwise_work_after_linears() {
+    if torchport_runtime::ops::packed::Packing::detect().is_none() {
+        return;
+    }
+    for model in ["hf_bert_mask", "timm_vit", "hf_llama_mask"] {
+        let name = format!("{model}.plain.pt2");
+        let exported = torchport_runtime::Program::ops_of(fixtures().join(&name)).unwrap();
+        let p = torchport_runtime::Program::load(fixtures().join(&name)).unwrap();
+        let ops = p.ops();
+        let count = |ops: &[torchport_runtime::OpUse], op: &str| {
+            ops.iter().find(|o| o.op == op).map_or(0, |o| o.count)
+        };
+        let all: Vec<_> = ops.iter().map(|o| (&o.op, o.count)).collect();
+        assert_eq!(count(&ops, "aten.gelu.default"), 0, "{name}: {all:?}");
+        assert_eq!(count(&ops, "aten.dropout.default"), 0, "{name}: {all:?}");
+        let (adds, chains) = (
+            count(&ops, "aten.add.Tensor"),
+            count(&ops, "torchport.pointwise.default"),
+        );
+        let linears = count(&ops, "torchport.linear_packed.default");
+        match model {
+            "hf_bert_mask" => {
+                let layers = count(&exported, "aten.gelu.default");
+                assert!(layers > 0 && adds + 2 * layers <= count(&exported, "aten.add.Tensor"));
+            }
+            // At least one chain a layer (a layer has 7 Linears), the MLP's
+            // `silu(gate) * up`, is done by a Linear (a residual add's chain may be too).
+            "hf_llama_mask" => {
+                let (mut ep, _) =
+                    torchport_runtime::archive::read(&fixtures().join(&name)).unwrap();
+                let g = &mut ep.graph_module.graph;
+                let before = torchport_runtime::prepare::fuse_pointwise_chains(g);
+                assert!(
+                    linears >= 7 && chains + linears / 7 <= before,
+                    "{name}: {all:?}"
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The convolutions (groups 1) of timm's ResNet-18d and torchvision's MobileNetV3-Small
 /// whose output planes have at most `small::MAX_PIXELS` pixels run with their weights packed
 /// at load, in both flavours: the last stages' convolutions, and MobileNet's

@@ -122,19 +122,18 @@ fn hardtanh(a: &Args) -> OpResult<Outputs> {
 fn gelu(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("self")?)?;
     match a.str_or("approximate", "none")? {
-        "none" => match super::fused::gelu_erf(&x) {
+        // Strided inputs too (ModernBERT's GeGLU halves), so that a fused chain's `gelu`
+        // step gives the same bits.
+        "none" => match super::fused::unary(&x, super::fused::gelu_erf_f32) {
             Some(y) => one(y),
             None => one(x.gelu_erf()?),
         },
         "tanh" => {
             // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            let k = (2.0f64 / std::f64::consts::PI).sqrt();
-            let kf = k as f32;
-            let g =
-                |v: f32| 0.5 * v * (1.0 + super::fused::tanh_fast(kf * (v + 0.044715 * v * v * v)));
-            if let Some(y) = super::fused::unary(&x, g) {
+            if let Some(y) = super::fused::unary(&x, super::fused::gelu_tanh_f32) {
                 return one(y);
             }
+            let k = (2.0f64 / std::f64::consts::PI).sqrt();
             let inner = (&x + x.powf(3.0)?.affine(0.044715, 0.0)?)?.affine(k, 0.0)?;
             one((&x * inner.tanh()?.affine(0.5, 0.5)?)?)
         }

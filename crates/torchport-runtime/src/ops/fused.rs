@@ -949,12 +949,20 @@ pub fn tanh_fast(x: f32) -> f32 {
     }
 }
 
-/// `x * 0.5 * (1 + erf(x / sqrt 2))` (candle's formula, with [`erf_fast`]), split across
-/// threads.
-pub fn gelu_erf(x: &Tensor) -> Option<Tensor> {
-    let g = |v: f32| (erf_fast(v * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * v;
-    let y = with_f32(x, |xs| mapped(xs, 4096, g))?;
-    Tensor::from_vec(y, x.shape(), x.device()).ok()
+/// `x * 0.5 * (1 + erf(x / sqrt 2))` (candle's formula, with [`erf_fast`]): the erf GELU of
+/// one value, as the gelu kernel and a fused chain's `gelu` step compute it.
+#[inline(always)]
+pub fn gelu_erf_f32(v: f32) -> f32 {
+    (erf_fast(v * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * v
+}
+
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` with [`tanh_fast`]: the tanh GELU of
+/// one value, as the gelu kernel (`approximate='tanh'`) and a fused chain's `gelu_tanh` step
+/// compute it.
+#[inline(always)]
+pub fn gelu_tanh_f32(v: f32) -> f32 {
+    let k = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+    0.5 * v * (1.0 + tanh_fast(k * (v + 0.044715 * v * v * v)))
 }
 
 /// In-place `y[.., j] += bias[j]` on a fresh contiguous f32 result (a matmul's output).

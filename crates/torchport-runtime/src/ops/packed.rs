@@ -408,6 +408,7 @@ pub fn sgemm_packed(
         accumulate,
         scale,
         origin: (0, 0),
+        finish: None,
     };
     // SAFETY: `dst` holds the [m, n] block (checked here, the rest by `into`) and its mutable
     // borrow keeps anything else from touching it meanwhile.
@@ -434,6 +435,7 @@ pub fn product_packed(m: usize, x: Mat, w: Packed, scale: f32, threads: usize) -
                 accumulate: false,
                 scale,
                 origin: (0, 0),
+                finish: None,
             };
             into(m, job, threads)
         })
@@ -483,6 +485,7 @@ pub fn product_bands(
             accumulate: false,
             scale: 1.0,
             origin: (0, cols.start),
+            finish: None,
         };
         // SAFETY: the views fit (checked above), the band's columns start at a sliver's
         // start, and `block`, this call's own, holds its `[m, cols]` block (from row 0 and
@@ -503,7 +506,8 @@ pub fn product_bands(
 
 /// One product's operands: `out = (accumulate ? out : 0) + scale * x @ w.T`, `out` an
 /// `[m, n]` block at row stride `ldd`, or the part of it from row and column `origin` on
-/// (a band's own buffer: [`product_bands`]).
+/// (a band's own buffer: [`product_bands`]). With `finish` (origin (0, 0) only), each row's
+/// stretch of a tile is handed to it once the last block of `k` has been added.
 #[derive(Clone, Copy)]
 struct Job<'a> {
     x: Mat<'a>,
@@ -513,6 +517,7 @@ struct Job<'a> {
     accumulate: bool,
     scale: f32,
     origin: (usize, usize),
+    finish: Option<Finish<'a>>,
 }
 
 /// The product behind [`sgemm_packed`] and [`product_packed`], split for `threads` threads
@@ -606,6 +611,7 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
         accumulate,
         scale,
         origin,
+        finish,
     } = *job;
     let pk = w.packing;
     let (n, k, mr) = (w.n, w.k, pk.mr);
@@ -618,6 +624,7 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
         // The first block writes (or adds to what the caller left), the rest add.
         let status = if p0 == 0 && !accumulate { 0 } else { 1 };
         let block = w.data.as_ptr().add(p0 * n_pad);
+        let finish = finish.filter(|_| p0 + kb == k);
         let mut c0 = cols.start;
         while c0 < cols.end {
             // To the end of the run of panels that starts with c0's.
@@ -637,7 +644,7 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
                 ldd,
                 status,
                 scale,
-                None,
+                finish,
             );
             c0 = c1;
         }
@@ -807,9 +814,13 @@ pub(crate) unsafe fn unpacked_product(
     PACKED.with_borrow_mut(|b| *b = spare);
 }
 
-/// `torchport.linear_packed`: `input @ weight.T + bias` with the weight packed.
+/// `torchport.linear_packed`: `input @ weight.T + bias` with the weight packed, and the
+/// chain of elementwise steps the node may carry as its epilogue
+/// ([`super::pointwise::Epilogue`]) applied to each stretch of the output as the product
+/// finishes it, while it is in cache.
 fn linear_packed(a: &Args) -> OpResult<Outputs> {
     use super::fused::{repeated_rows, with_f32};
+    use std::sync::atomic::{AtomicBool, Ordering};
     let x = super::float(&a.tensor("input")?)?;
     let w = a.tensor("weight")?;
     let dim = |name: &str| -> OpResult<usize> {
@@ -834,52 +845,95 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
     let rows: usize = x.dims()[..x.rank() - 1].iter().product();
     let mut shape = x.dims()[..x.rank() - 1].to_vec();
     shape.push(n);
-    if k == 0 {
-        // No input features: the bias, or zeros.
-        let out = match &bias {
-            Some(b) => repeated_rows(rows, &b.to_vec1::<f32>()?),
-            None => vec![0.0; rows * n],
-        };
-        return one(Tensor::from_vec(out, shape, x.device())?);
-    }
+    let Some(len) = rows.checked_mul(n) else {
+        op_bail!("a Linear output of shape {shape:?} is too large");
+    };
+    let epilogue = super::pointwise::Epilogue::of(a, &shape)?;
+    let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
     let x = super::strided::contiguous_f32(&x).unwrap_or(x);
     let Some(packing) = Packing::detect() else {
         op_bail!("this CPU has no microkernel for packed Linear weights");
     };
-    let out = with_f32(&w, |wd| {
-        let w = Packed {
-            packing,
-            data: wd,
-            n,
-            k,
-        };
-        with_f32(&x, |xs| {
-            let x = Mat::rows(xs, k);
-            match &bias {
-                // Onto the bias rows (each written once: no zeroing first).
-                Some(b) => {
-                    let mut out = repeated_rows(rows, &b.to_vec1::<f32>().ok()?);
-                    sgemm_packed(
-                        rows,
-                        x,
-                        w,
-                        &mut out,
-                        n,
-                        true,
-                        1.0,
-                        rayon::current_num_threads(),
-                    )
-                    .then_some(out)
-                }
-                None => product_packed(rows, x, w, 1.0, rayon::current_num_threads()),
+    // The product, each finished stretch handed to `finish`; `None` where the operands do
+    // not fit.
+    let product = |finish: Option<Finish>| -> Option<Vec<f32>> {
+        if k == 0 {
+            // No input features: the bias, or zeros.
+            let mut out = match &bias {
+                Some(b) => repeated_rows(rows, b),
+                None => vec![0.0; len],
+            };
+            if let (Some(f), true) = (finish, n > 0) {
+                out.chunks_mut(n)
+                    .enumerate()
+                    .for_each(|(r, row)| f(r, 0, row));
             }
+            return Some(out);
+        }
+        with_f32(&w, |wd| {
+            let w = Packed {
+                packing,
+                data: wd,
+                n,
+                k,
+            };
+            with_f32(&x, |xs| {
+                let job = |out: Shared, accumulate| Job {
+                    x: Mat::rows(xs, k),
+                    w,
+                    out,
+                    ldd: n,
+                    accumulate,
+                    scale: 1.0,
+                    origin: (0, 0),
+                    finish,
+                };
+                let threads = rayon::current_num_threads();
+                match &bias {
+                    // Onto the bias rows (each written once: no zeroing first).
+                    Some(b) => {
+                        let mut out = repeated_rows(rows, b);
+                        let fits = block_fits(&out, rows, n, n);
+                        let job = job(Shared(out.as_mut_ptr()), true);
+                        // SAFETY: `out` holds the [rows, n] block (checked by `block_fits`)
+                        // and is this call's alone.
+                        #[allow(unsafe_code)]
+                        let ok = fits && unsafe { into(rows, job, threads) };
+                        ok.then_some(out)
+                    }
+                    // SAFETY: the block is new; when `into` returns true with `accumulate`
+                    // false, k > 0, so the first block of columns wrote every element
+                    // before anything (`finish` included) read it.
+                    #[allow(unsafe_code)]
+                    None => unsafe { new_block(len, |out| into(rows, job(out, false), threads)) },
+                }
+            })
+            .flatten()
         })
         .flatten()
-    })
-    .flatten();
+    };
+    let out = match &epilogue {
+        None => product(None),
+        Some(e) => {
+            let outside = AtomicBool::new(false);
+            let out = e.with(|apply| {
+                let finish = |r: usize, c: usize, row: &mut [f32]| {
+                    if !apply(r, c, row) {
+                        outside.store(true, Ordering::Relaxed);
+                    }
+                };
+                product(Some(&finish))
+            });
+            if outside.load(Ordering::Relaxed) {
+                op_bail!("an epilogue operand's view reaches outside its storage");
+            }
+            out.flatten()
+        }
+    };
     let Some(out) = out else {
         op_bail!(
-            "packed Linear weight of {} values does not hold [{n}, {k}], or the input is not float32",
+            "packed Linear weight of {} values does not hold [{n}, {k}], or an operand is not \
+             a float32 CPU tensor",
             w.elem_count()
         );
     };
@@ -1273,5 +1327,105 @@ mod tests {
         assert!(run(&x, &w, Some(&b5)).is_err());
         let x95 = x.narrow(2, 0, 95).unwrap();
         assert!(run(&x95, &w, None).is_err());
+    }
+
+    /// A Linear with an epilogue gives the bits of the same Linear followed by the chain
+    /// node: a gelu, an add of a residual read through a transposed view, a mul by a row
+    /// that broadcasts, a scalar step; with and without a bias, on an inner dimension over
+    /// one block of columns (each stretch must be finished after the last block only), rows
+    /// over several tiles and threads. Operands that do not broadcast, or are not float32,
+    /// and steps that do not parse are errors.
+    #[test]
+    fn an_epilogue_is_the_chain_after_the_product() {
+        use candle_core::Device;
+        use serde_json::{json, Value as Json};
+        let Some(pk) = Packing::detect() else {
+            return;
+        };
+        let dev = Device::Cpu;
+        let (n, k) = (150, 2 * pk.block(4096) + 37);
+        let x = Tensor::randn(0f32, 0.05, (3, 50, k), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1.0, n, &dev).unwrap();
+        // [3, 50, n], strided along the rows.
+        let res = Tensor::randn(0f32, 1.0, (n, 3, 50), &dev).unwrap();
+        let res = res.permute((1, 2, 0)).unwrap();
+        let row = Tensor::randn(0f32, 1.0, n, &dev).unwrap();
+        let v: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+        let (packed, kc) = pack(&pk, &v, n, k);
+        assert!(k > kc, "one block of columns only");
+        let packed = Tensor::from_vec(packed.clone(), packed.len(), &dev).unwrap();
+        let steps = json!([
+            ["gelu", -2, 0.0],
+            ["add", 1, 0.0],
+            ["mul", 2, 0.0],
+            ["sub", -1, 0.5]
+        ]);
+        let column = |i: usize| -> Vec<Json> {
+            steps
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s[i].clone())
+                .collect()
+        };
+        let linear = |bias: bool, epilogue: Option<(&Tensor, &Tensor)>| {
+            let mut args = vec![
+                ("input", json!({"as_tensor": {"name": "x"}})),
+                ("weight", json!({"as_tensor": {"name": "w"}})),
+                ("out_features", json!({ "as_int": n })),
+                ("in_features", json!({ "as_int": k })),
+            ];
+            let mut tensors = vec![("x", x.clone()), ("w", packed.clone())];
+            if bias {
+                args.push(("bias", json!({"as_tensor": {"name": "b"}})));
+                tensors.push(("b", b.clone()));
+            }
+            if let Some((r, c)) = epilogue {
+                let [ts, ops, operands, scalars] = super::super::pointwise::EPILOGUE_ARGS;
+                let list = json!([{"name": "r"}, {"name": "c"}]);
+                args.push((ts, json!({ "as_tensors": list })));
+                args.push((ops, json!({ "as_strings": column(0) })));
+                args.push((operands, json!({ "as_ints": column(1) })));
+                args.push((scalars, json!({ "as_floats": column(2) })));
+                tensors.extend([("r", r.clone()), ("c", c.clone())]);
+            }
+            let out = super::super::run_node(register, TARGET, &args, &tensors)?;
+            match out.into_iter().next() {
+                Some(crate::value::Value::Tensor(t)) => OpResult::Ok(t),
+                _ => panic!("not a tensor"),
+            }
+        };
+        let chain = |y: &Tensor| {
+            let list = json!([{"name": "y"}, {"name": "r"}, {"name": "c"}]);
+            let args = [
+                ("tensors", json!({ "as_tensors": list })),
+                ("ops", json!({ "as_strings": column(0) })),
+                ("operands", json!({ "as_ints": column(1) })),
+                ("scalars", json!({ "as_floats": column(2) })),
+            ];
+            let env = [("y", y.clone()), ("r", res.clone()), ("c", row.clone())];
+            let register = super::super::pointwise::register;
+            let out =
+                super::super::run_node(register, super::super::pointwise::TARGET, &args, &env);
+            match out.unwrap().into_iter().next() {
+                Some(crate::value::Value::Tensor(t)) => t,
+                _ => panic!("not a tensor"),
+            }
+        };
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+            v.iter().map(|v| v.to_bits()).collect()
+        };
+        for bias in [false, true] {
+            let want = chain(&linear(bias, None).unwrap());
+            let got = linear(bias, Some((&res, &row))).unwrap();
+            assert_eq!(got.dims(), [3, 50, n]);
+            assert!(bits(&got) == bits(&want), "bias {bias}");
+        }
+        let wide = Tensor::randn(0f32, 1.0, n + 1, &dev).unwrap();
+        assert!(linear(true, Some((&res, &wide))).is_err());
+        let ints = Tensor::ones(n, DType::I64, &dev).unwrap();
+        assert!(linear(true, Some((&res, &ints))).is_err());
     }
 }

@@ -15,7 +15,8 @@
 use candle_core::{DType, Storage, Tensor};
 
 use super::fused::{
-    cube_f32, relu_f32, rsqrt_f32, sigmoid_fast, silu_slice, square_f32, tanh_fast,
+    cube_f32, gelu_erf_f32, gelu_tanh_f32, relu_f32, rsqrt_f32, sigmoid_fast, silu_slice,
+    square_f32, tanh_fast,
 };
 use super::strided::{by_runs, merge};
 use super::Registry;
@@ -71,6 +72,10 @@ pub enum Unary {
     Square,
     /// `x * x * x` (`pow(x, 3)`).
     Cube,
+    /// The erf GELU, as the gelu kernel.
+    Gelu,
+    /// The tanh GELU (`approximate='tanh'`), as the gelu kernel.
+    GeluTanh,
 }
 
 const BINARY: [(Binary, &str); 6] = [
@@ -82,7 +87,7 @@ const BINARY: [(Binary, &str); 6] = [
     (Binary::RDiv, "rdiv"),
 ];
 
-const UNARY: [(Unary, &str); 10] = [
+const UNARY: [(Unary, &str); 12] = [
     (Unary::Neg, "neg"),
     (Unary::Relu, "relu"),
     (Unary::Silu, "silu"),
@@ -93,6 +98,8 @@ const UNARY: [(Unary, &str); 10] = [
     (Unary::Sqrt, "sqrt"),
     (Unary::Square, "square"),
     (Unary::Cube, "cube"),
+    (Unary::Gelu, "gelu"),
+    (Unary::GeluTanh, "gelu_tanh"),
 ];
 
 impl Binary {
@@ -139,12 +146,22 @@ pub enum Step {
 
 /// The steps a node describes, checked against `tensors` inputs.
 fn steps(a: &Args, tensors: usize) -> OpResult<Vec<Step>> {
+    steps_named(a, tensors, ["ops", "operands", "scalars"])
+}
+
+/// The steps a node describes under the argument names `[ops, operands, scalars]`, checked
+/// against `tensors` inputs (the start counted).
+fn steps_named(
+    a: &Args,
+    tensors: usize,
+    [ops, operands, scalars]: [&str; 3],
+) -> OpResult<Vec<Step>> {
     use crate::schema::Argument;
-    let Some(Argument::AsStrings(ops)) = a.get("ops") else {
-        op_bail!("argument 'ops' should be a list of strings");
+    let Some(Argument::AsStrings(ops)) = a.get(ops) else {
+        op_bail!("argument '{ops}' should be a list of strings");
     };
-    let operands = a.ints("operands")?;
-    let scalars = a.opt_floats("scalars")?.unwrap_or_default();
+    let operands = a.ints(operands)?;
+    let scalars = a.opt_floats(scalars)?.unwrap_or_default();
     if operands.len() != ops.len() || scalars.len() != ops.len() {
         op_bail!(
             "{} ops, {} operands and {} scalars: one of each per step",
@@ -215,34 +232,134 @@ fn run(ins: &[Tensor], steps: &[Step]) -> Option<Vec<f32>> {
         &bases,
         #[inline(always)]
         |buf, at, _, acc| {
-            if !load(acc, data[0], at[0], st[0][last]) {
-                return false;
-            }
-            for step in steps {
-                match *step {
-                    Step::Unary(u) => unary(u, acc),
-                    Step::Scalar(b, s) => scalar(b, acc, s),
-                    Step::Tensor(b, k) => {
-                        let (off, s, len) = (at[k], st[k][last], acc.len());
-                        let src = if s == 1 {
-                            match data[k].get(off..off + len) {
-                                Some(x) => x,
-                                None => return false,
-                            }
-                        } else {
-                            buf.resize(len, 0.0);
-                            if !load(buf, data[k], off, s) {
-                                return false;
-                            }
-                            &buf[..]
-                        };
-                        binary(b, acc, src);
-                    }
-                }
-            }
-            true
+            load(acc, data[0], at[0], st[0][last])
+                && apply(steps, acc, buf, |k| (data[k], at[k], st[k][last]))
         },
     )
+}
+
+/// `steps` applied to `acc` in turn; `operand(k)` gives tensor `k`'s values, the offset of
+/// its element for `acc[0]` and its stride along `acc` (`buf` holds a strided or broadcast
+/// one's values). False when a read falls outside an operand's values.
+#[inline(always)]
+fn apply<'a>(
+    steps: &[Step],
+    acc: &mut [f32],
+    buf: &mut Vec<f32>,
+    operand: impl Fn(usize) -> (&'a [f32], usize, usize),
+) -> bool {
+    for step in steps {
+        match *step {
+            Step::Unary(u) => unary(u, acc),
+            Step::Scalar(b, s) => scalar(b, acc, s),
+            Step::Tensor(b, k) => {
+                let ((data, off, s), len) = (operand(k), acc.len());
+                let src = if s == 1 {
+                    match data.get(off..off + len) {
+                        Some(x) => x,
+                        None => return false,
+                    }
+                } else {
+                    buf.resize(len, 0.0);
+                    if !load(buf, data, off, s) {
+                        return false;
+                    }
+                    &buf[..]
+                };
+                binary(b, acc, src);
+            }
+        }
+    }
+    true
+}
+
+/// The argument names under which a node carries a chain it applies to its own output as it
+/// computes it ([`crate::prepare::fuse_linear_epilogues`]): the chain's tensors but its start
+/// (the node's output, tensor 0 to the steps), and its steps, named and numbered as a chain
+/// node's `ops`, `operands` and `scalars`.
+pub const EPILOGUE_ARGS: [&str; 4] = [
+    "torchport_epilogue_tensors",
+    "torchport_epilogue_ops",
+    "torchport_epilogue_operands",
+    "torchport_epilogue_scalars",
+];
+
+/// A chain a node applies to its own output ([`EPILOGUE_ARGS`]): its steps, and its other
+/// tensors broadcast to the output's shape.
+pub struct Epilogue {
+    steps: Vec<Step>,
+    operands: Vec<Tensor>,
+}
+
+impl Epilogue {
+    /// The chain the node's arguments `a` carry for an output of dims `shape`; `None` where
+    /// they carry none. An error where the steps do not parse, or an operand is not float32
+    /// or does not broadcast to `shape`.
+    pub fn of(a: &Args, shape: &[usize]) -> OpResult<Option<Epilogue>> {
+        let [tensors, ops, operands, scalars] = EPILOGUE_ARGS;
+        if a.get(ops).is_none() {
+            return Ok(None);
+        }
+        let ts = match a.get(tensors) {
+            Some(_) => a.tensors(tensors)?,
+            None => Vec::new(),
+        };
+        let steps = steps_named(a, ts.len() + 1, [ops, operands, scalars])?;
+        if shape.is_empty() || ts.iter().any(|t| t.dtype() != DType::F32) {
+            op_bail!("an epilogue computes float32 tensors of one or more dims only");
+        }
+        let operands = ts
+            .iter()
+            .map(|t| t.broadcast_as(shape))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(Epilogue { steps, operands }))
+    }
+
+    /// `f` given the chain as a function of `(r, c, values)`: `values` the output's row `r`
+    /// (the output seen as `[rows, n]`, `n` its last dim) from column `c` on, computed in
+    /// place; it returns false where an operand's view reaches outside its storage. `None`
+    /// where an operand is not a CPU tensor.
+    pub fn with<R>(
+        &self,
+        f: impl FnOnce(&(dyn Fn(usize, usize, &mut [f32]) -> bool + Sync)) -> R,
+    ) -> Option<R> {
+        let guards: Vec<_> = self
+            .operands
+            .iter()
+            .map(|t| t.storage_and_layout())
+            .collect();
+        let mut data: Vec<&[f32]> = Vec::with_capacity(guards.len());
+        for (s, _) in &guards {
+            match &**s {
+                Storage::Cpu(c) => data.push(c.as_slice::<f32>().ok()?),
+                _ => return None,
+            }
+        }
+        let layouts: Vec<_> = guards.iter().map(|(_, l)| *l).collect();
+        let steps = &self.steps;
+        // Operand `k`'s values, the offset of its element for row `r` and column `c`, and its
+        // stride along the row.
+        let operand = |k: usize, r: usize, c: usize| {
+            let (l, mut r) = (layouts[k - 1], r);
+            let (dims, strides) = (l.dims(), l.stride());
+            let last = dims.len() - 1;
+            let mut at = l.start_offset() + c * strides[last];
+            for d in (0..last).rev() {
+                at += r % dims[d] * strides[d];
+                r /= dims[d];
+            }
+            (data[k - 1], at, strides[last])
+        };
+        let chain = |r: usize, c: usize, values: &mut [f32]| {
+            super::fused::with_scratch(|buf| {
+                super::fused::simd(
+                    #[inline(always)]
+                    || apply(steps, values, buf, |k| operand(k, r, c)),
+                )
+            })
+        };
+        Some(f(&chain))
+    }
 }
 
 /// `dst[j] = data[off + j * stride]`; false when a read falls outside `data`.
@@ -293,6 +410,8 @@ fn unary(u: Unary, acc: &mut [f32]) {
         Unary::Sqrt => map(acc, f32::sqrt),
         Unary::Square => map(acc, square_f32),
         Unary::Cube => map(acc, cube_f32),
+        Unary::Gelu => map(acc, gelu_erf_f32),
+        Unary::GeluTanh => map(acc, gelu_tanh_f32),
     }
 }
 

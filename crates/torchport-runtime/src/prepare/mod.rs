@@ -32,7 +32,7 @@ mod products;
 mod small_convs;
 mod winograd_convs;
 pub use constants::{fold_constants, folded_weights, MAX_GROWTH};
-pub use pointwise::fuse_pointwise_chains;
+pub use pointwise::{fuse_linear_epilogues, fuse_pointwise_chains};
 pub use products::linears_from_products;
 pub use small_convs::{pack_small_convs, small_conv_weights};
 pub use winograd_convs::{transform_winograd_convs, winograd_conv_weights};
@@ -1058,6 +1058,54 @@ pub fn fuse_conv_residuals(graph: &mut Graph) -> usize {
     plans.len()
 }
 
+/// Drop each dropout outside training (`aten.dropout.default` with `train=False`), which
+/// returns its input itself, and let its readers read that input: a residual add after a
+/// Linear's dropout then reads the Linear's output, which [`fuse_linear_epilogues`] can fold
+/// into the Linear. Left alone: a dropout whose output the graph returns, and one where an
+/// in-place op rebinds its input or output. Returns how many.
+pub fn drop_inference_dropouts(graph: &mut Graph) -> usize {
+    let mut renames: FastMap<String, String> = FastMap::default();
+    let mut dropped: HashSet<usize> = HashSet::new();
+    let returned: FastSet<&str> = graph.outputs.iter().flat_map(tensor_names).collect();
+    // What in-place ops rebind (as `rebinds_any` reads them).
+    let rebound: FastSet<&str> = graph
+        .nodes
+        .iter()
+        .filter(|n| crate::ops::is_in_place(op_key(&n.target)))
+        .filter_map(|n| input_tensor(n, "self").or(input_tensor(n, "input")))
+        .collect();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if op_key(&node.target) != "aten.dropout.default" {
+            continue;
+        }
+        let train = node
+            .inputs
+            .iter()
+            .find(|a| a.name == "train")
+            .map(|a| &a.arg);
+        let (Some(x), [Argument::AsTensor(y)], Some(Argument::AsBool(false))) =
+            (input_tensor(node, "input"), node.outputs.as_slice(), train)
+        else {
+            continue;
+        };
+        // A dropout of a dropped dropout reads what that one read.
+        let x = renames.get(x).map_or(x, String::as_str);
+        let y = y.name.as_str();
+        if returned.contains(y) || rebound.contains(x) || rebound.contains(y) {
+            continue;
+        }
+        renames.insert(y.to_string(), x.to_string());
+        dropped.insert(i);
+    }
+    drop_nodes(graph, &dropped);
+    for node in &mut graph.nodes {
+        for a in &mut node.inputs {
+            crate::views::rename(&mut a.arg, &renames);
+        }
+    }
+    dropped.len()
+}
+
 /// Run each max pool whose indices nothing reads as the pool without indices: the decomposed
 /// export writes `max_pool2d` as `max_pool2d_with_indices` (and `max_pool1d` and `max_pool3d`
 /// likewise), whose general kernel computes both outputs one value at a time, while the pool
@@ -1465,6 +1513,75 @@ mod tests {
         let mut g = graph(&[silu, mul], sizes, "y");
         g.tensor_values.get_mut("u").unwrap().dtype = crate::dtype::DOUBLE;
         assert_eq!(fuse_pointwise_chains(&mut g), 0);
+    }
+
+    /// Dropouts outside training are dropped, their readers reading their input; then an
+    /// add of a residual after a packed Linear becomes the Linear's epilogue, the Linear
+    /// taking the add's place when the residual is computed after it. Left alone: a
+    /// dropout in training, or whose output the graph returns; a Linear output read twice; an
+    /// in-place op between the Linear and the add that rebinds what the Linear reads.
+    #[test]
+    fn epilogues_fold_what_follows_a_packed_linear() {
+        use crate::ops::packed::TARGET as LINEAR;
+        use crate::ops::pointwise::EPILOGUE_ARGS;
+        let lin: Call = ("linear.default", &[("input", "x"), ("weight", "w")], "h");
+        let drop: Call = ("dropout.default", &[("input", "h")], "d");
+        let add: Call = ("add.Tensor", &[("self", "d"), ("other", "r")], "y");
+        let sizes: &[(&str, &[i64])] = &[
+            ("x", &[4, 8]),
+            ("h", &[4, 6]),
+            ("d", &[4, 6]),
+            ("r", &[4, 6]),
+            ("y", &[4, 6]),
+        ];
+        let build = |calls: &[Call], out: &str, train: bool| {
+            let mut g = graph(calls, sizes, out);
+            for node in &mut g.nodes {
+                if node.target.ends_with("linear.default") {
+                    node.target = LINEAR.into();
+                }
+                if node.target.ends_with("dropout.default") {
+                    node.inputs.push(crate::schema::NamedArgument {
+                        name: "train".into(),
+                        arg: Argument::AsBool(train),
+                        kind: None,
+                    });
+                }
+            }
+            g
+        };
+        let fold = |g: &mut Graph| (drop_inference_dropouts(g), fuse_linear_epilogues(g));
+        let mut g = build(&[lin, drop, add], "y", false);
+        assert_eq!(fold(&mut g), (1, 1));
+        assert_eq!(g.nodes.len(), 1);
+        let node = &g.nodes[0];
+        assert_eq!(node.target, LINEAR);
+        assert!(matches!(&node.outputs[..], [Argument::AsTensor(t)] if t.name == "y"));
+        let arg = |name: &str| &node.inputs.iter().find(|a| a.name == name).unwrap().arg;
+        assert!(matches!(arg(EPILOGUE_ARGS[0]), Argument::AsTensors(t)
+            if t.len() == 1 && t[0].name == "r"));
+        assert!(matches!(arg(EPILOGUE_ARGS[1]), Argument::AsStrings(o) if o == &["add"]));
+        assert!(matches!(arg(EPILOGUE_ARGS[2]), Argument::AsInts(k) if k == &[1]));
+        // The residual computed after the Linear: the Linear moves down to the add.
+        let late: Call = ("neg.default", &[("self", "x")], "r");
+        let mut g = build(&[lin, late, drop, add], "y", false);
+        assert_eq!(fold(&mut g), (1, 1));
+        let targets: Vec<&str> = g.nodes.iter().map(|n| n.target.as_str()).collect();
+        assert_eq!(targets, ["torch.ops.aten.neg.default", LINEAR]);
+        // A dropout in training stays, and so does the add after it.
+        let mut g = build(&[lin, drop, add], "y", true);
+        assert_eq!(fold(&mut g), (0, 0));
+        // The dropout's output returned.
+        let mut g = build(&[lin, drop], "d", false);
+        assert_eq!(fold(&mut g), (0, 0));
+        // The Linear's output read twice.
+        let twice: Call = ("mul.Tensor", &[("self", "h"), ("other", "y")], "z");
+        let mut g = build(&[lin, drop, add, twice], "z", false);
+        assert_eq!(fold(&mut g).1, 0);
+        // An in-place op rebinds x between the Linear and the add.
+        let rebind: Call = ("relu_.default", &[("self", "x")], "x2");
+        let mut g = build(&[lin, rebind, drop, add], "y", false);
+        assert_eq!(fold(&mut g), (1, 0));
     }
 
     /// The tiled transposes (from a tensor and from little-endian bytes) against candle's own

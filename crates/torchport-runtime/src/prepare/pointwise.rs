@@ -9,7 +9,7 @@ use super::{
 };
 use crate::dtype::FLOAT;
 use crate::ops::op_key;
-use crate::ops::pointwise::{Binary, Unary, TARGET};
+use crate::ops::pointwise::{Binary, Unary, EPILOGUE_ARGS, TARGET};
 use crate::schema::{Argument, Graph, JsonFloat, NamedArgument, Node, TensorArgument};
 
 /// An operand of an elementwise node.
@@ -40,8 +40,8 @@ struct Chain {
 /// chain is read only by the next node (an `_assert_tensor_metadata` of it aside, which is
 /// dropped with it) and has the chain's sizes, into one node of
 /// [`crate::ops::pointwise::TARGET`] at the last node's place: add, sub (alpha 1), mul, div of
-/// tensors or scalars, neg, relu, silu, sigmoid, tanh, exp, rsqrt, sqrt, `pow` by 2, 3 or 0.5,
-/// and `to(float32)` of a float32 tensor. The other operands may broadcast. A chain is left
+/// tensors or scalars, neg, relu, silu, sigmoid, tanh, exp, rsqrt, sqrt, gelu (erf or tanh),
+/// `pow` by 2, 3 or 0.5, and `to(float32)` of a float32 tensor. The other operands may broadcast. A chain is left
 /// alone when an in-place op between its first and last node rebinds a tensor it reads (the
 /// fused node reads them at the last node's place). The graph's metadata decides dtypes and
 /// sizes: every tensor involved must be float32. Returns how many chains were fused.
@@ -193,6 +193,124 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
     fused
 }
 
+/// Fold the elementwise work that follows a packed Linear ([`crate::ops::packed::TARGET`])
+/// into it: where the Linear's output is read by one node only, a fused chain
+/// ([`fuse_pointwise_chains`]) that starts from it and does not read it again, or one
+/// elementwise float32 op that such a chain could start with (a gelu; an add of a residual of
+/// the same sizes), the Linear node takes that chain's steps and other tensors as its
+/// epilogue ([`EPILOGUE_ARGS`]), applied to each stretch of its output as its product
+/// finishes it, while it is in cache. The Linear node takes the chain's place (the chain's
+/// other tensors may be computed after the Linear, as Llama's `up` projection is after its
+/// `gate`) and defines its output; it is left alone where a node between the two rebinds a
+/// tensor the Linear reads. Run after `pack_linears`. Returns how many.
+pub fn fuse_linear_epilogues(graph: &mut Graph) -> usize {
+    use crate::ops::packed::TARGET as LINEAR;
+    let (readers, producer) = readers_and_producers(graph);
+    let is_f32 = |v: &str| graph.tensor_values.get(v).is_some_and(|m| m.dtype == FLOAT);
+    // The Linear node producing `v`, when `v` has no other reader and no epilogue yet.
+    let linear_of = |v: &str| {
+        let j = *producer.get(v)?;
+        let node = &graph.nodes[j];
+        let free = node.target == LINEAR
+            && readers.get(v) == Some(&1)
+            && !node.inputs.iter().any(|a| a.name == EPILOGUE_ARGS[1]);
+        free.then_some(j)
+    };
+    // (chain node, Linear node, the chain's other tensors, its steps)
+    let mut plans: Vec<(usize, usize, Vec<String>, Vec<Argument>)> = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let Some((j, others, steps)) = epilogue_chain(graph, node, &linear_of, &is_f32) else {
+            continue;
+        };
+        let reads: Vec<&str> = graph.nodes[j]
+            .inputs
+            .iter()
+            .flat_map(|a| tensor_names(&a.arg))
+            .collect();
+        if j < i && !rebinds_any(&graph.nodes[j + 1..i], |s| reads.contains(&s)) {
+            plans.push((i, j, others, steps));
+        }
+    }
+    let mut dropped: HashSet<usize> = HashSet::default();
+    for (i, j, others, steps) in &plans {
+        let mut linear = graph.nodes[*j].clone();
+        let tensors = others
+            .iter()
+            .map(|name| TensorArgument { name: name.clone() })
+            .collect();
+        let args = std::iter::once(Argument::AsTensors(tensors)).chain(steps.iter().cloned());
+        for (name, arg) in EPILOGUE_ARGS.iter().zip(args) {
+            linear.inputs.push(NamedArgument {
+                name: (*name).into(),
+                arg,
+                kind: None,
+            });
+        }
+        linear.outputs = graph.nodes[*i].outputs.clone();
+        graph.nodes[*i] = linear;
+        dropped.insert(*j);
+    }
+    drop_nodes(graph, &dropped);
+    plans.len()
+}
+
+/// The chain `node` computes from a free Linear's output (`linear_of` gives the Linear
+/// node): that node, the chain's other tensors, and its `ops`, `operands` and `scalars`
+/// arguments, numbered as a chain node numbers them. `None` where `node` is no such chain,
+/// or reads the Linear's output again.
+fn epilogue_chain(
+    graph: &Graph,
+    node: &Node,
+    linear_of: &dyn Fn(&str) -> Option<usize>,
+    is_f32: &dyn Fn(&str) -> bool,
+) -> Option<(usize, Vec<String>, Vec<Argument>)> {
+    let arg = |name: &str| node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg);
+    if node.target == TARGET {
+        let Some(Argument::AsTensors(ts)) = arg("tensors") else {
+            return None;
+        };
+        let (start, others) = ts.split_first()?;
+        let j = linear_of(&start.name)?;
+        if others.iter().any(|t| t.name == start.name) {
+            return None;
+        }
+        let steps = ["ops", "operands", "scalars"].map(|n| arg(n).cloned());
+        let [Some(ops), Some(operands), Some(scalars)] = steps else {
+            return None;
+        };
+        let others = others.iter().map(|t| t.name.clone()).collect();
+        return Some((j, others, vec![ops, operands, scalars]));
+    }
+    // One op: the Linear's output, and the step's operand if any.
+    let (op, y) = parse(node)?;
+    let (acc, name, other) = match op {
+        Op::Unary(u, x) => (x, u.name(), None),
+        Op::Binary(b, l, r) => [(l.clone(), b, r.clone()), (r, b.swapped(), l)]
+            .into_iter()
+            .find_map(|(a, b, other)| match a {
+                Arg::Tensor(t) if linear_of(&t).is_some() => Some((t, b.name(), Some(other))),
+                _ => None,
+            })?,
+        Op::Identity(_) => return None,
+    };
+    let j = linear_of(&acc)?;
+    if !is_f32(&acc) || !same_meta(graph, &acc, &y) {
+        return None;
+    }
+    let (others, operand, scalar) = match other {
+        None => (Vec::new(), -2, 0.0),
+        Some(Arg::Scalar(s)) => (Vec::new(), -1, s),
+        Some(Arg::Tensor(t)) if t != acc && is_f32(&t) => (vec![t], 1, 0.0),
+        Some(Arg::Tensor(_)) => return None,
+    };
+    let steps = vec![
+        Argument::AsStrings(vec![name.to_string()]),
+        Argument::AsInts(vec![operand]),
+        Argument::AsFloats(vec![JsonFloat::Num(f64::from(scalar))]),
+    ];
+    Some((j, others, steps))
+}
+
 /// `node` as an elementwise op and its one tensor output, or `None`.
 fn parse(node: &Node) -> Option<(Op, String)> {
     let [Argument::AsTensor(y)] = node.outputs.as_slice() else {
@@ -236,6 +354,14 @@ fn parse(node: &Node) -> Option<(Op, String)> {
         "aten.to.dtype" => match node.inputs.iter().find(|a| a.name == "dtype")?.arg {
             Argument::AsScalarType(FLOAT) => Op::Identity(x()?),
             _ => return None,
+        },
+        "aten.gelu.default" => match node.inputs.iter().find(|a| a.name == "approximate") {
+            None => unary(Unary::Gelu)?,
+            Some(a) => match &a.arg {
+                Argument::AsString(m) if m == "none" => unary(Unary::Gelu)?,
+                Argument::AsString(m) if m == "tanh" => unary(Unary::GeluTanh)?,
+                _ => return None,
+            },
         },
         _ => return None,
     };
