@@ -329,14 +329,15 @@ fn linears_run_with_packed_weights() {
 /// by the Linears (`prepare::fuse_linear_epilogues`; so `zoo_models_match_pytorch` checks
 /// that path against torch's outputs): no gelu is left in BERT's and ViT's MLPs, the
 /// inference dropouts are dropped, BERT's residual adds after its attention and MLP outputs
-/// go (its other adds are the embeddings' and the mask's), and Llama's `silu(gate) * up`
-/// chains are done by Linears.
+/// go (its other adds are the embeddings' and the mask's), Llama's `silu(gate) * up` chains
+/// are done by Linears, and so are GPT-2's residual adds, through the view after each
+/// `Conv1D` product.
 #[test]
 fn linear_epilogues_fold_the_elementwise_work_after_linears() {
     if torchport_runtime::ops::packed::Packing::detect().is_none() {
         return;
     }
-    for model in ["hf_bert_mask", "timm_vit", "hf_llama_mask"] {
+    for model in ["hf_bert_mask", "timm_vit", "hf_llama_mask", "hf_gpt2"] {
         let name = format!("{model}.plain.pt2");
         let exported = torchport_runtime::Program::ops_of(fixtures().join(&name)).unwrap();
         let p = torchport_runtime::Program::load(fixtures().join(&name)).unwrap();
@@ -369,6 +370,9 @@ fn linear_epilogues_fold_the_elementwise_work_after_linears() {
                     "{name}: {all:?}"
                 );
             }
+            // GPT-2's `Conv1D` products are viewed back to `[batch, seq, n]` before their
+            // residual adds: looked through, so only the embeddings' add is left.
+            "hf_gpt2" => assert_eq!(adds, 1, "{name}: {all:?}"),
             _ => {}
         }
     }

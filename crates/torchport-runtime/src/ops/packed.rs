@@ -38,6 +38,11 @@ use crate::value::{one, Args, Outputs};
 /// `in_features` (`k`); the block width is the packing's for `k` ([`Packing::block`]).
 pub const TARGET: &str = "torchport.linear_packed.default";
 
+/// The argument under which a packed Linear node may carry its output's sizes (ints), where
+/// they are not the input's leading dims and `out_features`: the view of the output that
+/// `prepare::fuse_linear_epilogues` looked through. The same elements and the same last dim.
+pub const OUTPUT_SHAPE_ARG: &str = "torchport_output_shape";
+
 /// Register the kernel.
 pub fn register(r: &mut Registry) {
     r.add(TARGET, linear_packed);
@@ -848,6 +853,17 @@ fn linear_packed(a: &Args) -> OpResult<Outputs> {
     let Some(len) = rows.checked_mul(n) else {
         op_bail!("a Linear output of shape {shape:?} is too large");
     };
+    if a.get(OUTPUT_SHAPE_ARG).is_some() {
+        let sizes = a.ints(OUTPUT_SHAPE_ARG)?;
+        let dims: Option<Vec<usize>> = sizes.iter().map(|&d| usize::try_from(d).ok()).collect();
+        let fits = dims.as_ref().is_some_and(|d| {
+            d.last() == Some(&n) && d.iter().try_fold(1usize, |a, &b| a.checked_mul(b)) == Some(len)
+        });
+        match dims {
+            Some(d) if fits => shape = d,
+            _ => op_bail!("output sizes {sizes:?} for a Linear output of shape {shape:?}"),
+        }
+    }
     let epilogue = super::pointwise::Epilogue::of(a, &shape)?;
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
     let x = super::strided::contiguous_f32(&x).unwrap_or(x);
@@ -1355,11 +1371,14 @@ mod tests {
         let (packed, kc) = pack(&pk, &v, n, k);
         assert!(k > kc, "one block of columns only");
         let packed = Tensor::from_vec(packed.clone(), packed.len(), &dev).unwrap();
+        // The last step reads the product again: tensor 3 of the chain node, 0 of the
+        // epilogue (the values before the steps).
         let steps = json!([
             ["gelu", -2, 0.0],
             ["add", 1, 0.0],
             ["mul", 2, 0.0],
-            ["sub", -1, 0.5]
+            ["sub", -1, 0.5],
+            ["mul", 0, 0.0]
         ]);
         let column = |i: usize| -> Vec<Json> {
             steps
@@ -1369,6 +1388,10 @@ mod tests {
                 .map(|s| s[i].clone())
                 .collect()
         };
+        let chain_operands: Vec<Json> = column(1)
+            .iter()
+            .map(|k| if *k == json!(0) { json!(3) } else { k.clone() })
+            .collect();
         let linear = |bias: bool, epilogue: Option<(&Tensor, &Tensor)>| {
             let mut args = vec![
                 ("input", json!({"as_tensor": {"name": "x"}})),
@@ -1397,11 +1420,11 @@ mod tests {
             }
         };
         let chain = |y: &Tensor| {
-            let list = json!([{"name": "y"}, {"name": "r"}, {"name": "c"}]);
+            let list = json!([{"name": "y"}, {"name": "r"}, {"name": "c"}, {"name": "y"}]);
             let args = [
                 ("tensors", json!({ "as_tensors": list })),
                 ("ops", json!({ "as_strings": column(0) })),
-                ("operands", json!({ "as_ints": column(1) })),
+                ("operands", json!({ "as_ints": chain_operands })),
                 ("scalars", json!({ "as_floats": column(2) })),
             ];
             let env = [("y", y.clone()), ("r", res.clone()), ("c", row.clone())];
@@ -1425,6 +1448,36 @@ mod tests {
         }
         let wide = Tensor::randn(0f32, 1.0, n + 1, &dev).unwrap();
         assert!(linear(true, Some((&res, &wide))).is_err());
+        // The output's sizes given (a view looked through): the same values in that shape;
+        // sizes of other elements or another last dim are refused.
+        let plain = bits(&linear(true, None).unwrap());
+        let shapes = [
+            (vec![150, n], true),
+            (vec![2, 75, n], true),
+            (vec![3, 50, n + 1], false),
+            (vec![3, 51, n], false),
+        ];
+        for (sizes, ok) in shapes {
+            let args = [
+                ("input", json!({"as_tensor": {"name": "x"}})),
+                ("weight", json!({"as_tensor": {"name": "w"}})),
+                ("bias", json!({"as_tensor": {"name": "b"}})),
+                ("out_features", json!({ "as_int": n })),
+                ("in_features", json!({ "as_int": k })),
+                (OUTPUT_SHAPE_ARG, json!({ "as_ints": sizes })),
+            ];
+            let tensors = [("x", x.clone()), ("w", packed.clone()), ("b", b.clone())];
+            match super::super::run_node(register, TARGET, &args, &tensors) {
+                Ok(out) => match out.into_iter().next() {
+                    Some(crate::value::Value::Tensor(t)) if ok => {
+                        assert_eq!(t.dims(), &sizes[..]);
+                        assert!(bits(&t) == plain);
+                    }
+                    _ => panic!("{sizes:?} accepted"),
+                },
+                Err(_) => assert!(!ok, "{sizes:?} refused"),
+            }
+        }
         let ints = Tensor::ones(n, DType::I64, &dev).unwrap();
         assert!(linear(true, Some((&res, &ints))).is_err());
     }

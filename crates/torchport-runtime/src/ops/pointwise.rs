@@ -146,15 +146,16 @@ pub enum Step {
 
 /// The steps a node describes, checked against `tensors` inputs.
 fn steps(a: &Args, tensors: usize) -> OpResult<Vec<Step>> {
-    steps_named(a, tensors, ["ops", "operands", "scalars"])
+    steps_named(a, tensors, ["ops", "operands", "scalars"], 1)
 }
 
 /// The steps a node describes under the argument names `[ops, operands, scalars]`, checked
-/// against `tensors` inputs (the start counted).
+/// against `tensors` inputs (the start counted): a binary step's tensor is one of `first..`.
 fn steps_named(
     a: &Args,
     tensors: usize,
     [ops, operands, scalars]: [&str; 3],
+    first: i64,
 ) -> OpResult<Vec<Step>> {
     use crate::schema::Argument;
     let Some(Argument::AsStrings(ops)) = a.get(ops) else {
@@ -179,7 +180,7 @@ fn steps_named(
             Ok(match (unary, binary, k) {
                 (Some(u), _, -2) => Step::Unary(u),
                 (_, Some(b), -1) => Step::Scalar(b, s as f32),
-                (_, Some(b), k) if k >= 1 && (k as u64) < tensors as u64 => {
+                (_, Some(b), k) if k >= first && (k as u64) < tensors as u64 => {
                     Step::Tensor(b, k as usize)
                 }
                 _ => op_bail!("step '{op}' with operand {k} (of {tensors} tensors) is not valid"),
@@ -275,7 +276,8 @@ fn apply<'a>(
 
 /// The argument names under which a node carries a chain it applies to its own output as it
 /// computes it ([`crate::prepare::fuse_linear_epilogues`]): the chain's tensors but its start
-/// (the node's output, tensor 0 to the steps), and its steps, named and numbered as a chain
+/// (the node's output: tensor 0 to the steps, which read it as it was before the first step,
+/// as GPT-2's tanh GELU reads `x` three times), and its steps, named and numbered as a chain
 /// node's `ops`, `operands` and `scalars`.
 pub const EPILOGUE_ARGS: [&str; 4] = [
     "torchport_epilogue_tensors",
@@ -304,7 +306,7 @@ impl Epilogue {
             Some(_) => a.tensors(tensors)?,
             None => Vec::new(),
         };
-        let steps = steps_named(a, ts.len() + 1, [ops, operands, scalars])?;
+        let steps = steps_named(a, ts.len() + 1, [ops, operands, scalars], 0)?;
         if shape.is_empty() || ts.iter().any(|t| t.dtype() != DType::F32) {
             op_bail!("an epilogue computes float32 tensors of one or more dims only");
         }
@@ -337,8 +339,9 @@ impl Epilogue {
         }
         let layouts: Vec<_> = guards.iter().map(|(_, l)| *l).collect();
         let steps = &self.steps;
+        let rereads = steps.iter().any(|s| matches!(s, Step::Tensor(_, 0)));
         // Operand `k`'s values, the offset of its element for row `r` and column `c`, and its
-        // stride along the row.
+        // stride along the row (`k` > 0).
         let operand = |k: usize, r: usize, c: usize| {
             let (l, mut r) = (layouts[k - 1], r);
             let (dims, strides) = (l.dims(), l.stride());
@@ -352,10 +355,22 @@ impl Epilogue {
         };
         let chain = |r: usize, c: usize, values: &mut [f32]| {
             super::fused::with_scratch(|buf| {
-                super::fused::simd(
-                    #[inline(always)]
-                    || apply(steps, values, buf, |k| operand(k, r, c)),
-                )
+                super::fused::with_scratch(|start| {
+                    // The values as the product left them, for steps that read them again.
+                    if rereads {
+                        start.clear();
+                        start.extend_from_slice(values);
+                    }
+                    super::fused::simd(
+                        #[inline(always)]
+                        || {
+                            apply(steps, values, buf, |k| match k {
+                                0 => (&start[..], 0, 1),
+                                k => operand(k, r, c),
+                            })
+                        },
+                    )
+                })
             })
         };
         Some(f(&chain))

@@ -1522,7 +1522,7 @@ mod tests {
     /// in-place op between the Linear and the add that rebinds what the Linear reads.
     #[test]
     fn epilogues_fold_what_follows_a_packed_linear() {
-        use crate::ops::packed::TARGET as LINEAR;
+        use crate::ops::packed::{OUTPUT_SHAPE_ARG, TARGET as LINEAR};
         use crate::ops::pointwise::EPILOGUE_ARGS;
         let lin: Call = ("linear.default", &[("input", "x"), ("weight", "w")], "h");
         let drop: Call = ("dropout.default", &[("input", "h")], "d");
@@ -1533,6 +1533,9 @@ mod tests {
             ("d", &[4, 6]),
             ("r", &[4, 6]),
             ("y", &[4, 6]),
+            ("s", &[4, 6]),
+            ("v", &[2, 2, 6]),
+            ("rv", &[2, 2, 6]),
         ];
         let build = |calls: &[Call], out: &str, train: bool| {
             let mut g = graph(calls, sizes, out);
@@ -1582,6 +1585,47 @@ mod tests {
         let rebind: Call = ("relu_.default", &[("self", "x")], "x2");
         let mut g = build(&[lin, rebind, drop, add], "y", false);
         assert_eq!(fold(&mut g), (1, 0));
+        // A chain that reads the Linear's output again (`silu(h) * h`): tensor 0 to the
+        // epilogue, which reads it as the product left it.
+        let silu: Call = ("silu.default", &[("self", "h")], "s");
+        let gate: Call = ("mul.Tensor", &[("self", "s"), ("other", "h")], "y");
+        let mut g = build(&[lin, silu, gate], "y", false);
+        assert_eq!(fuse_pointwise_chains(&mut g), 1);
+        assert_eq!(fold(&mut g), (0, 1));
+        let node = &g.nodes[0];
+        let arg = |name: &str| &node.inputs.iter().find(|a| a.name == name).unwrap().arg;
+        assert!(matches!(arg(EPILOGUE_ARGS[0]), Argument::AsTensors(t) if t.is_empty()));
+        assert!(matches!(arg(EPILOGUE_ARGS[2]), Argument::AsInts(k) if k == &[-2, 0]));
+        // A view between that keeps the last dim (GPT-2's `Conv1D`): the Linear gives its
+        // output the view's sizes, and the view goes; one that changes the last dim stays.
+        let view = |to: &'static str| -> Call { ("view.default", &[("self", "h")], to) };
+        let add_v: Call = ("add.Tensor", &[("self", "v"), ("other", "rv")], "y");
+        let viewed = |last: i64| {
+            let mut g = build(&[lin, view("v"), add_v], "y", false);
+            for (name, dims) in [("v", [2, 2, 6]), ("rv", [2, 2, 6]), ("y", [2, 2, 6])] {
+                let meta = g.tensor_values.get_mut(name).unwrap();
+                let mut sizes = dims.to_vec();
+                if name != "rv" || last == 6 {
+                    sizes[2] = last;
+                    sizes[1] = 12 / last;
+                }
+                meta.sizes = sizes
+                    .into_iter()
+                    .map(crate::schema::SymInt::AsInt)
+                    .collect();
+            }
+            g
+        };
+        let mut g = viewed(6);
+        assert_eq!(fold(&mut g), (0, 1));
+        assert_eq!(g.nodes.len(), 1);
+        let shape = g.nodes[0]
+            .inputs
+            .iter()
+            .find(|a| a.name == OUTPUT_SHAPE_ARG);
+        assert!(matches!(shape.map(|a| &a.arg), Some(Argument::AsInts(s)) if s == &[2, 2, 6]));
+        let mut g = viewed(3);
+        assert_eq!(fold(&mut g), (0, 0));
     }
 
     /// The tiled transposes (from a tensor and from little-endian bytes) against candle's own

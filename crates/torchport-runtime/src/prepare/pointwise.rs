@@ -195,31 +195,57 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
 
 /// Fold the elementwise work that follows a packed Linear ([`crate::ops::packed::TARGET`])
 /// into it: where the Linear's output is read by one node only, a fused chain
-/// ([`fuse_pointwise_chains`]) that starts from it and does not read it again, or one
-/// elementwise float32 op that such a chain could start with (a gelu; an add of a residual of
-/// the same sizes), the Linear node takes that chain's steps and other tensors as its
+/// ([`fuse_pointwise_chains`]) that starts from it (and may read it again: the epilogue's
+/// tensor 0, the values the product left), or one elementwise float32 op that such a chain
+/// could start with (a gelu; an add of a residual of the same sizes), the Linear node takes that chain's steps and other tensors as its
 /// epilogue ([`EPILOGUE_ARGS`]), applied to each stretch of its output as its product
-/// finishes it, while it is in cache. The Linear node takes the chain's place (the chain's
-/// other tensors may be computed after the Linear, as Llama's `up` projection is after its
-/// `gate`) and defines its output; it is left alone where a node between the two rebinds a
-/// tensor the Linear reads. Run after `pack_linears`. Returns how many.
+/// finishes it, while it is in cache. A `view` or `reshape` between the two that keeps the
+/// last dim (GPT-2's `Conv1D` products, computed on `[rows, n]` and viewed back to `[batch,
+/// seq, n]`) is looked through: the Linear then gives its output that shape
+/// ([`OUTPUT_SHAPE_ARG`](crate::ops::packed::OUTPUT_SHAPE_ARG)) and the view goes too. The
+/// Linear node takes the chain's place (the chain's other tensors may be computed after the
+/// Linear, as Llama's `up` projection is after its `gate`) and defines its output; it is left
+/// alone where a node between the two rebinds a tensor the Linear reads. Run after
+/// `pack_linears`. Returns how many.
 pub fn fuse_linear_epilogues(graph: &mut Graph) -> usize {
-    use crate::ops::packed::TARGET as LINEAR;
+    use crate::ops::packed::{OUTPUT_SHAPE_ARG, TARGET as LINEAR};
     let (readers, producer) = readers_and_producers(graph);
     let is_f32 = |v: &str| graph.tensor_values.get(v).is_some_and(|m| m.dtype == FLOAT);
-    // The Linear node producing `v`, when `v` has no other reader and no epilogue yet.
-    let linear_of = |v: &str| {
-        let j = *producer.get(v)?;
-        let node = &graph.nodes[j];
-        let free = node.target == LINEAR
-            && readers.get(v) == Some(&1)
-            && !node.inputs.iter().any(|a| a.name == EPILOGUE_ARGS[1]);
-        free.then_some(j)
+    let one_reader = |v: &str| readers.get(v) == Some(&1);
+    let sizes = |v: &str| graph.tensor_values.get(v)?.static_sizes();
+    // The Linear node producing `v` (directly, or through a view that keeps the last dim:
+    // then the view's node and sizes), read `uses` times by the chain, when what it produces
+    // has no other reader and it has no epilogue yet.
+    let linear_of = |v: &str, uses: usize| -> Option<Source> {
+        let mut at = *producer.get(v)?;
+        let mut view = None;
+        let node = &graph.nodes[at];
+        if matches!(
+            op_key(&node.target),
+            "aten.view.default" | "aten.reshape.default" | "aten._unsafe_view.default"
+        ) {
+            let u = input_tensor(node, "self")?;
+            let (from, to) = (sizes(u)?, sizes(v)?);
+            let same = from.last() == to.last()
+                && from.iter().product::<i64>() == to.iter().product::<i64>();
+            if !(same && one_reader(u) && is_f32(u)) {
+                return None;
+            }
+            view = Some((at, to));
+            at = *producer.get(u)?;
+        }
+        let linear = &graph.nodes[at];
+        let free = linear.target == LINEAR
+            && readers.get(v) == Some(&uses)
+            && !linear.inputs.iter().any(|a| a.name == EPILOGUE_ARGS[1]);
+        free.then_some((at, view))
     };
-    // (chain node, Linear node, the chain's other tensors, its steps)
-    let mut plans: Vec<(usize, usize, Vec<String>, Vec<Argument>)> = Vec::new();
+    // (chain node, Linear node, the view looked through, the chain's other tensors, its steps)
+    type Plan = (usize, usize, Option<View>, Vec<String>, Vec<Argument>);
+    let mut plans: Vec<Plan> = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
-        let Some((j, others, steps)) = epilogue_chain(graph, node, &linear_of, &is_f32) else {
+        let Some(((j, view), others, steps)) = epilogue_chain(graph, node, &linear_of, &is_f32)
+        else {
             continue;
         };
         let reads: Vec<&str> = graph.nodes[j]
@@ -228,12 +254,20 @@ pub fn fuse_linear_epilogues(graph: &mut Graph) -> usize {
             .flat_map(|a| tensor_names(&a.arg))
             .collect();
         if j < i && !rebinds_any(&graph.nodes[j + 1..i], |s| reads.contains(&s)) {
-            plans.push((i, j, others, steps));
+            plans.push((i, j, view, others, steps));
         }
     }
     let mut dropped: HashSet<usize> = HashSet::default();
-    for (i, j, others, steps) in &plans {
+    for (i, j, view, others, steps) in &plans {
         let mut linear = graph.nodes[*j].clone();
+        if let Some((v, shape)) = view {
+            linear.inputs.push(NamedArgument {
+                name: OUTPUT_SHAPE_ARG.into(),
+                arg: Argument::AsInts(shape.clone()),
+                kind: None,
+            });
+            dropped.insert(*v);
+        }
         let tensors = others
             .iter()
             .map(|name| TensorArgument { name: name.clone() })
@@ -254,32 +288,55 @@ pub fn fuse_linear_epilogues(graph: &mut Graph) -> usize {
     plans.len()
 }
 
+/// What [`epilogue_chain`] finds a chain's start produced by: a Linear node, and the view
+/// between them if any.
+type Source = (usize, Option<View>);
+
+/// A view between a Linear and its epilogue: its node, and the sizes it gives.
+type View = (usize, Vec<i64>);
+
 /// The chain `node` computes from a free Linear's output (`linear_of` gives the Linear
-/// node): that node, the chain's other tensors, and its `ops`, `operands` and `scalars`
+/// node and the view between): those, the chain's other tensors, and its `ops`, `operands` and `scalars`
 /// arguments, numbered as a chain node numbers them. `None` where `node` is no such chain,
 /// or reads the Linear's output again.
 fn epilogue_chain(
     graph: &Graph,
     node: &Node,
-    linear_of: &dyn Fn(&str) -> Option<usize>,
+    linear_of: &dyn Fn(&str, usize) -> Option<Source>,
     is_f32: &dyn Fn(&str) -> bool,
-) -> Option<(usize, Vec<String>, Vec<Argument>)> {
+) -> Option<(Source, Vec<String>, Vec<Argument>)> {
     let arg = |name: &str| node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg);
     if node.target == TARGET {
         let Some(Argument::AsTensors(ts)) = arg("tensors") else {
             return None;
         };
-        let (start, others) = ts.split_first()?;
-        let j = linear_of(&start.name)?;
-        if others.iter().any(|t| t.name == start.name) {
-            return None;
-        }
-        let steps = ["ops", "operands", "scalars"].map(|n| arg(n).cloned());
-        let [Some(ops), Some(operands), Some(scalars)] = steps else {
+        let start = &ts.first()?.name;
+        let uses = ts.iter().filter(|t| t.name == *start).count();
+        let j = linear_of(start, uses)?;
+        let (Some(ops), Some(scalars), Some(Argument::AsInts(operands))) =
+            (arg("ops"), arg("scalars"), arg("operands"))
+        else {
             return None;
         };
-        let others = others.iter().map(|t| t.name.clone()).collect();
-        return Some((j, others, vec![ops, operands, scalars]));
+        // The start read again is tensor 0 to the epilogue (the values before its steps);
+        // the other tensors are numbered from 1 without it.
+        let mut others = Vec::new();
+        let mut renumbered = vec![0i64; ts.len()];
+        for (k, t) in ts.iter().enumerate().skip(1) {
+            if t.name != *start {
+                others.push(t.name.clone());
+                renumbered[k] = others.len() as i64;
+            }
+        }
+        let operands = operands
+            .iter()
+            .map(|&k| match usize::try_from(k) {
+                Ok(k) => renumbered.get(k).copied(),
+                Err(_) => Some(k),
+            })
+            .collect::<Option<Vec<i64>>>()?;
+        let steps = vec![ops.clone(), Argument::AsInts(operands), scalars.clone()];
+        return Some((j, others, steps));
     }
     // One op: the Linear's output, and the step's operand if any.
     let (op, y) = parse(node)?;
@@ -288,12 +345,12 @@ fn epilogue_chain(
         Op::Binary(b, l, r) => [(l.clone(), b, r.clone()), (r, b.swapped(), l)]
             .into_iter()
             .find_map(|(a, b, other)| match a {
-                Arg::Tensor(t) if linear_of(&t).is_some() => Some((t, b.name(), Some(other))),
+                Arg::Tensor(t) if linear_of(&t, 1).is_some() => Some((t, b.name(), Some(other))),
                 _ => None,
             })?,
         Op::Identity(_) => return None,
     };
-    let j = linear_of(&acc)?;
+    let j = linear_of(&acc, 1)?;
     if !is_f32(&acc) || !same_meta(graph, &acc, &y) {
         return None;
     }
