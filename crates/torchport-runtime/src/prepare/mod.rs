@@ -2,12 +2,14 @@
 //! ([`fold_constants`]), fold each inference batch norm into the
 //! convolution before it ([`fold_batch_norms`]), then the relu / silu / hardswish after a
 //! convolution into it ([`fuse_conv_activations`]), residual adds (and the activation after)
-//! into the convolution before them ([`fuse_conv_residuals`]), chains of elementwise ops into
-//! one pass ([`fuse_pointwise_chains`]), run max pools whose indices nothing reads without
-//! them ([`drop_unread_pool_indices`]), store the weights of convolutions on small planes
-//! packed for the microkernel ([`pack_small_convs`]), those of convolutions run by
-//! Winograd's algorithm transformed for it ([`transform_winograd_convs`]), and store each
-//! Linear weight in the layout its matmul reads, so that no run pays for a transposed operand.
+//! into the convolution before them ([`fuse_conv_residuals`]), drop the dropouts outside
+//! training ([`drop_inference_dropouts`]), chains of elementwise ops into one pass
+//! ([`fuse_pointwise_chains`]), run max pools whose indices nothing reads without them
+//! ([`drop_unread_pool_indices`]), store the weights of convolutions on small planes packed
+//! for the microkernel ([`pack_small_convs`]), those of convolutions run by Winograd's
+//! algorithm transformed for it ([`transform_winograd_convs`]), store each Linear weight in
+//! the layout its matmul reads, so that no run pays for a transposed operand, and fold the
+//! elementwise work after a packed Linear into it ([`fuse_linear_epilogues`]).
 //!
 //! torch keeps a Linear weight as `[out, in]` and computes `x @ w.T`; the runtime's matmul
 //! (candle's gemm) is given `w.T`, a strided view. A weight that is only ever read through a
