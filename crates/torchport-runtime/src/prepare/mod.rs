@@ -352,15 +352,15 @@ impl<'a> Iterator for TensorNames<'a> {
     }
 }
 
+/// Input `name` of `node`, if the serializer wrote it.
+fn input_arg<'a>(node: &'a Node, name: &str) -> Option<&'a Argument> {
+    node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg)
+}
+
 /// The tensor named by input `name` of `node`, if it is one.
 fn input_tensor<'a>(node: &'a Node, name: &str) -> Option<&'a str> {
     use crate::schema::OptionalTensorArgument as O;
-    match node
-        .inputs
-        .iter()
-        .find(|a| a.name == name)
-        .map(|a| &a.arg)?
-    {
+    match input_arg(node, name)? {
         Argument::AsTensor(t) | Argument::AsOptionalTensor(O::AsTensor(t)) => Some(&t.name),
         _ => None,
     }
@@ -368,7 +368,7 @@ fn input_tensor<'a>(node: &'a Node, name: &str) -> Option<&'a str> {
 
 /// A float input of `node` (`default` when the serializer omitted it).
 fn input_float(node: &Node, name: &str, default: f64) -> Option<f64> {
-    match node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg) {
+    match input_arg(node, name) {
         None => Some(default),
         Some(Argument::AsFloat(f)) => Some(f.get()),
         Some(Argument::AsInt(i)) => Some(*i as f64),
@@ -403,13 +403,9 @@ fn values<S: BuildHasher>(
 fn is_forward_conv(node: &crate::schema::Node) -> bool {
     match op_key(&node.target) {
         "aten.conv2d.default" | "aten.conv1d.default" | "aten.conv3d.default" => true,
-        "aten.convolution.default" => matches!(
-            node.inputs
-                .iter()
-                .find(|a| a.name == "transposed")
-                .map(|a| &a.arg),
-            Some(Argument::AsBool(false))
-        ),
+        "aten.convolution.default" => {
+            matches!(input_arg(node, "transposed"), Some(Argument::AsBool(false)))
+        }
         _ => false,
     }
 }
@@ -718,13 +714,7 @@ pub(crate) fn plan_bn_folds(
     for (i, bn) in graph.nodes.iter().enumerate() {
         let out = match (op_key(&bn.target), bn.outputs.as_slice()) {
             ("aten.batch_norm.default", [Argument::AsTensor(y)]) => {
-                if !matches!(
-                    bn.inputs
-                        .iter()
-                        .find(|a| a.name == "training")
-                        .map(|a| &a.arg),
-                    Some(Argument::AsBool(false))
-                ) {
+                if !matches!(input_arg(bn, "training"), Some(Argument::AsBool(false))) {
                     continue;
                 }
                 y.name.clone()
@@ -1080,14 +1070,11 @@ pub fn drop_inference_dropouts(graph: &mut Graph) -> usize {
         if op_key(&node.target) != "aten.dropout.default" {
             continue;
         }
-        let train = node
-            .inputs
-            .iter()
-            .find(|a| a.name == "train")
-            .map(|a| &a.arg);
-        let (Some(x), [Argument::AsTensor(y)], Some(Argument::AsBool(false))) =
-            (input_tensor(node, "input"), node.outputs.as_slice(), train)
-        else {
+        let (Some(x), [Argument::AsTensor(y)], Some(Argument::AsBool(false))) = (
+            input_tensor(node, "input"),
+            node.outputs.as_slice(),
+            input_arg(node, "train"),
+        ) else {
             continue;
         };
         // A dropout of a dropped dropout reads what that one read.

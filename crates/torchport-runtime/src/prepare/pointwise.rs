@@ -4,8 +4,8 @@
 use crate::fast::{HashMap, HashSet};
 
 use super::{
-    drop_nodes, input_float, input_tensor, readers_and_producers, rebinds_any, same_meta,
-    tensor_names,
+    drop_nodes, input_arg, input_float, input_tensor, readers_and_producers, rebinds_any,
+    same_meta, tensor_names,
 };
 use crate::dtype::FLOAT;
 use crate::ops::op_key;
@@ -41,7 +41,8 @@ struct Chain {
 /// dropped with it) and has the chain's sizes, into one node of
 /// [`crate::ops::pointwise::TARGET`] at the last node's place: add, sub (alpha 1), mul, div of
 /// tensors or scalars, neg, relu, silu, sigmoid, tanh, exp, rsqrt, sqrt, gelu (erf or tanh),
-/// `pow` by 2, 3 or 0.5, and `to(float32)` of a float32 tensor. The other operands may broadcast. A chain is left
+/// `pow` by 2, 3 or 0.5, and `to(float32)` of a float32 tensor. The other operands may
+/// broadcast. A chain is left
 /// alone when an in-place op between its first and last node rebinds a tensor it reads (the
 /// fused node reads them at the last node's place). The graph's metadata decides dtypes and
 /// sizes: every tensor involved must be float32. Returns how many chains were fused.
@@ -166,23 +167,15 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
             .into_iter()
             .map(|name| TensorArgument { name })
             .collect();
-        let (ops, operands, scalars) = chain.steps.into_iter().fold(
-            (Vec::new(), Vec::new(), Vec::new()),
-            |(mut o, mut k, mut s), (name, operand, scalar)| {
-                o.push(name.to_string());
-                k.push(operand);
-                s.push(JsonFloat::Num(f64::from(scalar)));
-                (o, k, s)
-            },
-        );
+        let [ops, operands, scalars] = step_args(&chain.steps);
         let node = &mut graph.nodes[last];
         *node = Node {
             target: TARGET.into(),
             inputs: vec![
                 named("tensors", Argument::AsTensors(tensors)),
-                named("ops", Argument::AsStrings(ops)),
-                named("operands", Argument::AsInts(operands)),
-                named("scalars", Argument::AsFloats(scalars)),
+                named("ops", ops),
+                named("operands", operands),
+                named("scalars", scalars),
             ],
             outputs: node.outputs.clone(),
             name: node.name.clone(),
@@ -193,13 +186,28 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
     fused
 }
 
+/// A chain's steps (name; operand: an index into its tensors, -1 for the scalar, -2 for none;
+/// scalar) as the `ops`, `operands` and `scalars` arguments of a node that carries them.
+fn step_args(steps: &[(&str, i64, f32)]) -> [Argument; 3] {
+    [
+        Argument::AsStrings(steps.iter().map(|s| s.0.to_string()).collect()),
+        Argument::AsInts(steps.iter().map(|s| s.1).collect()),
+        Argument::AsFloats(
+            steps
+                .iter()
+                .map(|s| JsonFloat::Num(f64::from(s.2)))
+                .collect(),
+        ),
+    ]
+}
+
 /// Fold the elementwise work that follows a packed Linear ([`crate::ops::packed::TARGET`])
 /// into it: where the Linear's output is read by one node only, a fused chain
 /// ([`fuse_pointwise_chains`]) that starts from it (and may read it again: the epilogue's
 /// tensor 0, the values the product left), or one elementwise float32 op that such a chain
-/// could start with (a gelu; an add of a residual of the same sizes), the Linear node takes that chain's steps and other tensors as its
-/// epilogue ([`EPILOGUE_ARGS`]), applied to each stretch of its output as its product
-/// finishes it, while it is in cache. A `view` or `reshape` between the two that keeps the
+/// could start with (a gelu; an add of a residual of the same sizes), the Linear node takes
+/// that chain's steps and other tensors as its epilogue ([`EPILOGUE_ARGS`]), applied to each
+/// stretch of its output as its product finishes it, while it is in cache. A `view` or `reshape` between the two that keeps the
 /// last dim (GPT-2's `Conv1D` products, computed on `[rows, n]` and viewed back to `[batch,
 /// seq, n]`) is looked through: the Linear then gives its output that shape
 /// ([`OUTPUT_SHAPE_ARG`](crate::ops::packed::OUTPUT_SHAPE_ARG)) and the view goes too. The
@@ -295,17 +303,17 @@ type Source = (usize, Option<View>);
 /// A view between a Linear and its epilogue: its node, and the sizes it gives.
 type View = (usize, Vec<i64>);
 
-/// The chain `node` computes from a free Linear's output (`linear_of` gives the Linear
-/// node and the view between): those, the chain's other tensors, and its `ops`, `operands` and `scalars`
-/// arguments, numbered as a chain node numbers them. `None` where `node` is no such chain,
-/// or reads the Linear's output again.
+/// The chain `node` computes from a free Linear's output (`linear_of` gives the Linear node
+/// and the view between): those, the chain's other tensors, and its `ops`, `operands` and
+/// `scalars` arguments, numbered as an epilogue numbers them (the Linear's output read again
+/// is tensor 0). `None` where `node` is no such chain.
 fn epilogue_chain(
     graph: &Graph,
     node: &Node,
     linear_of: &dyn Fn(&str, usize) -> Option<Source>,
     is_f32: &dyn Fn(&str) -> bool,
 ) -> Option<(Source, Vec<String>, Vec<Argument>)> {
-    let arg = |name: &str| node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg);
+    let arg = |name: &str| input_arg(node, name);
     if node.target == TARGET {
         let Some(Argument::AsTensors(ts)) = arg("tensors") else {
             return None;
@@ -338,34 +346,28 @@ fn epilogue_chain(
         let steps = vec![ops.clone(), Argument::AsInts(operands), scalars.clone()];
         return Some((j, others, steps));
     }
-    // One op: the Linear's output, and the step's operand if any.
+    // One op: the Linear (its output the running value) and the step's operand if any.
     let (op, y) = parse(node)?;
-    let (acc, name, other) = match op {
-        Op::Unary(u, x) => (x, u.name(), None),
+    let ((j, acc), name, other) = match op {
+        Op::Unary(u, x) => ((linear_of(&x, 1)?, x), u.name(), None),
         Op::Binary(b, l, r) => [(l.clone(), b, r.clone()), (r, b.swapped(), l)]
             .into_iter()
             .find_map(|(a, b, other)| match a {
-                Arg::Tensor(t) if linear_of(&t, 1).is_some() => Some((t, b.name(), Some(other))),
-                _ => None,
+                Arg::Tensor(t) => Some(((linear_of(&t, 1)?, t), b.name(), Some(other))),
+                Arg::Scalar(_) => None,
             })?,
         Op::Identity(_) => return None,
     };
-    let j = linear_of(&acc, 1)?;
     if !is_f32(&acc) || !same_meta(graph, &acc, &y) {
         return None;
     }
-    let (others, operand, scalar) = match other {
-        None => (Vec::new(), -2, 0.0),
-        Some(Arg::Scalar(s)) => (Vec::new(), -1, s),
-        Some(Arg::Tensor(t)) if t != acc && is_f32(&t) => (vec![t], 1, 0.0),
+    let (others, step) = match other {
+        None => (Vec::new(), (name, -2, 0.0)),
+        Some(Arg::Scalar(s)) => (Vec::new(), (name, -1, s)),
+        Some(Arg::Tensor(t)) if t != acc && is_f32(&t) => (vec![t], (name, 1, 0.0)),
         Some(Arg::Tensor(_)) => return None,
     };
-    let steps = vec![
-        Argument::AsStrings(vec![name.to_string()]),
-        Argument::AsInts(vec![operand]),
-        Argument::AsFloats(vec![JsonFloat::Num(f64::from(scalar))]),
-    ];
-    Some((j, others, steps))
+    Some((j, others, step_args(&[step]).into()))
 }
 
 /// `node` as an elementwise op and its one tensor output, or `None`.
@@ -408,17 +410,15 @@ fn parse(node: &Node) -> Option<(Op, String)> {
             0.5 => unary(Unary::Sqrt)?,
             _ => return None,
         },
-        "aten.to.dtype" => match node.inputs.iter().find(|a| a.name == "dtype")?.arg {
+        "aten.to.dtype" => match input_arg(node, "dtype")? {
             Argument::AsScalarType(FLOAT) => Op::Identity(x()?),
             _ => return None,
         },
-        "aten.gelu.default" => match node.inputs.iter().find(|a| a.name == "approximate") {
+        "aten.gelu.default" => match input_arg(node, "approximate") {
             None => unary(Unary::Gelu)?,
-            Some(a) => match &a.arg {
-                Argument::AsString(m) if m == "none" => unary(Unary::Gelu)?,
-                Argument::AsString(m) if m == "tanh" => unary(Unary::GeluTanh)?,
-                _ => return None,
-            },
+            Some(Argument::AsString(m)) if m == "none" => unary(Unary::Gelu)?,
+            Some(Argument::AsString(m)) if m == "tanh" => unary(Unary::GeluTanh)?,
+            _ => return None,
         },
         _ => return None,
     };

@@ -86,7 +86,7 @@ fn winograd_weight_name<'g>(
 /// value for both dims), or `default` for both where the serializer left it out; `None` for
 /// anything else (negative values, a string padding).
 fn ints(node: &Node, name: &str, default: i64) -> Option<[usize; 2]> {
-    let v = match node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg) {
+    let v = match super::input_arg(node, name) {
         None => vec![default],
         Some(Argument::AsInts(v)) => v.clone(),
         // An `int[]` written as a single int, as the kernels' `Args::ints` also takes it.
