@@ -1,7 +1,8 @@
 //! Convolutions: conv1d/conv2d/convolution (grouped, depthwise, asymmetric padding) and
-//! conv_transpose2d. Dense convs unfold the input (im2col) and run one gemm per image (or per
-//! group of small images), or, when 3x3 with stride 1 on large enough images, run by
-//! Winograd's F(2x2, 3x3) (`winograd`); with few columns, directly (`narrow`). Grouped convs
+//! conv_transpose2d. Dense convs unfold the input (im2col: `unfolded`, into the gemm's panels
+//! as it packs them) and run one gemm per image (or per group of small images), or, when 3x3
+//! with stride 1 on large enough images, run by Winograd's F(2x2, 3x3) (`winograd`); with few
+//! columns, directly (`narrow`). Grouped convs
 //! run the same way for each group of channels (one gemm per image and group, or `narrow`);
 //! depthwise convs (groups == in channels) use direct kernels, far faster than one gemm per
 //! channel (`depthwise`).
@@ -9,18 +10,22 @@
 use candle_core::{DType, Tensor, D};
 
 use super::fused::{put, with_f32, Spare};
-use super::sgemm::{into_finished, new_block, sgemm, Finish, Mat, Shared};
+use super::packed::Columns;
+use super::sgemm::{into_finished, into_finished_from, new_block, sgemm, Finish, Mat, Shared};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
 use crate::op_bail;
 use crate::value::{one, Args, Outputs};
 use depthwise::depthwise;
+pub(crate) use unfolded::strided_copy;
+use unfolded::{im2col, Unfolded};
 
 mod depthwise;
 #[cfg(target_arch = "x86_64")]
 mod narrow;
 pub mod small;
+mod unfolded;
 
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
@@ -767,50 +772,50 @@ fn conv_gemm(
                 let b = bias.as_deref();
                 winograd::conv_image(img, u, g, b, p.act, dst, accumulate, threads)
             };
-            let group = |cols: &mut Vec<f32>,
-                         prod: &mut Vec<f32>,
-                         dst: &mut [f32],
-                         imgs: &[f32]| {
-                let wide = imgs.len() / per_image * pix;
-                cols.resize(k * wide, 0.0);
-                for (r, row) in cols.chunks_exact_mut(wide).enumerate() {
-                    for (img, part) in imgs.chunks_exact(per_image).zip(row.chunks_exact_mut(pix)) {
-                        im2col_span(img, [c, h, wd], [kh, kw], ow, p, r, 0, part);
+            let group =
+                |cols: &mut Vec<f32>, prod: &mut Vec<f32>, dst: &mut [f32], imgs: &[f32]| {
+                    let wide = imgs.len() / per_image * pix;
+                    cols.resize(k * wide, 0.0);
+                    for (img, at) in imgs.chunks_exact(per_image).zip((0..).step_by(pix)) {
+                        // The image's columns `at..` of each row: one panel `wide` wide from
+                        // column `at`, its first `pix` columns written.
+                        let unfolded = Unfolded::new(img, [c, h, wd], [kh, kw], ow, p);
+                        unfolded.pack(0..k, 0..pix, wide, &mut cols[at..]);
                     }
-                }
-                prod.resize(co * wide, 0.0);
-                if let Some(b) = &bias {
-                    for (row, &v) in prod.chunks_exact_mut(wide).zip(b) {
-                        row.fill(v);
-                    }
-                }
-                let w = Mat::rows(wm, k);
-                let ok = sgemm(
-                    co,
-                    wide,
-                    k,
-                    w,
-                    Mat::rows(cols, wide),
-                    prod,
-                    wide,
-                    bias.is_some(),
-                    1.0,
-                    group_threads,
-                );
-                // The product's row o holds channel o of each image in turn.
-                for (o, row) in prod.chunks_exact(wide).enumerate() {
-                    for (part, img) in row.chunks_exact(pix).zip(dst.chunks_exact_mut(co * pix)) {
-                        let d = &mut img[o * pix..][..pix];
-                        if accumulate {
-                            d.iter_mut().zip(part).for_each(|(d, &v)| *d += v);
-                        } else {
-                            d.copy_from_slice(part);
+                    prod.resize(co * wide, 0.0);
+                    if let Some(b) = &bias {
+                        for (row, &v) in prod.chunks_exact_mut(wide).zip(b) {
+                            row.fill(v);
                         }
                     }
-                }
-                p.act.apply(dst);
-                ok
-            };
+                    let w = Mat::rows(wm, k);
+                    let ok = sgemm(
+                        co,
+                        wide,
+                        k,
+                        w,
+                        Mat::rows(cols, wide),
+                        prod,
+                        wide,
+                        bias.is_some(),
+                        1.0,
+                        group_threads,
+                    );
+                    // The product's row o holds channel o of each image in turn.
+                    for (o, row) in prod.chunks_exact(wide).enumerate() {
+                        for (part, img) in row.chunks_exact(pix).zip(dst.chunks_exact_mut(co * pix))
+                        {
+                            let d = &mut img[o * pix..][..pix];
+                            if accumulate {
+                                d.iter_mut().zip(part).for_each(|(d, &v)| *d += v);
+                            } else {
+                                d.copy_from_slice(part);
+                            }
+                        }
+                    }
+                    p.act.apply(dst);
+                    ok
+                };
             let ok = if let (true, Some(r)) = (late, &residual) {
                 let then = |i: usize, dst: &mut [f32]| {
                     one_image(&xs[i * per_image..][..per_image], dst, share)
@@ -862,8 +867,10 @@ fn share(images: usize, threads: usize) -> usize {
 
 /// A float32 convolution of `xs` (`[n, c, h, w]`) by `w` (`[co, c / groups * kh * kw]`) as one
 /// product per image and group of channels (`p.groups`; its columns: the group's input
-/// channels themselves for a 1x1 kernel at stride 1 unpadded, else unfolded; its rows the
-/// group's output channels), each written straight into a new output, each stretch of a row
+/// channels themselves for a 1x1 kernel at stride 1 unpadded, else unfolded: straight into
+/// the product's panels as it packs them, where this CPU has the microkernels for it
+/// ([`Unfolded`]), else into a matrix first; its rows the group's output channels), each
+/// written straight into a new output, each stretch of a row
 /// finished as the product completes it: the bias and the residual (`[n, co, oh, ow]`, each
 /// optional) added and the activation applied while the stretch is in cache. They had been
 /// passes of their own over the whole output, before the product (the residual copied, the
@@ -894,18 +901,25 @@ fn products(
     }
     let direct = reads_in_place([kh, kw], p);
     let share = share(units, rayon::current_num_threads());
+    let own = super::packed::Packing::detect();
+    let own = own.as_ref();
     let run = |rs: Option<&[f32]>| {
         // Group `g` of image `i` (`u = i * groups + g`) into its `[og, pix]` part of `out`,
         // `cols` its unfolded columns: the output's channels `u * og..` in the image order.
         let unit = |u: usize, cols: &mut Vec<f32>, out: Shared| -> bool {
             let (i, g) = (u / groups, u % groups);
             let img = &xs[i * per_image + g * cg * h * wd..][..cg * h * wd];
-            let cols: &[f32] = if direct {
-                img
-            } else {
-                cols.resize(k * pix, 0.0);
-                im2col(img, [cg, h, wd], [kh, kw], [oh, ow], p, cols, share > 1);
-                cols
+            // Unfolded panel by panel as the product packs them, where this CPU has the
+            // microkernels for it; else into a matrix first.
+            let unfolded = Unfolded::new(img, [cg, h, wd], [kh, kw], ow, p);
+            let cols: &[f32] = match own {
+                _ if direct => img,
+                Some(_) => &[],
+                None => {
+                    cols.resize(k * pix, 0.0);
+                    im2col(img, [cg, h, wd], [kh, kw], [oh, ow], p, cols, share > 1);
+                    cols
+                }
             };
             let res = rs.map(|r| &r[u * og * pix..][..og * pix]);
             let finish = |o: usize, j: usize, row: &mut [f32]| {
@@ -931,15 +945,13 @@ fn products(
             #[allow(unsafe_code)]
             unsafe {
                 let out = Shared(out.0.add(u * og * pix));
-                into_finished(
-                    (og, pix, k),
-                    a,
-                    b,
-                    out,
-                    pix,
-                    share,
-                    any.then_some(&finish as Finish),
-                )
+                let finish = any.then_some(&finish as Finish);
+                match own {
+                    Some(pk) if !direct => {
+                        into_finished_from(pk, (og, pix, k), a, &unfolded, out, pix, share, finish)
+                    }
+                    _ => into_finished((og, pix, k), a, b, out, pix, share, finish),
+                }
             }
         };
         // SAFETY: the units' parts cover the new buffer, each written whole by its product
@@ -1047,82 +1059,6 @@ fn small_f32(t: &Tensor, len: usize) -> Option<Vec<f32>> {
         .ok()
 }
 
-/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` (see [`im2col_span`]).
-/// Every element is written. Rows are filled in parallel when asked.
-fn im2col(
-    xs: &[f32],
-    chw: [usize; 3],
-    k: [usize; 2],
-    [oh, ow]: [usize; 2],
-    p: &Params,
-    cols: &mut [f32],
-    parallel: bool,
-) {
-    use rayon::prelude::*;
-    let pix = oh * ow;
-    if pix == 0 {
-        return;
-    }
-    let cols = &mut cols[..chw[0] * k[0] * k[1] * pix];
-    let fill = |(r, row): (usize, &mut [f32])| im2col_span(xs, chw, k, ow, p, r, 0, row);
-    if parallel {
-        cols.par_chunks_mut(pix).enumerate().for_each(fill);
-    } else {
-        cols.chunks_mut(pix).enumerate().for_each(fill);
-    }
-}
-
-/// Row `r = (ci, i, j)` of one image's unfolded columns for the output pixels from `start`
-/// on (row-major over the `ow`-wide output) into `row` (all `oh * ow` from `start = 0`): the
-/// input pixel each output pixel sees through kernel tap `(i, j)` of channel `ci`, zero where
-/// that falls in the padding. Every element is written.
-#[allow(clippy::too_many_arguments)]
-fn im2col_span(
-    xs: &[f32],
-    [_, h, wd]: [usize; 3],
-    [kh, kw]: [usize; 2],
-    ow: usize,
-    p: &Params,
-    r: usize,
-    start: usize,
-    row: &mut [f32],
-) {
-    let (ph, pw) = (p.padding[0] as isize, p.padding[1] as isize);
-    let (ci, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
-    let src = &xs[ci * h * wd..][..h * wd];
-    let di = (i * p.dilation[0]) as isize - ph;
-    let dj = (j * p.dilation[1]) as isize - pw;
-    // Valid output columns x0..x1: 0 <= x * stride + dj < wd. Empty when the tap lies wholly
-    // in the padding (dilation wider than the image, e.g. DeepLab's ASPP).
-    let sx = p.stride[1] as isize;
-    let x0 = ((-dj).max(0) + sx - 1) / sx;
-    let x1 = ((wd as isize - dj).max(0) + sx - 1) / sx;
-    let (x0, x1) = (x0.min(ow as isize) as usize, x1.min(ow as isize) as usize);
-    let x1 = x1.max(x0);
-    let (mut px, mut rest) = (start, row);
-    while !rest.is_empty() {
-        // Output columns xa..xb of output row y.
-        let (y, xa) = (px / ow, px % ow);
-        let n = (ow - xa).min(rest.len());
-        let (seg, tail) = std::mem::take(&mut rest).split_at_mut(n);
-        (px, rest) = (px + n, tail);
-        let iy = (y * p.stride[0]) as isize + di;
-        if iy < 0 || iy >= h as isize {
-            seg.fill(0.0);
-            continue;
-        }
-        let srow = &src[iy as usize * wd..][..wd];
-        let a = x0.clamp(xa, xa + n);
-        let b = x1.clamp(a, xa + n);
-        seg[..a - xa].fill(0.0);
-        if b > a {
-            let s0 = (a as isize * sx + dj) as usize;
-            strided_copy(&mut seg[a - xa..b - xa], &srow[s0..], p.stride[1]);
-        }
-        seg[b - xa..].fill(0.0);
-    }
-}
-
 /// Output length of a convolution (or of an unfold's block positions) along one dim.
 pub(crate) fn out_len(
     len: usize,
@@ -1137,29 +1073,6 @@ pub(crate) fn out_len(
         op_bail!("the kernel ({k}, dilation {dil}) is larger than the padded input ({padded})");
     }
     Ok((padded - eff) / stride + 1)
-}
-
-/// `dst[i] = src[i * step]`. Steps 1 and 2 (the common strides) are loops the compiler
-/// vectorises; a step known only at run time is read one element at a time (a 3x3 stride-2
-/// conv on `[8, 64, 56, 56]` at 1 thread: 9.9–10.6 → 9.3 ms with the step-2 loop).
-fn strided_copy(dst: &mut [f32], src: &[f32], step: usize) {
-    match step {
-        1 => dst.copy_from_slice(&src[..dst.len()]),
-        2 => {
-            let Some((last, body)) = dst.split_last_mut() else {
-                return;
-            };
-            let src = &src[..2 * body.len() + 1];
-            for (o, pair) in body.iter_mut().zip(src.chunks_exact(2)) {
-                *o = pair[0];
-            }
-            *last = src[2 * body.len()];
-        }
-        _ => dst
-            .iter_mut()
-            .zip(src.iter().step_by(step))
-            .for_each(|(d, &v)| *d = v),
-    }
 }
 
 fn conv_transpose(a: &Args) -> OpResult<Outputs> {

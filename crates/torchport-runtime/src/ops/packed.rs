@@ -735,8 +735,65 @@ unsafe fn kernels(
     }
 }
 
+/// The right operand `b` (`[k, n]`) of an [`unpacked_product`], as what writes its values
+/// into the microkernel's panels: a matrix ([`Mat`]), or an image's columns unfolded as they
+/// are packed (`conv`'s, which never writes the whole unfolded matrix).
+pub(crate) trait Columns: Sync {
+    /// Rows `rows` of columns `cols` (`cols.start` the first of a panel) into `panels`:
+    /// consecutive panels of `mr` columns by `rows.len()` rows, row after row, each row the
+    /// panel's `mr` values. What lies past `cols.end` in the last panel is not written.
+    fn pack(
+        &self,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        mr: usize,
+        panels: &mut [f32],
+    );
+
+    /// The same operand from column `cols` on.
+    fn skip(&self, cols: usize) -> Self
+    where
+        Self: Sized;
+}
+
+impl Columns for Mat<'_> {
+    fn pack(
+        &self,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        mr: usize,
+        panels: &mut [f32],
+    ) {
+        let kb = rows.len();
+        for (panel, i0) in panels
+            .chunks_exact_mut(mr * kb)
+            .zip(cols.clone().step_by(mr))
+        {
+            let mi = mr.min(cols.end - i0);
+            for (r, col) in rows.clone().zip(panel.chunks_exact_mut(mr)) {
+                let at = r * self.rs + i0 * self.cs;
+                if self.cs == 1 {
+                    col[..mi].copy_from_slice(&self.data[at..at + mi]);
+                } else {
+                    for (j, v) in col[..mi].iter_mut().enumerate() {
+                        *v = self.data[at + j * self.cs];
+                    }
+                }
+            }
+        }
+    }
+
+    fn skip(&self, cols: usize) -> Self {
+        Mat {
+            data: &self.data[cols * self.cs..],
+            ..*self
+        }
+    }
+}
+
 /// `out = (accumulate ? out : 0) + scale * x @ b` for `x: [m, k]` and an unpacked
-/// `b: [k, n]` (any strides), on this thread, through the same microkernels as a packed
+/// `b: [k, n]` (a matrix of any strides, or what [`Columns`] writes), on this thread, through
+/// the same microkernels as a packed
 /// weight: `b` is packed a run of panels at a time (the columns that fit the L2 cache, one
 /// block of `kc` rows) into a buffer this thread keeps, and the rows of `x` run against each
 /// run. With `finish`, each row's stretch of a run is handed to it after the last block of
@@ -757,7 +814,7 @@ pub(crate) unsafe fn unpacked_product(
     pk: &Packing,
     (m, n, k): (usize, usize, usize),
     x: Mat,
-    b: Mat,
+    b: &impl Columns,
     out: Shared,
     ldd: usize,
     accumulate: bool,
@@ -787,20 +844,16 @@ pub(crate) unsafe fn unpacked_product(
         let mut j0 = 0;
         while j0 < n {
             let j1 = (j0 + run * mr).min(n);
-            for (panel, i0) in buf.chunks_exact_mut(mr * kb).zip((j0..j1).step_by(mr)) {
-                let mi = mr.min(j1 - i0);
-                // The rows up to the microkernel's register width are read: zeros past `mi`.
-                let read = mi.next_multiple_of(lanes).min(mr);
-                for (c, col) in panel.chunks_exact_mut(mr).enumerate() {
-                    let at = (p0 + c) * b.rs + i0 * b.cs;
-                    if b.cs == 1 {
-                        col[..mi].copy_from_slice(&b.data[at..at + mi]);
-                    } else {
-                        for (r, v) in col[..mi].iter_mut().enumerate() {
-                            *v = b.data[at + r * b.cs];
-                        }
-                    }
-                    col[mi..read].fill(0.0);
+            let whole = (j1 - j0) / mr;
+            let run_buf = &mut buf[..(j1 - j0).div_ceil(mr) * mr * kb];
+            b.pack(p0..p0 + kb, j0..j1, mr, run_buf);
+            // The rows up to the microkernel's register width are read: zeros past the last
+            // column in the last panel.
+            let tail = (j1 - j0) % mr;
+            if tail > 0 {
+                let read = tail.next_multiple_of(lanes).min(mr);
+                for col in run_buf[whole * mr * kb..].chunks_exact_mut(mr) {
+                    col[tail..read].fill(0.0);
                 }
             }
             let panels = Panels {
@@ -1223,7 +1276,7 @@ mod tests {
                     #[allow(unsafe_code)]
                     unsafe {
                         let out = Shared(got.as_mut_ptr());
-                        unpacked_product(&pk, (m, n, k), x, b, out, ldd, accumulate, scale, None);
+                        unpacked_product(&pk, (m, n, k), x, &b, out, ldd, accumulate, scale, None);
                     }
                     let dots = direct_f64((m, n, k), |i, p| xt[p * m + i], |p, j| bv[p * n + j]);
                     for i in 0..m {

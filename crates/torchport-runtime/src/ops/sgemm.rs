@@ -9,6 +9,8 @@
 
 use std::ops::Range;
 
+use super::packed::{unpacked_product, Columns, Packing};
+
 /// A read-only matrix view: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
 pub struct Mat<'a> {
@@ -300,36 +302,21 @@ unsafe fn into(
         if let (Some(pk), gemm::Parallelism::None, true) =
             (&own, par, rows.len() > 1 && cols.len() > 1)
         {
-            let x = Mat {
-                data: &a.data[rows.start * a.rs..],
-                ..a
-            };
-            let b = Mat {
-                data: &b.data[cols.start * b.cs..],
-                ..b
-            };
-            // The tile's rows and columns are the product's from its corner.
-            let at = |r: usize, j: usize, row: &mut [f32]| {
-                if let Some(f) = finish {
-                    f(rows.start + r, cols.start + j, row)
-                }
-            };
-            let finish: Option<Finish> = finish.map(|_| &at as Finish);
             // SAFETY: as below: the views fit (sub-views of checked ones), k > 0, and the
             // tile of `out` is this call's alone.
             unsafe {
-                super::packed::unpacked_product(
+                own_tile(
                     pk,
-                    (rows.len(), cols.len(), k),
-                    x,
-                    b,
-                    Shared(out.0.add(rows.start * ldd + cols.start)),
+                    (rows, cols, k),
+                    a,
+                    &b,
+                    out,
                     ldd,
                     accumulate,
                     scale,
                     finish,
-                );
-            }
+                )
+            };
             return;
         }
         // SAFETY: every element the product reads, `a[i * rs + p * cs]` for i < m, p < k (and
@@ -374,6 +361,91 @@ unsafe fn into(
             product(out, rows, cols, gemm::Parallelism::None)
         });
     }
+    true
+}
+
+/// Rows `rows` and columns `cols` of `a @ b` (scaled, onto what `out` holds when
+/// `accumulate`) into their tile of the block `out` points to, on this thread, through this
+/// CPU's microkernels ([`unpacked_product`]), each finished stretch handed to `finish` with
+/// its row and column in the whole product.
+///
+/// # Safety
+///
+/// `a` fits an `[m, k]` view and `b` holds `[k, n]` for some `m >= rows.end`, `n >=
+/// cols.end`, `k > 0`, and the tile of `out` (row stride `ldd`) is this call's alone.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+unsafe fn own_tile<C: Columns>(
+    pk: &Packing,
+    (rows, cols, k): (Range<usize>, Range<usize>, usize),
+    a: Mat,
+    b: &C,
+    out: Shared,
+    ldd: usize,
+    accumulate: bool,
+    scale: f32,
+    finish: Option<Finish>,
+) {
+    let x = Mat {
+        data: &a.data[rows.start * a.rs..],
+        ..a
+    };
+    // The tile's rows and columns are the product's from its corner.
+    let at = |r: usize, j: usize, row: &mut [f32]| {
+        if let Some(f) = finish {
+            f(rows.start + r, cols.start + j, row)
+        }
+    };
+    let finish: Option<Finish> = finish.map(|_| &at as Finish);
+    // SAFETY: the caller's contract, for the tile's sub-views.
+    unsafe {
+        unpacked_product(
+            pk,
+            (rows.len(), cols.len(), k),
+            x,
+            &b.skip(cols.start),
+            Shared(out.0.add(rows.start * ldd + cols.start)),
+            ldd,
+            accumulate,
+            scale,
+            finish,
+        );
+    }
+}
+
+/// [`into_finished`] for a right operand written into the microkernel's panels as they are
+/// packed ([`Columns`]), through this CPU's microkernels (`pk`), over the same tiles: a
+/// convolution's columns, unfolded from its image panel by panel instead of into a matrix of
+/// their own first. Returns false (and writes nothing) when `a` does not fit or `k` is 0.
+///
+/// # Safety
+///
+/// As [`into_finished`]'s, and `b` holds `[k, n]`.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+pub(crate) unsafe fn into_finished_from<C: Columns>(
+    pk: &Packing,
+    (m, n, k): (usize, usize, usize),
+    a: Mat,
+    b: &C,
+    out: Shared,
+    ldd: usize,
+    threads: usize,
+    finish: Option<Finish>,
+) -> bool {
+    if !a.fits(m, k) || k == 0 || isize::try_from(ldd).is_err() {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    let bands = if threads > 1 {
+        tiles(m, n, k, threads)
+    } else {
+        (1, 1)
+    };
+    for_each_tile(m, n, bands, |rows, cols| {
+        // SAFETY: the caller's contract; concurrent tiles are disjoint.
+        unsafe { own_tile(pk, (rows, cols, k), a, b, out, ldd, false, 1.0, finish) }
+    });
     true
 }
 

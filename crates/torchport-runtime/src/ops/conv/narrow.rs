@@ -17,9 +17,10 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{im2col_span, out_len, reads_in_place, Act, Params, Shape};
+use super::{out_len, reads_in_place, Act, Params, Shape, Unfolded};
 use crate::error::OpResult;
 use crate::ops::fused::{with_f32, Spare};
+use crate::ops::packed::Columns;
 use crate::ops::sgemm::{new_block, Shared};
 
 /// Output channels a block sums together (one register each per 16 pixels).
@@ -209,14 +210,13 @@ fn narrow(
                     (&x_g[s0..], pixels)
                 } else {
                     let run = s1 - s0;
-                    // Every value is written by `im2col_span`: the buffer only grows (not
-                    // zeroed).
+                    // Every value is written by the unfolding (one panel `run` wide): the
+                    // buffer only grows (not zeroed).
                     if cols.len() < k * run {
                         cols.resize(k * run, 0.0);
                     }
-                    for (r, row) in cols[..k * run].chunks_exact_mut(run).enumerate() {
-                        im2col_span(x_g, [cg, h, wd], [kh, kw], ow, p, r, s0, row);
-                    }
+                    let unfolded = Unfolded::new(x_g, [cg, h, wd], [kh, kw], ow, p);
+                    unfolded.pack(0..k, s0..s1, run, &mut cols[..k * run]);
                     (&cols[..k * run], run)
                 };
                 for o in (0..og).step_by(ROWS) {
