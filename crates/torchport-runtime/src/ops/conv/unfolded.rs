@@ -21,16 +21,25 @@ pub(super) fn im2col(
     if pix == 0 {
         return;
     }
-    let cols = &mut cols[..chw[0] * k[0] * k[1] * pix];
+    let rows = chw[0] * k[0] * k[1];
+    let cols = &mut cols[..rows * pix];
     let unfolded = Unfolded::new(xs, chw, k, ow, p);
-    // A row is one panel as wide as the output plane.
-    let fill = |(r, row): (usize, &mut [f32])| unfolded.pack(r..r + 1, 0..pix, pix, row);
+    // The matrix is one panel as wide as the output plane; in parallel, blocks of its rows.
     if parallel {
-        cols.par_chunks_mut(pix).enumerate().for_each(fill);
+        let fill = |(b, block): (usize, &mut [f32])| {
+            let r0 = b * ROWS_PER_TASK;
+            unfolded.pack(r0..r0 + block.len() / pix, 0..pix, pix, block);
+        };
+        cols.par_chunks_mut(ROWS_PER_TASK * pix)
+            .enumerate()
+            .for_each(fill);
     } else {
-        cols.chunks_mut(pix).enumerate().for_each(fill);
+        unfolded.pack(0..rows, 0..pix, pix, cols);
     }
 }
+
+/// Rows of the unfolded matrix a task writes where [`im2col`] runs in parallel.
+const ROWS_PER_TASK: usize = 16;
 
 /// One image's unfolded columns (`[c * kh * kw, oh * ow]`, im2col's matrix), written only
 /// where asked ([`Columns`]): row `r = (ci, i, j)`, column `x` the input pixel that output
@@ -291,7 +300,8 @@ mod tests {
     /// padding, dilation (taps wholly in the padding too), blocks of rows starting inside a
     /// channel's taps, columns starting inside an output row and from a `skip`, panels of
     /// 16, 64 and 7 columns (a stretch ending where a panel ends), by the AVX-512 copies and
-    /// the plain ones. What lies past the last column of the last panel is left as it was.
+    /// the plain ones; and the whole matrix, in blocks of rows on the pool too. What lies
+    /// past the last column of the last panel is left as it was.
     #[test]
     fn panels_hold_the_unfolded_columns() {
         // (c, h, w, kernel, stride, padding, dilation)
@@ -340,10 +350,13 @@ mod tests {
                 }
             };
             let unfolded = Unfolded::new(&xs, [c, h, w], [kh, kw], ow, &p);
-            let mut all = vec![0.0; k * pix];
-            im2col(&xs, [c, h, w], [kh, kw], [oh, ow], &p, &mut all, false);
-            for (at, v) in all.iter().enumerate() {
-                assert_eq!(*v, want(at / pix, at % pix), "im2col {c}x{h}x{w} at {at}");
+            for parallel in [false, true] {
+                let mut all = vec![0.0; k * pix];
+                im2col(&xs, [c, h, w], [kh, kw], [oh, ow], &p, &mut all, parallel);
+                for (at, v) in all.iter().enumerate() {
+                    let case = format!("im2col {c}x{h}x{w}, parallel {parallel}");
+                    assert_eq!(*v, want(at / pix, at % pix), "{case} at {at}");
+                }
             }
             let skip = ow + 3;
             for mr in [16, 64, 7] {
