@@ -692,6 +692,9 @@ unsafe fn kernels(
     finish: Option<Finish>,
 ) {
     debug_assert!(finish.is_none() || origin == (0, 0));
+    if rows.is_empty() {
+        return;
+    }
     let (mr, nr, kb) = (pk.mr, pk.nr, panels.kb);
     let first = panels.cols.start / mr;
     // The microkernel on rows j.. (at most nr) against the rest of i0's panel (its rows i0 %
