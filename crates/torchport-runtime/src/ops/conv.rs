@@ -11,7 +11,9 @@ use candle_core::{DType, Tensor, D};
 
 use super::fused::{put, with_f32, Spare};
 use super::packed::Columns;
-use super::sgemm::{into_finished, into_finished_from, new_block, sgemm, Finish, Mat, Shared};
+use super::sgemm::{
+    into_finished, into_finished_from, new_block, sgemm, tiles, Finish, Mat, Shared,
+};
 use super::winograd;
 use super::{f32_vec, float, from_f32, usize_of, Registry};
 use crate::error::OpResult;
@@ -901,16 +903,23 @@ fn products(
     }
     let direct = reads_in_place([kh, kw], p);
     let share = share(units, rayon::current_num_threads());
+    // Unfolded straight into the product's panels where this CPU has the microkernels for it
+    // and each tile of the product unfolds only its own columns: on one thread, or in bands
+    // of columns. Bands of rows would each unfold all of them (a 256-channel 3x3 stride-2
+    // convolution on 2 threads took 1.10x its time so), and a product that does not split
+    // runs on the gemm's own threads.
     let own = super::packed::Packing::detect();
-    let own = own.as_ref();
+    let own = own
+        .as_ref()
+        .filter(|_| !direct && (share == 1 || matches!(tiles(og, pix, k, share), (1, c) if c > 1)));
     let run = |rs: Option<&[f32]>| {
         // Group `g` of image `i` (`u = i * groups + g`) into its `[og, pix]` part of `out`,
         // `cols` its unfolded columns: the output's channels `u * og..` in the image order.
         let unit = |u: usize, cols: &mut Vec<f32>, out: Shared| -> bool {
             let (i, g) = (u / groups, u % groups);
             let img = &xs[i * per_image + g * cg * h * wd..][..cg * h * wd];
-            // Unfolded panel by panel as the product packs them, where this CPU has the
-            // microkernels for it; else into a matrix first.
+            // Unfolded panel by panel as the product packs them (see `own`), else into a
+            // matrix first.
             let unfolded = Unfolded::new(img, [cg, h, wd], [kh, kw], ow, p);
             let cols: &[f32] = match own {
                 _ if direct => img,
@@ -947,10 +956,10 @@ fn products(
                 let out = Shared(out.0.add(u * og * pix));
                 let finish = any.then_some(&finish as Finish);
                 match own {
-                    Some(pk) if !direct => {
+                    Some(pk) => {
                         into_finished_from(pk, (og, pix, k), a, &unfolded, out, pix, share, finish)
                     }
-                    _ => into_finished((og, pix, k), a, b, out, pix, share, finish),
+                    None => into_finished((og, pix, k), a, b, out, pix, share, finish),
                 }
             }
         };
