@@ -12,8 +12,9 @@
 //! multiply-adds: the output is larger than the cache, and each pass reads it back from
 //! memory; a first convolution's columns, unfolded whole, were larger than the cache too.
 //! Here the output is produced in blocks of [`PIXELS`] pixels by [`ROWS`] output channels,
-//! summed in registers over the columns, read in place or unfolded a stretch of output
-//! pixels at a time into the cache (BENCHMARKS.md, issue 14).
+//! summed in registers over the columns: read in place (a 1x1 convolution's input; a first
+//! convolution's input rows split into the stride's phases, [`Phased`]) or unfolded a
+//! stretch of output pixels at a time into the cache (BENCHMARKS.md, issue 14).
 
 use candle_core::{DType, Tensor};
 
@@ -40,7 +41,9 @@ const MAX_COLUMNS: usize = 96;
 
 /// The most columns of a network's first convolution, over at most [`FIRST_CHANNELS`] input
 /// channels: ResNet's 7x7 over 3 channels has 147. Its input unfolded whole is larger than
-/// the cache (7.4 MB for one 224 x 224 image); here it is unfolded a stretch at a time.
+/// the cache (7.4 MB for one 224 x 224 image); here it is read in phases ([`Phased`]), which
+/// took ResNet's first convolution from 1.69 to 1.33 ms at batch 1 on 1 thread (median of 8
+/// paired processes; unfolded a stretch at a time before).
 /// Single convolutions, least of 100 runs, the gemm crate's path against this one: 3 → 64
 /// channels, 7x7 at stride 2 on 224 x 224, batch 1, 1 thread 2.95 / 2.76 ms, batch 8 26.0 /
 /// 24.3, 2 threads 1.59 / 1.41 and 14.1 / 12.0. With 16 input channels and 3x3 kernels (144
@@ -144,11 +147,12 @@ pub(super) fn conv(
 
 /// `act(w @ cols + bias + residual)` per image and group of channels (`p.groups`) for `x:
 /// [n, c, h, w]` (a group's columns: its input channels themselves for a 1x1 kernel at stride
-/// 1 without padding, else unfolded as `im2col` does), `w: [co, c / groups * kh * kw]` (a
-/// group's output channels its rows), `bias: [co]` and `residual: [n, co, oh, ow]` (each
-/// optional), as a new `[n, co, oh, ow]` buffer written once; pieces of the images' output
-/// pixels (whole blocks) over the pool's threads, each piece's stretches computed for every
-/// group in turn. The sum of an output starts from its bias and adds the columns in order,
+/// 1 without padding, its input rows in phases for a first convolution (at most
+/// [`FIRST_CHANNELS`] input channels, groups 1), else unfolded as `im2col` does), `w: [co, c
+/// / groups * kh * kw]` (a group's output channels its rows), `bias: [co]` and `residual: [n,
+/// co, oh, ow]` (each optional), as a new `[n, co, oh, ow]` buffer written once; pieces of the
+/// images' output pixels (whole blocks; whole output rows in phases) over the pool's threads,
+/// each piece's stretches (output rows) computed for every group in turn. The sum of an output starts from its bias and adds the columns in order,
 /// then the residual. Panics unless [`applies`] said so for these sizes and the slices have
 /// them.
 fn narrow(
@@ -178,14 +182,17 @@ fn narrow(
         "narrow conv: sizes or a CPU it does not take"
     );
     let in_place = reads_in_place([kh, kw], p);
-    // Pieces of whole blocks of an image's pixels, enough for every thread to have a few,
-    // the blocks dealt out evenly (piece `b` starts at block `b * blocks / pieces`): pieces
-    // of one size, rounded up to whole blocks, had left 7 for 2 threads on 56 x 56 (4 to one
-    // thread, 3 to the other).
+    // A first convolution reads its input directly, split into its stride's phases
+    // ([`Phased`]), instead of unfolded.
+    let direct = !in_place && groups == 1 && c <= FIRST_CHANNELS;
+    // Pieces of an image's output, enough for every thread to have a few: whole output rows
+    // (direct), else whole blocks of its pixels, dealt out evenly (piece `b` starts at block
+    // `b * blocks / pieces`): pieces of one size, rounded up to whole blocks, had left 7 for
+    // 2 threads on 56 x 56 (4 to one thread, 3 to the other).
     let threads = rayon::current_num_threads();
     let per_image = (PIECES_PER_THREAD * threads).div_ceil(n.max(1)).max(1);
     let blocks = pixels.div_ceil(PIXELS);
-    let pieces = per_image.min(blocks).max(1);
+    let pieces = per_image.min(if direct { oh } else { blocks }).max(1);
     let piece_start = |b: usize| (b * blocks / pieces * PIXELS).min(pixels);
     // Stretches of a piece, whole blocks, whose columns stay in the L2 cache while each
     // group of output channels is computed along them.
@@ -197,6 +204,8 @@ fn narrow(
         let (img, b) = (task / pieces, task % pieces);
         let img_x = &x[img * c * h * wd..][..c * h * wd];
         let mut cols = Spare::take();
+        let mut offsets = [0usize; MAX_FIRST_COLUMNS];
+        let offsets = &mut offsets[..k];
         let end = piece_start(b + 1);
         for s0 in (piece_start(b)..end).step_by(stretch) {
             let s1 = (s0 + stretch).min(end);
@@ -219,82 +228,299 @@ fn narrow(
                     unfolded.pack(0..k, s0..s1, run, &mut cols[..k * run]);
                     (&cols[..k * run], run)
                 };
-                for o in (0..og).step_by(ROWS) {
-                    let rows = ROWS.min(og - o);
-                    // SAFETY: `applies` found AVX-512 and FMA; the columns hold `k` rows of
-                    // `s1 - s0` values `step` apart from `src`'s start (the group's planes, or
-                    // the unfolded stretch), the rows `o..o + rows` lie inside the group's
-                    // `og` output channels (`planes` on), the residual (if any) holds the
-                    // image's `co` planes, and this task alone writes the image's pixels
-                    // `s0..s1`, so nothing else touches them.
-                    #[allow(unsafe_code)]
-                    unsafe {
-                        let dst = out.0.add(planes);
-                        let res = residual.map(|r| r.as_ptr().add(planes));
-                        for q in (s0..s1).step_by(PIXELS) {
-                            let block = Block {
-                                cols: src.as_ptr().add(q - s0),
-                                step,
-                                at: q,
-                                pixels: PIXELS.min(s1 - q),
-                                plane: pixels,
-                            };
-                            // A last group of fewer rows is computed as 2 or 4: the 16 and 32
-                            // channels of a first convolution took 3 groups of 6 (18) and 6
-                            // (36).
-                            let at = [o, rows];
-                            let (w, b) = (w_g, bias_g);
-                            match rows {
-                                1 | 2 => block_avx512::<2>(&block, w, b, res, act, at, dst),
-                                3 | 4 => block_avx512::<4>(&block, w, b, res, act, at, dst),
-                                _ => block_avx512::<ROWS>(&block, w, b, res, act, at, dst),
-                            }
-                        }
-                    }
+                for (i, offset) in offsets.iter_mut().enumerate() {
+                    *offset = i * step;
+                }
+                let blocks = (s0..s1).step_by(PIXELS).map(|q| Along {
+                    from: q - s0,
+                    at: q,
+                    pixels: PIXELS.min(s1 - q),
+                });
+                let rows = Rows {
+                    w: w_g,
+                    bias: bias_g,
+                    offsets,
+                    plane: pixels,
+                    act,
+                };
+                // SAFETY: `applies` found AVX-512 and FMA; column `i` of the stretch's pixel
+                // `q - s0` is `src[i * step + q - s0]` (the group's planes from pixel `s0`,
+                // or the unfolded stretch), `s1 - s0` values a column; the residual (if
+                // any) holds the image's `co` planes; and this task alone writes the image's
+                // pixels `s0..s1`, so nothing else touches them.
+                #[allow(unsafe_code)]
+                unsafe {
+                    let res = residual.map(|r| r.as_ptr().add(planes));
+                    rows.along(blocks, src.as_ptr(), res, out.0.add(planes));
                 }
             }
         }
     };
+    // A piece of whole output rows, read from its input rows split into phases.
+    let work_direct = |out: Shared, task: usize| {
+        let (img, b) = (task / pieces, task % pieces);
+        let (r0, r1) = (b * oh / pieces, (b + 1) * oh / pieces);
+        if r0 == r1 {
+            return;
+        }
+        let img_x = &x[img * c * h * wd..][..c * h * wd];
+        let phased = Phased::new([c, h, wd], [kh, kw], ow, p);
+        let mut buf = Spare::take();
+        phased.fill(img_x, r0..r1, &mut buf);
+        let mut offsets = [0usize; MAX_FIRST_COLUMNS];
+        let offsets = &mut offsets[..k];
+        phased.offsets(r1 - r0, offsets);
+        let planes = img * co * pixels;
+        let rows = Rows {
+            w,
+            bias,
+            offsets,
+            plane: pixels,
+            act,
+        };
+        // Each output row in turn: its input (a few KB) stays in the L1 cache while every
+        // group of output channels is computed along it.
+        for y in r0..r1 {
+            let from = (y - r0) * phased.row_step();
+            let blocks = (0..ow).step_by(PIXELS).map(|x0| Along {
+                from: from + x0,
+                at: y * ow + x0,
+                pixels: PIXELS.min(ow - x0),
+            });
+            // SAFETY: `applies` found AVX-512 and FMA; `Phased::offsets` puts column `i` of
+            // output pixel `(y, x0 + j)` at `buf[from + x0 + offsets[i] + j]`, inside the
+            // buffer `fill` wrote for rows `r0..r1`, for every `j < ow - x0`; the residual
+            // (if any) holds the image's `co` planes; and this task alone writes the image's
+            // output rows `r0..r1`.
+            #[allow(unsafe_code)]
+            unsafe {
+                let res = residual.map(|r| r.as_ptr().add(planes));
+                rows.along(blocks, buf.as_ptr(), res, out.0.add(planes));
+            }
+        }
+    };
     // SAFETY: the tasks cover every image's output pixels `0..pixels` (pieces from
-    // `piece_start(b)` to `piece_start(b + 1)`, the last ending at `pixels`) for
-    // every output channel (groups of `ROWS`), and `block_avx512` writes each element of its
-    // block before anything reads it.
+    // `piece_start(b)` to `piece_start(b + 1)`, the last ending at `pixels`; direct, rows
+    // `b * oh / pieces` to `(b + 1) * oh / pieces`) for every output channel (groups of
+    // `ROWS`), and `block_avx512` writes each element of its block before anything reads it.
     #[allow(unsafe_code)]
     let out = unsafe {
         new_block(len, |out| {
-            (0..n * pieces).into_par_iter().for_each(|t| work(out, t));
+            let tasks = (0..n * pieces).into_par_iter();
+            match direct {
+                true => tasks.for_each(|t| work_direct(out, t)),
+                false => tasks.for_each(|t| work(out, t)),
+            }
             true
         })
     };
     out.expect("the narrow conv writes every element")
 }
 
-/// Where [`block_avx512`] reads and writes: `k` rows of columns from `cols`, `step` values
-/// apart, for `pixels` (at most [`PIXELS`]) output pixels from pixel `at` of output planes
-/// of `plane` pixels.
-struct Block {
+/// One block of a stretch: its first pixel's columns `from` values past the stretch's
+/// start, its first output pixel `at` in the output planes, `pixels` pixels (at most
+/// [`PIXELS`]).
+struct Along {
+    from: usize,
+    at: usize,
+    pixels: usize,
+}
+
+/// A group's weight `w` (`[og, k]`), `bias` (`[og]`), its columns' offsets, the output
+/// planes' size and the activation: what every block of a stretch shares.
+struct Rows<'a> {
+    w: &'a [f32],
+    bias: &'a [f32],
+    offsets: &'a [usize],
+    plane: usize,
+    act: Act,
+}
+
+impl Rows<'_> {
+    /// Every group of [`ROWS`] output channels along `blocks` in turn, the blocks' columns
+    /// read from `cols` (column `i` of a block at `cols + from + offsets[i]`).
+    ///
+    /// # Safety
+    /// AVX-512F and FMA; for each block, `pixels` readable values at each of its columns;
+    /// `res` (if any) and `dst` point to the group's output planes, whose blocks' elements
+    /// nothing else reads or writes meanwhile.
+    #[allow(unsafe_code)]
+    unsafe fn along(
+        &self,
+        blocks: impl Iterator<Item = Along> + Clone,
+        cols: *const f32,
+        res: Option<*const f32>,
+        dst: *mut f32,
+    ) {
+        let og = self.bias.len();
+        for o in (0..og).step_by(ROWS) {
+            let rows = ROWS.min(og - o);
+            for b in blocks.clone() {
+                let block = Block {
+                    cols: cols.add(b.from),
+                    offsets: self.offsets,
+                    at: b.at,
+                    pixels: b.pixels,
+                    plane: self.plane,
+                };
+                // A last group of fewer rows is computed as 2 or 4: the 16 and 32
+                // channels of a first convolution took 3 groups of 6 (18) and 6 (36).
+                match rows {
+                    1 | 2 => self.block::<2>(&block, res, [o, rows], dst),
+                    3 | 4 => self.block::<4>(&block, res, [o, rows], dst),
+                    _ => self.block::<ROWS>(&block, res, [o, rows], dst),
+                }
+            }
+        }
+    }
+
+    /// [`block_avx512`] with as many registers of 16 pixels as the block needs.
+    ///
+    /// # Safety
+    /// As [`block_avx512`]'s.
+    #[allow(unsafe_code)]
+    unsafe fn block<const R: usize>(
+        &self,
+        b: &Block,
+        res: Option<*const f32>,
+        at: [usize; 2],
+        dst: *mut f32,
+    ) {
+        let (w, bias, act) = (self.w, self.bias, self.act);
+        match b.pixels.div_ceil(16) {
+            1 => block_avx512::<R, 1>(b, w, bias, res, act, at, dst),
+            2 => block_avx512::<R, 2>(b, w, bias, res, act, at, dst),
+            3 => block_avx512::<R, 3>(b, w, bias, res, act, at, dst),
+            _ => block_avx512::<R, { PIXELS / 16 }>(b, w, bias, res, act, at, dst),
+        }
+    }
+}
+
+/// An image's input rows for a piece of a first convolution's output rows, each input
+/// row split by column into the stride's phases (phase `r` holds columns `r`, `r + stride`,
+/// `r + 2 * stride`, ...) with zeros for the padding: every column of the product (an input
+/// channel and a tap) then reads an output row's pixels as consecutive values, in place.
+/// Unfolding the columns instead (147 values a pixel for ResNet's 7x7 first convolution)
+/// was a fifth of that convolution's time (BENCHMARKS.md, issue 14).
+struct Phased {
+    /// `[c, h, w]` of the input.
+    input: [usize; 3],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    /// Zeros before a phase row's first input column: `ceil(padding / stride)`, the
+    /// furthest a tap reaches left of its output column, in phase columns.
+    lead: usize,
+    /// Values in a phase row: the output row's width plus the taps' reach either side.
+    width: usize,
+}
+
+impl Phased {
+    fn new(input: [usize; 3], kernel: [usize; 2], ow: usize, p: &Params) -> Phased {
+        let (s, pad) = (p.stride[1].max(1), p.padding[1]);
+        let lead = pad.div_ceil(s);
+        // The last tap's phase column, relative to its output column (may be negative).
+        let reach =
+            (((kernel[1] - 1) * p.dilation[1]) as isize - pad as isize).div_euclid(s as isize);
+        Phased {
+            input,
+            kernel,
+            stride: p.stride,
+            padding: p.padding,
+            dilation: p.dilation,
+            lead,
+            width: (ow as isize + reach + lead as isize).max(ow as isize) as usize,
+        }
+    }
+
+    /// Input rows (each split into its phases) that `out_rows` output rows read.
+    fn rows(&self, out_rows: usize) -> usize {
+        self.stride[0] * (out_rows - 1) + (self.kernel[0] - 1) * self.dilation[0] + 1
+    }
+
+    /// Values between the starts of two consecutive output rows' columns.
+    fn row_step(&self) -> usize {
+        self.stride[0] * self.width
+    }
+
+    /// `buf` (resized) holds the rows that output rows `out` read of `x` (`[c, h, w]`):
+    /// channel after channel, phase after phase, row after row, `width` values a row.
+    fn fill(&self, x: &[f32], out: std::ops::Range<usize>, buf: &mut Vec<f32>) {
+        let [c, h, w] = self.input;
+        let s = self.stride[1];
+        let rows = self.rows(out.len());
+        buf.resize(c * s * rows * self.width, 0.0);
+        // The input row of the first row here (negative in the top padding).
+        let first = (self.stride[0] * out.start) as isize - self.padding[0] as isize;
+        for (i, dst) in buf.chunks_exact_mut(self.width).enumerate() {
+            let (ch, r, t) = (i / (s * rows), i / rows % s, i % rows);
+            let y = first + t as isize;
+            if !(0..h as isize).contains(&y) {
+                dst.fill(0.0);
+                continue;
+            }
+            let src = &x[(ch * h + y as usize) * w..][..w];
+            // Phase column `j` holds input column `s * (j - lead) + r`.
+            let from = self.lead;
+            let to = match w > r {
+                true => ((w - 1 - r) / s + 1 + self.lead).min(self.width),
+                false => from,
+            };
+            let to = to.max(from);
+            dst[..from].fill(0.0);
+            if to > from {
+                super::unfolded::strided_copy(&mut dst[from..to], &src[r..], s);
+            }
+            dst[to..].fill(0.0);
+        }
+    }
+
+    /// `offsets[i]`: where column `i` (input channel, tap row, tap column, in the weight's
+    /// order) of an output row's first pixel lies in a buffer [`Phased::fill`] wrote for
+    /// `out_rows` output rows, from the first of them (output row `y` of the piece adds `y
+    /// * row_step()`, column `x` adds `x`).
+    fn offsets(&self, out_rows: usize, offsets: &mut [usize]) {
+        let [kh, kw] = self.kernel;
+        let s = self.stride[1] as isize;
+        let rows = self.rows(out_rows);
+        for (i, offset) in offsets.iter_mut().enumerate() {
+            let (ch, ky, kx) = (i / (kh * kw), i / kw % kh, i % kw);
+            let e = (kx * self.dilation[1]) as isize - self.padding[1] as isize;
+            let (q, r) = (e.div_euclid(s), e.rem_euclid(s) as usize);
+            let row = (ch * self.stride[1] + r) * rows + ky * self.dilation[0];
+            *offset = row * self.width + (q + self.lead as isize) as usize;
+        }
+    }
+}
+
+/// Where [`block_avx512`] reads and writes: column `i` of the block's first pixel at `cols +
+/// offsets[i]` (`k` columns), its other pixels after it, for `pixels` (at most [`PIXELS`])
+/// output pixels from pixel `at` of output planes of `plane` pixels.
+struct Block<'a> {
     cols: *const f32,
-    step: usize,
+    offsets: &'a [usize],
     at: usize,
     pixels: usize,
     plane: usize,
 }
 
 /// Output channels `o..o + rows` (`rows <= R`, `R` at most [`ROWS`]) of one block of output
-/// pixels: `bias[o + r]` plus `w[o + r, i] * cols[i][pixel]` for each column row `i` in
-/// order, plus the residual's element (`res[(o + r) * plane + at + pixel]`), activated
+/// pixels (`V` registers of 16, at least `block.pixels`): `bias[o + r]` plus `w[o + r, i] *
+/// cols[i][pixel]` for each column `i` in order, plus the residual's element (`res[(o + r) * plane + at + pixel]`), activated
 /// ([`Act::apply_m512`]) and stored at `dst[(o + r) * plane + at + pixel]`. `R` rows are
 /// summed (those past `rows` repeat the last one, and are not stored).
 ///
 /// # Safety
-/// AVX-512F and FMA; `block.cols` points to `k = w.len() / bias.len()` rows of at least
-/// `block.pixels` values, `block.step` apart; `w` is `[co, k]` with `co = bias.len()`,
+/// AVX-512F and FMA; `block.offsets` holds `k = w.len() / bias.len()` offsets, and from
+/// `block.cols` on, each holds at least `block.pixels` readable values; `16 * V >=
+/// block.pixels`; `w` is `[co, k]` with `co = bias.len()`,
 /// `1 <= rows <= R`, `o + rows <= co`, `block.at + block.pixels <= block.plane`; `res` (if
 /// any) points to `co` planes of `block.plane` values, and `dst` to `co` planes that nothing
 /// else reads or writes at the block's elements meanwhile.
 #[target_feature(enable = "avx512f,fma")]
 #[allow(unsafe_code)]
-unsafe fn block_avx512<const R: usize>(
+unsafe fn block_avx512<const R: usize, const V: usize>(
     block: &Block,
     w: &[f32],
     bias: &[f32],
@@ -304,7 +530,6 @@ unsafe fn block_avx512<const R: usize>(
     dst: *mut f32,
 ) {
     use std::arch::x86_64::*;
-    const V: usize = PIXELS / 16;
     let k = w.len() / bias.len();
     let mask = |i: usize| -> __mmask16 {
         let n = block.pixels.saturating_sub(16 * i).min(16);
@@ -318,8 +543,8 @@ unsafe fn block_avx512<const R: usize>(
         *a = [_mm512_set1_ps(bias[row(r)]); V];
     }
     let wp = w.as_ptr();
-    for i in 0..k {
-        let at = block.cols.add(i * block.step);
+    for (i, &offset) in block.offsets.iter().enumerate().take(k) {
+        let at = block.cols.add(offset);
         // The first group of rows reads the stretch's columns from memory: ask for them ahead.
         if o == 0 {
             for v in 0..V {
@@ -387,14 +612,17 @@ mod tests {
     /// are not a multiple of a block's six (7, 13), planes that end inside a block, one and
     /// 96 columns, a batch, with and without bias and residual, each activation; and a first
     /// 7x7 convolution (147 columns) whose pieces hold more than one stretch. The pieces and
-    /// stretches begin and end inside output rows.
+    /// stretches begin and end inside output rows. The first convolutions (at most 4 input
+    /// channels, read in phases) include stride 3 with padding 4 (a tap's column wholly in
+    /// the padding), unequal strides and dilations, and output rows that end in blocks of
+    /// one to four registers.
     #[test]
     fn narrow_matches_f64_sums() {
         // (input [n, c, h, w], co, [kernel, stride, padding, dilation], bias, residual, act)
         type Case = ([usize; 4], usize, [[usize; 2]; 4], bool, bool, Act);
         let one = [1, 1];
         #[rustfmt::skip]
-        let cases: [Case; 10] = [
+        let cases: [Case; 13] = [
             ([2, 3, 15, 20], 7, [one, one, [0, 0], one], true, true, Act::Relu),
             ([1, 96, 1, 257], 13, [one, one, [0, 0], one], false, false, Act::Silu),
             ([3, 1, 16, 16], 6, [one, one, [0, 0], one], true, false, Act::Hardswish),
@@ -405,6 +633,9 @@ mod tests {
             ([1, 2, 30, 40], 5, [[3, 3], one, [2, 1], [2, 1]], true, false, Act::Silu),
             ([2, 5, 20, 37], 11, [[2, 3], [1, 2], [1, 0], one], false, true, Act::None),
             ([1, 3, 130, 130], 10, [[7, 7], [2, 2], [3, 3], one], true, true, Act::Relu),
+            ([1, 4, 23, 50], 7, [[5, 3], [1, 3], [2, 4], one], true, false, Act::None),
+            ([2, 1, 20, 150], 3, [[2, 5], [2, 2], [0, 3], [1, 2]], false, true, Act::Relu),
+            ([1, 3, 40, 110], 2, [[3, 3], one, one, one], true, true, Act::Silu),
         ];
         if !cpu_takes_it() {
             return; // no AVX-512 here: the path is never taken
