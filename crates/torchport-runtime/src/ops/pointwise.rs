@@ -618,6 +618,29 @@ mod tests {
         assert_eq!(bits(&got), bits(&want));
     }
 
+    /// `(x * s) * g` computed as `(g * x) * s` (the order of the chain
+    /// `prepare::fuse_pointwise_chains` makes of GPT-2's tanh GELU) gives the same bits for
+    /// `s` a power of two (0.5, 4, -0.25), and not for 0.7: the test can tell.
+    #[test]
+    fn a_power_of_two_scale_applies_last_with_the_same_bits() {
+        let x = Tensor::randn(0f32, 3.0, (40, 30), &Device::Cpu).unwrap();
+        let g = Tensor::randn(1f32, 1.0, (40, 30), &Device::Cpu).unwrap();
+        let same = |s: f64| {
+            let scaled = op(
+                "aten.mul.Tensor",
+                &x,
+                None,
+                &[("other", json!({ "as_float": s }))],
+            );
+            let want = op("aten.mul.Tensor", &scaled, Some(&g), &[]);
+            let steps = [("mul", 1, 0.0), ("mul", -1, s)];
+            let got = tensor_of(chain(&[&g, &x], &steps).unwrap());
+            bits(&got) == bits(&want)
+        };
+        assert!(same(0.5) && same(4.0) && same(-0.25));
+        assert!(!same(0.7));
+    }
+
     /// A node built by hand (a crafted archive may name this target) is checked: unknown
     /// steps, operands out of range or of the wrong kind, lists of unequal length, int
     /// tensors and operands that do not broadcast give an error, not a panic.

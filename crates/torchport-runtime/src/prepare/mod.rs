@@ -1504,6 +1504,66 @@ mod tests {
         assert_eq!(fuse_pointwise_chains(&mut g), 0);
     }
 
+    /// GPT-2's tanh GELU, `0.5 * x * (1 + tanh(0.79788 * (x + 0.044715 * x^3)))`, as torch
+    /// exports it (`x * 0.5` first, multiplied in last) is one chain: the scale by a power of
+    /// two moves to the chain's end, after `* x`. With another scale (0.7), which would round
+    /// differently there, the two chains stay two.
+    #[test]
+    fn a_scale_by_a_power_of_two_joins_the_chain_it_multiplies() {
+        use crate::ops::pointwise::TARGET;
+        use crate::schema::JsonFloat;
+        let calls: [Call; 8] = [
+            ("mul.Tensor", &[("self", "x"), ("other", "#s")], "half"),
+            (
+                "pow.Tensor_Scalar",
+                &[("self", "x"), ("exponent", "#3")],
+                "p",
+            ),
+            ("mul.Tensor", &[("self", "p"), ("other", "#0.044715")], "m1"),
+            ("add.Tensor", &[("self", "x"), ("other", "m1")], "a1"),
+            (
+                "mul.Tensor",
+                &[("self", "a1"), ("other", "#0.7978845608028654")],
+                "m2",
+            ),
+            ("tanh.default", &[("self", "m2")], "t"),
+            ("add.Tensor", &[("self", "t"), ("other", "#1")], "g"),
+            ("mul.Tensor", &[("self", "half"), ("other", "g")], "y"),
+        ];
+        let names = ["x", "half", "p", "m1", "a1", "m2", "t", "g", "y"];
+        let sizes: Vec<(&str, &[i64])> = names.iter().map(|&n| (n, &[4, 6][..])).collect();
+        let fused = |scale: f64| {
+            let mut g = graph(&calls, &sizes, "y");
+            // The `#` operands are scalars.
+            for a in g.nodes.iter_mut().flat_map(|n| n.inputs.iter_mut()) {
+                if let Argument::AsTensor(t) = &a.arg {
+                    if let Some(v) = t.name.strip_prefix('#') {
+                        let v = v.parse().unwrap_or(scale);
+                        a.arg = Argument::AsFloat(JsonFloat::Num(v));
+                    }
+                }
+            }
+            let n = fuse_pointwise_chains(&mut g);
+            (n, g)
+        };
+        let (n, g) = fused(0.5);
+        assert_eq!((n, g.nodes.len()), (1, 1));
+        let node = &g.nodes[0];
+        assert_eq!(node.target, TARGET);
+        assert!(matches!(&node.outputs[..], [Argument::AsTensor(t)] if t.name == "y"));
+        let arg = |name: &str| &node.inputs.iter().find(|a| a.name == name).unwrap().arg;
+        assert!(matches!(arg("tensors"), Argument::AsTensors(t)
+            if t.iter().map(|t| t.name.as_str()).collect::<Vec<_>>() == ["x", "x"]));
+        let ops = ["cube", "mul", "add", "mul", "tanh", "add", "mul", "mul"];
+        assert!(matches!(arg("ops"), Argument::AsStrings(o) if o == &ops));
+        assert!(matches!(arg("operands"), Argument::AsInts(k)
+            if k == &[-2, -1, 1, -1, -2, -1, 1, -1]));
+        assert!(matches!(arg("scalars"), Argument::AsFloats(s)
+            if matches!(s.last(), Some(JsonFloat::Num(v)) if *v == 0.5)));
+        let (n, g) = fused(0.7);
+        assert_eq!((n, g.nodes.len()), (2, 2));
+    }
+
     /// Dropouts outside training are dropped, their readers reading their input; then an
     /// add of a residual after a packed Linear becomes the Linear's epilogue, the Linear
     /// taking the add's place when the residual is computed after it. Left alone: a

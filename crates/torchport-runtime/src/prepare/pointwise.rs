@@ -36,13 +36,29 @@ struct Chain {
     nodes: Vec<usize>,
 }
 
+impl Chain {
+    /// The index of `t` among the tensors the steps read (added if new; never 0, the
+    /// start, which the steps see as it was before the first).
+    fn operand(&mut self, t: String) -> i64 {
+        let k = match self.tensors.iter().skip(1).position(|x| *x == t) {
+            Some(k) => k + 1,
+            None => {
+                self.tensors.push(t);
+                self.tensors.len() - 1
+            }
+        };
+        k as i64
+    }
+}
+
 /// Fuse each chain of two or more elementwise float32 nodes, where every value inside the
 /// chain is read only by the next node (an `_assert_tensor_metadata` of it aside, which is
 /// dropped with it) and has the chain's sizes, into one node of
 /// [`crate::ops::pointwise::TARGET`] at the last node's place: add, sub (alpha 1), mul, div of
 /// tensors or scalars, neg, relu, silu, sigmoid, tanh, exp, rsqrt, sqrt, gelu (erf or tanh),
 /// `pow` by 2, 3 or 0.5, and `to(float32)` of a float32 tensor. The other operands may
-/// broadcast. A chain is left
+/// broadcast. `(x * s) * b`, `s` a power of two and `b` the end of a chain, joins that chain
+/// as `* x` then `* s` (the same bits while the values stay normal numbers). A chain is left
 /// alone when an in-place op between its first and last node rebinds a tensor it reads (the
 /// fused node reads them at the last node's place). The graph's metadata decides dtypes and
 /// sizes: every tensor involved must be float32. Returns how many chains were fused.
@@ -80,6 +96,49 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
             continue;
         }
         let continues = |v: &str| open.contains_key(v) && readers_of(v) == 1;
+        // `(x * s) * b` with `s` a power of two, `x * s` a chain of that one step and `b` the
+        // end of another chain, both read only here: `b`'s chain takes `* x` and then `* s`
+        // (the same values: a product scaled by a power of two rounds as its factor scaled
+        // would, while both stay normal numbers), so that GPT-2's tanh GELU, `0.5 * x * (1 +
+        // tanh(...))`, is one chain rather than two.
+        if let Op::Binary(Binary::Mul, Arg::Tensor(l), Arg::Tensor(r)) = &op {
+            let scaled = |a: &str| -> Option<(usize, String, f32)> {
+                let c = *open.get(a)?;
+                let chain = &chains[c];
+                match chain.steps.as_slice() {
+                    [("mul", -1, s)] if chain.nodes.len() == 1 && readers_of(a) == 1 => {
+                        let power_of_two = s.is_normal() && s.to_bits() & 0x007f_ffff == 0;
+                        power_of_two.then(|| (c, chain.tensors[0].clone(), *s))
+                    }
+                    _ => None,
+                }
+            };
+            let merge = [(l, r), (r, l)].into_iter().find_map(|(a, b)| {
+                let (from, x, s) = scaled(a)?;
+                let into = *open.get(b.as_str())?;
+                let fits = into != from
+                    && readers_of(b) == 1
+                    && same_meta(graph, b, &y)
+                    && same_meta(graph, &x, &y);
+                fits.then(|| (from, into, x, s, [a.clone(), b.clone()]))
+            });
+            if let Some((from, into, x, s, values)) = merge {
+                for v in &values {
+                    open.remove(v);
+                }
+                let nodes = std::mem::take(&mut chains[from].nodes);
+                chains[from].steps.clear();
+                let chain = &mut chains[into];
+                let k = chain.operand(x);
+                chain.steps.push(("mul", k, 0.0));
+                chain.steps.push(("mul", -1, s));
+                chain.nodes.extend(nodes);
+                chain.nodes.push(i);
+                chain.nodes.sort_unstable();
+                open.insert(y, into);
+                continue;
+            }
+        }
         // The value the step maps, and the step (its name and operand, if any).
         let (acc, step): (String, Option<(&'static str, Option<Arg>)>) = match op {
             Op::Unary(u, x) => (x, Some((u.name(), None))),
@@ -122,14 +181,8 @@ pub fn fuse_pointwise_chains(graph: &mut Graph) -> usize {
             Some((name, None)) => chain.steps.push((name, -2, 0.0)),
             Some((name, Some(Arg::Scalar(s)))) => chain.steps.push((name, -1, s)),
             Some((name, Some(Arg::Tensor(t)))) => {
-                let k = match chain.tensors.iter().position(|x| *x == t) {
-                    Some(k) if k > 0 => k,
-                    _ => {
-                        chain.tensors.push(t);
-                        chain.tensors.len() - 1
-                    }
-                };
-                chain.steps.push((name, k as i64, 0.0));
+                let k = chain.operand(t);
+                chain.steps.push((name, k, 0.0));
             }
         }
         chain.nodes.push(i);
