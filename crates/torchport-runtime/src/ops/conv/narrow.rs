@@ -152,9 +152,9 @@ pub(super) fn conv(
 /// / groups * kh * kw]` (a group's output channels its rows), `bias: [co]` and `residual: [n,
 /// co, oh, ow]` (each optional), as a new `[n, co, oh, ow]` buffer written once; pieces of the
 /// images' output pixels (whole blocks; whole output rows in phases) over the pool's threads,
-/// each piece's stretches (output rows) computed for every group in turn. The sum of an output starts from its bias and adds the columns in order,
-/// then the residual. Panics unless [`applies`] said so for these sizes and the slices have
-/// them.
+/// each piece's stretches (output rows) computed for every group in turn. The sum of an
+/// output starts from its bias and adds the columns in order, then the residual. Panics
+/// unless [`applies`] said so for these sizes and the slices have them.
 fn narrow(
     x: &[f32],
     w: &[f32],
@@ -406,9 +406,8 @@ struct Phased {
     /// `[c, h, w]` of the input.
     input: [usize; 3],
     kernel: [usize; 2],
-    stride: [usize; 2],
-    padding: [usize; 2],
-    dilation: [usize; 2],
+    /// The stride, padding and dilation.
+    p: Params,
     /// Zeros before a phase row's first input column: `ceil(padding / stride)`, the
     /// furthest a tap reaches left of its output column, in phase columns.
     lead: usize,
@@ -426,9 +425,7 @@ impl Phased {
         Phased {
             input,
             kernel,
-            stride: p.stride,
-            padding: p.padding,
-            dilation: p.dilation,
+            p: *p,
             lead,
             width: (ow as isize + reach + lead as isize).max(ow as isize) as usize,
         }
@@ -436,23 +433,23 @@ impl Phased {
 
     /// Input rows (each split into its phases) that `out_rows` output rows read.
     fn rows(&self, out_rows: usize) -> usize {
-        self.stride[0] * (out_rows - 1) + (self.kernel[0] - 1) * self.dilation[0] + 1
+        self.p.stride[0] * (out_rows - 1) + (self.kernel[0] - 1) * self.p.dilation[0] + 1
     }
 
     /// Values between the starts of two consecutive output rows' columns.
     fn row_step(&self) -> usize {
-        self.stride[0] * self.width
+        self.p.stride[0] * self.width
     }
 
     /// `buf` (resized) holds the rows that output rows `out` read of `x` (`[c, h, w]`):
     /// channel after channel, phase after phase, row after row, `width` values a row.
     fn fill(&self, x: &[f32], out: std::ops::Range<usize>, buf: &mut Vec<f32>) {
         let [c, h, w] = self.input;
-        let s = self.stride[1];
+        let s = self.p.stride[1];
         let rows = self.rows(out.len());
         buf.resize(c * s * rows * self.width, 0.0);
         // The input row of the first row here (negative in the top padding).
-        let first = (self.stride[0] * out.start) as isize - self.padding[0] as isize;
+        let first = (self.p.stride[0] * out.start) as isize - self.p.padding[0] as isize;
         for (i, dst) in buf.chunks_exact_mut(self.width).enumerate() {
             let (ch, r, t) = (i / (s * rows), i / rows % s, i % rows);
             let y = first + t as isize;
@@ -482,13 +479,13 @@ impl Phased {
     /// * row_step()`, column `x` adds `x`).
     fn offsets(&self, out_rows: usize, offsets: &mut [usize]) {
         let [kh, kw] = self.kernel;
-        let s = self.stride[1] as isize;
+        let s = self.p.stride[1] as isize;
         let rows = self.rows(out_rows);
         for (i, offset) in offsets.iter_mut().enumerate() {
             let (ch, ky, kx) = (i / (kh * kw), i / kw % kh, i % kw);
-            let e = (kx * self.dilation[1]) as isize - self.padding[1] as isize;
+            let e = (kx * self.p.dilation[1]) as isize - self.p.padding[1] as isize;
             let (q, r) = (e.div_euclid(s), e.rem_euclid(s) as usize);
-            let row = (ch * self.stride[1] + r) * rows + ky * self.dilation[0];
+            let row = (ch * self.p.stride[1] + r) * rows + ky * self.p.dilation[0];
             *offset = row * self.width + (q + self.lead as isize) as usize;
         }
     }
