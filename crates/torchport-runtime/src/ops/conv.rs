@@ -918,16 +918,19 @@ fn products(
         let unit = |u: usize, cols: &mut Vec<f32>, out: Shared| -> bool {
             let (i, g) = (u / groups, u % groups);
             let img = &xs[i * per_image + g * cg * h * wd..][..cg * h * wd];
-            // Unfolded panel by panel as the product packs them (see `own`), else into a
-            // matrix first.
-            let unfolded = Unfolded::new(img, [cg, h, wd], [kh, kw], ow, p);
-            let cols: &[f32] = match own {
-                _ if direct => img,
-                Some(_) => &[],
+            // The columns: a matrix (the image itself, read in place, or unfolded into one
+            // first), or unfolded panel by panel as the product packs them (see `own`).
+            enum Cols<'c> {
+                Matrix(&'c [f32]),
+                Panels(&'c super::packed::Packing),
+            }
+            let cols = match own {
+                _ if direct => Cols::Matrix(img),
+                Some(pk) => Cols::Panels(pk),
                 None => {
                     cols.resize(k * pix, 0.0);
                     im2col(img, [cg, h, wd], [kh, kw], [oh, ow], p, cols, share > 1);
-                    cols
+                    Cols::Matrix(cols)
                 }
             };
             let res = rs.map(|r| &r[u * og * pix..][..og * pix]);
@@ -944,10 +947,7 @@ fn products(
                 p.act.apply(row);
             };
             let any = bias.is_some() || res.is_some() || p.act != Act::None;
-            let (a, b) = (
-                Mat::rows(&w[g * og * k..][..og * k], k),
-                Mat::rows(cols, pix),
-            );
+            let a = Mat::rows(&w[g * og * k..][..og * k], k);
             // SAFETY: the unit's part of the new output (`og * pix` values from `u * og *
             // pix`) is this call's alone, and k > 0 (the caller checked the shapes), so the
             // product writes every value of it before `finish` reads any.
@@ -955,11 +955,15 @@ fn products(
             unsafe {
                 let out = Shared(out.0.add(u * og * pix));
                 let finish = any.then_some(&finish as Finish);
-                match own {
-                    Some(pk) => {
+                match cols {
+                    Cols::Matrix(cols) => {
+                        let b = Mat::rows(cols, pix);
+                        into_finished((og, pix, k), a, b, out, pix, share, finish)
+                    }
+                    Cols::Panels(pk) => {
+                        let unfolded = Unfolded::new(img, [cg, h, wd], [kh, kw], ow, p);
                         into_finished_from(pk, (og, pix, k), a, &unfolded, out, pix, share, finish)
                     }
-                    None => into_finished((og, pix, k), a, b, out, pix, share, finish),
                 }
             }
         };
