@@ -21,7 +21,7 @@ use crate::op_bail;
 use crate::value::{one, Args, Outputs};
 use depthwise::depthwise;
 pub(crate) use unfolded::strided_copy;
-use unfolded::{im2col, Unfolded};
+use unfolded::{im2col, Gathered, Gathers, Unfolded};
 
 mod depthwise;
 #[cfg(target_arch = "x86_64")]
@@ -912,6 +912,8 @@ fn products(
     let own = own
         .as_ref()
         .filter(|_| !direct && (share == 1 || matches!(tiles(og, pix, k, share), (1, c) if c > 1)));
+    // Narrow output rows: gathered rather than copied a row's stretch at a time.
+    let gathers = own.and_then(|_| Gathers::new([cg, h, wd], [kh, kw], [oh, ow], p));
     let run = |rs: Option<&[f32]>| {
         // Group `g` of image `i` (`u = i * groups + g`) into its `[og, pix]` part of `out`,
         // `cols` its unfolded columns: the output's channels `u * og..` in the image order.
@@ -961,8 +963,19 @@ fn products(
                         into_finished((og, pix, k), a, b, out, pix, share, finish)
                     }
                     Cols::Panels(pk) => {
-                        let unfolded = Unfolded::new(img, [cg, h, wd], [kh, kw], ow, p);
-                        into_finished_from(pk, (og, pix, k), a, &unfolded, out, pix, share, finish)
+                        let dims = (og, pix, k);
+                        if let Some(gathers) = &gathers {
+                            let first = 0;
+                            let b = Gathered {
+                                xs: img,
+                                gathers,
+                                first,
+                            };
+                            into_finished_from(pk, dims, a, &b, out, pix, share, finish)
+                        } else {
+                            let b = Unfolded::new(img, [cg, h, wd], [kh, kw], ow, p);
+                            into_finished_from(pk, dims, a, &b, out, pix, share, finish)
+                        }
                     }
                 }
             }

@@ -697,10 +697,9 @@ unsafe fn kernels(
     }
     let (mr, nr, kb) = (pk.mr, pk.nr, panels.kb);
     let first = panels.cols.start / mr;
-    // The microkernel on rows j.. (at most nr) against the rest of i0's panel (its rows i0 %
+    // The microkernel on rows j..j + nj (nj at most nr) against the rest of i0's panel (its rows i0 %
     // mr.., whole registers of them); the panel's columns it covered.
-    let call = |j: usize, i0: usize| -> usize {
-        let nj = nr.min(rows.end - j);
+    let call = |(j, nj): (usize, usize), i0: usize| -> usize {
         let mi = ((i0 / mr + 1) * mr).min(panels.cols.end) - i0;
         let at = (i0 / mr - first) * mr * kb + i0 % mr;
         let kernel = (pk.kernel)(mi.div_ceil(pk.lanes) - 1, nj - 1);
@@ -733,8 +732,8 @@ unsafe fn kernels(
         let mut i0 = panels.cols.start;
         while i0 < panels.cols.end {
             let mut mi = 0;
-            for j in rows.clone().step_by(nr) {
-                mi = call(j, i0);
+            for step in even_steps(rows.clone(), nr) {
+                mi = call(step, i0);
             }
             i0 += mi;
         }
@@ -745,19 +744,38 @@ unsafe fn kernels(
         }
         return;
     }
-    for j in rows.clone().step_by(nr) {
+    for (j, nj) in even_steps(rows.clone(), nr) {
         let mut i0 = panels.cols.start;
         while i0 < panels.cols.end {
-            i0 += call(j, i0);
+            i0 += call((j, nj), i0);
         }
         if let Some(f) = finish {
             // SAFETY: rows `j..` (at most nr) of `out` hold columns `panels.cols` (the
             // caller's contract), which the microkernels above have just written and nothing
             // else touches.
-            let nj = nr.min(rows.end - j);
             unsafe { finish_rows(f, out, ldd, j..j + nj, panels.cols.clone()) };
         }
     }
+}
+
+/// `rows` as consecutive `(start, len)` steps of at most `nr` rows, as few as can be and as
+/// even as they allow (49 rows by 6: four of 6, five of 5). A last step of one row (after
+/// eight of 6) ran its microkernel at a fraction of the others' rate: four sums, each
+/// waiting on its own last multiply-add, for four registers of loads a step (4.4% of a
+/// 512-channel 3x3 convolution on 7 x 7, one pixel in 49; BENCHMARKS.md, issue 14).
+fn even_steps(rows: std::ops::Range<usize>, nr: usize) -> impl Iterator<Item = (usize, usize)> {
+    let len = rows.len();
+    let steps = len.div_ceil(nr.max(1));
+    let (size, longer) = match steps {
+        0 => (0, 0),
+        _ => (len / steps, len % steps),
+    };
+    (0..steps).scan(rows.start, move |at, s| {
+        let n = size + usize::from(s < longer);
+        let step = (*at, n);
+        *at += n;
+        Some(step)
+    })
 }
 
 /// The most rows of `x` for which [`kernels`] runs each panel against all of them before the
@@ -1131,6 +1149,43 @@ mod tests {
         assert_eq!(split(256, 1, 4), (4, 1));
         assert_eq!(split(100, 1, 4), (1, 1));
         assert_eq!(split(1024, 12, 1), (1, 1));
+    }
+
+    /// The microkernel's steps over rows cover them in order, each row once, in as few
+    /// steps as `nr` allows, their lengths at most one apart.
+    #[test]
+    fn row_steps_are_few_and_even() {
+        let steps = |r: std::ops::Range<usize>, nr| even_steps(r, nr).collect::<Vec<_>>();
+        assert_eq!(
+            steps(0..49, 6),
+            [
+                (0, 6),
+                (6, 6),
+                (12, 6),
+                (18, 6),
+                (24, 5),
+                (29, 5),
+                (34, 5),
+                (39, 5),
+                (44, 5)
+            ]
+        );
+        assert_eq!(steps(10..22, 6), [(10, 6), (16, 6)]);
+        assert_eq!(steps(3..4, 6), [(3, 1)]);
+        assert!(steps(5..5, 6).is_empty());
+        for nr in 1..9 {
+            for len in 0..100 {
+                let s = steps(7..7 + len, nr);
+                assert_eq!(s.len(), len.div_ceil(nr), "{len} by {nr}");
+                let mut at = 7;
+                for &(j, n) in &s {
+                    assert_eq!(j, at, "{len} by {nr}");
+                    assert!(n >= 1 && n <= nr && n + 1 >= s[0].1, "{len} by {nr}: {s:?}");
+                    at += n;
+                }
+                assert_eq!(at, 7 + len, "{len} by {nr}");
+            }
+        }
     }
 
     /// Against a direct product in f64 (the values are multiples of 1/8 small enough that

@@ -1,12 +1,14 @@
 //! A convolution's input unfolded into the columns of its product (im2col), written only
 //! where a product asks for them: a whole matrix ([`im2col`]) where the product needs one,
-//! else each panel as the product packs it ([`Unfolded`] as [`Columns`]).
+//! else each panel as the product packs it ([`Unfolded`] as [`Columns`]); copied a stretch
+//! of an output row at a time, or gathered 16 values at a time where the output rows are
+//! narrow ([`Gathers`], [`Gathered`]).
 
 use super::Params;
 use crate::ops::packed::Columns;
 
-/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` ([`Unfolded`]). Every
-/// element is written. Rows are filled in parallel when asked.
+/// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` ([`Unfolded`]), by
+/// gathers where [`Gathers`] applies, else by copies. Every element is written. Rows are filled in parallel when asked.
 pub(super) fn im2col(
     xs: &[f32],
     chw: [usize; 3],
@@ -23,6 +25,21 @@ pub(super) fn im2col(
     }
     let rows = chw[0] * k[0] * k[1];
     let cols = &mut cols[..rows * pix];
+    if let Some(g) = Gathers::new(chw, k, [oh, ow], p) {
+        let fill = |(b, block): (usize, &mut [f32])| {
+            for (r, row) in (b * ROWS_PER_TASK..).zip(block.chunks_exact_mut(pix)) {
+                g.row(xs, r, 0..pix, row);
+            }
+        };
+        if parallel {
+            cols.par_chunks_mut(ROWS_PER_TASK * pix)
+                .enumerate()
+                .for_each(fill);
+        } else {
+            fill((0, cols));
+        }
+        return;
+    }
     let unfolded = Unfolded::new(xs, chw, k, ow, p);
     // The matrix is one panel as wide as the output plane; in parallel, blocks of its rows.
     if parallel {
@@ -40,6 +57,154 @@ pub(super) fn im2col(
 
 /// Rows of the unfolded matrix a task writes where [`im2col`] runs in parallel.
 const ROWS_PER_TASK: usize = 16;
+
+/// Output rows narrower than this are unfolded by gathers ([`Gathers`]); wider ones by
+/// copies, which were faster there: 3x3 convolutions of 32 channels with 112-pixel output
+/// rows took 1.21x (stride 2) and 1.34x (stride 1, dilation 2) the time gathered, while
+/// 56-pixel rows at stride 2 took 0.85x (BENCHMARKS.md, issue 14).
+pub(super) const GATHER_MAX_WIDTH: usize = 64;
+
+/// Where each row of an image's unfolded matrix reads its values, for output rows narrower
+/// than [`GATHER_MAX_WIDTH`]. The copies of [`Unfolded`] are a stretch of one output row
+/// each, its bounds worked out for it: seven values for a 7 x 7 output, and 12% of ResNet's
+/// 512-channel 3x3 convolution on 7 x 7. Here 16 values of a row at a time (across output
+/// rows) are one masked gather from the input plane: per kernel tap and output pixel, the
+/// offset in the plane of the value it reads, or -1 where that is padding (a zero). That
+/// convolution took 0.92x the time, the 3x3 stride-2 ones of ResNet-50 on 28- and 14-pixel
+/// rows 0.90x and 0.88x (BENCHMARKS.md, issue 14).
+pub(super) struct Gathers {
+    /// `[taps, pix]`: the offsets.
+    at: Vec<i32>,
+    /// Output pixels per image.
+    pix: usize,
+    /// Kernel taps.
+    taps: usize,
+    /// Input values per channel.
+    plane: usize,
+}
+
+impl Gathers {
+    /// The offsets for a `kernel` convolution with parameters `p` of `[c, h, w]` images
+    /// into `[oh, ow]` outputs; `None` where this CPU has no AVX-512, or rows are
+    /// [`GATHER_MAX_WIDTH`] or wider, or a plane has more values than an offset holds.
+    pub(super) fn new(
+        [_, h, w]: [usize; 3],
+        [kh, kw]: [usize; 2],
+        [oh, ow]: [usize; 2],
+        p: &Params,
+    ) -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx512 = false;
+        if !avx512 || ow >= GATHER_MAX_WIDTH || i32::try_from(h * w).is_err() {
+            return None;
+        }
+        let pix = oh * ow;
+        let mut at = Vec::with_capacity(kh * kw * pix);
+        for t in 0..kh * kw {
+            let di = ((t / kw) * p.dilation[0]) as isize - p.padding[0] as isize;
+            let dj = ((t % kw) * p.dilation[1]) as isize - p.padding[1] as isize;
+            at.extend((0..pix).map(|px| {
+                let iy = (px / ow * p.stride[0]) as isize + di;
+                let ix = (px % ow * p.stride[1]) as isize + dj;
+                match (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix) {
+                    true => (iy * w as isize + ix) as i32,
+                    false => -1,
+                }
+            }));
+        }
+        Some(Gathers {
+            at,
+            pix,
+            taps: kh * kw,
+            plane: h * w,
+        })
+    }
+
+    /// Columns `cols` of row `r` of image `xs`'s unfolded matrix into `dst` (as long).
+    /// Panics (reading nothing outside) where `xs` is shorter than the row's channel.
+    fn row(&self, xs: &[f32], r: usize, cols: std::ops::Range<usize>, dst: &mut [f32]) {
+        let plane = &xs[r / self.taps * self.plane..][..self.plane];
+        let at = &self.at[r % self.taps * self.pix..][..self.pix][cols];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `new` made a `Gathers` only where the CPU has AVX-512F.
+        #[allow(unsafe_code)]
+        unsafe {
+            gather_avx512(plane, at, dst)
+        };
+    }
+}
+
+/// `dst[i] = plane[at[i]]`, 0 where `at[i]` is negative, 16 values a gather.
+///
+/// # Safety
+///
+/// The CPU has AVX-512F. Panics (reading nothing outside) where `dst` is shorter than `at`;
+/// every offset is less than `plane.len()` (those of a [`Gathers`] are).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+unsafe fn gather_avx512(plane: &[f32], at: &[i32], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let dst = &mut dst[..at.len()];
+    for i in (0..at.len()).step_by(16) {
+        let n = (at.len() - i).min(16);
+        let lanes = (((1u32 << n) - 1) & 0xffff) as u16;
+        // SAFETY: the `n` lanes from `i` lie inside `at` and `dst`; each gathered lane
+        // reads `plane[at[l]]` for an offset `0 <= at[l] < plane.len()` (the caller's
+        // contract; the others are masked off).
+        unsafe {
+            let idx = _mm512_maskz_loadu_epi32(lanes, at.as_ptr().add(i).cast());
+            let inside = _mm512_mask_cmpge_epi32_mask(lanes, idx, _mm512_setzero_si512());
+            let v = _mm512_mask_i32gather_ps::<4>(
+                _mm512_setzero_ps(),
+                inside,
+                idx,
+                plane.as_ptr().cast(),
+            );
+            _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i), lanes, v);
+        }
+    }
+}
+
+/// An image's unfolded columns as [`Columns`], by [`Gathers`].
+#[derive(Clone, Copy)]
+pub(super) struct Gathered<'a> {
+    /// The image, `[c, h, w]`.
+    pub(super) xs: &'a [f32],
+    pub(super) gathers: &'a Gathers,
+    /// The output pixel of column 0.
+    pub(super) first: usize,
+}
+
+impl Columns for Gathered<'_> {
+    fn pack(
+        &self,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        mr: usize,
+        panels: &mut [f32],
+    ) {
+        let kb = rows.len();
+        for (panel, i0) in panels
+            .chunks_exact_mut(mr * kb)
+            .zip(cols.clone().step_by(mr))
+        {
+            let span = self.first + i0..self.first + (i0 + mr).min(cols.end);
+            for (r, dst) in rows.clone().zip(panel.chunks_exact_mut(mr)) {
+                self.gathers.row(self.xs, r, span.clone(), dst);
+            }
+        }
+    }
+
+    fn skip(&self, cols: usize) -> Self {
+        Gathered {
+            first: self.first + cols,
+            ..*self
+        }
+    }
+}
 
 /// One image's unfolded columns (`[c * kh * kw, oh * ow]`, im2col's matrix), written only
 /// where asked ([`Columns`]): row `r = (ci, i, j)`, column `x` the input pixel that output
@@ -300,9 +465,10 @@ mod tests {
     /// written out here from its definition: strides 1, 2 and 3 (different per dim),
     /// padding, dilation (taps wholly in the padding too), blocks of rows starting inside a
     /// channel's taps, columns starting inside an output row and from a `skip`, panels of
-    /// 16, 64 and 7 columns (a stretch ending where a panel ends), by the AVX-512 copies and
-    /// the plain ones; and the whole matrix, in blocks of rows on the pool too. What lies
-    /// past the last column of the last panel is left as it was.
+    /// 16, 64 and 7 columns (a stretch ending where a panel ends), by the AVX-512 copies, the
+    /// plain ones and (output rows narrower than 64) the gathers; and the whole matrix, in
+    /// blocks of rows on the pool too (gathered where the rows are narrow, else copied). What
+    /// lies past the last column of the last panel is left as it was.
     #[test]
     fn panels_hold_the_unfolded_columns() {
         // (c, h, w, kernel, stride, padding, dilation)
@@ -315,7 +481,7 @@ mod tests {
             [usize; 2],
             [usize; 2],
         );
-        let cases: [Case; 7] = [
+        let cases: [Case; 9] = [
             (3, 9, 11, [3, 3], [1, 1], [1, 1], [1, 1]),
             (4, 14, 13, [3, 3], [2, 2], [1, 1], [1, 1]),
             (2, 17, 16, [7, 7], [2, 2], [3, 3], [1, 1]),
@@ -323,6 +489,9 @@ mod tests {
             (2, 9, 9, [1, 1], [2, 2], [0, 0], [1, 1]),
             // Output rows of 25 (stretches of more than 16 at stride 2).
             (2, 6, 50, [3, 3], [2, 2], [1, 1], [1, 1]),
+            (2, 7, 40, [3, 3], [1, 2], [1, 1], [1, 1]),
+            // Output rows of 70 (copied, not gathered, into the whole matrix).
+            (1, 3, 70, [3, 3], [1, 1], [1, 1], [1, 1]),
             (2, 5, 5, [3, 3], [1, 1], [6, 6], [6, 6]),
         ];
         for (c, h, w, [kh, kw], stride, padding, dilation) in cases {
@@ -360,27 +529,42 @@ mod tests {
                 }
             }
             let skip = ow + 3;
+            let gathers = Gathers::new([c, h, w], [kh, kw], [oh, ow], &p);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                assert_eq!(gathers.is_some(), ow < GATHER_MAX_WIDTH, "{c}x{h}x{w}");
+            }
             for mr in [16, 64, 7] {
                 for (rows, cols) in [(0..k, 0..pix), (kh * kw / 2 + 1..k, 2..pix - skip)] {
-                    for (src, from) in [(unfolded, 0), (unfolded.skip(skip), skip)] {
+                    for from in [0, skip] {
                         let cols = cols.start..cols.end.min(pix - from);
                         let len = cols.len().div_ceil(mr) * mr * rows.len();
-                        let pack = |plain: bool| {
+                        // The copies (plain, AVX-512's masked ones), and the gathers.
+                        let pack = |how: &str| {
                             let mut panels = vec![-7.0; len];
-                            if plain {
-                                src.pack_with(
-                                    rows.clone(),
-                                    cols.clone(),
-                                    mr,
-                                    &mut panels,
-                                    strided_copy,
-                                );
-                            } else {
-                                src.pack(rows.clone(), cols.clone(), mr, &mut panels);
+                            let (rows, cols) = (rows.clone(), cols.clone());
+                            let src = unfolded.skip(from);
+                            match (how, &gathers) {
+                                ("plain", _) => {
+                                    src.pack_with(rows, cols, mr, &mut panels, strided_copy)
+                                }
+                                ("masked", _) => src.pack(rows, cols, mr, &mut panels),
+                                (_, Some(gathers)) => {
+                                    let g = Gathered {
+                                        xs: &xs,
+                                        gathers,
+                                        first: 0,
+                                    };
+                                    g.skip(from).pack(rows, cols, mr, &mut panels)
+                                }
+                                (_, None) => return None,
                             }
-                            panels
+                            Some(panels)
                         };
-                        for (plain, panels) in [(true, pack(true)), (false, pack(false))] {
+                        for how in ["plain", "masked", "gathers"] {
+                            let Some(panels) = pack(how) else {
+                                continue;
+                            };
                             for (at, v) in panels.iter().enumerate() {
                                 let (q, rest) = (at / (mr * rows.len()), at % (mr * rows.len()));
                                 let (r, j) =
@@ -391,7 +575,7 @@ mod tests {
                                     -7.0
                                 };
                                 let case = format!("{c}x{h}x{w} k{kh}x{kw} s{stride:?} mr {mr}");
-                                assert_eq!(*v, want, "{case} rows {rows:?} cols {cols:?} + {from}, plain {plain}: row {r} col {j}");
+                                assert_eq!(*v, want, "{case} rows {rows:?} cols {cols:?} + {from}, {how}: row {r} col {j}");
                             }
                         }
                     }
