@@ -64,6 +64,12 @@ const ROWS_PER_TASK: usize = 16;
 /// 56-pixel rows at stride 2 took 0.85x (BENCHMARKS.md, issue 14).
 pub(super) const GATHER_MAX_WIDTH: usize = 64;
 
+/// The widest column stride unfolded by gathers ([`Gathers`]): at strides 1 and 2 a gather's
+/// 16 lanes read one output row's values from a cache line or two; at ViT's 16 (its patches)
+/// each lane reads a line of its own, and its patch convolution took 0.91-1.04 ms gathered
+/// against 0.93-0.94 copied (three alternations, 1 thread; BENCHMARKS.md, issue 14).
+pub(super) const GATHER_MAX_STRIDE: usize = 2;
+
 /// Where each row of an image's unfolded matrix reads its values, for output rows narrower
 /// than [`GATHER_MAX_WIDTH`]. The copies of [`Unfolded`] are a stretch of one output row
 /// each, its bounds worked out for it: seven values for a 7 x 7 output, and 12% of ResNet's
@@ -85,8 +91,9 @@ pub(super) struct Gathers {
 
 impl Gathers {
     /// The offsets for a `kernel` convolution with parameters `p` of `[c, h, w]` images
-    /// into `[oh, ow]` outputs; `None` where this CPU has no AVX-512, or rows are
-    /// [`GATHER_MAX_WIDTH`] or wider, or a plane has more values than an offset holds.
+    /// into `[oh, ow]` outputs; `None` where this CPU has no AVX-512, rows are
+    /// [`GATHER_MAX_WIDTH`] or wider, the column stride is over [`GATHER_MAX_STRIDE`], or a
+    /// plane has more values than an offset holds.
     pub(super) fn new(
         [_, h, w]: [usize; 3],
         [kh, kw]: [usize; 2],
@@ -97,7 +104,8 @@ impl Gathers {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f");
         #[cfg(not(target_arch = "x86_64"))]
         let avx512 = false;
-        if !avx512 || ow >= GATHER_MAX_WIDTH || i32::try_from(h * w).is_err() {
+        let wide = ow >= GATHER_MAX_WIDTH || p.stride[1] > GATHER_MAX_STRIDE;
+        if !avx512 || wide || i32::try_from(h * w).is_err() {
             return None;
         }
         let pix = oh * ow;
@@ -481,7 +489,7 @@ mod tests {
             [usize; 2],
             [usize; 2],
         );
-        let cases: [Case; 9] = [
+        let cases: [Case; 10] = [
             (3, 9, 11, [3, 3], [1, 1], [1, 1], [1, 1]),
             (4, 14, 13, [3, 3], [2, 2], [1, 1], [1, 1]),
             (2, 17, 16, [7, 7], [2, 2], [3, 3], [1, 1]),
@@ -490,8 +498,10 @@ mod tests {
             // Output rows of 25 (stretches of more than 16 at stride 2).
             (2, 6, 50, [3, 3], [2, 2], [1, 1], [1, 1]),
             (2, 7, 40, [3, 3], [1, 2], [1, 1], [1, 1]),
-            // Output rows of 70 (copied, not gathered, into the whole matrix).
+            // Output rows of 70, and a column stride of 3 (copied, not gathered, into the
+            // whole matrix).
             (1, 3, 70, [3, 3], [1, 1], [1, 1], [1, 1]),
+            (2, 8, 20, [2, 2], [1, 3], [0, 0], [1, 1]),
             (2, 5, 5, [3, 3], [1, 1], [6, 6], [6, 6]),
         ];
         for (c, h, w, [kh, kw], stride, padding, dilation) in cases {
@@ -532,7 +542,8 @@ mod tests {
             let gathers = Gathers::new([c, h, w], [kh, kw], [oh, ow], &p);
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx512f") {
-                assert_eq!(gathers.is_some(), ow < GATHER_MAX_WIDTH, "{c}x{h}x{w}");
+                let narrow = ow < GATHER_MAX_WIDTH && stride[1] <= GATHER_MAX_STRIDE;
+                assert_eq!(gathers.is_some(), narrow, "{c}x{h}x{w}");
             }
             for mr in [16, 64, 7] {
                 for (rows, cols) in [(0..k, 0..pix), (kh * kw / 2 + 1..k, 2..pix - skip)] {
