@@ -697,8 +697,8 @@ unsafe fn kernels(
     }
     let (mr, nr, kb) = (pk.mr, pk.nr, panels.kb);
     let first = panels.cols.start / mr;
-    // The microkernel on rows j..j + nj (nj at most nr) against the rest of i0's panel (its rows i0 %
-    // mr.., whole registers of them); the panel's columns it covered.
+    // The microkernel on rows j..j + nj (nj at most nr) against the rest of i0's panel (its
+    // rows i0 % mr.., whole registers of them); the panel's columns it covered.
     let call = |(j, nj): (usize, usize), i0: usize| -> usize {
         let mi = ((i0 / mr + 1) * mr).min(panels.cols.end) - i0;
         let at = (i0 / mr - first) * mr * kb + i0 % mr;
@@ -807,6 +807,28 @@ pub(crate) trait Columns: Sync {
         Self: Sized;
 }
 
+/// `fill(r, span, dst)` for each panel of [`Columns::pack`]'s layout and each row `r` of
+/// `rows`: `span` the panel's columns (of `cols`, at most `mr`), `dst` its row's part for
+/// them.
+pub(crate) fn panel_rows(
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    mr: usize,
+    panels: &mut [f32],
+    mut fill: impl FnMut(usize, std::ops::Range<usize>, &mut [f32]),
+) {
+    let kb = rows.len();
+    for (panel, i0) in panels
+        .chunks_exact_mut(mr * kb)
+        .zip(cols.clone().step_by(mr))
+    {
+        let span = i0..(i0 + mr).min(cols.end);
+        for (r, dst) in rows.clone().zip(panel.chunks_exact_mut(mr)) {
+            fill(r, span.clone(), &mut dst[..span.len()]);
+        }
+    }
+}
+
 impl Columns for Mat<'_> {
     fn pack(
         &self,
@@ -815,23 +837,16 @@ impl Columns for Mat<'_> {
         mr: usize,
         panels: &mut [f32],
     ) {
-        let kb = rows.len();
-        for (panel, i0) in panels
-            .chunks_exact_mut(mr * kb)
-            .zip(cols.clone().step_by(mr))
-        {
-            let mi = mr.min(cols.end - i0);
-            for (r, col) in rows.clone().zip(panel.chunks_exact_mut(mr)) {
-                let at = r * self.rs + i0 * self.cs;
-                if self.cs == 1 {
-                    col[..mi].copy_from_slice(&self.data[at..at + mi]);
-                } else {
-                    for (j, v) in col[..mi].iter_mut().enumerate() {
-                        *v = self.data[at + j * self.cs];
-                    }
+        panel_rows(rows, cols, mr, panels, |r, span, dst| {
+            let at = r * self.rs + span.start * self.cs;
+            if self.cs == 1 {
+                dst.copy_from_slice(&self.data[at..at + dst.len()]);
+            } else {
+                for (j, v) in dst.iter_mut().enumerate() {
+                    *v = self.data[at + j * self.cs];
                 }
             }
-        }
+        });
     }
 
     fn skip(&self, cols: usize) -> Self {

@@ -5,10 +5,11 @@
 //! narrow ([`Gathers`], [`Gathered`]).
 
 use super::Params;
-use crate::ops::packed::Columns;
+use crate::ops::packed::{panel_rows, Columns};
 
 /// Unfold one image `[c, h, w]` into `cols`, `[c * kh * kw, oh * ow]` ([`Unfolded`]), by
-/// gathers where [`Gathers`] applies, else by copies. Every element is written. Rows are filled in parallel when asked.
+/// gathers where [`Gathers`] applies, else by copies. Every element is written. Rows are
+/// filled in parallel when asked.
 pub(super) fn im2col(
     xs: &[f32],
     chw: [usize; 3],
@@ -141,6 +142,9 @@ impl Gathers {
         unsafe {
             gather_avx512(plane, at, dst)
         };
+        // Never reached: `new` makes none on other CPUs.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (plane, at, dst);
     }
 }
 
@@ -194,16 +198,10 @@ impl Columns for Gathered<'_> {
         mr: usize,
         panels: &mut [f32],
     ) {
-        let kb = rows.len();
-        for (panel, i0) in panels
-            .chunks_exact_mut(mr * kb)
-            .zip(cols.clone().step_by(mr))
-        {
-            let span = self.first + i0..self.first + (i0 + mr).min(cols.end);
-            for (r, dst) in rows.clone().zip(panel.chunks_exact_mut(mr)) {
-                self.gathers.row(self.xs, r, span.clone(), dst);
-            }
-        }
+        panel_rows(rows, cols, mr, panels, |r, span, dst| {
+            let span = self.first + span.start..self.first + span.end;
+            self.gathers.row(self.xs, r, span, dst);
+        });
     }
 
     fn skip(&self, cols: usize) -> Self {
