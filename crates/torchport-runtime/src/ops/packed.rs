@@ -750,7 +750,7 @@ unsafe fn kernels(
             i0 += call((j, nj), i0);
         }
         if let Some(f) = finish {
-            // SAFETY: rows `j..` (at most nr) of `out` hold columns `panels.cols` (the
+            // SAFETY: rows `j..j + nj` of `out` hold columns `panels.cols` (the
             // caller's contract), which the microkernels above have just written and nothing
             // else touches.
             unsafe { finish_rows(f, out, ldd, j..j + nj, panels.cols.clone()) };

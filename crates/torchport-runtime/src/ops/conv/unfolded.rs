@@ -111,23 +111,30 @@ impl Gathers {
         }
         let pix = oh * ow;
         let mut at = Vec::with_capacity(kh * kw * pix);
+        let plane = h * w;
+        // Tap (i, j) of output pixel (y, x) reads input (y * sy + i * dy - py, x * sx + j *
+        // dx - px): row by row, no division per pixel (the table is built on every call).
+        let [sy, sx] = p.stride.map(|s| s as isize);
+        let (h, w) = (h as isize, w as isize);
         for t in 0..kh * kw {
             let di = ((t / kw) * p.dilation[0]) as isize - p.padding[0] as isize;
             let dj = ((t % kw) * p.dilation[1]) as isize - p.padding[1] as isize;
-            at.extend((0..pix).map(|px| {
-                let iy = (px / ow * p.stride[0]) as isize + di;
-                let ix = (px % ow * p.stride[1]) as isize + dj;
-                match (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix) {
-                    true => (iy * w as isize + ix) as i32,
-                    false => -1,
-                }
-            }));
+            for y in 0..oh as isize {
+                let iy = y * sy + di;
+                at.extend((0..ow as isize).map(|x| {
+                    let ix = x * sx + dj;
+                    match (0..h).contains(&iy) && (0..w).contains(&ix) {
+                        true => (iy * w + ix) as i32,
+                        false => -1,
+                    }
+                }));
+            }
         }
         Some(Gathers {
             at,
             pix,
             taps: kh * kw,
-            plane: h * w,
+            plane,
         })
     }
 
