@@ -525,6 +525,16 @@ struct Job<'a> {
     finish: Option<Finish<'a>>,
 }
 
+/// Products of fewer rows than this are split over the threads by the weight's size
+/// ([`FEW_ROWS_SPLIT`]) rather than by their multiply-adds.
+const FEW_ROWS: usize = 8;
+
+/// The fewest weight values (256 KiB) a product of [`FEW_ROWS`] or fewer rows is split over
+/// the threads for. MobileNetV3-Large's 16 squeeze-and-excitation convolutions at batch 1 on
+/// 2 threads (the largest 240 x 960, the two 480 x 120 under it), their per-node profile's
+/// sum: 0.223–0.249 ms on one thread each, 0.144–0.147 split (BENCHMARKS.md, issue 14).
+const FEW_ROWS_SPLIT: usize = 1 << 16;
+
 /// The product behind [`sgemm_packed`] and [`product_packed`], split for `threads` threads
 /// (1: on this one); false (nothing written) where [`sgemm_packed`] says.
 ///
@@ -543,13 +553,8 @@ unsafe fn into(m: usize, job: Job, threads: usize) -> bool {
     if m == 0 || n == 0 {
         return true;
     }
-    // Split where the unpacked product would be split, over slivers of the weight's panels,
-    // one register of rows each (see `split`).
     let slivers = n.div_ceil(pk.lanes);
-    let (row_bands, col_bands) = match threads > 1 {
-        true if tiles(m, n, k, threads) != (1, 1) => split(m, slivers, threads),
-        _ => (1, 1),
-    };
+    let (row_bands, col_bands) = bands(m, n, k, slivers, threads);
     // Rows of x against bands of the weight's rows.
     for_each_tile(m, slivers, (row_bands, col_bands), |rows, s| {
         let cols = s.start * pk.lanes..(s.end * pk.lanes).min(n);
@@ -558,6 +563,20 @@ unsafe fn into(m: usize, job: Job, threads: usize) -> bool {
         unsafe { tile(&job, rows, cols) }
     });
     true
+}
+
+/// The (row bands, sliver bands) of an `[m, k] @ [k, n]` product on `threads` threads:
+/// split where the unpacked product would be split (`tiles`), over slivers of the weight's
+/// panels, one register of rows each (see [`split`]). A product of fewer than [`FEW_ROWS`]
+/// rows (a squeeze-and-excitation's convolutions at batch 1) reads its whole weight for
+/// little arithmetic: it is split where the weight is large, though its multiply-adds are
+/// too few for `tiles`.
+fn bands(m: usize, n: usize, k: usize, slivers: usize, threads: usize) -> (usize, usize) {
+    let weight_bound = m < FEW_ROWS && n.saturating_mul(k) >= FEW_ROWS_SPLIT;
+    match threads > 1 {
+        true if weight_bound || tiles(m, n, k, threads) != (1, 1) => split(m, slivers, threads),
+        _ => (1, 1),
+    }
 }
 
 /// Whether `x` (`[m, k]`) and the packed `w` (`[n, k]`, its packed length) are operands a
@@ -1164,6 +1183,17 @@ mod tests {
         assert_eq!(split(256, 1, 4), (4, 1));
         assert_eq!(split(100, 1, 4), (1, 1));
         assert_eq!(split(1024, 12, 1), (1, 1));
+        // Products of a few rows split by the weight's size: MobileNetV3's 240 -> 960
+        // squeeze-and-excitation convolution at batch 1 (60 slivers) and at batch 4, on 2
+        // threads; its 120 -> 480 one (57,600 weights) and any product on 1 thread stay whole,
+        // as do 8 rows (split by their multiply-adds, which are too few here).
+        assert_eq!(bands(1, 960, 240, 60, 2), (1, 2));
+        assert_eq!(bands(4, 960, 240, 60, 2), (1, 2));
+        assert_eq!(bands(1, 480, 120, 30, 2), (1, 1));
+        assert_eq!(bands(1, 960, 240, 60, 1), (1, 1));
+        assert_eq!(bands(8, 960, 24, 60, 2), (1, 1));
+        // A large product splits as before.
+        assert_eq!(bands(1024, 768, 768, 48, 2), (1, 2));
     }
 
     /// The microkernel's steps over rows cover them in order, each row once, in as few
@@ -1233,6 +1263,7 @@ mod tests {
                 (300, 700, 64, 16),
                 (1, 70, 33, 3),
                 (67, 1, 5, 2),
+                (3, 300, 300, 2),
             ]
             .map(|c| (pk, c))
         }) {
