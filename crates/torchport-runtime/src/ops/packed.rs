@@ -525,14 +525,15 @@ struct Job<'a> {
     finish: Option<Finish<'a>>,
 }
 
-/// Products of fewer rows than this are split over the threads by the weight's size
-/// ([`FEW_ROWS_SPLIT`]) rather than by their multiply-adds.
+/// Products of fewer rows than this are split over the threads by their weight's size
+/// ([`FEW_ROWS_SPLIT`]) where their multiply-adds are too few.
 const FEW_ROWS: usize = 8;
 
-/// The fewest weight values (256 KiB) a product of [`FEW_ROWS`] or fewer rows is split over
-/// the threads for. MobileNetV3-Large's 16 squeeze-and-excitation convolutions at batch 1 on
-/// 2 threads (the largest 240 x 960, the two 480 x 120 under it), their per-node profile's
-/// sum: 0.223–0.249 ms on one thread each, 0.144–0.147 split (BENCHMARKS.md, issue 14).
+/// The fewest weight values (256 KiB) a product of fewer than [`FEW_ROWS`] rows is split
+/// over the threads for. MobileNetV3-Large's 16 squeeze-and-excitation convolutions at batch
+/// 1 on 2 threads, of which this splits the eight of 672 and 960 channels (weights of 112,896
+/// and 230,400 values; those of 480 channels hold 57,600), their per-node profile's sum:
+/// 0.223–0.249 ms each on one thread, 0.144–0.147 split (BENCHMARKS.md, issue 14).
 const FEW_ROWS_SPLIT: usize = 1 << 16;
 
 /// The product behind [`sgemm_packed`] and [`product_packed`], split for `threads` threads
