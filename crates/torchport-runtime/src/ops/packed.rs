@@ -1186,13 +1186,15 @@ mod tests {
         assert_eq!(split(1024, 12, 1), (1, 1));
         // Products of a few rows split by the weight's size: MobileNetV3's 240 -> 960
         // squeeze-and-excitation convolution at batch 1 (60 slivers) and at batch 4, on 2
-        // threads; its 120 -> 480 one (57,600 weights) and any product on 1 thread stay whole,
-        // as do 8 rows (split by their multiply-adds, which are too few here).
+        // threads; its 120 -> 480 one (57,600 weights) and any product on 1 thread stay
+        // whole. A 150 -> 480 weight (72,000) is split for 7 rows, not for 8 (split by their
+        // multiply-adds, too few here).
         assert_eq!(bands(1, 960, 240, 60, 2), (1, 2));
         assert_eq!(bands(4, 960, 240, 60, 2), (1, 2));
         assert_eq!(bands(1, 480, 120, 30, 2), (1, 1));
         assert_eq!(bands(1, 960, 240, 60, 1), (1, 1));
-        assert_eq!(bands(8, 960, 24, 60, 2), (1, 1));
+        assert_eq!(bands(7, 480, 150, 30, 2), (1, 2));
+        assert_eq!(bands(8, 480, 150, 30, 2), (1, 1));
         // A large product splits as before.
         assert_eq!(bands(1024, 768, 768, 48, 2), (1, 2));
     }
