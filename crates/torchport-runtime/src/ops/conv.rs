@@ -965,11 +965,10 @@ fn products(
                     Cols::Panels(pk) => {
                         let dims = (og, pix, k);
                         if let Some(gathers) = &gathers {
-                            let first = 0;
                             let b = Gathered {
                                 xs: img,
                                 gathers,
-                                first,
+                                first: 0,
                             };
                             into_finished_from(pk, dims, a, &b, out, pix, share, finish)
                         } else {

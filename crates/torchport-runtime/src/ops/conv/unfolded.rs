@@ -19,40 +19,39 @@ pub(super) fn im2col(
     cols: &mut [f32],
     parallel: bool,
 ) {
-    use rayon::prelude::*;
     let pix = oh * ow;
     if pix == 0 {
         return;
     }
     let rows = chw[0] * k[0] * k[1];
     let cols = &mut cols[..rows * pix];
-    if let Some(g) = Gathers::new(chw, k, [oh, ow], p) {
-        let fill = |(b, block): (usize, &mut [f32])| {
-            for (r, row) in (b * ROWS_PER_TASK..).zip(block.chunks_exact_mut(pix)) {
-                g.row(xs, r, 0..pix, row);
-            }
-        };
-        if parallel {
-            cols.par_chunks_mut(ROWS_PER_TASK * pix)
-                .enumerate()
-                .for_each(fill);
-        } else {
-            fill((0, cols));
+    match Gathers::new(chw, k, [oh, ow], p) {
+        Some(gathers) => {
+            let src = Gathered {
+                xs,
+                gathers: &gathers,
+                first: 0,
+            };
+            matrix(&src, rows, pix, cols, parallel)
         }
-        return;
+        None => matrix(&Unfolded::new(xs, chw, k, ow, p), rows, pix, cols, parallel),
     }
-    let unfolded = Unfolded::new(xs, chw, k, ow, p);
-    // The matrix is one panel as wide as the output plane; in parallel, blocks of its rows.
+}
+
+/// `src`'s `rows` rows of `pix` columns into `cols` as a matrix: one panel as wide as the
+/// output plane ([`Columns::pack`]); in parallel, blocks of its rows.
+fn matrix(src: &impl Columns, rows: usize, pix: usize, cols: &mut [f32], parallel: bool) {
+    use rayon::prelude::*;
     if parallel {
         let fill = |(b, block): (usize, &mut [f32])| {
             let r0 = b * ROWS_PER_TASK;
-            unfolded.pack(r0..r0 + block.len() / pix, 0..pix, pix, block);
+            src.pack(r0..r0 + block.len() / pix, 0..pix, pix, block);
         };
         cols.par_chunks_mut(ROWS_PER_TASK * pix)
             .enumerate()
             .for_each(fill);
     } else {
-        unfolded.pack(0..rows, 0..pix, pix, cols);
+        src.pack(0..rows, 0..pix, pix, cols);
     }
 }
 
