@@ -336,6 +336,14 @@ impl Step<'_> {
             .enumerate()
             .for_each(|(ci, vc)| {
                 let plane = &self.img[ci * g.h * g.w..][..g.h * g.w];
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        return input_tiles_avx512(plane, g, [r0, r1], vc);
+                    }
+                }
                 with_rows(in_len, |tmp| input_tiles(plane, g, [r0, r1], vc, tmp));
             });
         // Bands of output channels, enough for two products a thread (at least 16 rows
@@ -446,6 +454,100 @@ fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32]
             }
         },
     );
+}
+
+/// [`input_tiles`] in one pass, 16 tiles of a tile row at a time in registers: each of the
+/// tiles' four input rows loaded as two pairs of registers (columns `2x - pad ..` and two
+/// further on, zero outside the plane), split into the tiles' even and odd columns by one
+/// permutation each (the tiles' columns 0 and 1, then 2 and 3); the row combinations, then
+/// the column combinations, in the same order of operations as [`input_tiles`], so the same
+/// values; each of the 16 results stored at its plane of `vc` (`[16][tiles]`). Where the
+/// general one makes four passes over scratch rows and a copy, this reads the plane once
+/// and writes `vc` once: ResNet's 64-channel 3x3 convolution on 56 x 56, 0.92 of the time
+/// (1 thread, ten paired rounds); torchvision's ResNet-18 at batch 1, 0.96-0.98 (1 thread)
+/// and 0.955 (2) (BENCHMARKS.md, issue 14).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+fn input_tiles_avx512(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let [_, tw] = g.tiles();
+    let tb = (r1 - r0) * tw;
+    assert!(
+        plane.len() >= g.h * g.w && vc.len() >= 16 * tb,
+        "winograd input tiles: buffers too small"
+    );
+    let (w, pad) = (g.w as isize, g.pad[1] as isize);
+    // Lanes of a permutation: the even elements of a pair of registers, then the odd ones.
+    let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    // Columns `at .. at + 16` of `row`, zero outside it.
+    let load = |row: &[f32], at: isize| -> __m512 {
+        let (lo, hi) = (at.max(0), (at + 16).min(w));
+        if lo >= hi {
+            return _mm512_setzero_ps();
+        }
+        let mask = (((1u32 << (hi - lo)) - 1) << (lo - at)) as __mmask16;
+        // SAFETY: the mask's lanes are columns lo..hi of the row, inside it; the others are
+        // not read (a masked load does not touch them), so the pointer to column `at` may lie
+        // outside the row.
+        unsafe { _mm512_maskz_loadu_ps(mask, row.as_ptr().wrapping_offset(at)) }
+    };
+    for ty in r0..r1 {
+        // The tile row's four input rows (None: padding).
+        let rows: [Option<&[f32]>; 4] = std::array::from_fn(|a| {
+            let y = (2 * ty + a) as isize - g.pad[0] as isize;
+            (0..g.h as isize)
+                .contains(&y)
+                .then(|| &plane[y as usize * g.w..][..g.w])
+        });
+        let mut x0 = 0;
+        while x0 < tw {
+            let n = (tw - x0).min(16);
+            let at = 2 * x0 as isize - pad;
+            // d[a][b]: column b of the 16 tiles' input row a.
+            let d: [[__m512; 4]; 4] = std::array::from_fn(|a| match rows[a] {
+                None => [_mm512_setzero_ps(); 4],
+                Some(row) => {
+                    let (p0, p1) = (load(row, at), load(row, at + 16));
+                    let (q0, q1) = (load(row, at + 2), load(row, at + 18));
+                    [
+                        _mm512_permutex2var_ps(p0, even, p1),
+                        _mm512_permutex2var_ps(p0, odd, p1),
+                        _mm512_permutex2var_ps(q0, even, q1),
+                        _mm512_permutex2var_ps(q0, odd, q1),
+                    ]
+                }
+            });
+            // Bᵀ d: q[a] = combination a of the rows, per column.
+            let q: [[__m512; 4]; 4] = std::array::from_fn(|b| {
+                let [d0, d1, d2, d3] = [d[0][b], d[1][b], d[2][b], d[3][b]];
+                [
+                    _mm512_sub_ps(d0, d2),
+                    _mm512_add_ps(d1, d2),
+                    _mm512_sub_ps(d2, d1),
+                    _mm512_sub_ps(d1, d3),
+                ]
+            });
+            let mask = ((1u32 << n) - 1) as __mmask16;
+            let t = (ty - r0) * tw + x0;
+            for a in 0..4 {
+                let [c0, c1, c2, c3] = [q[0][a], q[1][a], q[2][a], q[3][a]];
+                let v = [
+                    _mm512_sub_ps(c0, c2),
+                    _mm512_add_ps(c1, c2),
+                    _mm512_sub_ps(c2, c1),
+                    _mm512_sub_ps(c1, c3),
+                ];
+                for (b, v) in v.into_iter().enumerate() {
+                    let plane = &mut vc[(4 * a + b) * tb + t..][..n];
+                    // SAFETY: the mask's `n` lanes are `plane`.
+                    unsafe { _mm512_mask_storeu_ps(plane.as_mut_ptr(), mask, v) };
+                }
+            }
+            x0 += n;
+        }
+    }
 }
 
 /// The scratch values [`input_tiles`] needs for `rows` tile rows of `tw` tiles.
@@ -599,6 +701,64 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
+
+    /// The AVX-512 input transform writes the same values as the general one, bit for bit:
+    /// paddings of 0 to 3 (wider than the kernel, different per dim), odd and even sizes,
+    /// planes narrower than a register of tiles and wider than two, every block of tile
+    /// rows of several sizes. Inputs are random in sign and magnitude.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn wide_input_tiles_match_input_tiles() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        for (h, w, pad) in [
+            (1, 1, [1, 1]),
+            (5, 7, [0, 0]),
+            (6, 9, [2, 1]),
+            (9, 33, [1, 3]),
+            (7, 64, [1, 1]),
+            (12, 75, [3, 0]),
+        ] {
+            let g = Geometry {
+                c: 1,
+                h,
+                w,
+                co: 1,
+                pad,
+            };
+            let plane: Vec<f32> = (0..h * w).map(|_| next()).collect();
+            let [th, tw] = g.tiles();
+            for rows in 1..=th {
+                for r0 in (0..th).step_by(rows) {
+                    let r = [r0, (r0 + rows).min(th)];
+                    let tb = (r[1] - r[0]) * tw;
+                    let mut want = vec![f32::NAN; 16 * tb];
+                    let mut tmp = vec![0.0; input_scratch(r[1] - r[0], tw)];
+                    input_tiles(&plane, &g, r, &mut want, &mut tmp);
+                    let mut got = vec![f32::NAN; 16 * tb];
+                    // SAFETY: the CPU has AVX-512 (checked above).
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        input_tiles_avx512(&plane, &g, r, &mut got)
+                    };
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{h} x {w}, pad {pad:?}, rows {r:?}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Against candle's direct conv2d (plus bias and activation): paddings from 0 to wider
     /// than the kernel and different per dim, odd and even sizes (tiles overhanging the
