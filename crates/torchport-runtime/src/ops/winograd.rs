@@ -381,6 +381,16 @@ impl Step<'_> {
             .for_each(|(oc, band)| {
                 let b = self.bias.map_or(0.0, |b| b.get(oc).copied().unwrap_or(0.0));
                 let mc = (&prod[oc * tb..], g.co * tb);
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        output_tiles_avx512(mc, [oh, ow], tw, [r0, r1], b, (band, self.accumulate));
+                    }
+                    self.act.apply(band);
+                    return;
+                }
                 let out = (band, self.accumulate);
                 with_rows(12 * tb, |tmp| {
                     output_tiles(mc, [oh, ow], tw, [r0, r1], b, self.act, out, tmp)
@@ -652,6 +662,94 @@ fn output_tiles(
     act.apply(band);
 }
 
+/// [`output_tiles`] but for the activation, in one pass, 16 tiles of a tile row at a time in
+/// registers: the 16 products' values of those tiles loaded, the row combinations, then the
+/// column combinations, in the same order of operations as [`output_tiles`], so the same
+/// values; the even and odd columns of each output row interleaved by a permutation and
+/// written once (added onto `band` with `accumulate`). With the input transform's one
+/// pass, ResNet's 64-channel 3x3 convolution on 56 x 56 took 0.906 of the four-pass
+/// transforms' time (0.935 with the input's alone), ResNet-18 at batch 1 0.932 (0.951; 1
+/// thread, ten paired rounds each; BENCHMARKS.md, issue 14).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+fn output_tiles_avx512(
+    (mc, stride): (&[f32], usize),
+    [oh, ow]: [usize; 2],
+    tw: usize,
+    [r0, r1]: [usize; 2],
+    bias: f32,
+    (band, accumulate): (&mut [f32], bool),
+) {
+    use std::arch::x86_64::*;
+    let tb = (r1 - r0) * tw;
+    let rows = (2 * r1).min(oh) - 2 * r0;
+    assert!(
+        mc.len() >= 15 * stride + tb && band.len() >= rows * ow && ow.div_ceil(2) <= tw,
+        "winograd output tiles: buffers too small"
+    );
+    // Lanes of a permutation: the first (then the last) eight of two registers, alternately.
+    let low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    let high = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    let (zero, bias) = (_mm512_setzero_ps(), _mm512_set1_ps(bias));
+    // `Aᵀ` on four registers, plus `b`, as `transform_a` computes it.
+    let a_t = |[m0, m1, m2, m3]: [__m512; 4], b: __m512| {
+        [
+            _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(m0, m1), m2), b),
+            _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(m1, m2), m3), b),
+        ]
+    };
+    for ty in r0..r1 {
+        let mut x0 = 0;
+        while x0 < tw {
+            let n = (tw - x0).min(16);
+            let t = (ty - r0) * tw + x0;
+            let mask = ((1u32 << n) - 1) as __mmask16;
+            // SAFETY: the mask's `n` lanes are tiles t..t + n of product i, inside `mc`
+            // (asserted).
+            let m: [__m512; 16] = std::array::from_fn(|i| unsafe {
+                _mm512_maskz_loadu_ps(mask, mc.as_ptr().add(i * stride + t))
+            });
+            // s[b] and t[b]: the row combinations of column b.
+            let st: [[__m512; 2]; 4] =
+                std::array::from_fn(|b| a_t([m[b], m[4 + b], m[8 + b], m[12 + b]], zero));
+            // Output pixels 2 x0 ..: as many as the row has left, at most 32.
+            let cols = (ow - 2 * x0).min(2 * n);
+            for dy in 0..2 {
+                let y = 2 * ty + dy;
+                if y >= oh {
+                    break;
+                }
+                let c = [st[0][dy], st[1][dy], st[2][dy], st[3][dy]];
+                let [even, odd] = a_t(c, bias);
+                let row = &mut band[(y - 2 * r0) * ow + 2 * x0..][..cols];
+                let halves = [
+                    _mm512_permutex2var_ps(even, low, odd),
+                    _mm512_permutex2var_ps(even, high, odd),
+                ];
+                for (h, v) in halves.into_iter().enumerate() {
+                    let lanes = cols.saturating_sub(16 * h).min(16);
+                    if lanes == 0 {
+                        break;
+                    }
+                    let mask = ((1u32 << lanes) - 1) as __mmask16;
+                    // SAFETY: the mask's lanes are pixels 16 h .. 16 h + lanes of `row`.
+                    unsafe {
+                        let at = row.as_mut_ptr().add(16 * h);
+                        let v = if accumulate {
+                            _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), v)
+                        } else {
+                            v
+                        };
+                        _mm512_mask_storeu_ps(at, mask, v);
+                    }
+                }
+            }
+            x0 += n;
+        }
+    }
+}
+
 /// `Bᵀ` on four rows (or columns) of equal length: `q0 = d0 - d2`, `q1 = d1 + d2`,
 /// `q2 = d2 - d1`, `q3 = d1 - d3`, over the length of `q0`. Its own function, so that
 /// the compiler knows the outputs do not alias and vectorises the loop.
@@ -755,6 +853,63 @@ mod tests {
                         bits(&want),
                         "{h} x {w}, pad {pad:?}, rows {r:?}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 output transform writes the same values as the general one, bit for bit,
+    /// written and added onto what the output holds: odd and even output sizes (tiles
+    /// overhanging the output's last row and column), planes narrower than a register of
+    /// tiles and wider than two, every block of tile rows of several sizes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn wide_output_tiles_match_output_tiles() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        for (oh, ow) in [(1usize, 1usize), (2, 5), (5, 8), (6, 33), (9, 64), (4, 75)] {
+            let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
+            for rows in 1..=th {
+                for r0 in (0..th).step_by(rows) {
+                    let r = [r0, (r0 + rows).min(th)];
+                    let tb = (r[1] - r[0]) * tw;
+                    // 16 products' planes, 3 values apart from one another.
+                    let stride = tb + 3;
+                    let mc: Vec<f32> = (0..16 * stride).map(|_| next()).collect();
+                    let len = ((2 * r[1]).min(oh) - 2 * r[0]) * ow;
+                    let start: Vec<f32> = (0..len).map(|_| next()).collect();
+                    for accumulate in [false, true] {
+                        let mut want = start.clone();
+                        let mut tmp = vec![0.0; 12 * tb];
+                        let out = (&mut want[..], accumulate);
+                        output_tiles(
+                            (&mc, stride),
+                            [oh, ow],
+                            tw,
+                            r,
+                            0.5,
+                            Act::None,
+                            out,
+                            &mut tmp,
+                        );
+                        let mut got = start.clone();
+                        // SAFETY: the CPU has AVX-512 (checked above).
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            let out = (&mut got[..], accumulate);
+                            output_tiles_avx512((&mc, stride), [oh, ow], tw, r, 0.5, out)
+                        };
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "{oh} x {ow}, rows {r:?}");
+                    }
                 }
             }
         }
