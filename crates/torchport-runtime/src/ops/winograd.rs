@@ -710,17 +710,17 @@ fn output_tiles_avx512(
             let m: [__m512; 16] = std::array::from_fn(|i| unsafe {
                 _mm512_maskz_loadu_ps(mask, mc.as_ptr().add(i * stride + t))
             });
-            // s[b] and t[b]: the row combinations of column b.
+            // s[b] and t[b]: the row combinations of column b; then by output row, s and t.
             let st: [[__m512; 2]; 4] =
                 std::array::from_fn(|b| a_t([m[b], m[4 + b], m[8 + b], m[12 + b]], zero));
+            let by_row: [[__m512; 4]; 2] = std::array::from_fn(|dy| st.map(|c| c[dy]));
             // Output pixels 2 x0 ..: as many as the row has left, at most 32.
             let cols = (ow - 2 * x0).min(2 * n);
-            for dy in 0..2 {
+            for (dy, c) in by_row.into_iter().enumerate() {
                 let y = 2 * ty + dy;
                 if y >= oh {
                     break;
                 }
-                let c = [st[0][dy], st[1][dy], st[2][dy], st[3][dy]];
                 let [even, odd] = a_t(c, bias);
                 let row = &mut band[(y - 2 * r0) * ow + 2 * x0..][..cols];
                 let halves = [
