@@ -487,58 +487,49 @@ fn input_tiles_avx512(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mu
         plane.len() >= g.h * g.w && vc.len() >= 16 * tb,
         "winograd input tiles: buffers too small"
     );
-    let (w, pad) = (g.w as isize, g.pad[1] as isize);
+    let pad = g.pad[1] as isize;
     // Lanes of a permutation: the even elements of a pair of registers, then the odd ones.
     let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    // Columns `at .. at + 16` of `row`, zero outside it.
-    let load = |row: &[f32], at: isize| -> __m512 {
-        let (lo, hi) = (at.max(0), (at + 16).min(w));
-        if lo >= hi {
-            return _mm512_setzero_ps();
-        }
-        let mask = (((1u32 << (hi - lo)) - 1) << (lo - at)) as __mmask16;
-        // SAFETY: the mask's lanes are columns lo..hi of the row, inside it; the others are
-        // not read (a masked load does not touch them), so the pointer to column `at` may lie
-        // outside the row.
-        unsafe { _mm512_maskz_loadu_ps(mask, row.as_ptr().wrapping_offset(at)) }
-    };
+    // (Loops rather than `array::from_fn`, which is compiled without AVX-512 and so calls
+    // its closure instead of inlining it.)
+    let zero = _mm512_setzero_ps();
     for ty in r0..r1 {
         // The tile row's four input rows (None: padding).
-        let rows: [Option<&[f32]>; 4] = std::array::from_fn(|a| {
-            let y = (2 * ty + a) as isize - g.pad[0] as isize;
-            (0..g.h as isize)
-                .contains(&y)
-                .then(|| &plane[y as usize * g.w..][..g.w])
-        });
+        let mut rows: [Option<&[f32]>; 4] = [None; 4];
+        for (a, row) in rows.iter_mut().enumerate() {
+            let y = (2 * ty + a).checked_sub(g.pad[0]).filter(|&y| y < g.h);
+            *row = y.map(|y| &plane[y * g.w..][..g.w]);
+        }
         let mut x0 = 0;
         while x0 < tw {
             let n = (tw - x0).min(16);
             let at = 2 * x0 as isize - pad;
-            // d[a][b]: column b of the 16 tiles' input row a.
-            let d: [[__m512; 4]; 4] = std::array::from_fn(|a| match rows[a] {
-                None => [_mm512_setzero_ps(); 4],
-                Some(row) => {
-                    let (p0, p1) = (load(row, at), load(row, at + 16));
-                    let (q0, q1) = (load(row, at + 2), load(row, at + 18));
-                    [
+            // d[a][b]: column b of the 16 tiles' input row a (zero for a padding row).
+            let mut d = [[zero; 4]; 4];
+            for (da, row) in d.iter_mut().zip(rows) {
+                if let Some(row) = row {
+                    let (p0, p1) = (load_row(row, at), load_row(row, at + 16));
+                    let (q0, q1) = (load_row(row, at + 2), load_row(row, at + 18));
+                    *da = [
                         _mm512_permutex2var_ps(p0, even, p1),
                         _mm512_permutex2var_ps(p0, odd, p1),
                         _mm512_permutex2var_ps(q0, even, q1),
                         _mm512_permutex2var_ps(q0, odd, q1),
-                    ]
+                    ];
                 }
-            });
-            // Bᵀ d: q[a] = combination a of the rows, per column.
-            let q: [[__m512; 4]; 4] = std::array::from_fn(|b| {
+            }
+            // Bᵀ d: q[b][a] = combination a of the rows, in column b.
+            let mut q = [[zero; 4]; 4];
+            for (b, qb) in q.iter_mut().enumerate() {
                 let [d0, d1, d2, d3] = [d[0][b], d[1][b], d[2][b], d[3][b]];
-                [
+                *qb = [
                     _mm512_sub_ps(d0, d2),
                     _mm512_add_ps(d1, d2),
                     _mm512_sub_ps(d2, d1),
                     _mm512_sub_ps(d1, d3),
-                ]
-            });
+                ];
+            }
             let mask = ((1u32 << n) - 1) as __mmask16;
             let t = (ty - r0) * tw + x0;
             for a in 0..4 {
@@ -662,6 +653,24 @@ fn output_tiles(
     act.apply(band);
 }
 
+/// Columns `at .. at + 16` of `row` in a register, zero outside the row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(unsafe_code)]
+fn load_row(row: &[f32], at: isize) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let (lo, hi) = (at.max(0), (at + 16).min(row.len() as isize));
+    if lo >= hi {
+        return _mm512_setzero_ps();
+    }
+    let mask = (((1u32 << (hi - lo)) - 1) << (lo - at)) as __mmask16;
+    // SAFETY: the mask's lanes are columns lo..hi of the row, inside it; the others are not
+    // read (a masked load does not touch them), so the pointer to column `at` may lie
+    // outside the row.
+    unsafe { _mm512_maskz_loadu_ps(mask, row.as_ptr().wrapping_offset(at)) }
+}
+
 /// [`output_tiles`] but for the activation, in one pass, 16 tiles of a tile row at a time in
 /// registers: the 16 products' values of those tiles loaded, the row combinations, then the
 /// column combinations, in the same order of operations as [`output_tiles`], so the same
@@ -692,7 +701,8 @@ fn output_tiles_avx512(
     let low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     let high = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     let (zero, bias) = (_mm512_setzero_ps(), _mm512_set1_ps(bias));
-    // `Aᵀ` on four registers, plus `b`, as `transform_a` computes it.
+    // `Aᵀ` on four registers, plus `b`, as `transform_a` computes it. (Closures and loops
+    // rather than `array::from_fn`, as in `input_tiles_avx512`.)
     let a_t = |[m0, m1, m2, m3]: [__m512; 4], b: __m512| {
         [
             _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(m0, m1), m2), b),
@@ -707,13 +717,16 @@ fn output_tiles_avx512(
             let mask = ((1u32 << n) - 1) as __mmask16;
             // SAFETY: the mask's `n` lanes are tiles t..t + n of product i, inside `mc`
             // (asserted).
-            let m: [__m512; 16] = std::array::from_fn(|i| unsafe {
-                _mm512_maskz_loadu_ps(mask, mc.as_ptr().add(i * stride + t))
-            });
-            // s[b] and t[b]: the row combinations of column b; then by output row, s and t.
-            let st: [[__m512; 2]; 4] =
-                std::array::from_fn(|b| a_t([m[b], m[4 + b], m[8 + b], m[12 + b]], zero));
-            let by_row: [[__m512; 4]; 2] = std::array::from_fn(|dy| st.map(|c| c[dy]));
+            let mut m = [zero; 16];
+            for (i, mi) in m.iter_mut().enumerate() {
+                *mi = unsafe { _mm512_maskz_loadu_ps(mask, mc.as_ptr().add(i * stride + t)) };
+            }
+            // The row combinations of each column b, s[b] and t[b], by output row: s, then t.
+            let mut by_row = [[zero; 4]; 2];
+            for b in 0..4 {
+                let [s, t] = a_t([m[b], m[4 + b], m[8 + b], m[12 + b]], zero);
+                (by_row[0][b], by_row[1][b]) = (s, t);
+            }
             // Output pixels 2 x0 ..: as many as the row has left, at most 32.
             let cols = (ow - 2 * x0).min(2 * n);
             for (dy, c) in by_row.into_iter().enumerate() {
