@@ -115,6 +115,19 @@ impl Packing {
         (mc / self.mr).max(1)
     }
 
+    /// The microkernel's time for `n` columns of an unpacked right operand against the same
+    /// rows, in units of a twelfth of a full panel's when a register holds a quarter of a
+    /// panel (AVX-512): a full panel 3 registers' worth, a last partial one of `r` registers
+    /// one register's worth plus 2/3 of one per register. Measured on Winograd's products
+    /// of 196 columns (three panels and one register of 4 columns): the last panel's
+    /// microkernels took half as long as a full one's (`perf`, 1 thread; BENCHMARKS.md,
+    /// issue 14).
+    pub(crate) fn columns_cost(&self, n: usize) -> usize {
+        let regs = self.mr / self.lanes;
+        let tail = (n % self.mr).div_ceil(self.lanes);
+        n / self.mr * 3 * regs + if tail > 0 { regs + 2 * tail } else { 0 }
+    }
+
     /// The packed length of an `[n, k]` weight, `None` on overflow.
     pub fn len(&self, n: usize, k: usize) -> Option<usize> {
         n.checked_next_multiple_of(self.mr)?.checked_mul(k)

@@ -24,6 +24,7 @@ use std::mem::MaybeUninit;
 
 use super::conv::Act;
 use super::fused::put;
+use super::packed::Packing;
 use super::sgemm::{sgemm, Mat};
 
 /// Bytes of transformed input (or products) one block of tile rows may take for each thread
@@ -225,13 +226,32 @@ fn plan(g: &Geometry, threads: usize) -> (usize, bool) {
     let cache_rows = |threads: usize| {
         (threads * BLOCK_BYTES / (64 * g.c.max(g.co).max(1) * tw.max(1))).clamp(1, th.max(1))
     };
-    let rows = th.div_ceil(th.div_ceil(cache_rows(1)).max(threads.min(th)).max(1));
+    let mut rows = th.div_ceil(th.div_ceil(cache_rows(1)).max(threads.min(th)).max(1));
+    if threads == 1 {
+        rows = fuller_panels(th, tw, cache_rows(1)).unwrap_or(rows);
+    }
     let rounds = th.div_ceil(rows.max(1)).div_ceil(threads.max(1));
     if threads > 1 && by_planes(g, th * tw, rounds, threads) {
         (cache_rows(threads), true)
     } else {
         (rows.max(1), false)
     }
+}
+
+/// On one thread, the tile rows per block, at most `most`, for which the blocks' products
+/// cost the microkernel least ([`Packing::columns_cost`] of each block's tiles), the larger
+/// on a tie: each product's last panel of a block's tiles is partly empty, and a last panel
+/// of a few tiles costs half a full one. For ResNet's 56 x 56 layers (28 tile rows of 28,
+/// at most 9 rows a block by the cache), blocks of 9 (three panels and 60 tiles, the last
+/// block 28) rather than the even split's 7 (three panels and 4 tiles). `None` where this
+/// CPU has no microkernel of its own.
+fn fuller_panels(th: usize, tw: usize, most: usize) -> Option<usize> {
+    let pk = Packing::detect()?;
+    let cost = |rows: usize| {
+        let block = |r: usize| pk.columns_cost(r * tw);
+        th / rows * block(rows) + block(th % rows)
+    };
+    (1..=most.min(th)).rev().min_by_key(|&rows| cost(rows))
 }
 
 /// Whether [`conv_image`] splits each block's steps over the threads rather than giving each
@@ -926,6 +946,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Blocks of tile rows chosen on one thread for the microkernel's panels (AVX-512's, 64
+    /// columns of 16-lane registers): ResNet's 56 x 56 layers (28 tile rows of 28) in blocks
+    /// of 9 rows (252 tiles: three panels and four full registers; the last block 28
+    /// tiles), 152 twelfths of a panel against 168 for the even split's 7; with at most 7
+    /// rows by the cache, blocks of 4 (154); 7 x 7 tiles in one block.
+    #[test]
+    fn blocks_fill_the_microkernels_panels() {
+        let Some(pk) = Packing::detect().filter(|pk| pk.mr == 64) else {
+            return;
+        };
+        let costs = [0, 64, 196, 252].map(|n| pk.columns_cost(n));
+        assert_eq!(costs, [0, 12, 42, 48]);
+        assert_eq!(fuller_panels(28, 28, 9), Some(9));
+        assert_eq!(fuller_panels(28, 28, 7), Some(4));
+        assert_eq!(fuller_panels(7, 7, 9), Some(7));
     }
 
     /// Against candle's direct conv2d (plus bias and activation): paddings from 0 to wider
