@@ -833,6 +833,21 @@ mod tests {
 
     use super::*;
 
+    /// Values random in sign and magnitude (within ±4), from `seed` (xorshift).
+    fn random(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        }
+    }
+
+    /// The values' bits, to compare them exactly.
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     /// The AVX-512 input transform writes the same values as the general one, bit for bit:
     /// paddings of 0 to 3 (wider than the kernel, different per dim), odd and even sizes,
     /// planes narrower than a register of tiles and wider than two, every block of tile
@@ -843,13 +858,7 @@ mod tests {
         if !std::arch::is_x86_feature_detected!("avx512f") {
             return;
         }
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-        };
+        let mut next = random(0x2545_f491_4f6c_dd1du64);
         for (h, w, pad) in [
             (1, 1, [1, 1]),
             (5, 7, [0, 0]),
@@ -880,7 +889,6 @@ mod tests {
                     unsafe {
                         input_tiles_avx512(&plane, &g, r, &mut got)
                     };
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got),
                         bits(&want),
@@ -901,13 +909,7 @@ mod tests {
         if !std::arch::is_x86_feature_detected!("avx512f") {
             return;
         }
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-        };
+        let mut next = random(0x9e37_79b9_7f4a_7c15u64);
         for (oh, ow) in [(1usize, 1usize), (2, 5), (5, 8), (6, 33), (9, 64), (4, 75)] {
             let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
             for rows in 1..=th {
@@ -940,7 +942,6 @@ mod tests {
                             let out = (&mut got[..], accumulate);
                             output_tiles_avx512((&mc, stride), [oh, ow], tw, r, 0.5, out)
                         };
-                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         assert_eq!(bits(&got), bits(&want), "{oh} x {ow}, rows {r:?}");
                     }
                 }
