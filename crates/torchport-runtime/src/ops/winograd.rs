@@ -735,10 +735,11 @@ fn output_tiles_avx512(
             let n = (tw - x0).min(16);
             let t = (ty - r0) * tw + x0;
             let mask = ((1u32 << n) - 1) as __mmask16;
-            // SAFETY: the mask's `n` lanes are tiles t..t + n of product i, inside `mc`
-            // (asserted).
+            // Tiles t..t + n of each product.
             let mut m = [zero; 16];
             for (i, mi) in m.iter_mut().enumerate() {
+                // SAFETY: the mask's `n` lanes are tiles t..t + n of product i, inside `mc`
+                // (asserted).
                 *mi = unsafe { _mm512_maskz_loadu_ps(mask, mc.as_ptr().add(i * stride + t)) };
             }
             // The row combinations of each column b, s[b] and t[b], by output row: s, then t.
