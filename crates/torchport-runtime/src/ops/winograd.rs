@@ -226,10 +226,11 @@ fn plan(g: &Geometry, threads: usize) -> (usize, bool) {
     let cache_rows = |threads: usize| {
         (threads * BLOCK_BYTES / (64 * g.c.max(g.co).max(1) * tw.max(1))).clamp(1, th.max(1))
     };
-    let mut rows = th.div_ceil(th.div_ceil(cache_rows(1)).max(threads.min(th)).max(1));
-    if threads == 1 {
-        rows = fuller_panels(th, tw, cache_rows(1)).unwrap_or(rows);
-    }
+    let even = th.div_ceil(th.div_ceil(cache_rows(1)).max(threads.min(th)).max(1));
+    let rows = match threads {
+        1 => fuller_panels(th, tw, cache_rows(1)).unwrap_or(even),
+        _ => even,
+    };
     let rounds = th.div_ceil(rows.max(1)).div_ceil(threads.max(1));
     if threads > 1 && by_planes(g, th * tw, rounds, threads) {
         (cache_rows(threads), true)
@@ -493,9 +494,10 @@ fn input_tiles(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mut [f32]
 /// the column combinations, in the same order of operations as [`input_tiles`], so the same
 /// values; each of the 16 results stored at its plane of `vc` (`[16][tiles]`). Where the
 /// general one makes four passes over scratch rows and a copy, this reads the plane once
-/// and writes `vc` once: ResNet's 64-channel 3x3 convolution on 56 x 56, 0.92 of the time
-/// (1 thread, ten paired rounds); torchvision's ResNet-18 at batch 1, 0.96-0.98 (1 thread)
-/// and 0.955 (2) (BENCHMARKS.md, issue 14).
+/// and writes `vc` once: a single convolution of ResNet's 64-channel 3x3 shape on 56 x 56
+/// (`conv_bench.py`'s `s1_64`), 0.92 of the time (1 thread, ten paired rounds);
+/// torchvision's ResNet-18 at batch 1, 0.96-0.98 (1 thread) and 0.955 (2) (BENCHMARKS.md,
+/// issue 14).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(unsafe_code)]
@@ -509,8 +511,8 @@ fn input_tiles_avx512(plane: &[f32], g: &Geometry, [r0, r1]: [usize; 2], vc: &mu
     );
     let pad = g.pad[1] as isize;
     // Lanes of a permutation: the even elements of a pair of registers, then the odd ones.
-    let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     // (Loops rather than `array::from_fn`, which is compiled without AVX-512 and so calls
     // its closure instead of inlining it.)
     let zero = _mm512_setzero_ps();
@@ -696,9 +698,12 @@ fn load_row(row: &[f32], at: isize) -> std::arch::x86_64::__m512 {
 /// column combinations, in the same order of operations as [`output_tiles`], so the same
 /// values; the even and odd columns of each output row interleaved by a permutation and
 /// written once (added onto `band` with `accumulate`). With the input transform's one
-/// pass, ResNet's 64-channel 3x3 convolution on 56 x 56 took 0.906 of the four-pass
-/// transforms' time (0.935 with the input's alone), ResNet-18 at batch 1 0.932 (0.951; 1
-/// thread, ten paired rounds each; BENCHMARKS.md, issue 14).
+/// pass, a single convolution of ResNet's 64-channel 3x3 shape on 56 x 56 (`conv_bench.py`'s
+/// `s1_64`) took 0.906 of the four-pass transforms' time (0.935 with the input's alone),
+/// torchvision's ResNet-18 at batch 1 0.932 (0.951; 1 thread, ten paired rounds each;
+/// BENCHMARKS.md, issue 14). Applying the activation in registers before the store
+/// ([`Act::apply_m512`]) instead of the caller's pass over the band was level on `s1_64`
+/// and no faster on ResNet-18 (1.00-1.16 of the time, 1 thread).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(unsafe_code)]
