@@ -119,9 +119,9 @@ impl Packing {
     /// rows, in units of a twelfth of a full panel's when a register holds a quarter of a
     /// panel (AVX-512): a full panel 3 registers' worth, a last partial one of `r` registers
     /// one register's worth plus 2/3 of one per register. Measured on Winograd's products
-    /// of 196 columns (three panels and one register of 4 columns): the last panel's
-    /// microkernels took half as long as a full one's (`perf`, 1 thread; BENCHMARKS.md,
-    /// issue 14).
+    /// of 196 columns (three panels and one register of 4 columns) in a single convolution
+    /// of ResNet's 64-channel 3x3 shape on 56 x 56: the last panel's microkernels took half
+    /// as long as a full one's (`perf`, 1 thread; BENCHMARKS.md, issue 14).
     pub(crate) fn columns_cost(&self, n: usize) -> usize {
         let regs = self.mr / self.lanes;
         let tail = (n % self.mr).div_ceil(self.lanes);
