@@ -17,6 +17,7 @@ pub mod activation_more;
 pub mod attention;
 pub mod conv;
 pub mod distance;
+mod dots;
 pub mod einsum;
 pub mod elementwise;
 pub mod fused;

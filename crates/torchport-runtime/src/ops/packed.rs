@@ -115,17 +115,25 @@ impl Packing {
         (mc / self.mr).max(1)
     }
 
-    /// The microkernel's time for `n` columns of an unpacked right operand against the same
-    /// rows, in units of a twelfth of a full panel's when a register holds a quarter of a
-    /// panel (AVX-512): a full panel 3 registers' worth, a last partial one of `r` registers
-    /// one register's worth plus 2/3 of one per register. Measured on Winograd's products
-    /// of 196 columns (three panels and one register of 4 columns) in a single convolution
-    /// of ResNet's 64-channel 3x3 shape on 56 x 56: the last panel's microkernels took half
-    /// as long as a full one's (`perf`, 1 thread; BENCHMARKS.md, issue 14).
+    /// The time of [`unpacked_product`] for `n` columns of an unpacked right operand against
+    /// the same rows, in units of a twelfth of a full panel's when a register holds a quarter
+    /// of a panel (AVX-512): a full panel 3 registers' worth, a last partial one of `r`
+    /// registers one register's worth plus 2/3 of one per register, and a last one of a
+    /// register or less after whole ones, computed by dot products ([`super::dots`]), a
+    /// unit per 4 columns. Measured on Winograd's products of 196 columns (three panels and
+    /// one register of 4 columns) in a single convolution of ResNet's 64-channel 3x3 shape on
+    /// 56 x 56: the last panel's microkernels took half as long as a full one's (`perf`, 1
+    /// thread); by dot products, 1x1 convolutions of 256 → 1024 and 1024 → 256 channels on
+    /// 14 x 14 took 1.04–1.05x the time (medians) of the same ones on 12 x 16 scaled by 196 /
+    /// 192, against 1.13–1.14x before (BENCHMARKS.md, issue 14).
     pub(crate) fn columns_cost(&self, n: usize) -> usize {
         let regs = self.mr / self.lanes;
-        let tail = (n % self.mr).div_ceil(self.lanes);
-        n / self.mr * 3 * regs + if tail > 0 { regs + 2 * tail } else { 0 }
+        let (whole, tail) = (n / self.mr * 3 * regs, n % self.mr);
+        match tail {
+            0 => whole,
+            t if whole > 0 && super::dots::takes(t) => whole + t.div_ceil(4),
+            t => whole + regs + 2 * t.div_ceil(self.lanes),
+        }
     }
 
     /// The packed length of an `[n, k]` weight, `None` on overflow.
@@ -671,6 +679,7 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
                 data: block.add(c0 / mr * mr * kb),
                 cols: c0..c1,
                 kb,
+                tail: None,
             };
             kernels(
                 &pk,
@@ -693,24 +702,30 @@ unsafe fn tile(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<us
 /// Consecutive packed panels of one block of `kb` columns, each `mr` rows by `kb` columns,
 /// column after column, `data` the first one's start: output columns `cols` of them (the
 /// first in `data`'s panel, at a sliver's start; panels start at multiples of `mr`).
-struct Panels {
+struct Panels<'t> {
     data: *const f32,
     cols: std::ops::Range<usize>,
     kb: usize,
+    /// Columns just past `cols` computed by dot products ([`super::dots`]) for the same rows
+    /// and block of `k`, with their values (a row of `kb` each).
+    tail: Option<(std::ops::Range<usize>, &'t [f32])>,
 }
 
 /// The microkernel over rows `rows` of `x` (columns `p0..p0 + panels.kb`) against each of
 /// `panels`, into `out` (row stride `ldd`; its first element the product's row and column
 /// `origin`): `status` 0 writes, 1 adds to what `out` holds. For each `nr` rows of `x` in
 /// turn, each panel; or, with at most [`PANEL_FIRST_ROWS`] rows, for each panel in turn,
-/// all the rows. With `finish` (origin (0, 0) only), each of those rows' stretch of `out`
-/// (columns `panels.cols`) is handed to it once its microkernels are done, still in cache.
+/// all the rows; then the same rows against `panels.tail`'s columns, if any, by dot
+/// products. With `finish` (origin (0, 0) only), each of those rows' stretch of `out`
+/// (columns `panels.cols` and the tail's) is handed to it once its microkernels are done,
+/// still in cache.
 ///
 /// # Safety
 ///
-/// `x` fits the rows and columns read, `panels.data` holds the panels' values, and `out`
-/// holds rows `rows` by columns `panels.cols` at row stride `ldd` (both from `origin` on),
-/// which nothing else touches meanwhile.
+/// `x` fits the rows and columns read (its rows contiguous where there is a tail:
+/// `dots::applies`), `panels.data` holds the panels' values, and `out` holds rows `rows` by
+/// columns `panels.cols` and the tail's at row stride `ldd` (both from `origin` on), which
+/// nothing else touches meanwhile.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 unsafe fn kernels(
     pk: &Packing,
@@ -761,6 +776,22 @@ unsafe fn kernels(
         };
         mi
     };
+    // The tail's columns (if any) for rows `rows`, by dot products.
+    let tail = |rows: std::ops::Range<usize>| {
+        if let Some((cols, values)) = &panels.tail {
+            let x = Mat {
+                data: &x.data[rows.start * x.rs + p0..],
+                ..x
+            };
+            let at = (rows.start - origin.0) * ldd + cols.start - origin.1;
+            let dims = (rows.len(), cols.len(), kb);
+            // SAFETY: the caller's contract: rows `rows` of x (contiguous, `dots::applies`)
+            // from column p0, the tail's values for this block of k, and its columns of out.
+            unsafe { super::dots::sums(dims, x, values, out.0.add(at), ldd, status != 0, scale) };
+        }
+    };
+    // The columns written for a row: the panels' and the tail's after them.
+    let done = panels.cols.start..panels.tail.as_ref().map_or(panels.cols.end, |t| t.0.end);
     if rows.len() <= PANEL_FIRST_ROWS {
         let mut i0 = panels.cols.start;
         while i0 < panels.cols.end {
@@ -770,10 +801,12 @@ unsafe fn kernels(
             }
             i0 += mi;
         }
+        tail(rows.clone());
         if let Some(f) = finish {
-            // SAFETY: rows `rows` of `out` hold columns `panels.cols` (the caller's
-            // contract), which the microkernels above have written and nothing else touches.
-            unsafe { finish_rows(f, out, ldd, rows, panels.cols.clone()) };
+            // SAFETY: rows `rows` of `out` hold columns `done` (the caller's contract),
+            // which the microkernels and dot products above have written and nothing else
+            // touches.
+            unsafe { finish_rows(f, out, ldd, rows, done) };
         }
         return;
     }
@@ -782,11 +815,13 @@ unsafe fn kernels(
         while i0 < panels.cols.end {
             i0 += call((j, nj), i0);
         }
+        // While these rows of x are in the nearest cache.
+        tail(j..j + nj);
         if let Some(f) = finish {
-            // SAFETY: rows `j..j + nj` of `out` hold columns `panels.cols` (the
-            // caller's contract), which the microkernels above have just written and nothing
-            // else touches.
-            unsafe { finish_rows(f, out, ldd, j..j + nj, panels.cols.clone()) };
+            // SAFETY: rows `j..j + nj` of `out` hold columns `done` (the caller's
+            // contract), which the microkernels and dot products above have just written
+            // and nothing else touches.
+            unsafe { finish_rows(f, out, ldd, j..j + nj, done.clone()) };
         }
     }
 }
@@ -895,8 +930,10 @@ impl Columns for Mat<'_> {
 /// the same microkernels as a packed
 /// weight: `b` is packed a run of panels at a time (the columns that fit the L2 cache, one
 /// block of `kc` rows) into a buffer this thread keeps, and the rows of `x` run against each
-/// run. With `finish`, each row's stretch of a run is handed to it after the last block of
-/// `k` has been added (row and first column relative to `out`). Nothing is allocated after a
+/// run. A last panel of one register or less after whole ones (a 14 x 14 plane's 196
+/// columns: three panels and 4) is computed by dot products instead ([`super::dots`]), with
+/// the last run. With `finish`, each row's stretch of a run is handed to it after the last
+/// block of `k` has been added (row and first column relative to `out`). Nothing is allocated after a
 /// thread's first product of a size: the gemm crate's own
 /// product allocates its packing buffers on every call, from one heap under one lock with
 /// [`crate::retain_freed_memory`]. On a 16-core machine the products of ResNet-18's Winograd
@@ -936,13 +973,22 @@ pub(crate) unsafe fn unpacked_product(
     }
     let start = spare.as_ptr().align_offset(64).min(16);
     let buf = &mut spare[start..];
+    // A last panel of one register or less after whole ones: its columns by dot products
+    // instead (`dots`), row by row with the last run's panels.
+    let spill = n % mr;
+    let dots = n > mr && super::dots::applies(spill, &x);
+    let in_panels = if dots { n - spill } else { n };
+    let mut values = Spare::take();
     let mut p0 = 0;
     while p0 < k {
         let kb = kc.min(k - p0);
         let status = if p0 == 0 && !accumulate { 0 } else { 1 };
+        if dots {
+            super::dots::columns(b, p0..p0 + kb, in_panels..n, &mut values);
+        }
         let mut j0 = 0;
-        while j0 < n {
-            let j1 = (j0 + run * mr).min(n);
+        while j0 < in_panels {
+            let j1 = (j0 + run * mr).min(in_panels);
             let whole = (j1 - j0) / mr;
             let run_buf = &mut buf[..(j1 - j0).div_ceil(mr) * mr * kb];
             b.pack(p0..p0 + kb, j0..j1, mr, run_buf);
@@ -959,6 +1005,7 @@ pub(crate) unsafe fn unpacked_product(
                 data: buf.as_ptr(),
                 cols: j0..j1,
                 kb,
+                tail: (dots && j1 == in_panels).then_some((in_panels..n, &values[..])),
             };
             let last = p0 + kb == k;
             let finish = finish.filter(|_| last);
