@@ -2,16 +2,17 @@
 //! `unpacked_product`) as dot products, on x86-64 CPUs with AVX-512.
 //!
 //! The microkernel puts a product's columns along its registers, 64 to a panel. Where the
-//! columns leave a last panel of one register or less (a 14 x 14 plane's 196 pixels: three
-//! panels and 4 columns), that panel's microkernels cost half a full one's for a
+//! columns leave a last panel of a few columns (a 14 x 14 plane's 196 pixels: three panels
+//! and 4 columns), that panel's microkernels cost half a full one's for a
 //! sixteenth of its work: 1x1 convolutions of 256 → 1024 and 1024 → 256 channels on 14 x 14
 //! took 1.13–1.14x the time of the same ones on 12 x 16 (192 pixels, three full panels)
 //! scaled by 196 / 192, and 1.04–1.05x with their last columns computed here (medians, 1
 //! thread; BENCHMARKS.md, issue 14). Here each of those columns is copied out whole (its `k`
 //! values of a block in a row) and summed against each row of `x` along `k`, four rows by
 //! four columns at a time (every load feeds four multiply-adds, as in a full panel), right
-//! after the microkernels have run those rows against the last panels, while the rows are
-//! in the nearest cache; the 16 sums of a block are then added across their lanes together.
+//! after the microkernels have run those rows against the last run of panels (a step of
+//! rows at a time, in the nearest cache, where the rows are more than run panel by panel);
+//! the 16 sums of a block are then added across their lanes together.
 
 use std::ops::Range;
 
@@ -19,8 +20,11 @@ use super::fused::Spare;
 use super::packed::Columns;
 use super::sgemm::Mat;
 
-/// The most last columns computed here: one AVX-512 register's lanes.
-pub(crate) const MAX_TAIL: usize = 16;
+/// The most last columns computed here: half an AVX-512 register's lanes. A 1x1
+/// convolution of 256 → 1024 channels with 4, 8, 12 and 16 columns after three panels (14 x
+/// 14, 10 x 20, 12 x 17 and 13 x 16 planes) took 0.92, 0.94, 0.99 and 1.01 of the time
+/// through the microkernel (1 thread; BENCHMARKS.md, issue 14).
+pub(crate) const MAX_TAIL: usize = 8;
 
 /// Rows of `x` and columns summed together: 16 sums in registers.
 const SIDE: usize = 4;
@@ -224,8 +228,9 @@ mod tests {
     use crate::ops::packed::{unpacked_product, Packing};
     use crate::ops::sgemm::{direct_f64, Finish, Shared};
 
-    /// Products whose last panel is one register or less (1, 4, 7 and 16 last columns after
-    /// one and two whole panels, and none), through `unpacked_product` with `x`'s rows
+    /// Products whose last panel has at most [`MAX_TAIL`] columns (1, 4, 7 and 8 after one
+    /// and two whole panels; and 16, and none, not computed here), through `unpacked_product`
+    /// with `x`'s rows
     /// contiguous, so that the last columns come here: against a direct product in f64
     /// (values exact in f32, so the order of the sums does not matter), rows not a multiple
     /// of four and `k` not of 16, more rows than run panel by panel and more than one block
@@ -246,6 +251,7 @@ mod tests {
                 pk.mr + 1,
                 pk.mr + 4,
                 2 * pk.mr + 7,
+                2 * pk.mr + 8,
                 2 * pk.mr + 16,
                 2 * pk.mr,
             ] {

@@ -118,9 +118,10 @@ impl Packing {
     /// The time of [`unpacked_product`] for `n` columns of an unpacked right operand against
     /// the same rows, in units of a twelfth of a full panel's when a register holds a quarter
     /// of a panel (AVX-512): a full panel 3 registers' worth, a last partial one of `r`
-    /// registers one register's worth plus 2/3 of one per register, and a last one of a
-    /// register or less after whole ones, computed by dot products ([`super::dots`]), a
-    /// unit per 4 columns. Measured on Winograd's products of 196 columns (three panels and
+    /// registers one register's worth plus 2/3 of one per register, and a last one of a few
+    /// columns after whole ones, computed by dot products ([`super::dots`]), a unit per 4
+    /// columns (with which ResNet's 56 x 56 Winograd layers take blocks of 7 tile rows,
+    /// measured 0.97 of the time with 9 on a single convolution of that shape). Measured on Winograd's products of 196 columns (three panels and
     /// one register of 4 columns) in a single convolution of ResNet's 64-channel 3x3 shape on
     /// 56 x 56: the last panel's microkernels took half as long as a full one's (`perf`, 1
     /// thread); by dot products, 1x1 convolutions of 256 → 1024 and 1024 → 256 channels on
@@ -930,9 +931,9 @@ impl Columns for Mat<'_> {
 /// the same microkernels as a packed
 /// weight: `b` is packed a run of panels at a time (the columns that fit the L2 cache, one
 /// block of `kc` rows) into a buffer this thread keeps, and the rows of `x` run against each
-/// run. A last panel of one register or less after whole ones (a 14 x 14 plane's 196
-/// columns: three panels and 4) is computed by dot products instead ([`super::dots`]), with
-/// the last run. With `finish`, each row's stretch of a run is handed to it after the last
+/// run. A last panel of a few columns after whole ones (a 14 x 14 plane's 196 columns:
+/// three panels and 4) is computed by dot products instead ([`super::dots`]), with the last
+/// run. With `finish`, each row's stretch of a run is handed to it after the last
 /// block of `k` has been added (row and first column relative to `out`). Nothing is allocated after a
 /// thread's first product of a size: the gemm crate's own
 /// product allocates its packing buffers on every call, from one heap under one lock with
@@ -973,8 +974,8 @@ pub(crate) unsafe fn unpacked_product(
     }
     let start = spare.as_ptr().align_offset(64).min(16);
     let buf = &mut spare[start..];
-    // A last panel of one register or less after whole ones: its columns by dot products
-    // instead (`dots`), row by row with the last run's panels.
+    // A last panel of a few columns after whole ones: its columns by dot products instead
+    // (`dots`), row by row with the last run's panels.
     let spill = n % mr;
     let dots = n > mr && super::dots::applies(spill, &x);
     let in_panels = if dots { n - spill } else { n };
