@@ -4,10 +4,11 @@
 //! The microkernel puts a product's columns along its registers, 64 to a panel. Where the
 //! columns leave a last panel of a few columns (a 14 x 14 plane's 196 pixels: three panels
 //! and 4 columns), that panel's microkernels cost half a full one's for a
-//! sixteenth of its work: 1x1 convolutions of 256 → 1024 and 1024 → 256 channels on 14 x 14
-//! took 1.13–1.14x the time of the same ones on 12 x 16 (192 pixels, three full panels)
-//! scaled by 196 / 192, and 1.04–1.05x with their last columns computed here (medians, 1
-//! thread; BENCHMARKS.md, issue 14). Here each of those columns is copied out whole (its `k`
+//! sixteenth of its work: single 1x1 convolutions of ResNet-50's 256 → 1024 and 1024 → 256
+//! shapes on 14 x 14 (exported here alone) took 1.13–1.14x the time of the same ones on
+//! 12 x 16 (192 pixels, three full panels) scaled by 196 / 192, and 1.04–1.05x with their
+//! last columns computed here; inside torchvision's ResNet-50 those layers took 0.90–0.92 of
+//! their time before (medians and least times, 1 thread; BENCHMARKS.md, issue 14). Here each of those columns is copied out whole (its `k`
 //! values of a block in a row) and summed against each row of `x` along `k`, four rows by
 //! four columns at a time (every load feeds four multiply-adds, as in a full panel), right
 //! after the microkernels have run those rows against the last run of panels (a step of
@@ -19,36 +20,33 @@ use std::ops::Range;
 use super::fused::Spare;
 use super::packed::Columns;
 use super::sgemm::Mat;
+use super::tile::{transpose, SIDE as SIDE_TILE};
 
-/// The most last columns computed here: half an AVX-512 register's lanes. A 1x1
-/// convolution of 256 → 1024 channels with 4, 8, 12 and 16 columns after three panels (14 x
-/// 14, 10 x 20, 12 x 17 and 13 x 16 planes) took 0.92, 0.94, 0.99 and 1.01 of the time
-/// through the microkernel (1 thread; BENCHMARKS.md, issue 14).
+/// The most last columns computed here: half an AVX-512 register's lanes. A single 1x1
+/// convolution of 256 → 1024 channels (exported here on planes chosen for it) with 4, 8, 12
+/// and 16 columns after three panels (14 x 14, 10 x 20, 12 x 17 and 13 x 16 planes) took
+/// 0.92, 0.94, 0.99 and 1.01 of the time through the microkernel (1 thread; BENCHMARKS.md,
+/// issue 14).
 pub(crate) const MAX_TAIL: usize = 8;
 
 /// Rows of `x` and columns summed together: 16 sums in registers.
 const SIDE: usize = 4;
 
-/// Whether the last `tail` columns of a product whose left operand is `x` are computed here:
-/// where [`takes`] them and `x`'s rows are contiguous.
-pub(crate) fn applies(tail: usize, x: &Mat) -> bool {
-    x.cs == 1 && takes(tail)
-}
-
-/// Whether `tail` last columns can be computed here: 1 to [`MAX_TAIL`] of them, on a CPU
-/// with AVX-512F and FMA.
-pub(crate) fn takes(tail: usize) -> bool {
+/// The last columns of a product of `n` columns, in panels of `mr`, computed here (0 for
+/// none): a last panel of 1 to [`MAX_TAIL`] columns after whole ones, on a CPU with
+/// AVX-512F and FMA. The product's left operand must have contiguous rows as well.
+pub(crate) fn tail_of(n: usize, mr: usize) -> usize {
+    let tail = n % mr.max(1);
     #[cfg(target_arch = "x86_64")]
+    if n > mr
+        && (1..=MAX_TAIL).contains(&tail)
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma")
     {
-        (1..=MAX_TAIL).contains(&tail)
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("fma")
+        return tail;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = tail;
-        false
-    }
+    let _ = tail;
+    0
 }
 
 /// Rows `rows` (a block of `k`) of columns `cols` of `b` (`[k, n]`) into `values`, resized:
@@ -60,15 +58,14 @@ pub(crate) fn columns(
     values: &mut Vec<f32>,
 ) {
     let (kb, t) = (rows.len(), cols.len());
-    // Packed as one panel `t` wide (`kb` rows of `t`), then transposed.
+    // Packed as one panel `t` wide (`kb` rows of `t`), then transposed a tile at a time.
     let mut panel = Spare::take();
     panel.resize(kb * t, 0.0);
     b.pack(rows, cols, t, &mut panel);
     values.resize(kb * t, 0.0);
-    for (p, row) in panel.chunks_exact(t).enumerate() {
-        for (j, &v) in row.iter().enumerate() {
-            values[j * kb + p] = v;
-        }
+    for p in (0..kb).step_by(SIDE_TILE) {
+        let rows = SIDE_TILE.min(kb - p);
+        transpose(&panel, p * t, t, rows, t, values, p, kb);
     }
 }
 
@@ -78,7 +75,7 @@ pub(crate) fn columns(
 ///
 /// # Safety
 ///
-/// [`applies`] said so for `t` and `x`; `x` holds `m` rows of `k` values at row stride
+/// [`tail_of`] gave `t` for the product and `x`'s rows are contiguous; `x` holds `m` rows of `k` values at row stride
 /// `x.rs` from its start, `values` holds `t * k` values, `k > 0`, and the block `out` points
 /// to is this call's alone.
 #[allow(unsafe_code, clippy::too_many_arguments)]
@@ -94,7 +91,7 @@ pub(crate) unsafe fn sums(
     #[cfg(target_arch = "x86_64")]
     for i0 in (0..m).step_by(SIDE) {
         for j0 in (0..t).step_by(SIDE) {
-            // SAFETY: the caller's contract (AVX-512F and FMA found by `applies`).
+            // SAFETY: the caller's contract (AVX-512F and FMA found by `tail_of`).
             unsafe { sums_avx512((m, t, k), (i0, j0), &x, values, out, ldd, accumulate, scale) };
         }
     }
@@ -229,7 +226,8 @@ mod tests {
     use crate::ops::sgemm::{direct_f64, Finish, Shared};
 
     /// Products whose last panel has at most [`MAX_TAIL`] columns (1, 4, 7 and 8 after one
-    /// and two whole panels; and 16, and none, not computed here), through `unpacked_product`
+    /// and two whole panels; and 16, none, and 5 columns in all, not computed here), through
+    /// `unpacked_product`
     /// with `x`'s rows
     /// contiguous, so that the last columns come here: against a direct product in f64
     /// (values exact in f32, so the order of the sums does not matter), rows not a multiple
@@ -242,12 +240,13 @@ mod tests {
         let Some(pk) = Packing::detect() else {
             return;
         };
-        if !applies(1, &Mat::rows(&[0.0], 1)) {
+        if tail_of(pk.mr + 1, pk.mr) != 1 {
             return;
         }
         assert!(pk.block(1100) < 1100, "more than one block of k");
         for (m, k) in [(9, 37), (4, 16), (1, 300), (130, 1100)] {
             for n in [
+                5,
                 pk.mr + 1,
                 pk.mr + 4,
                 2 * pk.mr + 7,

@@ -120,20 +120,19 @@ impl Packing {
     /// of a panel (AVX-512): a full panel 3 registers' worth, a last partial one of `r`
     /// registers one register's worth plus 2/3 of one per register, and a last one of a few
     /// columns after whole ones, computed by dot products ([`super::dots`]), a unit per 4
-    /// columns (with which ResNet's 56 x 56 Winograd layers take blocks of 7 tile rows,
-    /// measured 0.97 of the time with 9 on a single convolution of that shape). Measured on Winograd's products of 196 columns (three panels and
-    /// one register of 4 columns) in a single convolution of ResNet's 64-channel 3x3 shape on
-    /// 56 x 56: the last panel's microkernels took half as long as a full one's (`perf`, 1
-    /// thread); by dot products, 1x1 convolutions of 256 → 1024 and 1024 → 256 channels on
-    /// 14 x 14 took 1.04–1.05x the time (medians) of the same ones on 12 x 16 scaled by 196 /
-    /// 192, against 1.13–1.14x before (BENCHMARKS.md, issue 14).
+    /// columns. The partial panel's cost was measured on Winograd's products of 196 columns
+    /// (three panels and one register of 4 columns) in a single convolution of ResNet's
+    /// 64-channel 3x3 shape on 56 x 56: its microkernels took half as long as a full panel's
+    /// (`perf`, 1 thread). The dot products' unit: with it ResNet's 56 x 56 Winograd layers
+    /// take blocks of 7 tile rows rather than 9, 0.97 of the time on that single convolution,
+    /// level on torchvision's ResNet-18 and ResNet-50 (1.00 and 1.01; BENCHMARKS.md, issue 14).
     pub(crate) fn columns_cost(&self, n: usize) -> usize {
         let regs = self.mr / self.lanes;
         let (whole, tail) = (n / self.mr * 3 * regs, n % self.mr);
-        match tail {
-            0 => whole,
-            t if whole > 0 && super::dots::takes(t) => whole + t.div_ceil(4),
-            t => whole + regs + 2 * t.div_ceil(self.lanes),
+        match (tail, super::dots::tail_of(n, self.mr)) {
+            (0, _) => whole,
+            (_, dots) if dots > 0 => whole + dots.div_ceil(4),
+            (t, _) => whole + regs + 2 * t.div_ceil(self.lanes),
         }
     }
 
@@ -723,8 +722,7 @@ struct Panels<'t> {
 ///
 /// # Safety
 ///
-/// `x` fits the rows and columns read (its rows contiguous where there is a tail:
-/// `dots::applies`), `panels.data` holds the panels' values, and `out` holds rows `rows` by
+/// `x` fits the rows and columns read (its rows contiguous where there is a tail), `panels.data` holds the panels' values, and `out` holds rows `rows` by
 /// columns `panels.cols` and the tail's at row stride `ldd` (both from `origin` on), which
 /// nothing else touches meanwhile.
 #[allow(unsafe_code, clippy::too_many_arguments)]
@@ -786,7 +784,7 @@ unsafe fn kernels(
             };
             let at = (rows.start - origin.0) * ldd + cols.start - origin.1;
             let dims = (rows.len(), cols.len(), kb);
-            // SAFETY: the caller's contract: rows `rows` of x (contiguous, `dots::applies`)
+            // SAFETY: the caller's contract: rows `rows` of x (contiguous: `unpacked_product`)
             // from column p0, the tail's values for this block of k, and its columns of out.
             unsafe { super::dots::sums(dims, x, values, out.0.add(at), ldd, status != 0, scale) };
         }
@@ -928,18 +926,18 @@ impl Columns for Mat<'_> {
 
 /// `out = (accumulate ? out : 0) + scale * x @ b` for `x: [m, k]` and an unpacked
 /// `b: [k, n]` (a matrix of any strides, or what [`Columns`] writes), on this thread, through
-/// the same microkernels as a packed
-/// weight: `b` is packed a run of panels at a time (the columns that fit the L2 cache, one
-/// block of `kc` rows) into a buffer this thread keeps, and the rows of `x` run against each
-/// run. A last panel of a few columns after whole ones (a 14 x 14 plane's 196 columns:
-/// three panels and 4) is computed by dot products instead ([`super::dots`]), with the last
-/// run. With `finish`, each row's stretch of a run is handed to it after the last
-/// block of `k` has been added (row and first column relative to `out`). Nothing is allocated after a
-/// thread's first product of a size: the gemm crate's own
-/// product allocates its packing buffers on every call, from one heap under one lock with
-/// [`crate::retain_freed_memory`]. On a 16-core machine the products of ResNet-18's Winograd
-/// blocks at batch 1 (16 calls a block) took 5x as long on 16 threads as on 8, each with
-/// half the work; those allocations, 16 threads at once, are the suspect (BENCHMARKS.md,
+/// the same microkernels as a packed weight: `b` is packed a run of panels at a time (the
+/// columns that fit the L2 cache, one block of `kc` rows) into a buffer this thread keeps,
+/// and the rows of `x` run against each run. A last panel of a few columns after whole ones
+/// (a 14 x 14 plane's 196 columns: three panels and 4) is computed by dot products instead
+/// ([`super::dots`], where `x`'s rows are contiguous), with the last run. With `finish`,
+/// each row's stretch of a run is handed to it after the last block of `k` has been added
+/// (row and first column relative to `out`). Nothing is allocated after a thread's first
+/// product of a size: the gemm crate's own product allocates its packing buffers on every
+/// call, from one heap under one lock with [`crate::retain_freed_memory`]. On a 16-core
+/// machine the products of ResNet-18's Winograd blocks at batch 1 (16 calls a block) took 5x
+/// as long on 16 threads as on 8, each with half the work; those allocations, 16 threads at
+/// once, are the suspect (BENCHMARKS.md,
 /// issue 14).
 ///
 /// # Safety
@@ -976,16 +974,18 @@ pub(crate) unsafe fn unpacked_product(
     let buf = &mut spare[start..];
     // A last panel of a few columns after whole ones: its columns by dot products instead
     // (`dots`), row by row with the last run's panels.
-    let spill = n % mr;
-    let dots = n > mr && super::dots::applies(spill, &x);
-    let in_panels = if dots { n - spill } else { n };
-    let mut values = Spare::take();
+    let spill = match x.cs {
+        1 => super::dots::tail_of(n, mr),
+        _ => 0,
+    };
+    let in_panels = n - spill;
+    let mut values = (spill > 0).then(Spare::take);
     let mut p0 = 0;
     while p0 < k {
         let kb = kc.min(k - p0);
         let status = if p0 == 0 && !accumulate { 0 } else { 1 };
-        if dots {
-            super::dots::columns(b, p0..p0 + kb, in_panels..n, &mut values);
+        if let Some(values) = values.as_deref_mut() {
+            super::dots::columns(b, p0..p0 + kb, in_panels..n, values);
         }
         let mut j0 = 0;
         while j0 < in_panels {
@@ -1006,7 +1006,10 @@ pub(crate) unsafe fn unpacked_product(
                 data: buf.as_ptr(),
                 cols: j0..j1,
                 kb,
-                tail: (dots && j1 == in_panels).then_some((in_panels..n, &values[..])),
+                tail: values
+                    .as_deref()
+                    .filter(|_| j1 == in_panels)
+                    .map(|v| (in_panels..n, &v[..])),
             };
             let last = p0 + kb == k;
             let finish = finish.filter(|_| last);
