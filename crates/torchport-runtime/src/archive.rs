@@ -33,8 +33,8 @@ pub fn read(path: &Path) -> Result<(ExportedProgram, HashMap<String, Tensor>)> {
 /// The opened archive and its program; the weights are decoded later by [`decode`], once
 /// the caller knows the layout each should have.
 pub(crate) fn open(path: &Path) -> Result<(Checkpoint, ExportedProgram)> {
-    let mut ckpt = open_pt2(path)?;
-    let ep = program(path, &mut ckpt)?;
+    let ckpt = open_pt2(path)?;
+    let ep = program(path, &ckpt)?;
     Ok((ckpt, ep))
 }
 
@@ -503,14 +503,16 @@ fn view(
 
 /// The program of the `.pt2` archive at `path`, without decoding its weights or constants.
 pub fn read_program(path: &Path) -> Result<ExportedProgram> {
-    program(path, &mut open_pt2(path)?)
+    program(path, &open_pt2(path)?)
 }
 
-/// Open `path` with torchport's reader, refusing anything but a `.pt2` archive.
-fn open_pt2(path: &Path) -> Result<Checkpoint> {
+/// Open `path` with torchport's reader, refusing anything but a `.pt2` archive. Its program
+/// is left unparsed (`torchport::open_pt2_unparsed`), for [`program`] to parse: a caller
+/// with threads to spare maps the archive's pages in meanwhile ([`populate`]).
+pub(crate) fn open_pt2(path: &Path) -> Result<Checkpoint> {
     // Read as a .pt2 archive without detecting the format first (detection parses a zip's
     // directory once more than the read does).
-    let refused = match torchport::open_as(path, Format::Pt2, &torchport::Limits::default()) {
+    let refused = match torchport::open_pt2_unparsed(path, &torchport::Limits::default()) {
         Ok(ckpt) => return Ok(ckpt),
         Err(e) => e,
     };
@@ -533,9 +535,8 @@ fn open_pt2(path: &Path) -> Result<Checkpoint> {
     Ok(ckpt)
 }
 
-/// The one program of an opened archive in the core's IR: as the open parsed it, or, where
-/// the IR could not, parsed again for the reason.
-fn program(path: &Path, ckpt: &mut Checkpoint) -> Result<ExportedProgram> {
+/// The one program of an archive [`open_pt2`] opened, parsed into the core's IR.
+pub(crate) fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram> {
     let programs: Vec<(&str, &[u8])> = ckpt.programs().collect();
     let [(record, _)] = programs[..] else {
         let records: Vec<&str> = programs.iter().map(|p| p.0).collect();
@@ -548,11 +549,7 @@ fn program(path: &Path, ckpt: &mut Checkpoint) -> Result<ExportedProgram> {
             ),
         });
     };
-    let record = record.to_string();
-    if let Some(ep) = ckpt.take_program(&record) {
-        return Ok(ep);
-    }
-    let json = ckpt.programs().next().map_or(&[][..], |p| p.1);
+    let (record, json) = (record.to_string(), programs[0].1);
     schema::parse_program(json).map_err(|e| Error::Schema {
         path: path.to_path_buf(),
         record,

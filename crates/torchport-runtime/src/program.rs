@@ -623,20 +623,23 @@ fn read_for_build(
     path: &Path,
     pack: bool,
 ) -> Result<(ExportedProgram, FastMap<String, Tensor>, Decoded)> {
-    let (ckpt, mut ep) = crate::archive::open(path)?;
-    // While the graph is planned, another thread of the pool maps a small archive's pages
-    // into the process (`archive::populate`), which the decode would otherwise fault in as
-    // it reads them.
+    let ckpt = crate::archive::open_pt2(path)?;
+    // While the program is parsed and the graph planned, another thread of the pool maps a
+    // small archive's pages into the process (`archive::populate`), which the decode would
+    // otherwise fault in as it reads them.
     let threads = rayon::current_num_threads();
     let (decoded, ()) = rayon::join(
-        || plan_and_decode(&ckpt, &mut ep, pack),
+        || {
+            let mut ep = crate::archive::program(path, &ckpt)?;
+            plan_and_decode(&ckpt, &mut ep, pack).map(|(payloads, decoded)| (ep, payloads, decoded))
+        },
         || {
             if threads > 1 {
                 crate::archive::populate(&ckpt)
             }
         },
     );
-    let (payloads, decoded) = decoded?;
+    let (ep, payloads, decoded) = decoded?;
     // Closing the archive unmaps every page the decode mapped (all of a small archive's,
     // `archive::decode`): 8% of MobileNetV3-Large's load samples, on the thread that goes on
     // to build the program. Where the pool has a second thread, which sits idle during the

@@ -130,13 +130,14 @@ fn unknown_schema_version_is_refused() {
 
 #[test]
 fn corrupt_json_is_refused() {
-    // torchport's reader parses the program record first (for its op summary) and refuses it.
+    // The load opens the archive leaving the program unparsed (torchport's reader checks the
+    // records it reads) and parses it itself, naming the file and the record.
     let err = Program::load(fixture("bad_json.pt2")).err().unwrap();
     let msg = err.to_string();
-    assert!(matches!(err, Error::Read(_)), "{msg}");
-    assert!(msg.contains("bad_json.pt2: record "), "{msg}");
+    assert!(matches!(err, Error::Schema { .. }), "{msg}");
+    assert!(msg.contains("bad_json.pt2: "), "{msg}");
     assert!(
-        msg.contains("models/model.json is not a valid program: EOF while parsing"),
+        msg.contains("models/model.json is not a valid exported program: EOF while parsing"),
         "{msg}"
     );
 }

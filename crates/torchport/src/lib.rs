@@ -42,7 +42,9 @@ pub mod write;
 
 pub mod security;
 
-pub use checkpoint::{open, open_as, open_bytes, open_bytes_as, open_with, Checkpoint};
+pub use checkpoint::{
+    open, open_as, open_bytes, open_bytes_as, open_pt2_unparsed, open_with, Checkpoint,
+};
 pub use dtype::{DType, ALL_DTYPES};
 pub use error::{Error, Remedy, Result};
 pub use format::{detect, detect_file, Format};

@@ -145,3 +145,52 @@ fn pt2_programs_are_parsed_once_at_open() {
     let record = ckpt.programs().next().unwrap().0.to_string();
     assert!(ckpt.take_program(&record).is_none());
 }
+
+/// `open_pt2_unparsed` reads a `.pt2` archive as `open` does (torch's tensors, every byte,
+/// and its values) but leaves the programs to the caller: the same records with the same
+/// bytes, none handed over and no ops counted; parsed by `pt2::parse_program`, their nodes
+/// are those the parsed open counted. An archive whose program is damaged opens so, its
+/// tensors listed, where `open` refuses it; the caller's parse then says why.
+#[test]
+fn pt2_programs_can_be_left_unparsed() {
+    let mut programs = 0;
+    for f in expected_files(&fixtures()) {
+        let exp = Expected::from_json(&f);
+        let parsed = exp.open();
+        if parsed.format() != torchport::Format::Pt2 {
+            continue;
+        }
+        let ctx = exp.ctx();
+        let mut ckpt = torchport::open_pt2_unparsed(&exp.file, &Limits::default()).unwrap();
+        check_tensors(&ckpt, &exp, &ctx, |_, _, _, _| {});
+        check_values(&ckpt, &exp, &ctx, true);
+        assert!(ckpt.graph_ops().is_empty(), "{ctx}: ops counted");
+        let records: Vec<(String, Vec<u8>)> = ckpt
+            .programs()
+            .map(|(r, json)| (r.to_string(), json.to_vec()))
+            .collect();
+        let want: Vec<(&str, &[u8])> = parsed.programs().collect();
+        let got: Vec<(&str, &[u8])> = records.iter().map(|(r, j)| (&r[..], &j[..])).collect();
+        assert_eq!(got, want, "{ctx}: program records");
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for (r, json) in &records {
+            assert!(ckpt.take_program(r).is_none(), "{ctx}: {r} handed over");
+            let ep = torchport::pt2::parse_program(json).unwrap();
+            for n in &ep.graph_module.graph.nodes {
+                *counts.entry(n.target.clone()).or_default() += 1;
+            }
+            programs += 1;
+        }
+        let ops: BTreeMap<String, usize> = parsed.graph_ops().iter().cloned().collect();
+        assert_eq!(counts, ops, "{ctx}");
+    }
+    assert!(programs >= 4, "only {programs} programs");
+
+    let bad = fixture_dir("hostile_archives").join("pt2_corrupt_model.pt2");
+    assert!(torchport::open(&bad).is_err());
+    let ckpt = torchport::open_pt2_unparsed(&bad, &Limits::default()).unwrap();
+    assert!(ckpt.tensor("fc.weight").is_some());
+    let json = ckpt.programs().next().unwrap().1;
+    let err = torchport::pt2::parse_program(json).unwrap_err().to_string();
+    assert!(err.contains("key must be a string at line 1"), "{err}");
+}

@@ -159,6 +159,7 @@ unsafe fn transpose_avx512<const STREAM: bool>(
     scale: *const f64,
 ) {
     use std::arch::x86_64::*;
+    align_frame();
     let load: __mmask16 = ((1u32 << cols) - 1) as u16;
     let store: __mmask16 = ((1u32 << wide) - 1) as u16;
     // Loops of constant length (a condition inside), so that the rows stay in registers.
@@ -207,6 +208,24 @@ unsafe fn transpose_avx512<const STREAM: bool>(
             }
         }
     }
+}
+
+/// Gives the function it is inlined into a stack frame aligned to 64 bytes, so that the
+/// AVX-512 registers it spills there each fill one cache line. Without it, such a function's
+/// spill slots were only as aligned as its callers' frames left them (16 bytes): a 64-byte
+/// spill then straddled two lines, and which callers did that changed from build to build:
+/// a change that only moved the program's parse to another thread made ResNet-50's loads on
+/// one thread 30.2–32.4 ms against 25.1–27.9 (`transpose_avx512`, packing the weights, 1.8x
+/// the samples), and 26.1–27.0 with this (BENCHMARKS.md, issue 14).
+#[inline(always)]
+pub(crate) fn align_frame() {
+    /// One cache line's worth of bytes, aligned as one.
+    #[repr(align(64))]
+    struct Line(#[allow(dead_code)] [u8; 64]);
+    // A local (not a promoted constant), opaque to the optimiser: it stays in the frame,
+    // which is then aligned for it.
+    let line = Line([0; 64]);
+    std::hint::black_box(&line);
 }
 
 /// Transposes a 16 x 16 matrix of floats held as 16 rows: pairs of rows interleaved, then

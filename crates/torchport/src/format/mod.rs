@@ -85,6 +85,13 @@ pub(crate) fn open(path: &Path, limits: &Limits, format: Option<Format>) -> Resu
     dispatch(path, &file, limits, true, format)
 }
 
+/// [`open`] of a `.pt2` archive (no detection) that keeps its programs' bytes unparsed
+/// (`pt2::read_with`).
+pub(crate) fn open_pt2_unparsed(path: &Path, limits: &Limits) -> Result<Parts> {
+    let file = FileBytes::open(path)?;
+    pt2::read_with(path, &file, limits, false)
+}
+
 /// Read a checkpoint held in memory; `path` only names it in messages. `format`: read it as
 /// that format, or as the detected one when `None`.
 pub(crate) fn read(

@@ -52,12 +52,24 @@ pub(crate) fn looks_like<S: AsRef<str>>(names: &[S]) -> bool {
 const V0_PROGRAM: &str = "serialized_exported_program.json";
 
 pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Parts> {
+    read_with(path, file, limits, true)
+}
+
+/// [`read`]; `parse`: whether each program is parsed (into the typed IR, its ops counted)
+/// or only its bytes kept, for a caller that parses it itself (`open_pt2_unparsed`).
+pub(crate) fn read_with(
+    path: &Path,
+    file: &FileBytes,
+    limits: &Limits,
+    parse: bool,
+) -> Result<Parts> {
     let ar = Archive::new(path, file, limits)?;
     let names = ar.names();
     let mut b = Builder {
         path,
         ar,
         limits,
+        parse,
         order: None,
         weights: Group::default(),
         constants: Group::default(),
@@ -133,6 +145,8 @@ struct Builder<'a> {
     path: &'a Path,
     ar: Archive<'a>,
     limits: &'a Limits,
+    /// Whether programs are parsed ([`read_with`]).
+    parse: bool,
     order: Option<ByteOrder>,
     weights: Group,
     constants: Group,
@@ -258,11 +272,16 @@ impl Builder<'_> {
     /// Read a program record: parse it with the typed IR, kept for a runtime (a program is
     /// up to megabytes of JSON, parsed once per load), and count its ops; where the IR
     /// refuses it (another schema major version, a union member added by a newer torch),
-    /// count them from the lenient view of the targets alone. Keep its bytes.
+    /// count them from the lenient view of the targets alone. Keep its bytes. Not parsed
+    /// where the builder does not parse programs: only its bytes are kept.
     fn program(&mut self, record: &str) -> Result<()> {
         let bytes = self.ar.record(record)?;
-        let parsed = crate::pt2::parse_program(bytes.bytes()).ok().map(Box::new);
+        let parsed = match self.parse {
+            true => crate::pt2::parse_program(bytes.bytes()).ok().map(Box::new),
+            false => None,
+        };
         match &parsed {
+            _ if !self.parse => {}
             Some(ep) => {
                 let nodes = &ep.graph_module.graph.nodes;
                 self.count_ops(nodes.iter().map(|n| n.target.as_str()))

@@ -74,6 +74,8 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     g: &PlaneGeometry,
 ) {
     use std::arch::x86_64::*;
+    // Its spills (a few registers) on whole cache lines.
+    crate::ops::tile::align_frame();
     const P: usize = 4;
     // Output rows summed together: four, or two for a 5x5 kernel at stride 2 (whose four
     // would need 11 input rows and more registers than there are).
