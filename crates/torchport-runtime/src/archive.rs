@@ -538,7 +538,7 @@ pub(crate) fn open_pt2(path: &Path) -> Result<Checkpoint> {
 /// The one program of an archive [`open_pt2`] opened, parsed into the core's IR.
 pub(crate) fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram> {
     let programs: Vec<(&str, &[u8])> = ckpt.programs().collect();
-    let [(record, _)] = programs[..] else {
+    let [(record, json)] = programs[..] else {
         let records: Vec<&str> = programs.iter().map(|p| p.0).collect();
         return Err(Error::Archive {
             path: path.to_path_buf(),
@@ -549,10 +549,9 @@ pub(crate) fn program(path: &Path, ckpt: &Checkpoint) -> Result<ExportedProgram>
             ),
         });
     };
-    let (record, json) = (record.to_string(), programs[0].1);
     schema::parse_program(json).map_err(|e| Error::Schema {
         path: path.to_path_buf(),
-        record,
+        record: record.to_string(),
         what: e.to_string(),
     })
 }

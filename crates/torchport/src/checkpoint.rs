@@ -67,14 +67,14 @@ pub fn open_as(path: impl AsRef<Path>, format: Format, limits: &Limits) -> Resul
     open_path(path.as_ref(), limits, Some(format))
 }
 
-/// [`open_as`] a `.pt2` archive, leaving its programs unparsed: for a caller that parses the
-/// program itself ([`crate::pt2::parse_program`] on the bytes [`Checkpoint::programs`]
-/// gives), later or beside other work. The records are read and checked, and the tensors and
-/// constants listed, as [`open_as`] does; but the programs' JSON is not looked at, so
-/// [`Checkpoint::take_program`] gives `None` and [`Checkpoint::graph_ops`] is empty. The
-/// runtime opens archives so, and maps the archive's pages in on another thread while it
-/// parses the program (EfficientNet-B0's program took 0.96–0.98 ms of a 4.5–4.6 ms load on
-/// 2 threads; BENCHMARKS.md, issue 14).
+/// [`open_as`] with [`Format::Pt2`], leaving the programs unparsed: for a caller that
+/// parses the program itself ([`crate::pt2::parse_program`] on the bytes
+/// [`Checkpoint::programs`] gives), later or beside other work. The records are read and
+/// checked, and the tensors and constants listed, as [`open_as`] does; but the programs'
+/// JSON is not looked at, so [`Checkpoint::take_program`] gives `None` and
+/// [`Checkpoint::graph_ops`] is empty. The runtime opens archives so, and maps the archive's
+/// pages in on another thread while it parses the program (EfficientNet-B0's program took
+/// 0.96–0.98 ms of a 4.5–4.6 ms load on 2 threads; BENCHMARKS.md, issue 14).
 pub fn open_pt2_unparsed(path: impl AsRef<Path>, limits: &Limits) -> Result<Checkpoint> {
     let path = path.as_ref();
     let mut c = Checkpoint::from_parts(path, format::open_pt2_unparsed(path, limits)?);

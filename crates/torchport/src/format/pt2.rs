@@ -272,16 +272,20 @@ impl Builder<'_> {
     /// Read a program record: parse it with the typed IR, kept for a runtime (a program is
     /// up to megabytes of JSON, parsed once per load), and count its ops; where the IR
     /// refuses it (another schema major version, a union member added by a newer torch),
-    /// count them from the lenient view of the targets alone. Keep its bytes. Not parsed
-    /// where the builder does not parse programs: only its bytes are kept.
+    /// count them from the lenient view of the targets alone. Keep its bytes (only them,
+    /// where the builder does not parse programs).
     fn program(&mut self, record: &str) -> Result<()> {
         let bytes = self.ar.record(record)?;
-        let parsed = match self.parse {
-            true => crate::pt2::parse_program(bytes.bytes()).ok().map(Box::new),
-            false => None,
-        };
+        if !self.parse {
+            self.programs.push(ProgramRecord {
+                record: record.to_string(),
+                bytes,
+                parsed: None,
+            });
+            return Ok(());
+        }
+        let parsed = crate::pt2::parse_program(bytes.bytes()).ok().map(Box::new);
         match &parsed {
-            _ if !self.parse => {}
             Some(ep) => {
                 let nodes = &ep.graph_module.graph.nodes;
                 self.count_ops(nodes.iter().map(|n| n.target.as_str()))
