@@ -1267,8 +1267,80 @@ fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
 /// `TORCHPORT_WAIT_POLICY` ([`wait_policy`]) says how they wait: looking for work and
 /// yielding their CPU between two looks (the default), spinning without yielding (`spin`),
 /// or asleep (`passive`: as rayon's idle threads do, each loop waking them).
+///
+/// After the run, unless the policy is `passive`, the pool's threads keep looking for work a
+/// while longer ([`linger`]), so that the next run finds them awake.
 fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    in_pool_waiting(wait_policy(), f)
+    let policy = wait_policy();
+    let r = in_pool_waiting(policy, f);
+    if policy != WaitPolicy::Passive {
+        linger(lingering(), policy == WaitPolicy::Active);
+    }
+    r
+}
+
+/// Runs [`in_pool`] has ended, so that the threads [`linger`] keeps after one stop when the
+/// next one ends (which keeps them again).
+static RUNS_ENDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long after a run the pool's threads keep looking for work ([`linger`]):
+/// `TORCHPORT_LINGER_MS` milliseconds, else [`LINGER_MS`]. Read once.
+fn lingering() -> std::time::Duration {
+    static LINGER: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *LINGER.get_or_init(|| lingering_named(std::env::var("TORCHPORT_LINGER_MS").ok()))
+}
+
+/// The time a `TORCHPORT_LINGER_MS` value gives, in whole milliseconds (around blanks; `0`
+/// turns lingering off), at most [`MAX_LINGER_MS`]; anything else (or nothing)
+/// [`LINGER_MS`].
+fn lingering_named(value: Option<String>) -> std::time::Duration {
+    let ms = value.and_then(|v| v.trim().parse::<u64>().ok());
+    std::time::Duration::from_millis(ms.map_or(LINGER_MS, |ms| ms.min(MAX_LINGER_MS)))
+}
+
+/// Whether a thread [`linger`] keeps after run `run` (the count of runs ended, with it)
+/// should look for work again: no later run has ended, and less than `time` has passed since
+/// `start`.
+fn still_lingering(run: u64, start: std::time::Instant, time: std::time::Duration) -> bool {
+    RUNS_ENDED.load(Ordering::Acquire) == run && start.elapsed() < time
+}
+
+/// How long the pool's threads keep looking for work after a run unless told otherwise, in
+/// milliseconds: about as long as onnxruntime's threads spun after a run here (35–42 ms).
+const LINGER_MS: u64 = 50;
+
+/// The longest lingering `TORCHPORT_LINGER_MS` may ask for, in milliseconds.
+const MAX_LINGER_MS: u64 = 10_000;
+
+/// Keeps each of the pool's threads (where it has more than one) looking for work, as
+/// [`wait_for_work`] does, for up to `time` after a run or until the next run ends: the
+/// next run's work (its loops, or the run itself) is then taken up by threads already
+/// running, on their own CPUs, rather than by threads woken for it, which this machine's
+/// kernel put on the CPU of the thread that woke them, busy running the program, while the
+/// other CPU sat idle (`perf sched`; the idler the CPUs were, the more so). onnxruntime's
+/// threads spin likewise after a run by default; without that (`allow_spinning` 0) its
+/// MobileNetV3-Large at batch 1 on 2 threads took 8.4 ms a run 100 ms apart, against 4.1
+/// with it. Here, runs 20 ms apart: 7.23 → 5.35 ms; 100 ms apart: 8.45 → 6.34; back to back
+/// 5.64 → 5.09 (BENCHMARKS.md, issue 14). The cost: up to `time` of CPU time per thread
+/// after each run, given up at each look to any other thread waiting for the CPU (with
+/// `yields`, the default policy).
+fn linger(time: std::time::Duration, yields: bool) {
+    if rayon::current_num_threads() < 2 || time.is_zero() {
+        return;
+    }
+    let run = RUNS_ENDED.fetch_add(1, Ordering::AcqRel) + 1;
+    for _ in 0..rayon::current_num_threads() {
+        rayon::spawn(move || {
+            let start = std::time::Instant::now();
+            while still_lingering(run, start, time) {
+                match rayon::yield_now() {
+                    Some(rayon::Yield::Executed) => {}
+                    _ if yields => std::thread::yield_now(),
+                    _ => std::hint::spin_loop(),
+                }
+            }
+        });
+    }
 }
 
 /// How the pool's other threads wait for a run's next parallel loop ([`in_pool`]).
@@ -1494,6 +1566,60 @@ mod tests {
             .insert(name.to_string(), (Source::Columns, (k, n)));
         let err = build(ep, payloads, &decoded).err().unwrap().to_string();
         assert!(err.contains(name) && err.contains("[32, 96]"), "{err}");
+    }
+
+    /// `TORCHPORT_LINGER_MS`: whole milliseconds around blanks, `0` for none, at most
+    /// [`MAX_LINGER_MS`]; anything else the default. A lingering thread stops once another
+    /// run has ended or its time is up. Runs taken up while the pool's threads linger after
+    /// earlier ones (back to back, after pauses shorter and longer than the lingering, from
+    /// two threads at once) give the bits of a run on one thread.
+    #[test]
+    fn lingering_is_named_bounded_and_runs_meanwhile_compute_the_same() {
+        use std::time::{Duration, Instant};
+        for (value, ms) in [
+            (None, LINGER_MS),
+            (Some("0"), 0),
+            (Some(" 20\n"), 20),
+            (Some("-5"), LINGER_MS),
+            (Some("fast"), LINGER_MS),
+            (Some("99999999"), MAX_LINGER_MS),
+        ] {
+            let want = Duration::from_millis(ms);
+            assert_eq!(lingering_named(value.map(String::from)), want, "{value:?}");
+        }
+        let run = RUNS_ENDED.load(Ordering::Acquire);
+        let long = Duration::from_secs(3600);
+        assert!(still_lingering(run, Instant::now(), long));
+        let old = Instant::now() - Duration::from_millis(30);
+        assert!(!still_lingering(run, old, Duration::from_millis(20)));
+        assert!(!still_lingering(run.wrapping_sub(1), Instant::now(), long));
+
+        let zoo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo");
+        let p = Program::load(zoo.join("timm_resnet18d.plain.pt2")).unwrap();
+        let x = crate::npy::read_npy(&zoo.join("timm_resnet18d.input_0.npy")).unwrap();
+        let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let pool = |n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        };
+        let want = bits(&pool(1).install(|| p.run(std::slice::from_ref(&x))).unwrap()[0]);
+        let two = pool(2);
+        let run = || bits(&two.install(|| p.run(std::slice::from_ref(&x))).unwrap()[0]);
+        for pause in [0, 0, 5, 0, 80] {
+            assert_eq!(run(), want, "after a pause of {pause} ms");
+            std::thread::sleep(Duration::from_millis(pause));
+        }
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..3 {
+                        assert_eq!(run(), want, "two threads at once");
+                    }
+                });
+            }
+        });
     }
 
     /// `TORCHPORT_WAIT_POLICY`: `passive` and `spin` in any case (and around blanks) name
