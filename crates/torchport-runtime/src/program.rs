@@ -1299,10 +1299,15 @@ fn lingering_named(value: Option<String>) -> std::time::Duration {
 }
 
 /// Whether a thread [`linger`] keeps after run `run` (the count of runs ended, with it)
-/// should look for work again: no later run has ended, and less than `time` has passed since
-/// `start`.
-fn still_lingering(run: u64, start: std::time::Instant, time: std::time::Duration) -> bool {
-    RUNS_ENDED.load(Ordering::Acquire) == run && start.elapsed() < time
+/// should look for work again, `ended` runs having ended by now: no later run has ended, and
+/// less than `time` has passed since `start`.
+fn still_lingering(
+    run: u64,
+    ended: u64,
+    start: std::time::Instant,
+    time: std::time::Duration,
+) -> bool {
+    ended == run && start.elapsed() < time
 }
 
 /// How long the pool's threads keep looking for work after a run unless told otherwise, in
@@ -1332,7 +1337,7 @@ fn linger(time: std::time::Duration, yields: bool) {
     for _ in 0..rayon::current_num_threads() {
         rayon::spawn(move || {
             let start = std::time::Instant::now();
-            while still_lingering(run, start, time) {
+            while still_lingering(run, RUNS_ENDED.load(Ordering::Acquire), start, time) {
                 match rayon::yield_now() {
                     Some(rayon::Yield::Executed) => {}
                     _ if yields => std::thread::yield_now(),
@@ -1587,12 +1592,11 @@ mod tests {
             let want = Duration::from_millis(ms);
             assert_eq!(lingering_named(value.map(String::from)), want, "{value:?}");
         }
-        let run = RUNS_ENDED.load(Ordering::Acquire);
         let long = Duration::from_secs(3600);
-        assert!(still_lingering(run, Instant::now(), long));
+        assert!(still_lingering(7, 7, Instant::now(), long));
         let old = Instant::now() - Duration::from_millis(30);
-        assert!(!still_lingering(run, old, Duration::from_millis(20)));
-        assert!(!still_lingering(run.wrapping_sub(1), Instant::now(), long));
+        assert!(!still_lingering(7, 7, old, Duration::from_millis(20)));
+        assert!(!still_lingering(7, 8, Instant::now(), long));
 
         let zoo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo");
         let p = Program::load(zoo.join("timm_resnet18d.plain.pt2")).unwrap();
