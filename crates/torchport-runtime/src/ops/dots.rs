@@ -3,13 +3,14 @@
 //!
 //! The microkernel puts a product's columns along its registers, 64 to a panel. Where the
 //! columns leave a last panel of a few columns (a 14 x 14 plane's 196 pixels: three panels
-//! and 4 columns), that panel's microkernels cost half a full one's for a
-//! sixteenth of its work: single 1x1 convolutions of ResNet-50's 256 → 1024 and 1024 → 256
-//! shapes on 14 x 14 (exported here alone) took 1.13–1.14x the time of the same ones on
-//! 12 x 16 (192 pixels, three full panels) scaled by 196 / 192, and 1.04–1.05x with their
-//! last columns computed here; inside torchvision's ResNet-50 those layers took 0.90–0.92 of
-//! their time before (medians and least times, 1 thread; BENCHMARKS.md, issue 14). Here each of those columns is copied out whole (its `k`
-//! values of a block in a row) and summed against each row of `x` along `k`, four rows by
+//! and 4 columns), that panel's microkernels cost half a full one's for a sixteenth of its
+//! work: single 1x1 convolutions of ResNet-50's 256 → 1024 and 1024 → 256 shapes on 14 x 14
+//! (exported here alone) took 1.13–1.14x the time of the same ones on 12 x 16 (192 pixels,
+//! three full panels) scaled by 196 / 192, and 1.04–1.05x with their last columns computed
+//! here; inside torchvision's ResNet-50 those layers took 0.90–0.92 of their time before
+//! (medians and least times, 1 thread; BENCHMARKS.md, issue 14). Here each of those columns
+//! is copied out whole (its `k` values of a block in a row) and summed against each row of
+//! `x` along `k`, four rows by
 //! four columns at a time (every load feeds four multiply-adds, as in a full panel), right
 //! after the microkernels have run those rows against the last run of panels (a step of
 //! rows at a time, in the nearest cache, where the rows are more than run panel by panel);
@@ -38,15 +39,14 @@ const SIDE: usize = 4;
 pub(crate) fn tail_of(n: usize, mr: usize) -> usize {
     let tail = n % mr.max(1);
     #[cfg(target_arch = "x86_64")]
-    if n > mr
-        && (1..=MAX_TAIL).contains(&tail)
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
-        return tail;
+    let cpu = std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    let cpu = false;
+    match n > mr && (1..=MAX_TAIL).contains(&tail) && cpu {
+        true => tail,
+        false => 0,
     }
-    let _ = tail;
-    0
 }
 
 /// Rows `rows` (a block of `k`) of columns `cols` of `b` (`[k, n]`) into `values`, resized:
@@ -75,9 +75,9 @@ pub(crate) fn columns(
 ///
 /// # Safety
 ///
-/// [`tail_of`] gave `t` for the product and `x`'s rows are contiguous; `x` holds `m` rows of `k` values at row stride
-/// `x.rs` from its start, `values` holds `t * k` values, `k > 0`, and the block `out` points
-/// to is this call's alone.
+/// [`tail_of`] gave `t` for the product and `x`'s rows are contiguous; `x` holds `m` rows
+/// of `k` values at row stride `x.rs` from its start, `values` holds `t * k` values, `k > 0`,
+/// and the block `out` points to is this call's alone.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 pub(crate) unsafe fn sums(
     (m, t, k): (usize, usize, usize),
@@ -227,14 +227,12 @@ mod tests {
 
     /// Products whose last panel has at most [`MAX_TAIL`] columns (1, 4, 7 and 8 after one
     /// and two whole panels; and 16, none, and 5 columns in all, not computed here), through
-    /// `unpacked_product`
-    /// with `x`'s rows
-    /// contiguous, so that the last columns come here: against a direct product in f64
-    /// (values exact in f32, so the order of the sums does not matter), rows not a multiple
-    /// of four and `k` not of 16, more rows than run panel by panel and more than one block
-    /// of `k`, written and added (onto 2.0, scaled by 0.5) into a block inside a wider
-    /// output whose other columns stay as they were; `finish` (adding 1000) handed every
-    /// element once.
+    /// `unpacked_product` with `x`'s rows contiguous, so that the last columns come here:
+    /// against a direct product in f64 (values exact in f32, so the order of the sums does
+    /// not matter), rows not a multiple of four and `k` not of 16, more rows than run panel
+    /// by panel and more than one block of `k`, written and added (onto 2.0, scaled by 0.5)
+    /// into a block inside a wider output whose other columns stay as they were; `finish`
+    /// (adding 1000) handed every element once.
     #[test]
     fn last_columns_match_direct_products() {
         let Some(pk) = Packing::detect() else {

@@ -722,9 +722,10 @@ struct Panels<'t> {
 ///
 /// # Safety
 ///
-/// `x` fits the rows and columns read (its rows contiguous where there is a tail), `panels.data` holds the panels' values, and `out` holds rows `rows` by
-/// columns `panels.cols` and the tail's at row stride `ldd` (both from `origin` on), which
-/// nothing else touches meanwhile.
+/// `x` fits the rows and columns read (its rows contiguous where there is a tail),
+/// `panels.data` holds the panels' values, and `out` holds rows `rows` by columns
+/// `panels.cols` and the tail's at row stride `ldd` (both from `origin` on), which nothing
+/// else touches meanwhile.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 unsafe fn kernels(
     pk: &Packing,
