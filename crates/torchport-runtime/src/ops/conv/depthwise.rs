@@ -258,7 +258,7 @@ mod tests {
             [usize; 2],
             [usize; 2],
         );
-        let cases: [Case; 23] = [
+        let cases: [Case; 24] = [
             // More channels than one block of `depthwise_block` (and a partial one).
             ([2, 70, 7, 7], 1, [5, 5], [1, 1], [2, 2], [1, 1]),
             ([1, 130, 14, 14], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
@@ -277,9 +277,10 @@ mod tests {
             ([1, 2, 7, 15], 1, [3, 3], [1, 2], [0, 3], [2, 3]),
             ([1, 1, 5, 6], 1, [2, 4], [2, 3], [0, 1], [3, 1]),
             // Stride 1 (in place where the CPU can): rows of several chunks of 16, output
-            // heights of one, two and more groups of four rows, padding wider than the taps
-            // reach into the plane, unequal paddings per dim.
+            // heights of one, two and more groups of rows (four, or eight for 3x3), padding
+            // wider than the taps reach into the plane, unequal paddings per dim.
             ([1, 3, 5, 37], 1, [3, 3], [1, 1], [1, 1], [1, 1]),
+            ([1, 2, 19, 21], 1, [3, 3], [1, 1], [1, 1], [1, 1]),
             ([2, 2, 6, 33], 2, [5, 5], [1, 1], [2, 2], [1, 1]),
             ([1, 2, 4, 17], 1, [5, 5], [1, 1], [3, 3], [1, 1]),
             ([1, 2, 3, 20], 1, [3, 3], [1, 1], [0, 4], [1, 1]),

@@ -8,10 +8,12 @@ use crate::ops::conv::Act;
 
 /// One output plane of a depthwise convolution read from its input plane in place
 /// ([`plane_avx512`]), on a CPU, kernel and stride [`Path::in_place_applies`] found able,
-/// then activation `act` over it. Writes every value of `dst`. The activation is a pass of
-/// its own over the plane (in the cache): applied to the sums in registers before they were
-/// stored, silu's constants left the 5x5 kernels short of registers (EfficientNet-B0's 144
-/// channels 5x5 at stride 2 on 56 x 56, 1 thread: 0.29 -> 0.33 ms; BENCHMARKS.md, issue 14).
+/// activated by `act`. Writes every value of `dst`. Relu and hardswish (and silu after a
+/// 3x3 kernel) are applied to the sums in registers as they are stored; silu after a 5x5
+/// kernel is a pass of its own over the plane (in the cache) afterwards: applied in
+/// registers, its constants left those kernels short of registers (EfficientNet-B0's 144
+/// channels 5x5 at stride 2 on 56 x 56, 1 thread: 0.29 -> 0.33 ms), where a pass of its own
+/// had been a tenth of a 3x3 kernel's samples (relu; BENCHMARKS.md, issue 14).
 pub(super) fn plane_in_place(
     dst: &mut [MaybeUninit<f32>],
     src: &[f32],
@@ -35,20 +37,22 @@ pub(super) fn plane_in_place(
     #[allow(unsafe_code)]
     unsafe {
         match (kh, g.stride[0]) {
-            (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, g),
-            (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, g),
-            (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, g),
-            _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, g),
+            (3, 1) => plane_avx512::<3, 3, 1>(dst, src, ker, bias, act, g),
+            (3, _) => plane_avx512::<3, 3, 2>(dst, src, ker, bias, act, g),
+            (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, act, g),
+            _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, act, g),
         }
-        act.apply(crate::ops::fused::assume_written(dst));
+        if act == Act::Silu && kh != 3 {
+            act.apply(crate::ops::fused::assume_written(dst));
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     panic!("depthwise in place: only on x86-64 with AVX-512");
 }
 
 /// [`plane_in_place`] for a `KH x KW` kernel at stride `S` (1 or 2): the output in chunks of
-/// 16 pixels of a row, four rows of a chunk (two for 5x5 at stride 2) summed together in
-/// registers, with the kernel's
+/// 16 pixels of a row, four rows of a chunk (eight for 3x3 at stride 1, two for 5x5 at
+/// stride 2) summed together in registers, with the kernel's
 /// weights held in registers too. Each input row the four need is read once and added into
 /// every output row it reaches: at stride 1 once per tap column, 16 contiguous values; at
 /// stride 2 once for all tap columns, 32 values and the few after them, split into even and
@@ -56,8 +60,9 @@ pub(super) fn plane_in_place(
 /// (two loads per tap column, as before, took about 40% of the 3x3 kernel's time).
 /// The reads are masked loads that leave out the values outside the row (the padding; rows
 /// outside the plane are skipped): no padded copy is made, and each chunk is stored straight
-/// into `dst` (masked where the row ends): every value written once, none read, so its
-/// memory need not be initialised.
+/// into `dst` (masked where the row ends), activated first by `act` where it is relu or
+/// hardswish, or silu for a 3x3 kernel (any other activation is left to the caller): every
+/// value written once, none read, so its memory need not be initialised.
 ///
 /// # Safety
 /// AVX-512F and FMA; `g`'s kernel `KH x KW` (3x3 or 5x5), both strides `S` (1 or 2),
@@ -71,16 +76,26 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     src: &[f32],
     ker: &[f32],
     bias: f32,
+    act: Act,
     g: &PlaneGeometry,
 ) {
     use std::arch::x86_64::*;
     // Its spills (a few registers) on whole cache lines.
     crate::ops::tile::align_frame();
-    const P: usize = 4;
-    // Output rows summed together: four, or two for a 5x5 kernel at stride 2 (whose four
-    // would need 11 input rows and more registers than there are).
-    let rows = if S * (P - 1) + KH <= 9 { P } else { 2 };
-    assert!(S * (rows - 1) + KH <= 9);
+    const P: usize = 8;
+    // Output rows summed together: eight for a 3x3 kernel at stride 1 (ten input rows read
+    // for eight output rows, not six for four: EfficientNet-B0's 3x3 layers 4-19% faster at
+    // batch 1 on 1 thread), else four, or two for a 5x5 kernel at stride 2 (whose four
+    // would need 11 input rows and more registers than there are). Six for a 5x5 kernel at
+    // stride 1 (25 weights and six sums, more than the registers) was not faster.
+    let rows = if S == 1 && KH == 3 {
+        P
+    } else if S * 3 + KH <= 9 {
+        4
+    } else {
+        2
+    };
+    assert!(S * (rows - 1) + KH <= 10);
     let ([h, wd], [oh, ow], [ph, pw]) = ([g.h as isize, g.wd as isize], [g.oh, g.ow], g.pad);
     // Lanes `lo..hi` of a 16-lane mask (none if `hi <= lo`).
     let lanes = |lo: isize, hi: isize| -> __mmask16 {
@@ -164,11 +179,16 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
                     }
                 })*};
             }
-            // Rows 0 .. S * (rows - 1) + KH (at most 9, asserted above).
-            input_row!(0 1 2 3 4 5 6 7 8);
+            // Rows 0 .. S * (rows - 1) + KH (at most 10, asserted above).
+            input_row!(0 1 2 3 4 5 6 7 8 9);
             let keep = lanes(0, (ow - x0) as isize);
-            for (k, a) in acc.iter().enumerate().take(n) {
-                _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, *a);
+            for (k, &a) in acc.iter().enumerate().take(n) {
+                let a = match act {
+                    Act::Relu | Act::Hardswish => act.apply_m512(a),
+                    Act::Silu if KH == 3 => act.apply_m512(a),
+                    _ => a,
+                };
+                _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, a);
             }
         }
     }
