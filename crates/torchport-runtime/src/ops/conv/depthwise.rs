@@ -258,7 +258,7 @@ mod tests {
             [usize; 2],
             [usize; 2],
         );
-        let cases: [Case; 24] = [
+        let cases: [Case; 25] = [
             // More channels than one block of `depthwise_block` (and a partial one).
             ([2, 70, 7, 7], 1, [5, 5], [1, 1], [2, 2], [1, 1]),
             ([1, 130, 14, 14], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
@@ -289,6 +289,7 @@ mod tests {
             ([1, 2, 7, 70], 1, [3, 3], [2, 2], [1, 1], [1, 1]),
             ([2, 2, 9, 40], 2, [3, 3], [2, 2], [0, 0], [1, 1]),
             ([1, 2, 9, 50], 1, [5, 5], [2, 2], [2, 2], [1, 1]),
+            ([1, 2, 23, 40], 1, [5, 5], [2, 2], [2, 2], [1, 1]),
         ];
         for (xs, m, [kh, kw], stride, padding, dilation) in cases {
             let c = xs[1];

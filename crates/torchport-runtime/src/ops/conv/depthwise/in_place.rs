@@ -51,10 +51,9 @@ pub(super) fn plane_in_place(
 }
 
 /// [`plane_in_place`] for a `KH x KW` kernel at stride `S` (1 or 2): the output in chunks of
-/// 16 pixels of a row, four rows of a chunk (eight for 3x3 at stride 1, two for 5x5 at
-/// stride 2) summed together in registers, with the kernel's
-/// weights held in registers too. Each input row the four need is read once and added into
-/// every output row it reaches: at stride 1 once per tap column, 16 contiguous values; at
+/// 16 pixels of a row, four rows of a chunk (eight for 3x3 at stride 1) summed together in
+/// registers, with the kernel's weights held in registers too (most of them). Each input
+/// row those rows need is read once and added into every output row it reaches: at stride 1 once per tap column, 16 contiguous values; at
 /// stride 2 once for all tap columns, 32 values and the few after them, split into even and
 /// odd columns, each tap column's 16 values the evens or odds moved along by a lane or two
 /// (two loads per tap column, as before, took about 40% of the 3x3 kernel's time).
@@ -84,18 +83,14 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     crate::ops::tile::align_frame();
     const P: usize = 8;
     // Output rows summed together: eight for a 3x3 kernel at stride 1 (ten input rows read
-    // for eight output rows, not six for four: EfficientNet-B0's 3x3 layers 4-19% faster at
-    // batch 1 on 1 thread), else four, or two for a 5x5 kernel at stride 2 (whose four
-    // would need 11 input rows and more registers than there are). Six for a 5x5 kernel at
-    // stride 1 (25 weights and six sums, more than the registers) was not faster.
-    let rows = if S == 1 && KH == 3 {
-        P
-    } else if S * 3 + KH <= 9 {
-        4
-    } else {
-        2
-    };
-    assert!(S * (rows - 1) + KH <= 10);
+    // for eight output rows, not six for four), else four (for a 5x5 kernel at stride 2,
+    // eleven input rows, some of its 25 weights then read from the stack, where two output
+    // rows had left it short of independent sums). Single convolutions, 1 thread, against
+    // four and two rows: 144 channels 3x3 on 56 x 56 0.85-0.88x; 5x5 at stride 2, 144
+    // channels 56 -> 28 and 72 channels 56 -> 28, 0.88x each (BENCHMARKS.md, issue 14).
+    // Six rows for a 5x5 kernel at stride 1 were not faster.
+    let rows = if S == 1 && KH == 3 { P } else { 4 };
+    assert!(S * (rows - 1) + KH <= 11);
     let ([h, wd], [oh, ow], [ph, pw]) = ([g.h as isize, g.wd as isize], [g.oh, g.ow], g.pad);
     // Lanes `lo..hi` of a 16-lane mask (none if `hi <= lo`).
     let lanes = |lo: isize, hi: isize| -> __mmask16 {
@@ -179,8 +174,8 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
                     }
                 })*};
             }
-            // Rows 0 .. S * (rows - 1) + KH (at most 10, asserted above).
-            input_row!(0 1 2 3 4 5 6 7 8 9);
+            // Rows 0 .. S * (rows - 1) + KH (at most 11, asserted above).
+            input_row!(0 1 2 3 4 5 6 7 8 9 10);
             let keep = lanes(0, (ow - x0) as isize);
             for (k, &a) in acc.iter().enumerate().take(n) {
                 let a = match act {
