@@ -29,7 +29,11 @@
 //! With TORCHPORT_PROFILE set, also prints the slowest operators (stderr); set to a number N,
 //! each node's time is its least over N profiled runs (a busy machine only adds time), an
 //! operator's the sum of its nodes'. With TORCHPORT_PROFILE_NODES=K too, then the K slowest
-//! nodes, each with its operator and output shape.
+//! nodes, each with its operator and output shape. Then one line of the profiled runs' medians
+//! (over runs 2..=N): the run's wall time and its nodes' times summed, whose difference is
+//! the time between nodes. With TORCHPORT_PROFILE_TABLE=FILE too, every node in the graph's
+//! order goes into FILE, a line each: its median and least milliseconds over the N runs, its
+//! name, operator and output shape (for matching layers across builds or engines).
 
 use std::time::Instant;
 
@@ -118,13 +122,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     times.sort_by(f64::total_cmp);
     if let Some(p) = std::env::var_os("TORCHPORT_PROFILE") {
         let n: usize = p.to_str().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
-        // Each node's least time over the n runs, in graph order.
+        let ms = |t: std::time::Duration| t.as_secs_f64() * 1e3;
+        // Each node's least time over the n runs, in graph order; each run's wall time and
+        // every node's time in it (milliseconds), the first run's wall time aside.
         let mut nodes = program.profile_nodes(&inputs)?.1;
+        let mut per_run = vec![nodes.iter().map(|t| ms(t.time)).collect::<Vec<f64>>()];
+        let mut walls = Vec::with_capacity(n);
         for _ in 1..n {
-            for (least, t) in nodes.iter_mut().zip(program.profile_nodes(&inputs)?.1) {
+            let t0 = Instant::now();
+            let run = program.profile_nodes(&inputs)?.1;
+            walls.push(ms(t0.elapsed()));
+            per_run.push(run.iter().map(|t| ms(t.time)).collect());
+            for (least, t) in nodes.iter_mut().zip(run) {
                 least.time = least.time.min(t.time);
             }
         }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        // Each node's median over the n runs, in graph order.
+        let medians: Vec<f64> = (0..nodes.len())
+            .map(|i| median(per_run.iter().map(|r| r[i]).collect()))
+            .collect();
+        if let Some(path) = std::env::var_os("TORCHPORT_PROFILE_TABLE") {
+            let mut table = String::new();
+            for (node, m) in nodes.iter().zip(&medians) {
+                let (name, op, shape) = (&node.node, &node.op, &node.shape);
+                let least = ms(node.time);
+                table += &format!("{m:.4} {least:.4} {name} {op} {shape:?}\n");
+            }
+            std::fs::write(path, table)?;
+        }
+        let in_nodes = median(per_run.iter().skip(1).map(|r| r.iter().sum()).collect());
         let mut ops: std::collections::HashMap<&str, (std::time::Duration, usize)> =
             std::collections::HashMap::new();
         for node in &nodes {
@@ -133,7 +163,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut ops: Vec<_> = ops.into_iter().collect();
         ops.sort_by_key(|(_, (t, _))| std::cmp::Reverse(*t));
-        let ms = |t: std::time::Duration| t.as_secs_f64() * 1e3;
         for (op, (total, count)) in ops.iter().take(12) {
             eprintln!("{:>9.2} ms {count:>4}x {op}", ms(*total));
         }
@@ -145,6 +174,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for node in nodes.iter().take(shown) {
             let (name, op, shape) = (&node.node, &node.op, &node.shape);
             eprintln!("{:>9.3} ms  {name} {op} {shape:?}", ms(node.time));
+        }
+        if n > 1 {
+            eprintln!(
+                "profiled runs, medians: {:.3} ms a run, {in_nodes:.3} ms in its nodes",
+                median(walls)
+            );
         }
     }
     let peak_rss_mb = proc_status_mb("VmHWM:");
