@@ -53,10 +53,11 @@ pub(super) fn plane_in_place(
 /// [`plane_in_place`] for a `KH x KW` kernel at stride `S` (1 or 2): the output in chunks of
 /// 16 pixels of a row, four rows of a chunk (eight for 3x3 at stride 1) summed together in
 /// registers, with the kernel's weights held in registers too (most of them). Each input
-/// row those rows need is read once and added into every output row it reaches: at stride 1 once per tap column, 16 contiguous values; at
-/// stride 2 once for all tap columns, 32 values and the few after them, split into even and
-/// odd columns, each tap column's 16 values the evens or odds moved along by a lane or two
-/// (two loads per tap column, as before, took about 40% of the 3x3 kernel's time).
+/// row those rows need is read once and added into every output row it reaches: at stride
+/// 1 once per tap column, 16 contiguous values; at stride 2 once for all tap columns, 32
+/// values and the few after them, split into even and odd columns, each tap column's 16
+/// values the evens or odds moved along by a lane or two (two loads per tap column, as
+/// before, took about 40% of the 3x3 kernel's time).
 /// The reads are masked loads that leave out the values outside the row (the padding; rows
 /// outside the plane are skipped): no padded copy is made, and each chunk is stored straight
 /// into `dst` (masked where the row ends), activated first by `act` where it is relu or
@@ -86,7 +87,7 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     // for eight output rows, not six for four), else four (for a 5x5 kernel at stride 2,
     // eleven input rows, some of its 25 weights then read from the stack, where two output
     // rows had left it short of independent sums). Single convolutions, 1 thread, against
-    // four and two rows: 144 channels 3x3 on 56 x 56 0.85-0.88x; 5x5 at stride 2, 144
+    // four and two rows: 144 channels 3x3 on 56 x 56 0.85-0.90x; 5x5 at stride 2, 144
     // channels 56 -> 28 and 72 channels 56 -> 28, 0.88x each (BENCHMARKS.md, issue 14).
     // Six rows for a 5x5 kernel at stride 1 were not faster.
     let rows = if S == 1 && KH == 3 { P } else { 4 };
