@@ -123,28 +123,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = std::env::var_os("TORCHPORT_PROFILE") {
         let n: usize = p.to_str().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
         let ms = |t: std::time::Duration| t.as_secs_f64() * 1e3;
-        // Each node's least time over the n runs, in graph order; each run's wall time and
-        // every node's time in it (milliseconds), the first run's wall time aside.
+        // Every node's time in each of the n runs (in graph order), and each run's wall time
+        // but the first's.
         let mut nodes = program.profile_nodes(&inputs)?.1;
-        let mut per_run = vec![nodes.iter().map(|t| ms(t.time)).collect::<Vec<f64>>()];
+        let node_times = |run: &[torchport_runtime::NodeTime]| -> Vec<std::time::Duration> {
+            run.iter().map(|t| t.time).collect()
+        };
+        let mut per_run = vec![node_times(&nodes)];
         let mut walls = Vec::with_capacity(n);
         for _ in 1..n {
             let t0 = Instant::now();
             let run = program.profile_nodes(&inputs)?.1;
-            walls.push(ms(t0.elapsed()));
-            per_run.push(run.iter().map(|t| ms(t.time)).collect());
-            for (least, t) in nodes.iter_mut().zip(run) {
-                least.time = least.time.min(t.time);
-            }
+            walls.push(t0.elapsed());
+            per_run.push(node_times(&run));
         }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        let median = |mut v: Vec<std::time::Duration>| {
+            v.sort();
+            v.get(v.len() / 2).map_or(f64::NAN, |&t| ms(t))
         };
-        // Each node's median over the n runs, in graph order.
+        // Each node's time is its least over the runs; its median goes into the table.
         let medians: Vec<f64> = (0..nodes.len())
             .map(|i| median(per_run.iter().map(|r| r[i]).collect()))
             .collect();
+        for (i, node) in nodes.iter_mut().enumerate() {
+            node.time = per_run.iter().map(|r| r[i]).min().unwrap_or(node.time);
+        }
         if let Some(path) = std::env::var_os("TORCHPORT_PROFILE_TABLE") {
             let mut table = String::new();
             for (node, m) in nodes.iter().zip(&medians) {

@@ -42,12 +42,22 @@ pub(super) fn plane_in_place(
             (5, 1) => plane_avx512::<5, 5, 1>(dst, src, ker, bias, act, g),
             _ => plane_avx512::<5, 5, 2>(dst, src, ker, bias, act, g),
         }
-        if act == Act::Silu && kh != 3 {
+        if !stored_activated(act, kh) {
             act.apply(crate::ops::fused::assume_written(dst));
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     panic!("depthwise in place: only on x86-64 with AVX-512");
+}
+
+/// Whether [`plane_avx512`] applies `act` to the sums as it stores them (relu and hardswish,
+/// and silu after a `kh x kh` kernel of 3): else the caller applies it to the written plane.
+fn stored_activated(act: Act, kh: usize) -> bool {
+    match act {
+        Act::Relu | Act::Hardswish => true,
+        Act::Silu => kh == 3,
+        Act::None => false,
+    }
 }
 
 /// [`plane_in_place`] for a `KH x KW` kernel at stride `S` (1 or 2): the output in chunks of
@@ -60,9 +70,9 @@ pub(super) fn plane_in_place(
 /// before, took about 40% of the 3x3 kernel's time).
 /// The reads are masked loads that leave out the values outside the row (the padding; rows
 /// outside the plane are skipped): no padded copy is made, and each chunk is stored straight
-/// into `dst` (masked where the row ends), activated first by `act` where it is relu or
-/// hardswish, or silu for a 3x3 kernel (any other activation is left to the caller): every
-/// value written once, none read, so its memory need not be initialised.
+/// into `dst` (masked where the row ends), activated first by `act` where
+/// [`stored_activated`] says so (any other activation is left to the caller): every value
+/// written once, none read, so its memory need not be initialised.
 ///
 /// # Safety
 /// AVX-512F and FMA; `g`'s kernel `KH x KW` (3x3 or 5x5), both strides `S` (1 or 2),
@@ -86,12 +96,16 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
     // Output rows summed together: eight for a 3x3 kernel at stride 1 (ten input rows read
     // for eight output rows, not six for four), else four (for a 5x5 kernel at stride 2,
     // eleven input rows, some of its 25 weights then read from the stack, where two output
-    // rows had left it short of independent sums). Single convolutions, 1 thread, against
-    // four and two rows: 144 channels 3x3 on 56 x 56 0.85-0.90x; 5x5 at stride 2, 144
-    // channels 56 -> 28 and 72 channels 56 -> 28, 0.88x each (BENCHMARKS.md, issue 14).
-    // Six rows for a 5x5 kernel at stride 1 were not faster.
+    // rows had left it short of independent sums). Against four and two rows, with the
+    // activations in registers, 1 thread, batch 1: torchvision's MobileNetV3-Large's 5x5
+    // layer at stride 2 0.079 -> 0.059 ms; single convolutions exported alone (shaped as
+    // those models' layers) 0.85-0.90x for 3x3 (144 channels on 56 x 56) and 0.88x for
+    // 5x5 at stride 2 (144 and 72 channels, 56 -> 28). Both changes together took
+    // EfficientNet-B0's and MobileNetV3's 3x3 layers 0.86-0.94x their time (BENCHMARKS.md,
+    // issue 14). Six rows for a 5x5 kernel at stride 1 were not faster.
     let rows = if S == 1 && KH == 3 { P } else { 4 };
     assert!(S * (rows - 1) + KH <= 11);
+    let activate = stored_activated(act, KH);
     let ([h, wd], [oh, ow], [ph, pw]) = ([g.h as isize, g.wd as isize], [g.oh, g.ow], g.pad);
     // Lanes `lo..hi` of a 16-lane mask (none if `hi <= lo`).
     let lanes = |lo: isize, hi: isize| -> __mmask16 {
@@ -179,10 +193,9 @@ unsafe fn plane_avx512<const KH: usize, const KW: usize, const S: usize>(
             input_row!(0 1 2 3 4 5 6 7 8 9 10);
             let keep = lanes(0, (ow - x0) as isize);
             for (k, &a) in acc.iter().enumerate().take(n) {
-                let a = match act {
-                    Act::Relu | Act::Hardswish => act.apply_m512(a),
-                    Act::Silu if KH == 3 => act.apply_m512(a),
-                    _ => a,
+                let a = match activate {
+                    true => act.apply_m512(a),
+                    false => a,
                 };
                 _mm512_mask_storeu_ps(d.add((y + k) * ow + x0), keep, a);
             }
