@@ -232,11 +232,11 @@ impl Checkpoint {
     }
 
     /// For a program (`.pt2`): the program of record `record` (a name [`Checkpoint::programs`]
-    /// lists) as the typed IR parsed it at open, handed over, so that a runtime does not parse
+    /// lists) as the typed IR parsed it at open, handed over, so that a caller does not parse
     /// the JSON a second time. `None` where the IR could not parse the record (opening still
     /// counts its ops, [`Checkpoint::graph_ops`], from a lenient view of the targets alone;
     /// [`crate::pt2::parse_program`] on its bytes says why), where no record has that name,
-    /// or once taken.
+    /// where the archive was opened unparsed ([`crate::open_pt2_unparsed`]), or once taken.
     pub fn take_program(&mut self, record: &str) -> Option<crate::pt2::ExportedProgram> {
         let p = self.programs.iter_mut().find(|p| p.record == record)?;
         p.parsed.take().map(|ep| *ep)

@@ -42,8 +42,8 @@ pub(crate) struct ProgramRecord {
     pub record: String,
     /// Its JSON bytes, as stored.
     pub bytes: Storage,
-    /// The typed IR, where it parsed the record at open (a runtime takes it rather than
-    /// parsing the JSON again).
+    /// The typed IR, where it parsed the record at open ([`crate::Checkpoint::take_program`]
+    /// hands it over; `None` for an archive opened unparsed).
     pub parsed: Option<Box<crate::pt2::ExportedProgram>>,
 }
 

@@ -269,8 +269,9 @@ impl Builder<'_> {
         })
     }
 
-    /// Read a program record: parse it with the typed IR, kept for a runtime (a program is
-    /// up to megabytes of JSON, parsed once per load), and count its ops; where the IR
+    /// Read a program record: parse it with the typed IR, kept for a caller that takes it
+    /// ([`crate::Checkpoint::take_program`]; torchport's runtime opens archives unparsed and
+    /// parses the program itself, beside other work), and count its ops; where the IR
     /// refuses it (another schema major version, a union member added by a newer torch),
     /// count them from the lenient view of the targets alone. Keep its bytes (only them,
     /// where the builder does not parse programs).
