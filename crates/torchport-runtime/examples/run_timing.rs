@@ -3,6 +3,8 @@
 //! ```sh
 //! cargo run --release -p torchport-runtime --example run_timing -- MODEL.pt2 X.npy [Y.npy ...] --runs 20
 //! ```
+//! MODEL may also be a TorchScript archive (`torch.jit.save`), run by `ScriptProgram` (no
+//! per-node profile there).
 //! With `--serve` instead of `--runs`, it prints `ready` after the warm-up, then runs once for
 //! each line it reads on stdin and prints that run's milliseconds, until stdin closes; then
 //! the JSON line below over those runs (how benches/run_bench.py --paired alternates engines
@@ -37,8 +39,33 @@
 
 use std::time::Instant;
 
+use torchport_runtime::candle_core::Tensor;
 use torchport_runtime::npy::read_npy;
-use torchport_runtime::Program;
+use torchport_runtime::{Program, ScriptProgram};
+
+/// What `run_timing` times: an exported program, or a TorchScript archive (run by the
+/// TorchScript front end; no per-node profile there).
+#[allow(clippy::large_enum_variant)] // one value, held for the whole run
+enum Model {
+    Program(Program),
+    Script(ScriptProgram),
+}
+
+impl Model {
+    fn load(path: &str, script: bool) -> torchport_runtime::Result<Model> {
+        Ok(match script {
+            true => Model::Script(ScriptProgram::load(path)?),
+            false => Model::Program(Program::load(path)?),
+        })
+    }
+
+    fn run(&self, inputs: &[Tensor]) -> torchport_runtime::Result<Vec<Tensor>> {
+        match self {
+            Model::Program(p) => p.run(inputs),
+            Model::Script(p) => p.run(inputs),
+        }
+    }
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // As the CLI does, unless CANDLE_NUM_THREADS is set (for comparison).
@@ -72,9 +99,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("TORCHPORT_RETURN_FREED").is_none() {
         torchport_runtime::retain_freed_memory();
     }
+    let script = ScriptProgram::is_torchscript(model)?;
     let cpu_load0 = cpu_ticks();
     let t0 = Instant::now();
-    let program = Program::load(model)?;
+    let program = Model::load(model, script)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let load_cpu_ms = match (cpu_load0, cpu_ticks()) {
         (Some(a), Some(b)) => (b - a) as f64 * 10.0,
@@ -120,7 +148,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => f64::NAN,
     };
     times.sort_by(f64::total_cmp);
-    if let Some(p) = std::env::var_os("TORCHPORT_PROFILE") {
+    let profile = std::env::var_os("TORCHPORT_PROFILE");
+    if let (Some(_), Model::Script(_)) = (&profile, &program) {
+        eprintln!("TORCHPORT_PROFILE: no per-node profile for a TorchScript archive");
+    }
+    if let (Some(p), Model::Program(program)) = (profile, &program) {
         let n: usize = p.to_str().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
         let ms = |t: std::time::Duration| t.as_secs_f64() * 1e3;
         // Every node's time in each of the n runs (in graph order), and each run's wall time
@@ -197,7 +229,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut load_again_ms = f64::NAN;
     for _ in 1..loads {
         let t = Instant::now();
-        let again = Program::load(model)?;
+        let again = Model::load(model, script)?;
         load_again_ms = load_again_ms.min(t.elapsed().as_secs_f64() * 1e3);
         drop(again);
     }

@@ -1270,7 +1270,7 @@ fn last_uses(ep: &ExportedProgram, outputs: &[Argument]) -> Vec<Vec<String>> {
 ///
 /// After the run, unless the policy is `passive`, the pool's threads keep looking for work a
 /// while longer ([`linger`]), so that the next run finds them awake.
-fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+pub(crate) fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let policy = wait_policy();
     let r = in_pool_waiting(policy, f);
     if policy != WaitPolicy::Passive {

@@ -61,14 +61,44 @@ pub fn pin_pool_threads() -> Result<bool, rayon::ThreadPoolBuildError> {
         if threads == 0 || threads > cpus.len() {
             return Ok(false);
         }
+        let bound = cpus.clone();
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
-            .start_handler(move |i| bind_to(cpus[i % cpus.len()]))
+            .start_handler(move |i| bind_to(bound[i % bound.len()]))
             .build_global()?;
+        // The TorchScript evaluator's pool, if built later, binds its threads the same way.
+        let _ = PINNED_CPUS.set(cpus);
         Ok(true)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     Ok(false)
+}
+
+/// The CPUs [`pin_pool_threads`] bound the global pool's threads to, in order.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+static PINNED_CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+
+/// The pool the TorchScript evaluator runs on (`ScriptProgram::run`): as many threads as the
+/// pool of the first caller (rayon's global pool, unless called from inside another), each
+/// with a stack of `stack` bytes (the evaluator's recursion needs more than a default thread
+/// has), bound to CPUs as the global pool's if [`pin_pool_threads`] bound those. Built on
+/// first use and kept; `None` where it could not be built (the threads' stacks refused,
+/// say), for the caller to run the evaluator some other way.
+pub(crate) fn script_pool(stack: usize) -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let builder = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .stack_size(stack)
+            .thread_name(|i| format!("torchport-script-{i}"));
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        let builder = match PINNED_CPUS.get() {
+            Some(cpus) => builder.start_handler(move |i| bind_to(cpus[i % cpus.len()])),
+            None => builder,
+        };
+        builder.build().ok()
+    })
+    .as_ref()
 }
 
 /// The CPUs this thread may run on (the process's, before any binding), in order.

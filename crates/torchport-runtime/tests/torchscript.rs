@@ -58,6 +58,19 @@ fn traced_transformers_bert() {
     check("hf_bert");
 }
 
+/// GPT-2's `Conv1D` traced as `torch.addmm(bias, x, weight)`, its weight `[in, out]`.
+#[test]
+fn traced_transformers_gpt2() {
+    check("hf_gpt2");
+}
+
+/// `addmm` with factors, `addmm` with a bias broadcast to its outputs, a Linear: the
+/// weights stored packed, the rest done after the packed product.
+#[test]
+fn scripted_products_with_packed_weights() {
+    check("scripted_products");
+}
+
 #[test]
 fn scripted_loops_branch_lists_optional() {
     check("scripted_loops");
@@ -218,4 +231,56 @@ fn scripted_timm_resnet18d() {
 #[test]
 fn scripted_timm_vit() {
     check("timm_vit_scripted");
+}
+
+/// A Linear's weight that the code reads only as `torch.linear`'s weight is stored packed at
+/// load for the gemm's microkernel, as a `.pt2` load stores it (the outputs above are those
+/// runs'): transformers' BERT of 2 layers holds 13 Linears (6 a layer and the pooler's),
+/// its GPT-2 of 2 layers 8 `Conv1D`s (`addmm`'s `[in, out]` weights), the products module 3,
+/// timm's ViT of depth 2 holds 8 in its blocks, traced or scripted, and a head of 10
+/// outputs, packed only where that is at least half a panel (AVX2's 16 rows, not AVX-512's
+/// 64: the padding would more than double it); the LSTM tagger's Linear of 5 outputs is not.
+#[test]
+fn linear_weights_are_stored_packed() {
+    let Some(packing) = torchport_runtime::ops::packed::Packing::detect() else {
+        return; // no microkernel of the runtime's own on this CPU
+    };
+    let head = usize::from(2 * 10 >= packing.mr);
+    for (model, linears) in [
+        ("hf_bert", 13),
+        ("hf_gpt2", 8),
+        ("scripted_products", 3),
+        ("timm_vit", 8 + head),
+        ("timm_vit_scripted", 8 + head),
+        ("scripted_lstm", 0),
+    ] {
+        let program = ScriptProgram::load(fixtures().join(format!("{model}.pt")))
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert_eq!(program.packed_linear_weights(), linears, "{model}");
+    }
+}
+
+/// One program run from several threads at once, and from inside a rayon pool: each run on
+/// the evaluator's pool gives torch's outputs.
+#[test]
+fn runs_from_several_threads_and_from_a_pool() {
+    let model = "hf_bert";
+    let program = ScriptProgram::load(fixtures().join(format!("{model}.pt"))).unwrap();
+    let inputs = numbered(&fixtures(), model, "input");
+    let want = numbered(&fixtures(), model, "output");
+    let run = || {
+        let got = program.run(&inputs).unwrap();
+        let failures = output_mismatches(model, &got, &want, |_| 1e-4);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    };
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(run);
+        }
+    });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    pool.install(run);
 }

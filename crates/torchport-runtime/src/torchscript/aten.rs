@@ -399,6 +399,110 @@ fn run(schema: &Schema, kernel: OpFn, target: &str, b: Bound) -> Result<Val, Str
     }
 }
 
+/// The Linear weights the load stored packed ([`crate::ops::packed`]; see `linears.rs`), by
+/// tensor: their `(out_features, in_features)`.
+pub type PackedLinears = HashMap<candle_core::TensorId, (usize, usize)>;
+
+/// `torch.linear(input, weight, bias)` or `torch.addmm(bias, input, weight, beta=, alpha=)`
+/// (`op`) by the packed Linear kernel, where `weight` is one of `packed`: the bias added and
+/// the factors applied by the kernel where it can (a bias of `n` values, factors of 1), else
+/// by the registry's `mul` and `add` after it. `Ok(None)` where `weight` is not packed (the
+/// call goes to the registry as any other).
+pub fn packed_product(
+    op: &str,
+    args: &[Val],
+    kwargs: &[(String, Val)],
+    packed: &PackedLinears,
+) -> Result<Option<Val>, String> {
+    // Positions and names of the input, the weight and the bias.
+    let [x_at, w_at, b_at] = match op {
+        "linear" => [(0, "input"), (1, "weight"), (2, "bias")],
+        "addmm" => [(1, "mat1"), (2, "mat2"), (0, "self")],
+        _ => return Ok(None),
+    };
+    let arg = |(i, name): (usize, &str)| {
+        args.get(i)
+            .or_else(|| kwargs.iter().find(|(k, _)| k == name).map(|(_, v)| v))
+    };
+    let Some(Val::Tensor(w)) = arg(w_at) else {
+        return Ok(None);
+    };
+    let Some(&(n, k)) = packed.get(&w.id()) else {
+        return Ok(None);
+    };
+    let Some(Val::Tensor(x)) = arg(x_at) else {
+        return Err(format!("{op}() takes a tensor input"));
+    };
+    let bias = match arg(b_at) {
+        Some(Val::Tensor(t)) => Some(t),
+        None | Some(Val::None) => None,
+        Some(v) => {
+            return Err(format!(
+                "{op}() takes a tensor bias, not a {}",
+                v.type_name()
+            ))
+        }
+    };
+    // addmm's factors: `beta * bias + alpha * (input @ weight)`.
+    let factor = |at: (usize, &str)| match arg(at) {
+        None => Ok(None),
+        Some(Val::Int(1)) if op == "addmm" => Ok(None),
+        Some(Val::Float(f)) if op == "addmm" && *f == 1.0 => Ok(None),
+        Some(v @ (Val::Int(_) | Val::Float(_))) if op == "addmm" => Ok(Some(v.clone())),
+        Some(v) => Err(format!(
+            "{op}() takes a number {}, not a {}",
+            at.1,
+            v.type_name()
+        )),
+    };
+    let (beta, alpha) = (factor((3, "beta"))?, factor((4, "alpha"))?);
+    let fused = bias.filter(|b| b.dims() == [n] && beta.is_none() && alpha.is_none());
+    let mut b = Bound {
+        inputs: Vec::new(),
+        env: Env::default(),
+    };
+    let x = Argument::AsTensor(tensor_arg(&mut b, x));
+    push(&mut b, "input", x);
+    let w = Argument::AsTensor(tensor_arg(&mut b, w));
+    push(&mut b, "weight", w);
+    match fused {
+        Some(t) => {
+            let t = Argument::AsTensor(tensor_arg(&mut b, t));
+            push(&mut b, "bias", t);
+        }
+        None => push(&mut b, "bias", none()),
+    }
+    push(&mut b, "out_features", Argument::AsInt(n as i64));
+    push(&mut b, "in_features", Argument::AsInt(k as i64));
+    static KERNEL: OnceLock<Option<OpFn>> = OnceLock::new();
+    let kernel = KERNEL
+        .get_or_init(|| Registry::all_ops().get(crate::ops::packed::TARGET))
+        .ok_or("the runtime has no packed Linear kernel")?;
+    let node = Node {
+        target: crate::ops::packed::TARGET.to_string(),
+        inputs: b.inputs,
+        outputs: Vec::new(),
+        name: None,
+    };
+    let mut outs = crate::ops::call(kernel, &Args::new(&node, &b.env))
+        .map_err(|e| format!("aten.{op}: {}", e.0))?;
+    let mut y = outs.pop().map_or(Val::None, from_value);
+    if fused.is_some() {
+        return Ok(Some(y));
+    }
+    let ops = Ops::get();
+    if let Some(a) = alpha {
+        y = ops.call("mul", &[y, a], &[])?;
+    }
+    if let Some(t) = bias {
+        let beta = beta
+            .map(|v| vec![("alpha".to_string(), v)])
+            .unwrap_or_default();
+        y = ops.call("add", &[y, Val::Tensor(t.clone())], &beta)?;
+    }
+    Ok(Some(y))
+}
+
 /// A kernel's output as an evaluator value.
 pub fn from_value(v: Value) -> Val {
     match v {

@@ -73,6 +73,8 @@ pub struct Interp<'a> {
     code: &'a Code,
     constants: Vec<Val>,
     ops: &'static Ops,
+    /// The Linear weights the load stored packed.
+    linears: &'a super::aten::PackedLinears,
     depth: usize,
     steps: u64,
     /// Tensors that are part of another tensor (results of `slice`, `select`, `narrow`,
@@ -121,12 +123,18 @@ struct Frame {
 }
 
 impl<'a> Interp<'a> {
-    /// An evaluator over `code` whose `CONSTANTS.c<i>` are `constants`.
-    pub fn new(code: &'a Code, constants: Vec<Val>) -> Self {
+    /// An evaluator over `code` whose `CONSTANTS.c<i>` are `constants`, and whose Linear
+    /// weights in `linears` are stored packed.
+    pub fn new(
+        code: &'a Code,
+        constants: Vec<Val>,
+        linears: &'a super::aten::PackedLinears,
+    ) -> Self {
         Interp {
             code,
             constants,
             ops: Ops::get(),
+            linears,
             depth: 0,
             steps: 0,
             partial_views: HashSet::new(),
@@ -714,6 +722,9 @@ impl<'a> Interp<'a> {
                     )
                     .into());
                 }
+            }
+            if let Some(r) = super::aten::packed_product(op, &args, &kwargs, self.linears)? {
+                return Ok(r);
             }
             let r = builtins::call_torch(op, &args, &kwargs, self.ops)?;
             if is_partial_view(op) && matches!(args.first(), Some(Val::Tensor(_))) {

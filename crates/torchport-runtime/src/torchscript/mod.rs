@@ -20,6 +20,7 @@ pub mod aten;
 pub mod builtins;
 pub mod eval;
 pub mod lexer;
+mod linears;
 pub mod parser;
 pub mod scalars;
 pub mod value;
@@ -129,6 +130,10 @@ impl Code {
     }
 }
 
+/// The stack of the thread the evaluator runs on: 512 MiB (address space; pages are used as
+/// the recursion reaches them).
+const EVAL_STACK: usize = 512 << 20;
+
 /// A loaded TorchScript archive, ready to run.
 pub struct ScriptProgram {
     path: PathBuf,
@@ -136,6 +141,8 @@ pub struct ScriptProgram {
     root: ScriptObject,
     constants: Vec<ScriptValue>,
     tensors: HashMap<String, Tensor>,
+    /// Those of `tensors` stored packed, being read only as Linear weights (`linears.rs`).
+    linears: aten::PackedLinears,
     params: Vec<(String, bool)>,
 }
 
@@ -174,7 +181,17 @@ impl ScriptProgram {
             what: "the archive's code could not be read".into(),
         })?;
         let code = Code::parse(&script.code, path)?;
+        // The weights only Linears read are decoded packed, where this CPU has the kernels
+        // (`linears.rs`).
+        let packing = crate::ops::packed::Packing::detect().filter(|_| with_tensors);
+        let linear_weights = match packing {
+            Some(_) => {
+                linears::weights_read_only_by_linears(&code, &script.root, &script.constants)
+            }
+            None => Default::default(),
+        };
         let mut tensors = HashMap::new();
+        let mut linears = aten::PackedLinears::new();
         let all = ckpt.tensors().iter().chain(ckpt.constants());
         for t in all.filter(|_| with_tensors) {
             let werr = |what: String| Error::Weight {
@@ -182,8 +199,24 @@ impl ScriptProgram {
                 what,
             };
             let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
-            let x = crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
-                .map_err(werr)?;
+            let packed = match (packing, linear_weights.get(&t.name)) {
+                (Some(pk), Some(&source))
+                    if t.dtype.name() == "float32" && t.quant.is_none() && t.shape.len() == 2 =>
+                {
+                    source
+                        .features(&t.shape)
+                        .and_then(|(n, k)| Some((packed_weight(pk, &bytes, source, n, k)?, n, k)))
+                }
+                _ => None,
+            };
+            let x = match packed {
+                Some((x, n, k)) => {
+                    linears.insert(x.id(), (n, k));
+                    x
+                }
+                None => crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
+                    .map_err(werr)?,
+            };
             tensors.insert(t.name.clone(), x);
         }
         let (forward, _) = code.method(&script.root.class, "forward").ok_or_else(|| {
@@ -205,6 +238,7 @@ impl ScriptProgram {
             root: script.root.clone(),
             constants: script.constants.clone(),
             tensors,
+            linears,
             params,
         })
     }
@@ -244,6 +278,13 @@ impl ScriptProgram {
         crate::program::tally(uses.iter().map(|(k, ok)| (k.as_str(), *ok)))
     }
 
+    /// How many of the archive's tensors the load stored packed for the gemm's microkernel,
+    /// being read by the code only as the weight of a Linear (`torch.linear`, or
+    /// `torch.addmm` as GPT-2's `Conv1D` is traced): what the load did, for checking it.
+    pub fn packed_linear_weights(&self) -> usize {
+        self.linears.len()
+    }
+
     /// Operators the code calls that the runtime lacks (see [`ScriptProgram::ops`]); `run`
     /// does not refuse them up front, since code that calls them may never run, but fails
     /// where one is reached.
@@ -267,12 +308,24 @@ impl ScriptProgram {
                 got: inputs.len(),
             });
         }
-        // The evaluator runs on its own thread with a large stack: its recursion is bounded
-        // (call depth, nesting of the parsed code) but deeper than a default thread allows.
+        // The evaluator needs a large stack: its recursion is bounded (call depth, nesting of
+        // the parsed code) but deeper than a default thread allows. It runs on a thread of a
+        // pool whose threads have one (`threads::script_pool`), the others waiting for its
+        // kernels' parallel loops as a `.pt2` program's run has them wait: on a thread outside
+        // the pool, every loop was handed to the pool's threads and back, and MobileNetV3-Large
+        // spent a quarter of its run in the scheduler (BENCHMARKS.md, issue 14). Where that
+        // pool cannot be built, a thread of its own.
+        let evaluate = || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_here(inputs)))
+                .map_err(|_| Error::Program("the evaluator panicked".into()))?
+        };
+        if let Some(pool) = crate::threads::script_pool(EVAL_STACK) {
+            return pool.install(|| crate::program::in_pool(evaluate));
+        }
         std::thread::scope(|s| {
             std::thread::Builder::new()
-                .stack_size(512 << 20)
-                .spawn_scoped(s, || self.run_here(inputs))
+                .stack_size(EVAL_STACK)
+                .spawn_scoped(s, evaluate)
                 .map_err(|e| Error::Program(format!("cannot start the evaluator: {e}")))?
                 .join()
                 .map_err(|_| Error::Program("the evaluator panicked".into()))?
@@ -297,7 +350,7 @@ impl ScriptProgram {
             .iter()
             .map(|c| self.value(c).and_then(wrapped_number))
             .collect::<Result<_>>()?;
-        let mut interp = Interp::new(&self.code, constants);
+        let mut interp = Interp::new(&self.code, constants, &self.linears);
         let out = interp
             .call_method(&root, "forward", args, Vec::new())
             .map_err(|e| self.error(e))?;
@@ -355,6 +408,27 @@ impl ScriptProgram {
             }
         })
     }
+}
+
+/// A product's float32 weight of `n` output and `k` input features, held as little-endian
+/// `bytes` laid out as `source` says, packed for the gemm's microkernel (1-d, as the packed
+/// Linear kernel reads it); `None` where the bytes do not fit, or where the panels' padding
+/// would more than double it (fewer outputs than half a panel: a `[1, k]` weight would take
+/// 64 times its bytes with AVX-512, and an archive must not make the load allocate many
+/// times what it holds).
+fn packed_weight(
+    pk: crate::ops::packed::Packing,
+    bytes: &[u8],
+    source: crate::ops::packed::Source,
+    n: usize,
+    k: usize,
+) -> Option<Tensor> {
+    let len = pk
+        .len(n, k)
+        .filter(|&len| len / 2 <= n * k && bytes.len() / 4 == n * k)?;
+    let mut dst = crate::allocator::weight_buffer(len);
+    pk.pack_le_into(bytes, source, n, k, &mut dst, None)
+        .then(|| Tensor::from_vec(dst, len, &candle_core::Device::Cpu).ok())?
 }
 
 /// The tensors of a result, in order.
