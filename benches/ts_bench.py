@@ -33,12 +33,11 @@ def traced(name, batch):
     """(eager model, its inputs, the traced archive's path, the inputs' .npy paths)."""
     model, inputs, _, npys = run_bench.export(name, batch)
     path = run_bench.stem(name, batch).with_suffix(".ts.pt")
-    if not path.exists():
-        m = run_bench.ByKeyword(model, run_bench.KEYWORDS[name]) if name in run_bench.KEYWORDS else model
-        with torch.no_grad():
-            torch.jit.trace(m, inputs, strict=False).save(str(path))
     if name in run_bench.KEYWORDS:
         model = run_bench.ByKeyword(model, run_bench.KEYWORDS[name])
+    if not path.exists():
+        with torch.no_grad():
+            torch.jit.trace(model, inputs, strict=False).save(str(path))
     return model, inputs, path, npys
 
 
@@ -89,7 +88,8 @@ def main():
             try:
                 model, inputs, path, npys = traced(name, batch)
             except Exception as e:  # a model torch cannot trace: say so, go on
-                print(f"{name} b{batch}: torch.jit.trace failed: {type(e).__name__}: {str(e)[:160]}")
+                print(f"{name} b{batch}: torch.jit.trace failed: {type(e).__name__}: "
+                      f"{str(e)[:160]}")
                 continue
             model.eval()
             jit = torch.jit.load(str(path)).eval()
@@ -104,7 +104,8 @@ def main():
           "torchport / eager | torchport / torch.jit | torchport load ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, b, th, e, j, t, re, rj, load in rows:
-        print(f"| {name} | {b} | {th} | {e:.2f} | {j:.2f} | {t:.2f} | {re:.2f} | {rj:.2f} | {load:.0f} |")
+        print(f"| {name} | {b} | {th} | {e:.2f} | {j:.2f} | {t:.2f} | {re:.2f} | {rj:.2f} "
+              f"| {load:.0f} |")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ pub(crate) fn populate(ckpt: &Checkpoint) {
 
 /// Whether [`decode`] releases each tensor's pages of `ckpt` once copied: where its tensors
 /// and constants hold more than [`RELEASE_ABOVE`] bytes.
-fn releases_pages(ckpt: &Checkpoint) -> bool {
+pub(crate) fn releases_pages(ckpt: &Checkpoint) -> bool {
     let infos = ckpt.tensors().iter().chain(ckpt.constants());
     let bytes = infos.map(|t| t.nbytes() as u64);
     bytes.fold(0u64, u64::saturating_add) > RELEASE_ABOVE

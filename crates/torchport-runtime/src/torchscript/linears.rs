@@ -8,10 +8,11 @@
 //! Packed, a weight has another shape, so the analysis must be sure nothing else reads it. It
 //! is by the code alone, conservative, and per class: an attribute `a` of class `C` qualifies
 //! when every read of it in `C`'s methods is `self.a` (or a local bound once to `self.a`)
-//! passed as the weight of one of the two, the same one each time, and no code anywhere reads or assigns an attribute `a`
-//! of any other object, or names `a` in a string (`getattr(m, "a")`). A tensor then qualifies
-//! when every reference to it in the module tree is such an attribute (tied weights, tensors
-//! in lists or among the code's constants do not).
+//! passed as the weight of one of the two, the same one each time, and no code anywhere
+//! reads or assigns an attribute `a` of any other object, or names `a` in a string
+//! (`getattr(m, "a")`). A tensor then qualifies when every reference to it in the module tree
+//! is such an attribute (tied weights, tensors in lists or among the code's constants do
+//! not).
 
 use std::collections::{HashMap, HashSet};
 

@@ -192,6 +192,10 @@ impl ScriptProgram {
         };
         let mut tensors = HashMap::new();
         let mut linears = aten::PackedLinears::new();
+        // Each tensor's pages of the mapped archive dropped once it is copied, as a `.pt2`
+        // load does: else the load holds the archive and the decoded tensors at once (a traced
+        // BERT-base peaked at 886 MB for 440 MB of weights).
+        let release = crate::archive::releases_pages(&ckpt);
         let all = ckpt.tensors().iter().chain(ckpt.constants());
         for t in all.filter(|_| with_tensors) {
             let werr = |what: String| Error::Weight {
@@ -217,6 +221,10 @@ impl ScriptProgram {
                 None => crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
                     .map_err(werr)?,
             };
+            drop(bytes);
+            if release {
+                ckpt.release(t);
+            }
             tensors.insert(t.name.clone(), x);
         }
         let (forward, _) = code.method(&script.root.class, "forward").ok_or_else(|| {
