@@ -64,8 +64,9 @@ fn traced_transformers_gpt2() {
     check("hf_gpt2");
 }
 
-/// `addmm` with factors, `addmm` with a bias broadcast to its outputs, a Linear: the
-/// weights stored packed, the rest done after the packed product.
+/// `addmm` with factors (`beta` 0 ignoring a bias of NaNs, as torch does), `addmm` with a
+/// bias broadcast to its outputs, a Linear: the weights stored packed, the rest done after
+/// the packed product.
 #[test]
 fn scripted_products_with_packed_weights() {
     check("scripted_products");

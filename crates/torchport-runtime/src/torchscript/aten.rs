@@ -494,7 +494,10 @@ pub fn packed_product(
     if let Some(a) = alpha {
         y = ops.call("mul", &[y, a], &[])?;
     }
-    if let Some(t) = bias {
+    // With `beta` 0 torch ignores the bias, NaN and infinity in it included.
+    let ignored =
+        matches!(beta, Some(Val::Int(0))) || matches!(beta, Some(Val::Float(f)) if f == 0.0);
+    if let (Some(t), false) = (bias, ignored) {
         let beta = beta
             .map(|v| vec![("alpha".to_string(), v)])
             .unwrap_or_default();
