@@ -190,43 +190,10 @@ impl ScriptProgram {
             }
             None => Default::default(),
         };
-        let mut tensors = HashMap::new();
-        let mut linears = aten::PackedLinears::new();
-        // Each tensor's pages of the mapped archive dropped once it is copied, as a `.pt2`
-        // load does: else the load holds the archive and the decoded tensors at once (a traced
-        // BERT-base peaked at 886 MB for 440 MB of weights).
-        let release = crate::archive::releases_pages(&ckpt);
-        let all = ckpt.tensors().iter().chain(ckpt.constants());
-        for t in all.filter(|_| with_tensors) {
-            let werr = |what: String| Error::Weight {
-                name: t.name.clone(),
-                what,
-            };
-            let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
-            let packed = match (packing, linear_weights.get(&t.name)) {
-                (Some(pk), Some(&source))
-                    if t.dtype.name() == "float32" && t.quant.is_none() && t.shape.len() == 2 =>
-                {
-                    source
-                        .features(&t.shape)
-                        .and_then(|(n, k)| Some((packed_weight(pk, &bytes, source, n, k)?, n, k)))
-                }
-                _ => None,
-            };
-            let x = match packed {
-                Some((x, n, k)) => {
-                    linears.insert(x.id(), (n, k));
-                    x
-                }
-                None => crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
-                    .map_err(werr)?,
-            };
-            drop(bytes);
-            if release {
-                ckpt.release(t);
-            }
-            tensors.insert(t.name.clone(), x);
-        }
+        let (tensors, linears) = match with_tensors {
+            true => decode(&ckpt, packing, &linear_weights)?,
+            false => Default::default(),
+        };
         let (forward, _) = code.method(&script.root.class, "forward").ok_or_else(|| {
             Error::Program(format!(
                 "{}: the root module ({}) has no forward method in the archive's code",
@@ -416,6 +383,66 @@ impl ScriptProgram {
             }
         })
     }
+}
+
+/// Every tensor of `ckpt` (parameters, buffers, constants) by name, decoded in parallel, and
+/// those of `linear_weights` packed as the layout there says (where `packing` is given): the
+/// packed ones also by tensor, with their `(out, in)` features.
+fn decode(
+    ckpt: &torchport::Checkpoint,
+    packing: Option<crate::ops::packed::Packing>,
+    linear_weights: &HashMap<String, crate::ops::packed::Source>,
+) -> Result<(HashMap<String, Tensor>, aten::PackedLinears)> {
+    use rayon::prelude::*;
+    // Each tensor's pages of the mapped archive dropped once it is copied, as a `.pt2` load
+    // does: else the load holds the archive and the decoded tensors at once (a traced
+    // BERT-base peaked at 886 MB for 440 MB of weights).
+    let release = crate::archive::releases_pages(ckpt);
+    let all: Vec<&torchport::TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
+    // Each tensor by name, with its features where it was packed.
+    type Decoded = (String, Tensor, Option<(usize, usize)>);
+    let decoded: Vec<Decoded> = all
+        .par_iter()
+        .map(|t| {
+            let werr = |what: String| Error::Weight {
+                name: t.name.clone(),
+                what,
+            };
+            let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
+            let packed = match (packing, linear_weights.get(&t.name)) {
+                (Some(pk), Some(&source))
+                    if t.dtype.name() == "float32" && t.quant.is_none() && t.shape.len() == 2 =>
+                {
+                    source
+                        .features(&t.shape)
+                        .and_then(|(n, k)| Some((packed_weight(pk, &bytes, source, n, k)?, n, k)))
+                }
+                _ => None,
+            };
+            let (x, features) = match packed {
+                Some((x, n, k)) => (x, Some((n, k))),
+                None => (
+                    crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
+                        .map_err(werr)?,
+                    None,
+                ),
+            };
+            drop(bytes);
+            if release {
+                ckpt.release(t);
+            }
+            Ok((t.name.clone(), x, features))
+        })
+        .collect::<Result<_>>()?;
+    let mut linears = aten::PackedLinears::new();
+    let mut tensors = HashMap::with_capacity(decoded.len());
+    for (name, x, features) in decoded {
+        if let Some(f) = features {
+            linears.insert(x.id(), f);
+        }
+        tensors.insert(name, x);
+    }
+    Ok((tensors, linears))
 }
 
 /// A product's float32 weight of `n` output and `k` input features, held as little-endian
