@@ -155,21 +155,26 @@ def stem(name, batch, size=None):
     return OUT / (f"{name}_b{batch}" + (f"_s{size}" if size else ""))
 
 
-def export(name, batch, size=None):
-    """(model, inputs, .pt2 path, input .npy paths), exporting on first use; `size` None
-    (the default) for the model's own input size."""
+def build(name, batch, size=None):
+    """(model in eval mode, inputs, input .npy paths, written): the model as the library
+    builds it, its inputs seeded; `size` None (the default) for the model's own input size."""
     torch.manual_seed(0)
     model, inputs = MODELS[name](batch, size) if size else MODELS[name](batch)
     model.eval()
-    stem_ = stem(name, batch, size)
-    pt2 = Path(f"{stem_}.pt2")
-    npys = [Path(f"{stem_}.input_{i}.npy") for i in range(len(inputs))]
+    npys = [Path(f"{stem(name, batch, size)}.input_{i}.npy") for i in range(len(inputs))]
+    for p, x in zip(npys, inputs):
+        np.save(p, x.numpy())
+    return model, inputs, npys
+
+
+def export(name, batch, size=None):
+    """(model, inputs, .pt2 path, input .npy paths), exporting on first use (see `build`)."""
+    model, inputs, npys = build(name, batch, size)
+    pt2 = Path(f"{stem(name, batch, size)}.pt2")
     if not pt2.exists():
         with torch.no_grad():
             ep = torch.export.export(model, inputs)
         torch.export.save(ep, pt2)
-    for p, x in zip(npys, inputs):
-        np.save(p, x.numpy())
     return model, inputs, pt2, npys
 
 

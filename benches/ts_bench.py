@@ -31,10 +31,10 @@ CLI = run_bench.ROOT / "target/release/torchport"
 
 def traced(name, batch):
     """(eager model, its inputs, the traced archive's path, the inputs' .npy paths)."""
-    model, inputs, _, npys = run_bench.export(name, batch)
+    model, inputs, npys = run_bench.build(name, batch)
     path = run_bench.stem(name, batch).with_suffix(".ts.pt")
     if name in run_bench.KEYWORDS:
-        model = run_bench.ByKeyword(model, run_bench.KEYWORDS[name])
+        model = run_bench.ByKeyword(model, run_bench.KEYWORDS[name]).eval()
     if not path.exists():
         with torch.no_grad():
             torch.jit.trace(model, inputs, strict=False).save(str(path))
@@ -91,7 +91,6 @@ def main():
                 print(f"{name} b{batch}: torch.jit.trace failed: {type(e).__name__}: "
                       f"{str(e)[:160]}")
                 continue
-            model.eval()
             jit = torch.jit.load(str(path)).eval()
             # torchport's first output against the archive's own in torch.
             print(f"{name} b{batch}: {run_bench.check(CLI, jit, inputs, path, npys)}", flush=True)

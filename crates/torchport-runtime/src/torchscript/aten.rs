@@ -383,6 +383,17 @@ fn list_arg(b: &mut Bound, ty: Ty, items: &[Val]) -> Option<Argument> {
 }
 
 fn run(schema: &Schema, kernel: OpFn, target: &str, b: Bound) -> Result<Val, String> {
+    let mut vals = invoke(kernel, target, b, &schema.key)?;
+    match schema.returns {
+        0 => Ok(Val::None),
+        1 => Ok(vals.pop().unwrap_or(Val::None)),
+        _ => Ok(Val::tuple(vals)),
+    }
+}
+
+/// Kernel `kernel` (registry target `target`) on the arguments `b`, as a `.pt2` node of that
+/// target would call it; its outputs as evaluator values, errors prefixed by `what`.
+fn invoke(kernel: OpFn, target: &str, b: Bound, what: &str) -> Result<Vec<Val>, String> {
     let node = Node {
         target: format!("torch.ops.{target}"),
         inputs: b.inputs,
@@ -390,13 +401,8 @@ fn run(schema: &Schema, kernel: OpFn, target: &str, b: Bound) -> Result<Val, Str
         name: None,
     };
     let outs = crate::ops::call(kernel, &Args::new(&node, &b.env))
-        .map_err(|e| format!("{}: {}", schema.key, e.0))?;
-    let mut vals: Vec<Val> = outs.into_iter().map(from_value).collect();
-    match schema.returns {
-        0 => Ok(Val::None),
-        1 => Ok(vals.pop().unwrap_or(Val::None)),
-        _ => Ok(Val::tuple(vals)),
-    }
+        .map_err(|e| format!("{what}: {}", e.0))?;
+    Ok(outs.into_iter().map(from_value).collect())
 }
 
 /// The Linear weights the load stored packed ([`crate::ops::packed`]; see `linears.rs`), by
@@ -478,15 +484,8 @@ pub fn packed_product(
     let kernel = KERNEL
         .get_or_init(|| Registry::all_ops().get(crate::ops::packed::TARGET))
         .ok_or("the runtime has no packed Linear kernel")?;
-    let node = Node {
-        target: crate::ops::packed::TARGET.to_string(),
-        inputs: b.inputs,
-        outputs: Vec::new(),
-        name: None,
-    };
-    let mut outs = crate::ops::call(kernel, &Args::new(&node, &b.env))
-        .map_err(|e| format!("aten.{op}: {}", e.0))?;
-    let mut y = outs.pop().map_or(Val::None, from_value);
+    let mut outs = invoke(kernel, crate::ops::packed::TARGET, b, &format!("aten.{op}"))?;
+    let mut y = outs.pop().unwrap_or(Val::None);
     if fused.is_some() {
         return Ok(Some(y));
     }

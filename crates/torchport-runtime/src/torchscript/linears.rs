@@ -137,11 +137,9 @@ fn value_tensors_in(
     }
 }
 
-/// Every tensor a value holds, at any depth, into `out`.
+/// Every tensor a value holds, at any depth, into `out` (no attribute qualifies there).
 fn value_tensors(v: &ScriptValue, out: &mut HashSet<String>) {
-    let mut none = HashMap::new();
-    value_tensors_in(v, &|_: &str, _: &str| None, &mut none, out);
-    out.extend(none.into_keys());
+    value_tensors_in(v, &|_: &str, _: &str| None, &mut HashMap::new(), out);
 }
 
 /// What names mean inside one function: its class (for `self`, where `self` is never

@@ -183,15 +183,14 @@ impl ScriptProgram {
         let code = Code::parse(&script.code, path)?;
         // The weights only Linears read are decoded packed, where this CPU has the kernels
         // (`linears.rs`).
-        let packing = crate::ops::packed::Packing::detect().filter(|_| with_tensors);
-        let linear_weights = match packing {
-            Some(_) => {
-                linears::weights_read_only_by_linears(&code, &script.root, &script.constants)
-            }
-            None => Default::default(),
-        };
         let (tensors, linears) = match with_tensors {
-            true => decode(&ckpt, packing, &linear_weights)?,
+            true => {
+                let packing = crate::ops::packed::Packing::detect();
+                let weights = packing.map_or_else(Default::default, |_| {
+                    linears::weights_read_only_by_linears(&code, &script.root, &script.constants)
+                });
+                decode(&ckpt, packing, &weights)?
+            }
             false => Default::default(),
         };
         let (forward, _) = code.method(&script.root.class, "forward").ok_or_else(|| {
