@@ -178,12 +178,12 @@ def export(name, batch, size=None):
     return model, inputs, pt2, npys
 
 
-def check(cli, model, inputs, pt2, npys):
-    """How far torchport's first output (`cli run` on the export) is from torch eager's, as a
-    line to print: a speed is worth only what the outputs are."""
+def check(cli, model, inputs, pt2, npys, runs=1):
+    """How far torchport's first output (`cli run` on the export, its last of `runs`) is from
+    torch eager's, as a line to print: a speed is worth only what the outputs are."""
     out = pt2.with_suffix(".check.npz")
     cmd = [str(cli), "run", str(pt2), *(a for p in npys for a in ("--input", str(p))),
-           "--output", str(out)]
+           "--output", str(out), "--runs", str(runs)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         return "torchport run failed: " + (p.stderr.strip().splitlines() or ["?"])[-1]

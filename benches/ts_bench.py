@@ -5,7 +5,8 @@ TorchScript front end (`run_timing --serve` on the archive), the saved archive l
 `torch.jit.load` (libtorch's TorchScript interpreter: what the archive's user would otherwise
 ship), and the model in PyTorch eager (`inference_mode`). Prints each engine's median and the
 medians of the per-turn ratios; torchport's output is checked against the archive's own in
-torch first (`torchport run`).
+torch first (`torchport run --runs 2`: the second run, by the graph recorded from the first,
+as the timed runs are where the archive allows: docs/RUNTIME.md).
 
     cargo build --release -p torchport-runtime --example run_timing && cargo build --release -p torchport-cli
     /work/main/.venv/bin/python benches/ts_bench.py [--models a,b] [--threads 1,2] [--batch 1,8] [--runs 10]
@@ -93,7 +94,7 @@ def main():
                 continue
             jit = torch.jit.load(str(path)).eval()
             # torchport's first output against the archive's own in torch.
-            print(f"{name} b{batch}: {run_bench.check(CLI, jit, inputs, path, npys)}", flush=True)
+            print(f"{name} b{batch}: {run_bench.check(CLI, jit, inputs, path, npys, runs=2)}", flush=True)
             for th in map(int, args.threads.split(",")):
                 e, j, t, re, rj, load = turns(args, model, jit, inputs, path, npys, th)
                 print(f"{name} b{batch} t{th}: eager {e:.2f} torch.jit {j:.2f} torchport {t:.2f} "

@@ -5,9 +5,13 @@ compared with PyTorch's outputs of the saved module (1e-4 * max(1, max|ref|), in
 Prints one row per model and way of saving: ok (max abs error), the error torchport gave
 (file, line, construct), or torch's own failure.
 
-    /work/main/.venv/bin/python benches/ts_zoo.py [--bin PATH] [--out DIR] [NAME ...]
+    /work/main/.venv/bin/python benches/ts_zoo.py [--bin PATH] [--out DIR] [--runs N] [NAME ...]
 
 --bin defaults to target/release/torchport; --out (archives and arrays) to a temp folder.
+--runs (default 2): `torchport run --runs N`, whose last run's outputs are compared; a
+TorchScript archive's runs after the first go through the graph recorded from the first
+where the run allows it (docs/RUNTIME.md), and the cell says which ("graph" or
+"interpreted"). --runs 1 checks the interpreter alone.
 """
 
 import argparse
@@ -100,7 +104,7 @@ def compare(got, ref):
     return f"ok ({worst:.1e})" if ok else f"MISMATCH ({worst:.1e})"
 
 
-def one(name, make, how, out, binary):
+def one(name, make, how, out, binary, runs):
     torch.manual_seed(0)
     try:
         m, inputs = make()
@@ -117,18 +121,23 @@ def one(name, make, how, out, binary):
     for i, x in enumerate(inputs):
         np.save(out / f"{name}.in{i}.npy", x.numpy())
         args += ["--input", str(out / f"{name}.in{i}.npy")]
-    args += ["--output", str(out / f"{name}.{how}.out.npz")]
+    args += ["--output", str(out / f"{name}.{how}.out.npz"), "--runs", str(runs)]
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
         return "error: " + r.stderr.strip().splitlines()[-1].replace(str(out) + "/", "")
     z = np.load(out / f"{name}.{how}.out.npz")
-    return compare([z[f"output_{i}"] for i in range(len(z.files))], ref)
+    verdict = compare([z[f"output_{i}"] for i in range(len(z.files))], ref)
+    if runs > 1:
+        # Runs after the first go through the recorded graph where the CLI says so.
+        verdict += ", graph" if "recorded graph" in r.stderr else ", interpreted"
+    return verdict
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(ROOT / "target/release/torchport"))
     ap.add_argument("--out")
+    ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     out = Path(a.out or tempfile.mkdtemp(prefix="ts_zoo_"))
@@ -138,7 +147,7 @@ def main():
     for name, make in MODELS.items():
         if a.names and name not in a.names:
             continue
-        cells = [one(name, make, how, out, a.bin) for how in ("trace", "script")]
+        cells = [one(name, make, how, out, a.bin, a.runs) for how in ("trace", "script")]
         print(f"| {name} | {cells[0]} | {cells[1]} |", flush=True)
 
 

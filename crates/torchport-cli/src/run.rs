@@ -13,7 +13,7 @@ use torchport::write::{write, OutputFormat, WriteOptions};
 use torchport_runtime::candle_core::{DType, Tensor};
 use torchport_runtime::dtype::ScalarType;
 use torchport_runtime::npy::{out_tensor_as, read_npy};
-use torchport_runtime::{Program, ScriptProgram};
+use torchport_runtime::{Program, ScriptProgram, Specialisation};
 
 /// Arguments of `run`.
 #[derive(clap::Args)]
@@ -27,6 +27,12 @@ pub struct Args {
     /// Where to write the outputs (`.npz`, arrays `output_0`, `output_1`, …).
     #[arg(long, value_name = "OUT.npz")]
     output: PathBuf,
+    /// Run this many times on the same inputs and write the last run's outputs; with more
+    /// than one, the first run's time and the median of the others go to stderr. (A
+    /// TorchScript archive's later runs of the same input sizes run as a recorded graph:
+    /// docs/RUNTIME.md.)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
 }
 
 /// Programs larger than this show a spinner while they load and run (when stderr is a
@@ -84,8 +90,7 @@ fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCo
         );
     }
     let inputs = read_inputs(args, bar)?;
-    let outputs = program
-        .run(&inputs)
+    let outputs = repeat(args, || program.run(&inputs))
         .map_err(|e| anyhow::anyhow!("running {}: {e}", args.model.display()))?;
     let dtypes = program.output_dtypes();
     write_outputs(args, &outputs, |i, _| dtypes.get(i).copied().flatten())
@@ -96,11 +101,48 @@ fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCo
 fn run_script(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode> {
     let program = ScriptProgram::load(&args.model)?;
     let inputs = read_inputs(args, bar)?;
-    let outputs = program.run(&inputs)?;
+    let outputs = repeat(args, || program.run(&inputs))?;
+    if args.runs > 1 {
+        for (_, how) in program.specialisations() {
+            match how {
+                Specialisation::Graph { nodes } => {
+                    eprintln!("runs after the first: a recorded graph of {nodes} nodes")
+                }
+                Specialisation::Interpreted(why) => eprintln!("every run interpreted: {why}"),
+                Specialisation::Recorded => {}
+            }
+        }
+    }
     // The code declares no output dtypes; the runtime holds bools, and only bools, as u8.
     write_outputs(args, &outputs, |_, t| {
         (t.dtype() == DType::U8).then_some(torchport_runtime::dtype::BOOL)
     })
+}
+
+/// `run` done `--runs` times; the last run's outputs. With more than one run, the first
+/// run's time and the median of the others go to stderr.
+fn repeat<T>(
+    args: &Args,
+    mut run: impl FnMut() -> torchport_runtime::Result<T>,
+) -> torchport_runtime::Result<T> {
+    let mut times = Vec::with_capacity(args.runs as usize);
+    let mut last = None;
+    for _ in 0..args.runs {
+        let start = std::time::Instant::now();
+        last = Some(run()?);
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    if times.len() > 1 {
+        let first = times[0];
+        let mut rest = times.split_off(1);
+        rest.sort_by(f64::total_cmp);
+        eprintln!(
+            "{} runs: the first {first:.2} ms, the others' median {:.2} ms",
+            args.runs,
+            rest[rest.len() / 2]
+        );
+    }
+    last.ok_or_else(|| torchport_runtime::Error::Program("no run".into()))
 }
 
 /// The `--input` arrays, in order.

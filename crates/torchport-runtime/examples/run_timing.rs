@@ -4,7 +4,9 @@
 //! cargo run --release -p torchport-runtime --example run_timing -- MODEL.pt2 X.npy [Y.npy ...] --runs 20
 //! ```
 //! MODEL may also be a TorchScript archive (`torch.jit.save`), run by `ScriptProgram` (no
-//! per-node profile there).
+//! per-node profile there; how each signature of inputs ran, as a graph or interpreted, goes to
+//! stderr); with TORCHPORT_INTERPRET set (to any value), by `ScriptProgram::interpret`, never
+//! as a graph (for comparison).
 //! With `--serve` instead of `--runs`, it prints `ready` after the warm-up, then runs once for
 //! each line it reads on stdin and prints that run's milliseconds, until stdin closes; then
 //! the JSON line below over those runs (how benches/run_bench.py --paired alternates engines
@@ -48,13 +50,17 @@ use torchport_runtime::{Program, ScriptProgram};
 #[allow(clippy::large_enum_variant)] // one value, held for the whole run
 enum Model {
     Program(Program),
-    Script(ScriptProgram),
+    /// The archive, and whether to interpret every run.
+    Script(ScriptProgram, bool),
 }
 
 impl Model {
     fn load(path: &str, script: bool) -> torchport_runtime::Result<Model> {
         Ok(match script {
-            true => Model::Script(ScriptProgram::load(path)?),
+            true => Model::Script(
+                ScriptProgram::load(path)?,
+                std::env::var_os("TORCHPORT_INTERPRET").is_some(),
+            ),
             false => Model::Program(Program::load(path)?),
         })
     }
@@ -62,7 +68,8 @@ impl Model {
     fn run(&self, inputs: &[Tensor]) -> torchport_runtime::Result<Vec<Tensor>> {
         match self {
             Model::Program(p) => p.run(inputs),
-            Model::Script(p) => p.run(inputs),
+            Model::Script(p, false) => p.run(inputs),
+            Model::Script(p, true) => p.interpret(inputs),
         }
     }
 }
@@ -149,8 +156,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     times.sort_by(f64::total_cmp);
     let profile = std::env::var_os("TORCHPORT_PROFILE");
-    if let (Some(_), Model::Script(_)) = (&profile, &program) {
+    if let (Some(_), Model::Script(..)) = (&profile, &program) {
         eprintln!("TORCHPORT_PROFILE: no per-node profile for a TorchScript archive");
+    }
+    if let Model::Script(p, _) = &program {
+        for (sizes, how) in p.specialisations() {
+            eprintln!("inputs {sizes:?}: {how:?}");
+        }
     }
     if let (Some(p), Model::Program(program)) = (profile, &program) {
         let n: usize = p.to_str().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);

@@ -84,6 +84,10 @@ pub struct Program {
     in_place: Vec<bool>,
     /// Per user input, per dim: the symbol of a dynamic dim and its allowed range.
     dim_ranges: Vec<Vec<Option<DimRange>>>,
+    /// For a program recorded from a TorchScript run ([`Program::specialised`]): per node,
+    /// the sizes each of its outputs must have (by output position: one tensor's, or those of
+    /// each tensor of a list), checked as it runs; empty otherwise.
+    recorded_sizes: Vec<Vec<(usize, Vec<Vec<usize>>)>>,
 }
 
 /// Every operator `ep` uses, with its count and whether `registry` has a kernel for it,
@@ -400,7 +404,43 @@ impl Program {
             frees,
             in_place,
             dim_ranges,
+            recorded_sizes: Vec::new(),
         })
+    }
+
+    /// A program recorded from a TorchScript run (`torchscript::specialise`), built as
+    /// [`Program::from_parts`] builds one, that checks as it runs that every node's tensor
+    /// outputs have the sizes the recording saw (where its graph gives them) and fails where
+    /// one does not: the recording holds for inputs of its sizes only while every size is
+    /// the one seen.
+    pub(crate) fn specialised(
+        ep: ExportedProgram,
+        payloads: HashMap<String, Tensor>,
+    ) -> Result<Program> {
+        let mut p = Program::from_parts(ep, payloads)?;
+        let g = &p.ep.graph_module.graph;
+        p.recorded_sizes = g
+            .nodes
+            .iter()
+            .map(|node| {
+                let sizes = |name: &str| -> Option<Vec<usize>> {
+                    let s = g.tensor_values.get(name)?.static_sizes()?;
+                    s.iter().map(|&d| usize::try_from(d).ok()).collect()
+                };
+                node.outputs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, o)| match o {
+                        Argument::AsTensor(t) => Some((i, vec![sizes(&t.name)?])),
+                        Argument::AsTensors(ts) => {
+                            Some((i, ts.iter().map(|t| sizes(&t.name)).collect::<Option<_>>()?))
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(p)
     }
 
     /// The parsed program.
@@ -539,6 +579,9 @@ impl Program {
             let start = times.as_ref().map(|_| std::time::Instant::now());
             let args = Args::with_constants(node, &env, &constants);
             let outs = crate::ops::call(kernel, &args).map_err(|e| op_err(e.0))?;
+            if let Some(expected) = self.recorded_sizes.get(i) {
+                check_recorded_sizes(&outs, expected).map_err(op_err)?;
+            }
             if let (Some(t), Some(start)) = (times.as_deref_mut(), start) {
                 let time = start.elapsed();
                 let shape = match outs.first() {
@@ -603,6 +646,27 @@ impl Program {
         }
         outputs
     }
+}
+
+/// Whether a node's outputs `outs` have the sizes `expected` gives (by output position: a
+/// tensor's, or each of a list's), as [`Program::specialised`] requires.
+fn check_recorded_sizes(
+    outs: &[Value],
+    expected: &[(usize, Vec<Vec<usize>>)],
+) -> std::result::Result<(), String> {
+    for (at, want) in expected {
+        let got: Vec<&[usize]> = match outs.get(*at) {
+            Some(Value::Tensor(t)) => vec![t.dims()],
+            Some(Value::Tensors(ts)) => ts.iter().map(|t| t.dims()).collect(),
+            _ => continue,
+        };
+        if got.len() != want.len() || got.iter().zip(want).any(|(g, w)| g != w) {
+            return Err(format!(
+                "output {at} of shape {got:?} where the recorded run had {want:?}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The program of the archive at `path` and its weights, decoded for [`Program::build`]: the
@@ -1474,6 +1538,35 @@ const WAIT_FOR_WORK: std::time::Duration = std::time::Duration::from_millis(2);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A recorded program's check of its nodes' sizes: a tensor output's, each tensor of a
+    /// list output's (a list of another length too), only at the positions recorded.
+    #[test]
+    fn recorded_sizes_are_checked_for_tensors_and_lists() {
+        let t = |dims: &[usize]| {
+            Tensor::zeros(dims, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()
+        };
+        let outs = [
+            Value::Tensor(t(&[2, 3])),
+            Value::Tensors(vec![t(&[1]), t(&[4])]),
+            Value::None,
+        ];
+        let ok = [(0, vec![vec![2, 3]]), (1, vec![vec![1], vec![4]])];
+        assert_eq!(check_recorded_sizes(&outs, &ok), Ok(()));
+        assert_eq!(
+            check_recorded_sizes(&outs, &[(0, vec![vec![2, 3]])]),
+            Ok(())
+        );
+        for bad in [
+            vec![(0, vec![vec![3, 2]])],
+            vec![(1, vec![vec![1], vec![3]])],
+            vec![(1, vec![vec![1]])],
+            vec![(1, vec![vec![1], vec![4], vec![0]])],
+        ] {
+            let e = check_recorded_sizes(&outs, &bad).unwrap_err();
+            assert!(e.contains("where the recorded run had"), "{e}");
+        }
+    }
 
     /// The load multiplies each conv weight that a batch norm folds into by the norm's scale
     /// as it decodes it, and the build takes it as it is, folding as the load planned (no

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use torchport_runtime::candle_core::Tensor;
-use torchport_runtime::{Error, ScriptProgram};
+use torchport_runtime::{Error, ScriptProgram, Specialisation};
 
 #[path = "common/compare.rs"]
 mod compare;
@@ -17,10 +17,13 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/torchscript")
 }
 
-/// Run fixture `model` on `inputs` and compare with torch's outputs.
-fn check_with(model: &str, inputs: &[Tensor], want: &[Tensor]) {
-    let program = ScriptProgram::load(fixtures().join(format!("{model}.pt")))
-        .unwrap_or_else(|e| panic!("{model}: {e}"));
+fn load(model: &str) -> ScriptProgram {
+    ScriptProgram::load(fixtures().join(format!("{model}.pt")))
+        .unwrap_or_else(|e| panic!("{model}: {e}"))
+}
+
+/// Run `program` (fixture `model`) on `inputs` and compare with torch's outputs.
+fn run_and_compare(program: &ScriptProgram, model: &str, inputs: &[Tensor], want: &[Tensor]) {
     let got = program
         .run(inputs)
         .unwrap_or_else(|e| panic!("{model}: {e}"));
@@ -28,40 +31,62 @@ fn check_with(model: &str, inputs: &[Tensor], want: &[Tensor]) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-fn check(model: &str) {
-    let inputs = numbered(&fixtures(), model, "input");
-    let want = numbered(&fixtures(), model, "output");
+/// Run fixture `model` on `inputs` twice, the first run interpreted (and recorded), the
+/// second by the graph recorded from it where there is one, and compare each with torch's
+/// outputs; how the program runs these inputs after that.
+fn check_with(model: &str, inputs: &[Tensor], want: &[Tensor]) -> Specialisation {
+    let program = load(model);
+    for _ in 0..2 {
+        run_and_compare(&program, model, inputs, want);
+    }
+    let mut plans = program.specialisations();
+    assert_eq!(plans.len(), 1, "{model}: one signature of inputs was run");
+    plans.remove(0).1
+}
+
+fn fixture(model: &str, kind: &str) -> Vec<Tensor> {
+    let v = numbered(&fixtures(), model, kind);
+    assert!(!v.is_empty(), "{model}: {kind} fixtures missing");
+    v
+}
+
+fn check(model: &str) -> Specialisation {
+    check_with(model, &fixture(model, "input"), &fixture(model, "output"))
+}
+
+/// [`check`], the second run by a recorded graph.
+fn check_graph(model: &str) {
+    let how = check(model);
     assert!(
-        !inputs.is_empty() && !want.is_empty(),
-        "{model}: fixtures missing"
+        matches!(how, Specialisation::Graph { .. }),
+        "{model}: runs as {how:?}"
     );
-    check_with(model, &inputs, &want);
 }
 
 #[test]
 fn traced_timm_resnet18d() {
-    check("timm_resnet18d");
+    check_graph("timm_resnet18d");
 }
 
 #[test]
 fn traced_torchvision_mobilenet_v3_small() {
-    check("tv_mobilenet_v3_small");
+    check_graph("tv_mobilenet_v3_small");
 }
 
 #[test]
 fn traced_timm_vit() {
-    check("timm_vit");
+    check_graph("timm_vit");
 }
 
 #[test]
 fn traced_transformers_bert() {
-    check("hf_bert");
+    check_graph("hf_bert");
 }
 
 /// GPT-2's `Conv1D` traced as `torch.addmm(bias, x, weight)`, its weight `[in, out]`.
 #[test]
 fn traced_transformers_gpt2() {
-    check("hf_gpt2");
+    check_graph("hf_gpt2");
 }
 
 /// `addmm` with factors (`beta` 0 ignoring a bias of NaNs, as torch does), `addmm` with a
@@ -88,19 +113,88 @@ fn scripted_bidirectional_lstm_tagger() {
 }
 
 /// The scripted model with its Optional input left out, and with inputs that take the other
-/// side of its data-dependent branch (and run its while loop to its bound).
+/// side of its data-dependent branch (and run its while loop to its bound), all by the one
+/// program after its first inputs. The code reads values of tensors computed from the inputs
+/// (the branch, the loop's condition), so no graph is recorded: the other side's inputs are
+/// of the first inputs' sizes, and a graph of the first run would compute the first side.
 #[test]
 fn scripted_loops_other_paths() {
+    let model = "scripted_loops";
+    let program = load(model);
+    let (inputs, want) = (fixture(model, "input"), fixture(model, "output"));
+    for _ in 0..2 {
+        run_and_compare(&program, model, &inputs, &want);
+    }
     for k in 0..2 {
         let v = format!("v{k}");
-        let inputs = numbered(&fixtures(), "scripted_loops", &format!("{v}.input"));
-        let want = numbered(&fixtures(), "scripted_loops", &format!("{v}.output"));
-        assert!(
-            !inputs.is_empty() && !want.is_empty(),
-            "{v}: fixtures missing"
-        );
-        check_with("scripted_loops", &inputs, &want);
+        let inputs = fixture(model, &format!("{v}.input"));
+        let want = fixture(model, &format!("{v}.output"));
+        for _ in 0..2 {
+            run_and_compare(&program, model, &inputs, &want);
+        }
     }
+    let plans = program.specialisations();
+    assert_eq!(plans.len(), 2, "{plans:?}");
+    for (_, how) in plans {
+        assert!(
+            matches!(&how, Specialisation::Interpreted(why)
+                if why.contains("reads a value of a tensor computed from the inputs")),
+            "{how:?}"
+        );
+    }
+}
+
+/// A branch on a value computed from the input, and nothing else that depends on it: no
+/// graph is recorded (it would hold the first inputs' side), so inputs of the same sizes on
+/// the other side of the branch get the other side, by the same program.
+#[test]
+fn scripted_branch_on_a_value_is_not_recorded() {
+    let model = "scripted_branch";
+    let program = load(model);
+    for inputs in ["input", "v0.input", "v1.input", "input"] {
+        let want = fixture(model, &inputs.replace("input", "output"));
+        for _ in 0..2 {
+            run_and_compare(&program, model, &fixture(model, inputs), &want);
+        }
+    }
+    let how = program.specialisations().remove(0).1;
+    assert!(
+        matches!(&how, Specialisation::Interpreted(why)
+            if why.contains("reads a value of a tensor computed from the inputs")),
+        "{how:?}"
+    );
+}
+
+/// Sizes that depend on the inputs' values (a boolean mask's selection, and a tensor made
+/// with the selection's size): the second run is the graph recorded from the first; inputs
+/// of the same sizes that select another number of values fail the graph's check of its
+/// sizes and are interpreted, and so is every later run of those sizes.
+#[test]
+fn scripted_mask_sizes_from_values() {
+    let model = "scripted_mask";
+    let program = load(model);
+    let (a, want_a) = (fixture(model, "input"), fixture(model, "output"));
+    let (b, want_b) = (fixture(model, "v0.input"), fixture(model, "v0.output"));
+    assert_eq!(a[0].dims(), b[0].dims());
+    assert_ne!(
+        want_a[0].dims(),
+        want_b[0].dims(),
+        "the second inputs should select another number of values"
+    );
+    for _ in 0..2 {
+        run_and_compare(&program, model, &a, &want_a);
+    }
+    let how = program.specialisations().remove(0).1;
+    assert!(matches!(how, Specialisation::Graph { .. }), "{how:?}");
+    for _ in 0..2 {
+        run_and_compare(&program, model, &b, &want_b);
+    }
+    run_and_compare(&program, model, &a, &want_a);
+    let how = program.specialisations().remove(0).1;
+    assert!(
+        matches!(&how, Specialisation::Interpreted(why) if why.contains("the recorded run had")),
+        "{how:?}"
+    );
 }
 
 /// The loop counter is an int output: exact, and it differs between the two paths.

@@ -64,3 +64,45 @@ fn run_torchscript_with_too_few_inputs_is_one_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("takes 2 input(s) but 1 were given"), "{err}");
 }
+
+/// `--runs 3` on traced GPT-2: the last run's outputs (by the graph recorded from the first)
+/// match torch's, and stderr gives the runs' times and says a graph ran them; `--runs 0` is
+/// refused.
+#[test]
+fn run_torchscript_several_runs_by_the_recorded_graph() {
+    let dir = std::env::temp_dir().join(format!("torchport-runs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out.npz");
+    let args = |runs: &str| {
+        vec![
+            "run".to_string(),
+            format!("{TS}/hf_gpt2.pt"),
+            "--input".into(),
+            format!("{TS}/hf_gpt2.input_0.npy"),
+            "--output".into(),
+            out.to_str().unwrap().to_string(),
+            "--runs".into(),
+            runs.into(),
+        ]
+    };
+    let o = torchport(&args("3"));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("3 runs: the first"), "{stderr}");
+    assert!(
+        stderr.contains("runs after the first: a recorded graph of"),
+        "{stderr}"
+    );
+    let got = torchport_runtime::npy::read_arrays(&out).unwrap();
+    let want = read_npy(&root().join(format!("{TS}/hf_gpt2.output_0.npy"))).unwrap();
+    let diff = (&got[0].1 - &want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);
+    let o = torchport(&args("0"));
+    assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -402,6 +402,7 @@ fn invoke(kernel: OpFn, target: &str, b: Bound, what: &str) -> Result<Vec<Val>, 
     };
     let outs = crate::ops::call(kernel, &Args::new(&node, &b.env))
         .map_err(|e| format!("{what}: {}", e.0))?;
+    super::specialise::call(target, &node.inputs, &b.env, &outs);
     Ok(outs.into_iter().map(from_value).collect())
 }
 

@@ -52,6 +52,7 @@ pub fn is_inplace(op: &str) -> bool {
 
 /// The value of a one-element tensor as f64.
 pub fn tensor_scalar(t: &Tensor) -> BResult<f64> {
+    super::specialise::read(t);
     if t.elem_count() != 1 {
         return Err(format!(
             "a tensor of shape {:?} used as a Python scalar (it must hold one element)",
@@ -75,6 +76,7 @@ pub fn tensor_scalar(t: &Tensor) -> BResult<f64> {
 
 fn tensor_int(t: &Tensor) -> BResult<i64> {
     if t.dtype() == DType::I64 && t.elem_count() == 1 {
+        super::specialise::read(t);
         let v = t
             .flatten_all()
             .and_then(|f| f.to_vec1::<i64>())
@@ -483,6 +485,7 @@ fn new_tensor(data: &Val, dtype: Option<&Val>) -> BResult<Val> {
         }
         _ => t,
     };
+    super::specialise::constant(&t);
     Ok(Val::Tensor(t))
 }
 
@@ -501,17 +504,20 @@ fn collect_ints(v: &Val, out: &mut Vec<i64>) {
 pub fn call_prim(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops) -> BResult<Val> {
     let a0 = || arg(args, 0, name);
     Ok(match name {
-        "NumToTensor" => match a0()? {
-            Val::Int(i) => Val::Tensor(Tensor::new(*i, &Device::Cpu).map_err(|e| e.to_string())?),
-            Val::Bool(b) => {
-                Val::Tensor(Tensor::new(u8::from(*b), &Device::Cpu).map_err(|e| e.to_string())?)
+        "NumToTensor" => {
+            let t = match a0()? {
+                Val::Int(i) => Tensor::new(*i, &Device::Cpu),
+                Val::Bool(b) => Tensor::new(u8::from(*b), &Device::Cpu),
+                // A 0-d float64 tensor, as torch's NumToTensor makes (not a wrapped number:
+                // `int_tensor * it` is float64, `f32_tensor * it` stays f32).
+                Val::Float(f) => Tensor::new(*f, &Device::Cpu),
+                Val::Tensor(t) => return Ok(Val::Tensor(t.clone())),
+                o => return Err(format!("NumToTensor of a {}", o.type_name())),
             }
-            // A 0-d float64 tensor, as torch's NumToTensor makes (not a wrapped number:
-            // `int_tensor * it` is float64, `f32_tensor * it` stays f32).
-            Val::Float(f) => Val::Tensor(Tensor::new(*f, &Device::Cpu).map_err(|e| e.to_string())?),
-            Val::Tensor(t) => Val::Tensor(t.clone()),
-            o => return Err(format!("NumToTensor of a {}", o.type_name())),
-        },
+            .map_err(|e| e.to_string())?;
+            super::specialise::constant(&t);
+            Val::Tensor(t)
+        }
         "dtype" => match a0()? {
             Val::Tensor(t) => Val::Int(super::value::dtype_to_c10(crate::dtype::of_runtime(
                 t.dtype(),

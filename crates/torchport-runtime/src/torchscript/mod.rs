@@ -23,13 +23,14 @@ pub mod lexer;
 mod linears;
 pub mod parser;
 pub mod scalars;
+mod specialise;
 pub mod value;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::Tensor;
 use torchport::script::{ScriptObject, ScriptValue};
@@ -144,6 +145,58 @@ pub struct ScriptProgram {
     /// Those of `tensors` stored packed, being read only as Linear weights (`linears.rs`).
     linears: aten::PackedLinears,
     params: Vec<(String, bool)>,
+    /// What runs the code for each signature of inputs seen (`specialise.rs`), at most
+    /// [`MAX_SPECIALISED`] of them.
+    plans: Mutex<Vec<(Signature, Plan)>>,
+}
+
+/// A run's outputs, and where it was recorded, the recording (or why there is none).
+type Evaluated = (
+    Vec<Tensor>,
+    Option<std::result::Result<specialise::Recording, String>>,
+);
+
+/// The dtype and sizes of each input of a run.
+type Signature = Vec<(candle_core::DType, Vec<usize>)>;
+
+/// How many input signatures a [`ScriptProgram`] keeps a graph for (each holds its own
+/// prepared weights: folded, transformed for Winograd's algorithm); runs of others are
+/// interpreted.
+pub const MAX_SPECIALISED: usize = 4;
+
+/// How runs of one signature of inputs are done.
+enum Plan {
+    /// The first run's recording, built into a program at the second run.
+    Recorded(Box<specialise::Recording>),
+    /// Runs as this program.
+    Graph(Arc<crate::Program>),
+    /// Interpreted, for this reason.
+    Interpreted(String),
+}
+
+/// What one run does.
+enum Next {
+    /// Interpret and record (the signature's first run).
+    Record,
+    /// Run this program.
+    Graph(Arc<crate::Program>),
+    /// Interpret.
+    Interpret,
+}
+
+/// How [`ScriptProgram::run`] runs inputs of one signature (see
+/// [`ScriptProgram::specialisations`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Specialisation {
+    /// The first run was interpreted and recorded; the next builds the graph.
+    Recorded,
+    /// Runs as a `.pt2` graph of this many nodes (after the load's rewrites).
+    Graph {
+        /// Its nodes.
+        nodes: usize,
+    },
+    /// Interpreted, for the reason given.
+    Interpreted(String),
 }
 
 impl ScriptProgram {
@@ -214,6 +267,7 @@ impl ScriptProgram {
             tensors,
             linears,
             params,
+            plans: Mutex::new(Vec::new()),
         })
     }
 
@@ -274,7 +328,103 @@ impl ScriptProgram {
     /// defaults may be left out). Floats are computed in f32, ints in i64, bools as u8 0/1.
     /// The result's tensors come back in order, tuples, lists and dicts (by value) flattened;
     /// int, float and bool results come back as 0-d tensors, `None` is skipped.
+    ///
+    /// The first run of each signature of inputs (their dtypes and sizes) is interpreted and
+    /// recorded as a `.pt2` graph specialised to that signature; later runs of the signature
+    /// run that graph, with the load-time rewrites of a `.pt2` program (batch norms folded,
+    /// activations fused, Winograd and packed weights), where the recording shows that
+    /// nothing the code decided depended on the inputs' values, and while every size is the
+    /// one recorded (checked as the graph runs; a run that differs is interpreted, and so is
+    /// every later run of its signature). Results of the graph and of the interpreter may
+    /// differ in the last bits (a folded batch norm rounds differently).
+    /// [`ScriptProgram::specialisations`] says what each signature got;
+    /// [`ScriptProgram::interpret`] never uses a graph.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let inputs = self.check_inputs(inputs)?;
+        let signature: Signature = inputs
+            .iter()
+            .map(|t| (t.dtype(), t.dims().to_vec()))
+            .collect();
+        match self.next_run(&signature) {
+            Next::Record => {
+                let (out, recording) = self.evaluate(&inputs, true)?;
+                let plan = match recording {
+                    Some(Ok(r)) => Plan::Recorded(Box::new(r)),
+                    Some(Err(why)) => Plan::Interpreted(why),
+                    None => Plan::Interpreted("not recorded".into()),
+                };
+                let mut plans = self.plans();
+                if plans.len() < MAX_SPECIALISED && !plans.iter().any(|(s, _)| *s == signature) {
+                    plans.push((signature, plan));
+                }
+                Ok(out)
+            }
+            Next::Graph(program) => match program.run(&inputs) {
+                Ok(out) => Ok(out),
+                Err(e) => {
+                    if let Some((_, plan)) = self.plans().iter_mut().find(|(s, _)| *s == signature)
+                    {
+                        *plan = Plan::Interpreted(format!("the graph failed: {e}"));
+                    }
+                    Ok(self.evaluate(&inputs, false)?.0)
+                }
+            },
+            Next::Interpret => Ok(self.evaluate(&inputs, false)?.0),
+        }
+    }
+
+    fn plans(&self) -> std::sync::MutexGuard<'_, Vec<(Signature, Plan)>> {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the next run of inputs of `signature` does; a recording of them waiting for its
+    /// second run is built into its program now.
+    fn next_run(&self, signature: &Signature) -> Next {
+        let mut plans = self.plans();
+        let room = plans.len() < MAX_SPECIALISED;
+        let Some((_, plan)) = plans.iter_mut().find(|(s, _)| s == signature) else {
+            return if room { Next::Record } else { Next::Interpret };
+        };
+        *plan = match std::mem::replace(plan, Plan::Interpreted(String::new())) {
+            Plan::Recorded(r) => match crate::Program::specialised(r.program, r.weights) {
+                Ok(p) => Plan::Graph(Arc::new(p)),
+                Err(e) => Plan::Interpreted(format!("the graph does not build: {e}")),
+            },
+            other => other,
+        };
+        match plan {
+            Plan::Graph(p) => Next::Graph(Arc::clone(p)),
+            _ => Next::Interpret,
+        }
+    }
+
+    /// Run like [`ScriptProgram::run`], always by the evaluator (no graph is recorded or run).
+    pub fn interpret(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let inputs = self.check_inputs(inputs)?;
+        Ok(self.evaluate(&inputs, false)?.0)
+    }
+
+    /// For each signature of inputs run so far (their sizes, in order), how
+    /// [`ScriptProgram::run`] runs it.
+    pub fn specialisations(&self) -> Vec<(Vec<Vec<usize>>, Specialisation)> {
+        self.plans()
+            .iter()
+            .map(|(s, plan)| {
+                let sizes = s.iter().map(|(_, d)| d.clone()).collect();
+                let how = match plan {
+                    Plan::Recorded(_) => Specialisation::Recorded,
+                    Plan::Graph(p) => Specialisation::Graph {
+                        nodes: p.exported_program().graph_module.graph.nodes.len(),
+                    },
+                    Plan::Interpreted(why) => Specialisation::Interpreted(why.clone()),
+                };
+                (sizes, how)
+            })
+            .collect()
+    }
+
+    /// The inputs in the evaluator's representation, after checking their count.
+    fn check_inputs(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let required = self.params.iter().filter(|(_, d)| !d).count();
         if inputs.len() < required || inputs.len() > self.params.len() {
             return Err(Error::InputCount {
@@ -282,6 +432,21 @@ impl ScriptProgram {
                 got: inputs.len(),
             });
         }
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                eval::input_tensor(t).map_err(|e| Error::Input {
+                    index: i,
+                    what: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Run the evaluator on `inputs`, recording the run where `record` (the recording, or why
+    /// there is none).
+    fn evaluate(&self, inputs: &[Tensor], record: bool) -> Result<Evaluated> {
         // The evaluator needs a large stack: its recursion is bounded (call depth, nesting of
         // the parsed code) but deeper than a default thread allows. It runs on a thread of a
         // pool whose threads have one (`threads::script_pool`), the others waiting for its
@@ -290,8 +455,10 @@ impl ScriptProgram {
         // spent a quarter of its run in the scheduler (BENCHMARKS.md, issue 14). Where that
         // pool cannot be built, a thread of its own.
         let evaluate = || {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_here(inputs)))
-                .map_err(|_| Error::Program("the evaluator panicked".into()))?
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.run_here(inputs, record)
+            }))
+            .map_err(|_| Error::Program("the evaluator panicked".into()))?
         };
         if let Some(pool) = crate::threads::script_pool(EVAL_STACK) {
             return pool.install(|| crate::program::in_pool(evaluate));
@@ -306,15 +473,9 @@ impl ScriptProgram {
         })
     }
 
-    fn run_here(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        let mut args = Vec::with_capacity(inputs.len());
-        for (i, t) in inputs.iter().enumerate() {
-            let t = eval::input_tensor(t).map_err(|e| Error::Input {
-                index: i,
-                what: e.to_string(),
-            })?;
-            args.push(Val::Tensor(t));
-        }
+    /// The evaluator's run on this thread; with `record`, its recording as well.
+    fn run_here(&self, inputs: &[Tensor], record: bool) -> Result<Evaluated> {
+        let args = inputs.iter().map(|t| Val::Tensor(t.clone())).collect();
         let root = match self.value(&ScriptValue::Object(Box::new(self.root.clone())))? {
             Val::Object(o) => o,
             _ => return Err(Error::Program("the root is not a module".into())),
@@ -324,13 +485,22 @@ impl ScriptProgram {
             .iter()
             .map(|c| self.value(c).and_then(wrapped_number))
             .collect::<Result<_>>()?;
+        let guard = record.then(|| {
+            let archive = self
+                .tensors
+                .iter()
+                .map(|(name, t)| (t.id(), name.clone()))
+                .collect();
+            specialise::Guard::start(archive, inputs)
+        });
         let mut interp = Interp::new(&self.code, constants, &self.linears);
         let out = interp
             .call_method(&root, "forward", args, Vec::new())
             .map_err(|e| self.error(e))?;
         let mut tensors = Vec::new();
         flatten(&out, &mut tensors, 0)?;
-        Ok(tensors)
+        let recording = guard.map(|g| g.finish(&tensors));
+        Ok((tensors, recording))
     }
 
     fn error(&self, e: EvalError) -> Error {
