@@ -136,12 +136,16 @@ fn scripted_loops_other_paths() {
     let plans = program.specialisations();
     assert_eq!(plans.len(), 2, "{plans:?}");
     for (_, how) in plans {
-        assert!(
-            matches!(&how, Specialisation::Interpreted(why)
-                if why.contains("reads a value of a tensor computed from the inputs")),
-            "{how:?}"
-        );
+        assert_interpreted(&how, "reads a value of a tensor computed from the inputs");
     }
+}
+
+/// `how` is [`Specialisation::Interpreted`] for a reason that says `why`.
+fn assert_interpreted(how: &Specialisation, why: &str) {
+    assert!(
+        matches!(how, Specialisation::Interpreted(reason) if reason.contains(why)),
+        "{how:?}"
+    );
 }
 
 /// A branch on a value computed from the input, and nothing else that depends on it: no
@@ -158,11 +162,7 @@ fn scripted_branch_on_a_value_is_not_recorded() {
         }
     }
     let how = program.specialisations().remove(0).1;
-    assert!(
-        matches!(&how, Specialisation::Interpreted(why)
-            if why.contains("reads a value of a tensor computed from the inputs")),
-        "{how:?}"
-    );
+    assert_interpreted(&how, "reads a value of a tensor computed from the inputs");
 }
 
 /// Sizes that depend on the inputs' values (a boolean mask's selection, and a tensor made
@@ -191,10 +191,7 @@ fn scripted_mask_sizes_from_values() {
     }
     run_and_compare(&program, model, &a, &want_a);
     let how = program.specialisations().remove(0).1;
-    assert!(
-        matches!(&how, Specialisation::Interpreted(why) if why.contains("the recorded run had")),
-        "{how:?}"
-    );
+    assert_interpreted(&how, "the recorded run had");
 }
 
 /// The loop counter is an int output: exact, and it differs between the two paths.

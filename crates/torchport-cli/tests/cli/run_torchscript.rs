@@ -1,12 +1,18 @@
 //! `torchport run` and `torchport ops` on TorchScript archives (`torch.jit.save`), through the
 //! real binary, on the fixtures of tests/fixtures/gen/gen_torchscript.py.
 
-use torchport_runtime::candle_core::DType;
+use torchport_runtime::candle_core::{DType, Tensor};
 use torchport_runtime::npy::read_npy;
 
 use crate::util::{root, run_model, torchport};
 
 const TS: &str = "tests/fixtures/torchscript";
+
+/// The largest absolute difference of two float32 tensors of one shape.
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+    d.to_scalar::<f32>().unwrap()
+}
 
 /// The scripted LSTM tagger: float logits within tolerance, its int64 argmax exactly.
 #[test]
@@ -18,13 +24,7 @@ fn run_torchscript_matches_torch() {
     let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["output_0", "output_1"]);
     let want0 = read_npy(&root().join(format!("{TS}/scripted_lstm.output_0.npy"))).unwrap();
-    let diff = (&arrays[0].1 - &want0)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap();
-    assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);
+    assert!(max_diff(&arrays[0].1, &want0) < 1e-4);
     let want1 = read_npy(&root().join(format!("{TS}/scripted_lstm.output_1.npy"))).unwrap();
     assert_eq!(arrays[1].1.dtype(), DType::I64);
     assert_eq!(
@@ -95,13 +95,7 @@ fn run_torchscript_several_runs_by_the_recorded_graph() {
     );
     let got = torchport_runtime::npy::read_arrays(&out).unwrap();
     let want = read_npy(&root().join(format!("{TS}/hf_gpt2.output_0.npy"))).unwrap();
-    let diff = (&got[0].1 - &want)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap();
-    assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);
+    assert!(max_diff(&got[0].1, &want) < 1e-4);
     let o = torchport(&args("0"));
     assert_eq!(o.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).ok();
