@@ -29,8 +29,8 @@ pub struct Args {
     output: PathBuf,
     /// Run this many times on the same inputs and write the last run's outputs; with more
     /// than one, the first run's time and the median of the others go to stderr. (A
-    /// TorchScript archive's later runs of the same input sizes run as a recorded graph:
-    /// docs/RUNTIME.md.)
+    /// TorchScript archive's later runs of the same input sizes run as a graph recorded
+    /// from the first: docs/RUNTIME.md; a single run is not recorded.)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
 }
@@ -101,7 +101,11 @@ fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCo
 fn run_script(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode> {
     let program = ScriptProgram::load(&args.model)?;
     let inputs = read_inputs(args, bar)?;
-    let outputs = repeat(args, || program.run(&inputs))?;
+    // One run gains nothing from being recorded as a graph.
+    let outputs = match args.runs {
+        1 => program.interpret(&inputs)?,
+        _ => repeat(args, || program.run(&inputs))?,
+    };
     if args.runs > 1 {
         for (_, how) in program.specialisations() {
             match how {

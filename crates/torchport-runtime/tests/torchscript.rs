@@ -94,7 +94,7 @@ fn traced_transformers_gpt2() {
 /// the packed product.
 #[test]
 fn scripted_products_with_packed_weights() {
-    check("scripted_products");
+    check_graph("scripted_products");
 }
 
 #[test]
@@ -104,12 +104,12 @@ fn scripted_loops_branch_lists_optional() {
 
 #[test]
 fn scripted_helper_methods_and_functions() {
-    check("scripted_helpers");
+    check_graph("scripted_helpers");
 }
 
 #[test]
 fn scripted_bidirectional_lstm_tagger() {
-    check("scripted_lstm");
+    check_graph("scripted_lstm");
 }
 
 /// The scripted model with its Optional input left out, and with inputs that take the other
@@ -300,29 +300,29 @@ fn parser_target_on_fixture_code_and_hostile_code() {
 
 #[test]
 fn traced_torchvision_lraspp_segmentation() {
-    check("tv_lraspp");
+    check_graph("tv_lraspp");
 }
 
 #[test]
 fn scripted_torchvision_lraspp_segmentation() {
-    check("tv_lraspp_scripted");
+    check_graph("tv_lraspp_scripted");
 }
 
 #[test]
 fn scripted_torchvision_mobilenet_v3() {
-    check("tv_mobilenet_v3_scripted");
+    check_graph("tv_mobilenet_v3_scripted");
 }
 
 #[test]
 fn scripted_timm_resnet18d() {
-    check("timm_resnet18d_scripted");
+    check_graph("timm_resnet18d_scripted");
 }
 
 /// Scripted timm code: an enum attribute (`Format.NCHW`, pickled as an enum member) and its
 /// comparison with the enum class's member.
 #[test]
 fn scripted_timm_vit() {
-    check("timm_vit_scripted");
+    check_graph("timm_vit_scripted");
 }
 
 /// A Linear's weight that the code reads only as `torch.linear`'s weight is stored packed at

@@ -554,85 +554,43 @@ impl ScriptProgram {
     }
 }
 
-/// Every tensor of `ckpt` (parameters, buffers, constants) by name, decoded in parallel, and
-/// those of `linear_weights` packed as the layout there says (where `packing` is given): the
-/// packed ones also by tensor, with their `(out, in)` features.
+/// Every tensor of `ckpt` (parameters, buffers, constants) by name, decoded as a `.pt2`
+/// load decodes its weights (`archive::decode`: in parallel, the float32 ones into one
+/// shared buffer, each archive page released once copied), those of `linear_weights`
+/// packed as the layout there says (where `packing` is given): the packed ones also by
+/// tensor, with their `(out, in)` features. Not packed: a weight with fewer outputs than
+/// half a panel, whose panels' padding would more than double it (a `[1, k]` weight would
+/// take 64 times its bytes with AVX-512, and an archive must not make the load allocate many
+/// times what it holds).
 fn decode(
     ckpt: &torchport::Checkpoint,
     packing: Option<crate::ops::packed::Packing>,
     linear_weights: &HashMap<String, crate::ops::packed::Source>,
 ) -> Result<(HashMap<String, Tensor>, aten::PackedLinears)> {
-    use rayon::prelude::*;
-    // Each tensor's pages of the mapped archive dropped once it is copied, as a `.pt2` load
-    // does: else the load holds the archive and the decoded tensors at once (a traced
-    // BERT-base peaked at 886 MB for 440 MB of weights).
-    let release = crate::archive::releases_pages(ckpt);
-    let all: Vec<&torchport::TensorInfo> = ckpt.tensors().iter().chain(ckpt.constants()).collect();
-    // Each tensor by name, with its features where it was packed.
-    type Decoded = (String, Tensor, Option<(usize, usize)>);
-    let decoded: Vec<Decoded> = all
-        .par_iter()
-        .map(|t| {
-            let werr = |what: String| Error::Weight {
-                name: t.name.clone(),
-                what,
-            };
-            let bytes = ckpt.data(t).map_err(|e| werr(e.to_string()))?;
-            let packed = match (packing, linear_weights.get(&t.name)) {
-                (Some(pk), Some(&source))
-                    if t.dtype.name() == "float32" && t.quant.is_none() && t.shape.len() == 2 =>
-                {
-                    source
-                        .features(&t.shape)
-                        .and_then(|(n, k)| Some((packed_weight(pk, &bytes, source, n, k)?, n, k)))
-                }
-                _ => None,
-            };
-            let (x, features) = match packed {
-                Some((x, n, k)) => (x, Some((n, k))),
-                None => (
-                    crate::archive::tensor_from_bytes(&bytes, t.dtype.name(), &t.shape)
-                        .map_err(werr)?,
-                    None,
-                ),
-            };
-            drop(bytes);
-            if release {
-                ckpt.release(t);
-            }
-            Ok((t.name.clone(), x, features))
+    let packed: crate::fast::HashMap<String, crate::ops::packed::Source> = ckpt
+        .tensors()
+        .iter()
+        .chain(ckpt.constants())
+        .filter_map(|t| {
+            let source = *linear_weights.get(&t.name)?;
+            let (n, k) = source.features(&t.shape)?;
+            let fits = packing?.len(n, k).is_some_and(|len| len / 2 <= n * k);
+            let plain = t.dtype.name() == "float32" && t.quant.is_none() && t.shape.len() == 2;
+            (fits && plain).then(|| (t.name.clone(), source))
         })
-        .collect::<Result<_>>()?;
+        .collect();
+    // Small archives mapped at once, as a `.pt2` load maps them.
+    crate::archive::populate(ckpt);
+    let none = crate::fast::HashSet::default();
+    let (tensors, _, was_packed) =
+        crate::archive::decode(ckpt, &none, &packed, &none, |_| Default::default())?;
     let mut linears = aten::PackedLinears::new();
-    let mut tensors = HashMap::with_capacity(decoded.len());
-    for (name, x, features) in decoded {
-        if let Some(f) = features {
-            linears.insert(x.id(), f);
+    for (name, (_, features)) in &was_packed {
+        if let Some(t) = tensors.get(name) {
+            linears.insert(t.id(), *features);
         }
-        tensors.insert(name, x);
     }
-    Ok((tensors, linears))
-}
-
-/// A product's float32 weight of `n` output and `k` input features, held as little-endian
-/// `bytes` laid out as `source` says, packed for the gemm's microkernel (1-d, as the packed
-/// Linear kernel reads it); `None` where the bytes do not fit, or where the panels' padding
-/// would more than double it (fewer outputs than half a panel: a `[1, k]` weight would take
-/// 64 times its bytes with AVX-512, and an archive must not make the load allocate many
-/// times what it holds).
-fn packed_weight(
-    pk: crate::ops::packed::Packing,
-    bytes: &[u8],
-    source: crate::ops::packed::Source,
-    n: usize,
-    k: usize,
-) -> Option<Tensor> {
-    let len = pk
-        .len(n, k)
-        .filter(|&len| len / 2 <= n * k && bytes.len() / 4 == n * k)?;
-    let mut dst = crate::allocator::weight_buffer(len);
-    pk.pack_le_into(bytes, source, n, k, &mut dst, None)
-        .then(|| Tensor::from_vec(dst, len, &candle_core::Device::Cpu).ok())?
+    Ok((tensors.into_iter().collect(), linears))
 }
 
 /// The tensors of a result, in order.
