@@ -148,6 +148,14 @@ fn assert_interpreted(how: &Specialisation, why: &str) {
     );
 }
 
+/// In-place updates of parts of a tensor written back into it (slices of slices, a row's
+/// slice, a row, a named column updated twice), as torchvision's Swin builds its attention
+/// mask; interpreted, then by the recorded graph.
+#[test]
+fn scripted_in_place_updates_of_parts() {
+    check_graph("scripted_view_writes");
+}
+
 /// A branch on a value computed from the input, and nothing else that depends on it: no
 /// graph is recorded (it would hold the first inputs' side), so inputs of the same sizes on
 /// the other side of the branch get the other side, by the same program.
@@ -231,6 +239,10 @@ fn hostile_archives_give_one_clear_error() {
             4,
             "operator aten::not_an_operator is not supported",
         ),
+        // A part cut by `narrow` updated in place: not written back, refused.
+        ("inplace_view", 4, "only slice and select are"),
+        // A part of a tensor no variable holds: the update would be lost, refused.
+        ("inplace_lost", 4, "no variable of this function holds"),
     ];
     for (name, want_line, want) in cases {
         let e = hostile_error(name);

@@ -8,14 +8,13 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use std::collections::HashSet;
-
-use candle_core::{DType, Device, Tensor, TensorId};
+use candle_core::{DType, Device, Tensor};
 
 use super::ast::{BinOp, Expr, ExprKind, Func, Stmt, StmtKind, Target};
 use super::aten::Ops;
 use super::builtins;
 use super::value::{Obj, Val};
+use super::view_writes;
 use super::Code;
 
 /// Deepest chain of function and method calls.
@@ -78,43 +77,9 @@ pub struct Interp<'a> {
     depth: usize,
     steps: u64,
     /// Tensors that are part of another tensor (results of `slice`, `select`, `narrow`,
-    /// indexing…): updating one in place would update its base in torch, which the
-    /// evaluator (running in-place ops functionally) cannot do, so that is refused.
-    partial_views: HashSet<TensorId>,
-}
-
-/// Ops whose result is a part of their input's memory.
-fn is_partial_view(op: &str) -> bool {
-    matches!(
-        op,
-        "slice"
-            | "select"
-            | "narrow"
-            | "diagonal"
-            | "as_strided"
-            | "split"
-            | "split_with_sizes"
-            | "chunk"
-            | "unbind"
-            | "__getitem__"
-    )
-}
-
-/// Record the tensors of `v` as partial views.
-fn mark_views(set: &mut HashSet<TensorId>, v: &Val) {
-    match v {
-        Val::Tensor(t) => {
-            set.insert(t.id());
-        }
-        Val::List(_) | Val::Tuple(_) => {
-            for x in v.items().unwrap_or_default() {
-                if let Val::Tensor(t) = x {
-                    set.insert(t.id());
-                }
-            }
-        }
-        _ => {}
-    }
+    /// indexing…): an in-place update of one is written back into the tensor it was cut
+    /// from, or refused ([`view_writes`]).
+    parts: view_writes::Parts,
 }
 
 struct Frame {
@@ -137,7 +102,7 @@ impl<'a> Interp<'a> {
             linears,
             depth: 0,
             steps: 0,
-            partial_views: HashSet::new(),
+            parts: view_writes::Parts::new(),
         }
     }
 
@@ -459,15 +424,23 @@ impl<'a> Interp<'a> {
                     };
                     let (a, b, c) = (part(a)?, part(b)?, part(c)?);
                     let r = builtins::slice(&o, a, b, c, self.ops)?;
-                    if let Val::Tensor(_) = o {
-                        mark_views(&mut self.partial_views, &r);
+                    if let Val::Tensor(t) = &o {
+                        let int = |x: Option<i64>| x.map_or(Val::None, Val::Int);
+                        let rest = [Val::Int(0), int(a), int(b), Val::Int(c.unwrap_or(1))];
+                        view_writes::mark(&mut self.parts, t, "slice", &rest, false, &r);
                     }
                     return Ok(r);
                 }
                 let i = self.eval(idx, frame)?;
                 let r = builtins::get_item(&o, &i, self.ops)?;
-                if let Val::Tensor(_) = o {
-                    mark_views(&mut self.partial_views, &r);
+                if let Val::Tensor(t) = &o {
+                    // `x[i]` with an int is `select(x, 0, i)`; any other index is a part
+                    // that is not written back.
+                    let (op, rest) = match i {
+                        Val::Int(_) => ("select", vec![Val::Int(0), i]),
+                        _ => ("__getitem__", Vec::new()),
+                    };
+                    view_writes::mark(&mut self.parts, t, op, &rest, false, &r);
                 }
                 r
             }
@@ -701,6 +674,37 @@ impl<'a> Interp<'a> {
         }
     }
 
+    /// `new`, the result of in-place op `op` on `part` (a part of another tensor), written
+    /// back into the tensor it was cut from ([`view_writes::write_back`]); every variable of
+    /// this call holding that tensor is bound to its new value. Refused where none does (the
+    /// tensor is held only by an attribute, a list, a caller): its update would be lost.
+    fn write_back(
+        &mut self,
+        op: &str,
+        part: &Tensor,
+        new: &Tensor,
+        frame: &mut Frame,
+    ) -> EResult<()> {
+        let (root, value) = view_writes::write_back(&mut self.parts, part, new.clone(), self.ops)
+            .map_err(|e| format!("torch.{op} on part of another tensor: {e}"))?;
+        let mut held = false;
+        for v in frame.vars.values_mut() {
+            if matches!(v, Val::Tensor(t) if t.id() == root) {
+                *v = Val::Tensor(value.clone());
+                held = true;
+            }
+        }
+        if held {
+            Ok(())
+        } else {
+            Err(format!(
+                "torch.{op} updates part of a tensor that no variable of this function holds \
+                 (an attribute, a list item or a caller's): the update would be lost"
+            )
+            .into())
+        }
+    }
+
     fn call_path(
         &mut self,
         path: &str,
@@ -714,21 +718,24 @@ impl<'a> Interp<'a> {
             .or_else(|| path.strip_prefix("ops.aten."))
         {
             let inplace = builtins::is_inplace(op);
+            // The part of another tensor this op updates in place, if any.
+            let mut part = None;
             if let (true, Some(Val::Tensor(t))) = (inplace, args.first()) {
-                if self.partial_views.contains(&t.id()) {
-                    return Err(format!(
-                        "torch.{op} updates part of another tensor in place (a slice, select or \
-                         index of it); in-place updates of views are not supported"
-                    )
-                    .into());
+                if view_writes::writable(&self.parts, t)
+                    .map_err(|why| format!("torch.{op} updates a tensor in place, but {why}"))?
+                {
+                    part = Some(t.clone());
                 }
             }
             if let Some(r) = super::aten::packed_product(op, &args, &kwargs, self.linears)? {
                 return Ok(r);
             }
             let r = builtins::call_torch(op, &args, &kwargs, self.ops)?;
-            if is_partial_view(op) && matches!(args.first(), Some(Val::Tensor(_))) {
-                mark_views(&mut self.partial_views, &r);
+            if let (true, Some(Val::Tensor(t))) = (view_writes::cuts(op), args.first()) {
+                view_writes::mark(&mut self.parts, t, op, &args[1..], !kwargs.is_empty(), &r);
+            }
+            if let (Some(part), Val::Tensor(new)) = (part, &r) {
+                self.write_back(op, &part, new, frame)?;
             }
             // An in-place op: the name it mutated now holds the result.
             if inplace {

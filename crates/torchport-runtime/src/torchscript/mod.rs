@@ -25,6 +25,7 @@ pub mod parser;
 pub mod scalars;
 mod specialise;
 pub mod value;
+mod view_writes;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
