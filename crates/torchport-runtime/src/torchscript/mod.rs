@@ -142,7 +142,7 @@ pub struct ScriptProgram {
     code: Code,
     root: ScriptObject,
     constants: Vec<ScriptValue>,
-    tensors: HashMap<String, Tensor>,
+    tensors: crate::fast::HashMap<String, Tensor>,
     /// Those of `tensors` stored packed, being read only as Linear weights (`linears.rs`).
     linears: aten::PackedLinears,
     params: Vec<(String, bool)>,
@@ -567,7 +567,7 @@ fn decode(
     ckpt: &torchport::Checkpoint,
     packing: Option<crate::ops::packed::Packing>,
     linear_weights: &HashMap<String, crate::ops::packed::Source>,
-) -> Result<(HashMap<String, Tensor>, aten::PackedLinears)> {
+) -> Result<(crate::fast::HashMap<String, Tensor>, aten::PackedLinears)> {
     let packed: crate::fast::HashMap<String, crate::ops::packed::Source> = ckpt
         .tensors()
         .iter()
@@ -591,7 +591,7 @@ fn decode(
             linears.insert(t.id(), *features);
         }
     }
-    Ok((tensors.into_iter().collect(), linears))
+    Ok((tensors, linears))
 }
 
 /// The tensors of a result, in order.

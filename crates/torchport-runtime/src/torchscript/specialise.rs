@@ -211,7 +211,7 @@ impl Recorder {
                 kind: None,
             });
         }
-        let key = functional(target, &args, env, inputs)?;
+        let key = functional(target, env, inputs)?;
         let mut outputs = Vec::with_capacity(outs.len());
         for v in outs {
             outputs.push(match v {
@@ -253,23 +253,22 @@ impl Recorder {
         let n = self.weight_specs.len();
         let name = format!("weight_{n}");
         let arg = TensorArgument { name: name.clone() };
-        let spec = if let Some(stored) = self.archive.get(&t.id()) {
-            InputSpec::Parameter {
+        let (stored, spec) = if let Some(stored) = self.archive.get(&t.id()) {
+            let spec = InputSpec::Parameter {
                 arg: arg.clone(),
                 parameter_name: stored.clone(),
-            }
+            };
+            (stored.clone(), spec)
         } else if self.constants.contains(&t.id()) {
-            InputSpec::TensorConstant {
+            let stored = format!("constant_{n}");
+            let spec = InputSpec::TensorConstant {
                 arg: arg.clone(),
-                tensor_constant_name: format!("constant_{n}"),
-            }
+                tensor_constant_name: stored.clone(),
+            };
+            (stored, spec)
         } else {
             return Err("a kernel reads a tensor the evaluator made itself".into());
         };
-        let stored = spec
-            .weight()
-            .map(|(_, s)| s.to_string())
-            .unwrap_or_default();
         self.weights.insert(stored, t.clone());
         self.weight_specs.push(spec);
         self.meta(&name, t);
@@ -334,15 +333,12 @@ impl Recorder {
             .into_iter()
             .chain(self.user_specs)
             .collect();
+        // Each spec's graph input (every weight spec is a parameter or a constant).
         let inputs = specs
             .iter()
-            .map(|s| match s {
-                InputSpec::UserInput { arg } => arg.clone(),
-                s => Argument::AsTensor(s.weight().map(|(a, _)| a.clone()).unwrap_or_else(|| {
-                    TensorArgument {
-                        name: String::new(),
-                    }
-                })),
+            .filter_map(|s| match s {
+                InputSpec::UserInput { arg } => Some(arg.clone()),
+                s => Some(Argument::AsTensor(s.weight()?.0.clone())),
             })
             .collect();
         let output_specs = graph_outputs
@@ -381,14 +377,9 @@ impl Recorder {
 /// functional form, which is how the evaluator treats it (the result is bound to the
 /// mutated name; nothing else sees the change), where that form computes the same: every
 /// tensor argument of `self`'s dtype, and no float argument to an integer `self` (else the
-/// functional form would promote). `args` are the recorded arguments, `inputs` the call's
-/// (tensors by name in `env`).
-fn functional(
-    target: &str,
-    args: &[NamedArgument],
-    env: &Env,
-    inputs: &[NamedArgument],
-) -> Result<String, String> {
+/// functional form would promote). `inputs`: the call's arguments (tensors by name in
+/// `env`).
+fn functional(target: &str, env: &Env, inputs: &[NamedArgument]) -> Result<String, String> {
     if !crate::ops::is_in_place(target) {
         return Ok(target.to_string());
     }
@@ -399,11 +390,10 @@ fn functional(
         Some(Value::Tensor(t)) => Some(t.dtype()),
         _ => None,
     };
-    let dtypes: Vec<_> = inputs
+    let mut dtypes = inputs
         .iter()
-        .flat_map(|a| crate::prepare::tensor_names(&a.arg).collect::<Vec<_>>())
-        .map(tensor)
-        .collect();
+        .flat_map(|a| crate::prepare::tensor_names(&a.arg))
+        .map(tensor);
     let own = inputs
         .iter()
         .find(|a| a.name == "self")
@@ -413,8 +403,8 @@ fn functional(
         });
     let float = |d: candle_core::DType| crate::ops::category(d) == 2;
     let same = own.is_some_and(|own| {
-        dtypes.iter().all(|d| *d == Some(own))
-            && (float(own) || !args.iter().any(|a| matches!(a.arg, Argument::AsFloat(_))))
+        dtypes.all(|d| d == Some(own))
+            && (float(own) || !inputs.iter().any(|a| matches!(a.arg, Argument::AsFloat(_))))
     });
     if same {
         Ok(name)
@@ -457,5 +447,45 @@ mod tests {
         RECORDER.with(|r| assert!(r.borrow().as_ref().unwrap().nodes.is_empty()));
         let e = guard.finish(&[last]).err().expect("not recorded");
         assert!(e.contains("more than 2 kernel calls"), "{e}");
+    }
+
+    /// In-place ops are recorded as their functional forms only where those compute the same
+    /// dtype: every tensor argument of `self`'s dtype, no float argument to an integer `self`.
+    #[test]
+    fn in_place_ops_recorded_functionally_only_where_the_dtype_holds() {
+        let t = |d: DType| Value::Tensor(Tensor::zeros(3, d, &Device::Cpu).unwrap());
+        let mut env = Env::default();
+        env.insert("f".into(), t(DType::F32));
+        env.insert("i".into(), t(DType::I64));
+        let arg = |name: &str, arg: Argument| NamedArgument {
+            name: name.to_string().into(),
+            arg,
+            kind: None,
+        };
+        let tensor = |n: &str| Argument::AsTensor(TensorArgument { name: n.into() });
+        let float = Argument::AsFloat(crate::schema::JsonFloat::Num(0.5));
+        let key = |target: &str, args: &[NamedArgument]| functional(target, &env, args);
+        assert_eq!(
+            key("aten.relu_.default", &[arg("self", tensor("f"))]),
+            Ok("aten.relu.default".to_string())
+        );
+        assert_eq!(
+            key("aten.relu.default", &[arg("self", tensor("i"))]),
+            Ok("aten.relu.default".to_string())
+        );
+        let add = [arg("self", tensor("f")), arg("other", tensor("f"))];
+        assert_eq!(key("aten.add_.Tensor", &add), Ok("aten.add.Tensor".into()));
+        let add = [arg("self", tensor("f")), arg("other", float.clone())];
+        assert_eq!(key("aten.add_.Scalar", &add), Ok("aten.add.Scalar".into()));
+        let add = [arg("self", tensor("i")), arg("other", Argument::AsInt(2))];
+        assert_eq!(key("aten.add_.Scalar", &add), Ok("aten.add.Scalar".into()));
+        for (target, other) in [
+            ("aten.add_.Tensor", tensor("f")),
+            ("aten.add_.Scalar", float.clone()),
+        ] {
+            let add = [arg("self", tensor("i")), arg("other", other)];
+            let e = key(target, &add).unwrap_err();
+            assert!(e.contains("values of another type"), "{e}");
+        }
     }
 }
