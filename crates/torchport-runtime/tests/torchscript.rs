@@ -150,7 +150,7 @@ fn assert_interpreted(how: &Specialisation, why: &str) {
 
 /// In-place updates of parts of a tensor written back into it (slices of slices, a row's
 /// slice, a row, a named column updated twice), as torchvision's Swin builds its attention
-/// mask; interpreted, then by the recorded graph.
+/// mask, and seen by a row taken before them; interpreted, then by the recorded graph.
 #[test]
 fn scripted_in_place_updates_of_parts() {
     check_graph("scripted_view_writes");

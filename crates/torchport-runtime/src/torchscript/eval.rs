@@ -676,8 +676,10 @@ impl<'a> Interp<'a> {
 
     /// `new`, the result of in-place op `op` on `part` (a part of another tensor), written
     /// back into the tensor it was cut from ([`view_writes::write_back`]); every variable of
-    /// this call holding that tensor is bound to its new value. Refused where none does (the
-    /// tensor is held only by an attribute, a list, a caller): its update would be lost.
+    /// this call holding that tensor is bound to its new value, and every variable holding
+    /// another part of it, made before the update, to that part cut again from the new value
+    /// ([`view_writes::cut_again`]). Refused where no variable holds the tensor (an
+    /// attribute, a list, a caller does): its update would be lost.
     fn write_back(
         &mut self,
         op: &str,
@@ -689,9 +691,15 @@ impl<'a> Interp<'a> {
             .map_err(|e| format!("torch.{op} on part of another tensor: {e}"))?;
         let mut held = false;
         for v in frame.vars.values_mut() {
-            if matches!(v, Val::Tensor(t) if t.id() == root) {
+            let Val::Tensor(t) = v else { continue };
+            if t.id() == root {
                 *v = Val::Tensor(value.clone());
                 held = true;
+            } else if let Some(again) =
+                view_writes::cut_again(&mut self.parts, t, root, &value, self.ops)
+            {
+                let again = again.map_err(|e| format!("torch.{op} updates a tensor, but {e}"))?;
+                *v = Val::Tensor(again);
             }
         }
         if held {

@@ -151,3 +151,57 @@ pub fn write_back(
     }
     Err("parts of parts nested deeper than the parts recorded".into())
 }
+
+/// `t` cut again from `new_root`, the new value of the tensor `root`, where `t` is a part of
+/// `root` (through parts of parts) made before its update: `None` where `t` is no part of
+/// `root`, an error where a cut on the way is not a slice or select (its old values would be
+/// read). The new value is recorded as a part of the new root's parts, as the old one was.
+pub fn cut_again(
+    parts: &mut Parts,
+    t: &Tensor,
+    root: TensorId,
+    new_root: &Tensor,
+    ops: &Ops,
+) -> Option<Result<Tensor, String>> {
+    // The cuts from `t` up to `root`, `t`'s first.
+    let mut cuts = Vec::new();
+    let mut id = t.id();
+    while id != root {
+        let p = parts.get(&id)?;
+        cuts.push(p.cut.clone());
+        id = p.base.id();
+        if cuts.len() > parts.len() {
+            return None;
+        }
+    }
+    let mut value = new_root.clone();
+    for cut in cuts.into_iter().rev() {
+        let Some(cut) = cut else {
+            let what = "a part of it cut before the update, by an op whose parts are not \
+                        written back, would keep its old values";
+            return Some(Err(what.into()));
+        };
+        let (op, rest) = match &cut {
+            Cut::Slice(rest) => ("slice", rest),
+            Cut::Select(rest) => ("select", rest),
+        };
+        let mut args = vec![Val::Tensor(value.clone())];
+        args.extend(rest.iter().cloned());
+        let part = match ops.call(op, &args, &[]) {
+            Ok(Val::Tensor(part)) => part,
+            Ok(_) => return Some(Err(format!("{op} did not return a tensor"))),
+            Err(e) => return Some(Err(e)),
+        };
+        let base = std::mem::replace(&mut value, part);
+        if value.id() != base.id() {
+            parts.insert(
+                value.id(),
+                Part {
+                    base,
+                    cut: Some(cut),
+                },
+            );
+        }
+    }
+    Some(Ok(value))
+}
