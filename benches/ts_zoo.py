@@ -3,7 +3,10 @@ torchvision, timm or transformers (random weights, small inputs), saved with tor
 and torch.jit.script (where torch can), run by `torchport run` on the saved archive, and
 compared with PyTorch's outputs of the saved module (1e-4 * max(1, max|ref|), ints exactly).
 Prints one row per model and way of saving: ok (max abs error), the error torchport gave
-(file, line, construct), or torch's own failure.
+(file, line, construct), or torch's own failure. torchvision's detection models take a list
+of images (an `.npz` for `torchport run`) and are scripted only; their boxes are compared
+image by image with rows of tied scores in either order (`align`), and where they still
+differ, against torch's float64 run of the same archive (`detector_verdict`).
 
     /work/main/.venv/bin/python benches/ts_zoo.py [--bin PATH] [--out DIR] [--runs N] [NAME ...]
 
@@ -27,7 +30,7 @@ import torch
 warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/fixtures/gen"))
-from gen_torchscript import flat_outputs  # noqa: E402
+from gen_torchscript import flat_outputs, prepare_detector  # noqa: E402
 from gen_zoo import randomize_norm_stats  # noqa: E402
 
 
@@ -61,6 +64,22 @@ def hf(cls, cfgcls, **kw):
     return make
 
 
+def det(name, **kw):
+    """A torchvision detection model (scripted only: it takes a list of images of any size,
+    which `torchport run` gets as one `.npz`), with small images and the fixture generator's
+    weights for detectors (`prepare_detector`: boxes and scores that spread, in a network
+    whose float32 and float64 runs agree)."""
+    def make():
+        import torchvision
+        m = torchvision.models.get_model(name, weights=None, weights_backbone=None,
+                                         num_classes=5, **kw)
+        g = torch.Generator().manual_seed(2)
+        images = [torch.rand(3, 120, 160, generator=g), torch.rand(3, 100, 140, generator=g)]
+        prepare_detector(m, images)
+        return m, (images,)
+    return make
+
+
 MODELS = {
     "tv_resnet18": tv("resnet18", num_classes=10),
     "tv_resnext50_32x4d": tv("resnext50_32x4d", num_classes=10),
@@ -80,6 +99,14 @@ MODELS = {
     "timm_convnext_atto": timm_m("convnext_atto", num_classes=10),
     "timm_efficientnet_b0": timm_m("efficientnet_b0", num_classes=10),
     "timm_deit_tiny": timm_m("deit_tiny_patch16_224", s=32, img_size=32, num_classes=10),
+    "tv_fasterrcnn_mobilenet_v3_large_320_fpn": det("fasterrcnn_mobilenet_v3_large_320_fpn"),
+    "tv_fasterrcnn_resnet50_fpn": det("fasterrcnn_resnet50_fpn", min_size=128, max_size=160),
+    "tv_retinanet_resnet50_fpn": det("retinanet_resnet50_fpn", min_size=128, max_size=160),
+    "tv_fcos_resnet50_fpn": det("fcos_resnet50_fpn", min_size=128, max_size=160),
+    "tv_ssdlite320_mobilenet_v3_large": det("ssdlite320_mobilenet_v3_large"),
+    "tv_maskrcnn_resnet50_fpn": det("maskrcnn_resnet50_fpn", min_size=128, max_size=160),
+    "tv_keypointrcnn_resnet50_fpn": det("keypointrcnn_resnet50_fpn", num_keypoints=5,
+                                        min_size=128, max_size=160),
     "hf_distilbert": hf("DistilBertModel", "DistilBertConfig", vocab_size=100, dim=32,
                         n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=32),
     "hf_gpt2": hf("GPT2Model", "GPT2Config", vocab_size=100, n_embd=32, n_layer=2, n_head=2,
@@ -104,13 +131,92 @@ def compare(got, ref):
     return f"ok ({worst:.1e})" if ok else f"MISMATCH ({worst:.1e})"
 
 
+def align(got, ref, dets, window=8):
+    """A detector's flat outputs `got` (one group of arrays per image, in the order of its
+    result's dicts) with each image's rows put in `ref`'s order where a row within `window`
+    places agrees with `ref`'s row (floats within 1e-4 * max(1, max|ref|) of that output,
+    ints exactly): boxes whose scores tie, or differ in the last bits, come in either order
+    (torch's CPU sort is not stable), and a swap of two of them is not a difference."""
+    out, at = [], 0
+    for d in dets:
+        k = len(d)
+        g = [np.asarray(x) for x in got[at:at + k]]
+        r = [np.asarray(x) for x in ref[at:at + k]]
+        at += k
+        n = len(r[0]) if k else 0
+        if not k or any(len(x) != n for x in g + r):
+            out += g
+            continue
+        tols = [1e-4 * max(1.0, float(np.abs(x).max())) if x.dtype.kind == "f" and x.size else 0
+                for x in r]
+
+        def agree(i, j):
+            return all(np.all(np.abs(a[i].astype(np.float64) - b[j].astype(np.float64)) <= t)
+                       for a, b, t in zip(g, r, tols))
+
+        order, used = [], set()
+        for j in range(n):
+            near = range(max(0, j - window), min(n, j + window + 1))
+            found = [i for i in near if i not in used and agree(i, j)]
+            i = found[0] if found else (j if j not in used else min(set(range(n)) - used))
+            order.append(i)
+            used.add(i)
+        out += [x[order] for x in g]
+    return out
+
+
+def rows_agreeing(got, ref, dets):
+    """How many leading rows of each image's outputs agree (floats within 1e-4 * max(1,
+    max|ref|) of that output, ints exactly), summed over the images; and all rows."""
+    agree = total = at = 0
+    for d in dets:
+        n = len(ref[at]) if len(d) else 0
+        first = n
+        for g, r in zip(got[at:at + len(d)], ref[at:at + len(d)]):
+            r = np.asarray(r)
+            if g.shape[1:] != r.shape[1:]:
+                first = 0
+                continue
+            m = min(len(g), len(r))
+            diff = np.abs(g[:m].astype(np.float64) - r[:m].astype(np.float64)).reshape(m, -1)
+            tol = 1e-4 * max(1.0, float(np.abs(r).max())) if r.dtype.kind == "f" and r.size else 0
+            bad = np.nonzero(diff.max(1) > tol)[0] if m else []
+            first = min(first, int(bad[0]) if len(bad) else m)
+        agree, total, at = agree + first, total + n, at + len(d)
+    return agree, total
+
+
+def detector_verdict(sm, inputs, got):
+    """A detector's outputs against torch's, rows of tied scores in either order (`align`).
+    Where they still differ, the ranking of boxes has met rounding: then against torch's
+    float64 run of the same archive, ok where torchport's leading rows agree with it at least
+    as far as torch's own float32 run's do."""
+    with torch.no_grad():
+        result = sm(*inputs)
+        dets = result[1] if isinstance(result, tuple) else result
+        ref = [t.numpy() for t in flat_outputs(result)]
+        verdict = compare(align(got, ref, dets), [torch.from_numpy(r) for r in ref])
+        if verdict.startswith("ok"):
+            return verdict
+        r64 = sm.double()(*[[t.double() for t in x] for x in inputs])
+        d64 = r64[1] if isinstance(r64, tuple) else r64
+        ref64 = [t.numpy() for t in flat_outputs(r64)]
+    ours, total = rows_agreeing(align(got, ref64, d64), ref64, d64)
+    theirs, _ = rows_agreeing(align(ref, ref64, d64), ref64, d64)
+    how = f"{ours} of {total} rows as torch's float64 run; torch's float32 run {theirs}"
+    return f"ok against float64 ({how})" if ours >= theirs else f"{verdict}; {how}"
+
+
 def one(name, make, how, out, binary, runs):
     torch.manual_seed(0)
     try:
         m, inputs = make()
+        if how == "trace" and isinstance(inputs[0], list):
+            return "(takes a list: scripted only)"
         m.eval()
         with torch.no_grad():
-            randomize_norm_stats(m)
+            if not isinstance(inputs[0], list):
+                randomize_norm_stats(m)
             sm = torch.jit.trace(m, inputs, strict=False) if how == "trace" else torch.jit.script(m)
             ref = flat_outputs(sm(*inputs))
     except Exception as e:  # noqa: BLE001 - torch's own failure is a result here
@@ -119,6 +225,11 @@ def one(name, make, how, out, binary, runs):
     torch.jit.save(sm, p)
     args = [str(binary), "run", str(p)]
     for i, x in enumerate(inputs):
+        if isinstance(x, list):
+            # A list of tensors: one .npz, its arrays in order.
+            np.savez(out / f"{name}.in{i}.npz", *[t.numpy() for t in x])
+            args += ["--input", str(out / f"{name}.in{i}.npz")]
+            continue
         np.save(out / f"{name}.in{i}.npy", x.numpy())
         args += ["--input", str(out / f"{name}.in{i}.npy")]
     args += ["--output", str(out / f"{name}.{how}.out.npz"), "--runs", str(runs)]
@@ -126,7 +237,11 @@ def one(name, make, how, out, binary, runs):
     if r.returncode != 0:
         return "error: " + r.stderr.strip().splitlines()[-1].replace(str(out) + "/", "")
     z = np.load(out / f"{name}.{how}.out.npz")
-    verdict = compare([z[f"output_{i}"] for i in range(len(z.files))], ref)
+    got = [z[f"output_{i}"] for i in range(len(z.files))]
+    if isinstance(inputs[0], list):
+        verdict = detector_verdict(sm, inputs, got)
+    else:
+        verdict = compare(got, ref)
     if runs > 1:
         # Runs after the first go through the recorded graph where the CLI says so.
         verdict += ", graph" if "recorded graph" in r.stderr else ", interpreted"

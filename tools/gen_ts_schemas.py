@@ -1,7 +1,7 @@
-"""Write crates/torchport-runtime/src/torchscript/schemas.txt: the ATen schema of every
+"""Write crates/torchport-runtime/src/torchscript/schemas.txt: the schema of every
 overload the runtime's op registry implements (and of its in-place twin), one per line, as
-torch prints it. The TorchScript front end binds the positional and keyword arguments of the
-serialized code to these schemas (TorchScript writes calls without overload names and without
+torch prints it: ATen's, and torchvision's detection operators. The TorchScript front end
+binds the positional and keyword arguments of the serialized code to these schemas (TorchScript writes calls without overload names and without
 argument names), then calls the registry's kernels with named arguments, as the `.pt2` path
 does. Run with the pinned venv after adding kernels:
 
@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import torch
+import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "crates/torchport-runtime/src/ops"
@@ -32,16 +33,17 @@ EXTRA = ["aten._convolution.default", "aten.dropout.default", "aten.feature_drop
 def registered():
     names = set(EXTRA)
     for f in OPS.glob("*.rs"):
-        names.update(re.findall(r'"(aten\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+)"', f.read_text()))
+        names.update(re.findall(r'"((?:aten|torchvision)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+)"',
+                                f.read_text()))
     return names
 
 
 def main():
     lines = []
     for key in sorted(registered()):
-        _, base, overload = key.split(".")
+        ns, base, overload = key.split(".")
         for name in (base, base + "_"):
-            packet = getattr(torch.ops.aten, name, None)
+            packet = getattr(getattr(torch.ops, ns), name, None)
             if packet is None:
                 continue
             ov = getattr(packet, overload, None)

@@ -12,8 +12,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use torchport::write::{write, OutputFormat, WriteOptions};
 use torchport_runtime::candle_core::{DType, Tensor};
 use torchport_runtime::dtype::ScalarType;
-use torchport_runtime::npy::{out_tensor_as, read_npy};
-use torchport_runtime::{Program, ScriptProgram, Specialisation};
+use torchport_runtime::npy::{out_tensor_as, read_arrays, read_npy};
+use torchport_runtime::{Program, ScriptInput, ScriptProgram, Specialisation};
 
 /// Arguments of `run`.
 #[derive(clap::Args)]
@@ -21,7 +21,9 @@ pub struct Args {
     /// The exported program (`.pt2` written by `torch.export.save`) or TorchScript archive
     /// (`torch.jit.save`).
     model: PathBuf,
-    /// An input array (`.npy`), once per user input, in the program's order.
+    /// An input array (`.npy`), once per user input, in the program's order. For a
+    /// TorchScript archive an `.npz` is a list of tensors (`List[Tensor]`), its arrays in the
+    /// order stored.
     #[arg(long = "input", value_name = "X.npy")]
     inputs: Vec<PathBuf>,
     /// Where to write the outputs (`.npz`, arrays `output_0`, `output_1`, …).
@@ -100,11 +102,11 @@ fn load_and_run(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCo
 /// where the run reaches it (file, record, line, operator; the error names the file).
 fn run_script(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<ExitCode> {
     let program = ScriptProgram::load(&args.model)?;
-    let inputs = read_inputs(args, bar)?;
+    let inputs = read_script_inputs(args, bar)?;
     // One run gains nothing from being recorded as a graph.
     let outputs = match args.runs {
-        1 => program.interpret(&inputs)?,
-        _ => repeat(args, || program.run(&inputs))?,
+        1 => program.interpret_inputs(&inputs)?,
+        _ => repeat(args, || program.run_inputs(&inputs))?,
     };
     if args.runs > 1 {
         for (_, how) in program.specialisations() {
@@ -155,6 +157,28 @@ fn read_inputs(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<Vec<Ten
         .inputs
         .iter()
         .map(|p| read_npy(p).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(b) = bar {
+        b.set_message(format!("running {}", args.model.display()));
+    }
+    Ok(inputs)
+}
+
+/// The `--input` arguments of a TorchScript archive's `forward`: an `.npy` is a tensor, an
+/// `.npz` a list of tensors (`List[Tensor]`), its arrays in the order stored.
+fn read_script_inputs(args: &Args, bar: Option<&ProgressBar>) -> anyhow::Result<Vec<ScriptInput>> {
+    let inputs = args
+        .inputs
+        .iter()
+        .map(|p| {
+            let npz = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npz"));
+            match npz {
+                true => read_arrays(p)
+                    .map(|a| ScriptInput::Tensors(a.into_iter().map(|(_, t)| t).collect())),
+                false => read_npy(p).map(ScriptInput::Tensor),
+            }
+            .map_err(anyhow::Error::msg)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     if let Some(b) = bar {
         b.set_message(format!("running {}", args.model.display()));

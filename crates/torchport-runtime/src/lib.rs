@@ -38,7 +38,7 @@ pub use error::{Error, Result};
 pub use ops::Registry;
 pub use program::{InputInfo, NodeTime, OpTime, OpUse, Program};
 pub use threads::{candle_pool_without_workers, pin_pool_threads};
-pub use torchscript::{ScriptProgram, Specialisation};
+pub use torchscript::{ScriptInput, ScriptProgram, Specialisation};
 
 /// Re-export of the candle crate the runtime computes with.
 pub use candle_core;

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use torchport_runtime::candle_core::Tensor;
-use torchport_runtime::{Error, ScriptProgram, Specialisation};
+use torchport_runtime::{Error, ScriptInput, ScriptProgram, Specialisation};
 
 #[path = "common/compare.rs"]
 mod compare;
@@ -387,4 +387,64 @@ fn runs_from_several_threads_and_from_a_pool() {
         .build()
         .unwrap();
     pool.install(run);
+}
+
+/// torchvision's Faster R-CNN, scripted: its `forward` takes a list of images of different
+/// sizes (the fixture's `.npz`), resizes and batches them, and runs the RPN's proposals
+/// through batched non-maximum suppression (`torchvision::nms`) and the box head's pooling
+/// (`torchvision::roi_align`); its result is a tuple of the (empty) losses and a list of one
+/// dict of boxes, labels and scores per image. Boxes and scores within 1e-4 of torch's
+/// (relative to the boxes' size), labels exactly.
+#[test]
+fn scripted_torchvision_faster_rcnn_on_a_list_of_images() {
+    let model = "tv_fasterrcnn";
+    let path = fixtures().join(format!("{model}.input_0.npz"));
+    let images: Vec<Tensor> = torchport_runtime::npy::read_arrays(&path)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    assert_eq!(images.len(), 2);
+    assert_ne!(
+        images[0].dims(),
+        images[1].dims(),
+        "images of different sizes"
+    );
+    let program = load(model);
+    let want = fixture(model, "output");
+    // Twice: the second run is interpreted as well (a list input is never recorded).
+    for _ in 0..2 {
+        let got = program
+            .run_inputs(&[ScriptInput::Tensors(images.clone())])
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+        let failures = output_mismatches(model, &got, &want, |_| 1e-4);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+    assert!(program.specialisations().is_empty());
+    // A tensor where the list belongs is refused by the model's own code, with its line.
+    let err = program
+        .run(&[images[0].clone()])
+        .expect_err("a tensor for a list");
+    assert!(matches!(err, Error::Script { .. }), "{err}");
+}
+
+/// A `with torch.no_grad():` block: TorchScript writes it as a `with` on an object of the
+/// archive's `no_grad` class, entered and left by its own methods; both sides of the branch
+/// inside it (the variant's inputs take the early return).
+#[test]
+fn scripted_with_block() {
+    let model = "scripted_with";
+    let program = load(model);
+    for v in ["", "v0."] {
+        let inputs = fixture(model, &format!("{v}input"));
+        let want = fixture(model, &format!("{v}output"));
+        run_and_compare(&program, model, &inputs, &want);
+    }
+}
+
+/// torchvision's `roi_align` (aligned with an adaptive sampling grid; not aligned with a
+/// fixed one; regions past the plane's edges, one of zero size) and `nms`, called directly.
+#[test]
+fn scripted_torchvision_detection_ops() {
+    check("tv_ops");
 }

@@ -100,3 +100,35 @@ fn run_torchscript_several_runs_by_the_recorded_graph() {
     assert_eq!(o.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// torchvision's Faster R-CNN, scripted, takes a list of images: an `.npz` input is that list
+/// (its arrays in order). Its six outputs (boxes, labels, scores for each image) match
+/// torch's; `ops` lists torchvision's operators as supported.
+#[test]
+fn run_torchscript_on_a_list_of_images() {
+    let arrays = run_model(
+        &format!("{TS}/tv_fasterrcnn.pt"),
+        &[format!("{TS}/tv_fasterrcnn.input_0.npz")],
+    );
+    assert_eq!(arrays.len(), 6);
+    for (i, (name, got)) in arrays.iter().enumerate() {
+        let want = read_npy(&root().join(format!("{TS}/tv_fasterrcnn.output_{i}.npy"))).unwrap();
+        assert_eq!(got.dims(), want.dims(), "{name}");
+        match want.dtype() {
+            DType::I64 => assert_eq!(
+                got.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+                want.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+                "{name}"
+            ),
+            // Boxes in pixels of images up to 128 wide, scores in [0, 1].
+            _ => assert!(max_diff(got, &want) < 1e-2, "{name}"),
+        }
+    }
+    let o = torchport(&["ops", &format!("{TS}/tv_fasterrcnn.pt"), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ops = v["ops"].as_array().unwrap();
+    for op in ["torchvision::nms", "torchvision::roi_align"] {
+        let found = ops.iter().find(|o| o["op"] == op);
+        assert_eq!(found.map(|o| &o["supported"]), Some(&true.into()), "{op}");
+    }
+}

@@ -146,6 +146,25 @@ pub fn register(r: &mut Registry) {
     ] {
         r.add(n, to_copy);
     }
+    // TorchScript's `to(device)` and `to(dtype)`, the dtype as c10's number.
+    for n in ["aten.to.prim_Device", "aten.to.prim_dtype"] {
+        r.add(n, |a| {
+            let t = a.tensor("self")?;
+            let Some(code) = a.opt_int("dtype")? else {
+                return one(t);
+            };
+            match crate::torchscript::value::dtype_to_program(code) {
+                Some(st) => one(dtype::cast(&t, st)?),
+                None => op_bail!("to: dtype number {code} is not one torchport holds"),
+            }
+        });
+    }
+    r.add("aten.to.prim_other", |a| one(a.tensor("self")?));
+    // `to(other)`: other's dtype (its device is the CPU, as everything is).
+    r.add("aten.to.other", |a| {
+        let t = a.tensor("self")?;
+        one(as_dtype(&t, a.tensor("other")?.dtype())?)
+    });
     r.add("aten.type_as.default", |a| {
         let t = a.tensor("self")?;
         one(as_dtype(&t, a.tensor("other")?.dtype())?)

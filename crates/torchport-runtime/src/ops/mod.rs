@@ -16,6 +16,7 @@ pub mod activation;
 pub mod activation_more;
 pub mod attention;
 pub mod conv;
+pub mod detection;
 pub mod distance;
 mod dots;
 pub mod einsum;
@@ -72,6 +73,7 @@ impl Registry {
         activation_more::register(&mut r);
         attention::register(&mut r);
         conv::register(&mut r);
+        detection::register(&mut r);
         einsum::register(&mut r);
         elementwise::register(&mut r);
         integer::register(&mut r);

@@ -17,6 +17,8 @@ pub fn register(r: &mut Registry) {
     r.add("aten.sum.default", sum);
     r.add("aten.amax.default", amax);
     r.add("aten.amin.default", amax);
+    r.add("aten.max.default", amax);
+    r.add("aten.min.default", amax);
     r.add("aten.max.dim", max_dim);
     r.add("aten.min.dim", max_dim);
     r.add("aten.cumsum.default", cumsum);
@@ -143,11 +145,18 @@ fn sum(a: &Args) -> OpResult<Outputs> {
     }
 }
 
+/// `amax`/`amin` over the given dims (all by default), and `max`/`min` of every element.
 fn amax(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
-    if a.node().target.contains("amin") {
+    if t.elem_count() == 0 && dims.iter().any(|&d| t.dims()[d] == 0) {
+        op_bail!(
+            "{}: a reduction over an empty dim has no identity",
+            a.node().target
+        );
+    }
+    if a.node().target.contains("min") {
         one(reduce(&t, &dims, keep, |x, d| x.min_keepdim(d))?)
     } else {
         one(reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?)

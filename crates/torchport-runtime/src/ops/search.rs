@@ -1,4 +1,5 @@
-//! Data-dependent selection: `masked_select` (a 1-d result as long as the mask's count) and
+//! Data-dependent selection: `masked_select` (a 1-d result as long as the mask's count),
+//! `nonzero` and one-argument `where` (the indices of the true elements), and
 //! the bucket searches `bucketize` and `searchsorted` (over one sorted sequence, or one per
 //! row).
 
@@ -13,6 +14,18 @@ use crate::value::{one, Args, Outputs, TensorOrScalar};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.masked_select.default", masked_select);
+    r.add("aten.nonzero.default", |a| {
+        let (rows, rank, idx) = nonzero(&a.tensor("self")?)?;
+        one(Tensor::from_vec(
+            idx,
+            (rows, rank),
+            &candle_core::Device::Cpu,
+        )?)
+    });
+    // `where(condition)` (exported as `nonzero_numpy`): nonzero's columns, one 1-d tensor a
+    // dim.
+    r.add("aten.where.default", nonzero_columns);
+    r.add("aten.nonzero_numpy.default", nonzero_columns);
     r.add("aten.bucketize.Tensor", |a| {
         let right = a.bool_or("right", false)?;
         buckets(a, &a.tensor("boundaries")?, "self", right)
@@ -53,6 +66,45 @@ fn masked_select(a: &Args) -> OpResult<Outputs> {
     let n = idx.len();
     let idx = Tensor::from_vec(idx, n, &candle_core::Device::Cpu)?;
     one(t.flatten_all()?.index_select(&idx, 0)?)
+}
+
+/// `where(condition)`: the indices of the nonzero elements, a 1-d int64 tensor for each dim
+/// (a 0-d condition counts as 1-d, as in torch).
+fn nonzero_columns(a: &Args) -> OpResult<Outputs> {
+    let name = if a.has("condition") {
+        "condition"
+    } else {
+        "self"
+    };
+    let t = a.tensor(name)?;
+    let t = if t.rank() == 0 { t.reshape(1)? } else { t };
+    let (rows, rank, idx) = nonzero(&t)?;
+    let cols = (0..rank)
+        .map(|d| {
+            let col: Vec<i64> = (0..rows).map(|r| idx[r * rank + d]).collect();
+            Ok(Tensor::from_vec(col, rows, &candle_core::Device::Cpu)?)
+        })
+        .collect::<OpResult<Vec<_>>>()?;
+    Ok(vec![crate::value::Value::Tensors(cols)])
+}
+
+/// The indices of `t`'s nonzero elements in row-major order: their count, the rank, and the
+/// indices (`count * rank`, each row one element's index).
+fn nonzero(t: &Tensor) -> OpResult<(usize, usize, Vec<i64>)> {
+    let mask = to_mask(t)?.flatten_all()?.to_vec1::<u8>()?;
+    let dims = t.dims();
+    let mut idx = Vec::new();
+    for (flat, _) in mask.iter().enumerate().filter(|(_, &m)| m != 0) {
+        let mut rest = flat;
+        let at = idx.len();
+        idx.resize(at + dims.len(), 0);
+        for (d, &size) in dims.iter().enumerate().rev() {
+            idx[at + d] = (rest % size) as i64;
+            rest /= size;
+        }
+    }
+    let rows = mask.iter().filter(|&&m| m != 0).count();
+    Ok((rows, dims.len(), idx))
 }
 
 /// For each value of the argument `values`, the number of elements of its row of the sorted

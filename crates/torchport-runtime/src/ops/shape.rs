@@ -49,6 +49,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.stack.default", stack);
     r.add("aten.split.Tensor", split);
     r.add("aten.split_with_sizes.default", split);
+    r.add("aten.split.sizes", split);
     r.add("aten.tensor_split.indices", tensor_split);
     r.add("aten.tensor_split.sections", tensor_split);
     r.add("aten.tensor_split.tensor_indices_or_sections", tensor_split);
@@ -390,8 +391,17 @@ fn split(a: &Args) -> OpResult<Outputs> {
     let t = a.tensor("self")?;
     let d = dim(a.int_or("dim", 0)?, t.rank())?;
     let len = t.dims()[d];
-    let sizes: Vec<usize> = if a.node().target.contains("split_with_sizes") {
-        a.ints("split_sizes")?
+    let target = a.node().target.as_str();
+    // The sizes given as a list: `split_with_sizes`, and TorchScript's `split.sizes`.
+    let listed = if target.contains("split_with_sizes") {
+        Some("split_sizes")
+    } else if target.ends_with("split.sizes") {
+        Some("split_size")
+    } else {
+        None
+    };
+    let sizes: Vec<usize> = if let Some(name) = listed {
+        a.ints(name)?
             .iter()
             .map(|&s| usize_of(s, "a split size"))
             .collect::<OpResult<_>>()?

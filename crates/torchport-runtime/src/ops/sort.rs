@@ -1,6 +1,6 @@
-//! Ordering along a dim: `topk`, `sort`, `argsort`, `kthvalue`, `median`. NaN orders above every number, as in
-//! torch; equal values keep their original order (torch's CPU kernels are stable for these
-//! sizes).
+//! Ordering along a dim: `topk`, `sort`, `argsort`, `kthvalue`, `median`; and the distinct
+//! values of a tensor (`_unique2`). NaN orders above every number, as in torch; equal values
+//! keep their original order (torch's CPU kernels are stable for these sizes).
 
 use std::cmp::Ordering;
 
@@ -25,11 +25,87 @@ pub fn register(r: &mut Registry) {
     r.add("aten.median.dim", |a| {
         order_stat(a, a.int("dim")?, median_of)
     });
+    r.add("aten._unique2.default", unique);
     r.add("aten.median.default", |a| {
         let t = a.tensor("self")?.flatten_all()?;
         let (v, _) = order_stat_of(&t, 0, median_of)?;
         Ok(vec![Value::Tensor(v.reshape(())?)])
     });
+}
+
+/// `_unique2(self, sorted, return_inverse, return_counts)`: the distinct values of `self`,
+/// ascending (also where `sorted` is false: torch leaves that order unspecified), then for
+/// each element the index of its value among them (`self`'s shape) and each value's count;
+/// those two are empty unless asked for, as torch returns them. NaNs are distinct values,
+/// as torch's are.
+fn unique(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let inverse = a.bool_or("return_inverse", false)?;
+    let counts = a.bool_or("return_counts", false)?;
+    let flat = t.flatten_all()?;
+    let n = flat.elem_count();
+    // Each element's rank key, exactly: integers as integers, floats by total order.
+    let keys: Vec<(i64, u64)> = match t.dtype() {
+        DType::I64 => flat.to_vec1::<i64>()?.into_iter().map(|v| (v, 0)).collect(),
+        DType::U8 | DType::U32 => flat
+            .to_dtype(DType::I64)?
+            .to_vec1::<i64>()?
+            .into_iter()
+            .map(|v| (v, 0))
+            .collect(),
+        _ => flat
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?
+            .into_iter()
+            .enumerate()
+            // NaNs last and each its own value.
+            .map(|(i, v)| match v.is_nan() {
+                true => (i64::MAX, i as u64 + 1),
+                false => (0, order_bits(v)),
+            })
+            .collect(),
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| keys[i]);
+    let mut first = Vec::new();
+    let mut of = vec![0i64; n];
+    let mut count: Vec<i64> = Vec::new();
+    for (at, &i) in order.iter().enumerate() {
+        if at == 0 || keys[i] != keys[order[at - 1]] {
+            first.push(i as i64);
+            count.push(0);
+        }
+        of[i] = first.len() as i64 - 1;
+        if let Some(c) = count.last_mut() {
+            *c += 1;
+        }
+    }
+    let m = first.len();
+    let values = flat.index_select(&Tensor::from_vec(first, m, flat.device())?, 0)?;
+    let empty = || Tensor::zeros(0, DType::I64, flat.device());
+    let inv = match inverse {
+        true => Tensor::from_vec(of, t.dims(), flat.device())?,
+        false => empty()?,
+    };
+    let cnt = match counts {
+        true => Tensor::from_vec(count, m, flat.device())?,
+        false => empty()?,
+    };
+    Ok(vec![
+        Value::Tensor(values),
+        Value::Tensor(inv),
+        Value::Tensor(cnt),
+    ])
+}
+
+/// A float's bits, mapped so that their unsigned order is the numbers' order (-0 and 0 one
+/// value).
+fn order_bits(v: f64) -> u64 {
+    let b = (v + 0.0).to_bits();
+    match b >> 63 {
+        1 => !b,
+        _ => b | (1 << 63),
+    }
 }
 
 /// The lower median's position in a sorted row, or its first NaN's (torch's median

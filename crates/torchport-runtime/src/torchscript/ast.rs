@@ -83,6 +83,8 @@ pub enum StmtKind {
     For(Target, Expr, Vec<Stmt>),
     /// `while cond:`.
     While(Expr, Vec<Stmt>),
+    /// `with manager:` (TorchScript writes the manager as a name bound before, no `as`).
+    With(Expr, Vec<Stmt>),
     /// `return` / `return value`.
     Return(Option<Expr>),
     /// `raise` / `raise value`.

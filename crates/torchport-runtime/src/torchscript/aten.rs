@@ -92,9 +92,13 @@ fn parse_type(t: &str) -> (Ty, bool) {
     (ty, optional)
 }
 
-/// Parse `aten::name.overload(args) -> returns`.
+/// Parse `ns::name.overload(args) -> returns` (ATen's, or another library's such as
+/// `torchvision::nms`, whose operators are keyed `ns::name`).
 fn parse_schema(line: &str) -> Option<(String, Schema)> {
-    let rest = line.strip_prefix("aten::")?;
+    let (ns, rest) = line.split_once("::")?;
+    if !ns.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
+    }
     let open = rest.find('(')?;
     let (name, overload) = match rest[..open].split_once('.') {
         Some((n, o)) => (n, o),
@@ -136,9 +140,12 @@ fn parse_schema(line: &str) -> Option<(String, Schema)> {
         });
     }
     Some((
-        name.to_string(),
+        match ns {
+            "aten" => name.to_string(),
+            _ => format!("{ns}::{name}"),
+        },
         Schema {
-            key: format!("aten.{name}.{overload}"),
+            key: format!("{ns}.{name}.{overload}"),
             args,
             returns,
         },
@@ -204,7 +211,7 @@ impl Ops {
         let cands = self
             .by_name
             .get(name)
-            .ok_or_else(|| format!("operator aten::{name} is not supported"))?;
+            .ok_or_else(|| format!("operator {} is not supported", qualified(name)))?;
         for strict in [true, false] {
             for (schema, kernel, target) in cands {
                 let Some(bound) = bind(schema, args, kwargs, strict) else {
@@ -220,12 +227,22 @@ impl Ops {
             .collect();
         let have: Vec<&str> = cands.iter().map(|c| c.0.key.as_str()).collect();
         Err(format!(
-            "no supported overload of aten::{name} takes ({}{}{}) (the runtime has {})",
+            "no supported overload of {} takes ({}{}{}) (the runtime has {})",
+            qualified(name),
             got.join(", "),
             if kw.is_empty() { "" } else { ", " },
             kw.join(", "),
             have.join(", ")
         ))
+    }
+}
+
+/// An operator's name as torch writes it (`aten::add`, `torchvision::nms`) from its key in
+/// [`Ops`] (`add`, `torchvision::nms`).
+fn qualified(name: &str) -> String {
+    match name.contains("::") {
+        true => name.to_string(),
+        false => format!("aten::{name}"),
     }
 }
 

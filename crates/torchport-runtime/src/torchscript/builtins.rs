@@ -228,6 +228,16 @@ fn container_op(
                     .collect(),
             )
         }
+        "update" => {
+            let (d @ Val::Dict(_), Val::Dict(other)) = (a0()?, arg(args, 1, name)?) else {
+                return Ok(None);
+            };
+            let pairs = other.borrow().clone();
+            for (k, v) in pairs {
+                set_item(d, k, v)?;
+            }
+            Val::None
+        }
         "format" => format(args)?,
         "_native_multi_head_attention" => native_multi_head_attention(args, ops)?,
         "copy" if matches!(args.first(), Some(Val::List(_) | Val::Dict(_))) => match a0()? {
@@ -312,6 +322,9 @@ fn container_op(
             Val::Int(start.wrapping_add(idx.wrapping_mul(step)))
         }
         "warn" => Val::None,
+        // No gradients are ever computed here: a `no_grad` block's switch is a no-op.
+        "is_grad_enabled" => Val::Bool(false),
+        "set_grad_enabled" => Val::None,
         "device" => Val::Device,
         "Int" | "IntImplicit" => Val::Int(int_of(a0()?, "value")?),
         "Float" | "FloatImplicit" => Val::Float(float_of(a0()?)?),
@@ -525,6 +538,11 @@ pub fn call_prim(name: &str, args: &[Val], kwargs: &[(String, Val)], ops: &Ops) 
             o => return Err(format!("dtype of a {}", o.type_name())),
         },
         "device" => Val::Device,
+        // A device's type (`torch.device("cpu").type`): everything runs on the CPU.
+        "type" => match a0()? {
+            Val::Device => Val::Str("cpu".into()),
+            o => return Err(format!("type of a {}", o.type_name())),
+        },
         "layout" => Val::Int(0),
         "is_cuda" | "requires_grad" | "is_quantized" | "is_nested" | "is_sparse" | "is_mkldnn" => {
             Val::Bool(false)
@@ -778,6 +796,7 @@ pub fn is_native(op: &str) -> bool {
             | "keys"
             | "values"
             | "items"
+            | "update"
             | "format"
             | "__is__"
             | "__isnot__"
@@ -786,6 +805,8 @@ pub fn is_native(op: &str) -> bool {
             | "__range_length"
             | "__derive_index"
             | "warn"
+            | "is_grad_enabled"
+            | "set_grad_enabled"
             | "device"
             | "Int"
             | "IntImplicit"
@@ -816,6 +837,7 @@ pub fn is_prim(op: &str) -> bool {
         "NumToTensor"
             | "dtype"
             | "device"
+            | "type"
             | "layout"
             | "is_cuda"
             | "requires_grad"

@@ -249,6 +249,19 @@ impl<'a> Interp<'a> {
                     _ => {}
                 }
             },
+            StmtKind::With(manager, body) => {
+                // A manager of the code's classes (`torch.no_grad()` is one) is entered and
+                // left by its own methods, also when the body returns; an error of the body
+                // is the one reported.
+                let m = self.eval(manager, frame)?;
+                let Val::Object(o) = &m else {
+                    return Err(format!("'with' on a {}", m.type_name()).into());
+                };
+                self.call_method(o, "__enter__", Vec::new(), Vec::new())?;
+                let flow = self.block(body, frame)?;
+                self.call_method(o, "__exit__", vec![Val::None; 3], Vec::new())?;
+                return Ok(flow);
+            }
             StmtKind::Return(e) => {
                 let v = match e {
                     Some(e) => self.eval(e, frame)?,
@@ -625,7 +638,11 @@ impl<'a> Interp<'a> {
                     }
                     "uninitialized" => return Ok(Val::None),
                     "isinstance" => {
-                        return Err("isinstance() is not supported".into());
+                        let [x, ty] = args else {
+                            return Err("isinstance() takes a value and a type".into());
+                        };
+                        let v = self.eval(x, frame)?;
+                        return Ok(Val::Bool(is_instance(&v, ty, 0)?));
                     }
                     _ => {}
                 }
@@ -765,12 +782,26 @@ impl<'a> Interp<'a> {
         if let Some(op) = path.strip_prefix("ops.prim.") {
             return Ok(builtins::call_prim(op, &args, &kwargs, self.ops)?);
         }
+        // Another library's operator (`ops.torchvision.nms`), by its schema.
+        if let Some((ns, op)) = path.strip_prefix("ops.").and_then(|p| p.split_once('.')) {
+            return Ok(self.ops.call(&format!("{ns}::{op}"), &args, &kwargs)?);
+        }
         if let Some(op) = path.strip_prefix("math.") {
             return Ok(super::scalars::call_math(op, &args)?);
         }
         if path.starts_with("__torch__.") {
             if let Some((f, file)) = self.code.function(path) {
                 return self.call_func(&f, file, args, kwargs);
+            }
+            // A class's allocation (`C.__new__(C)`, then `__init__` on it): an object with no
+            // attributes yet.
+            if let Some(class) = path.strip_suffix(".__new__") {
+                if self.code.is_class(class) {
+                    return Ok(Val::Object(Rc::new(Obj {
+                        class: class.into(),
+                        attrs: Default::default(),
+                    })));
+                }
             }
             // A NamedTuple's constructor: its fields, positionally, as a tuple.
             if self.code.is_named_tuple(path) && kwargs.is_empty() {
@@ -779,6 +810,93 @@ impl<'a> Interp<'a> {
             return Err(format!("{path} is not a function the archive's code defines").into());
         }
         Ok(builtins::call_builtin(path, &args, &kwargs, self.ops)?)
+    }
+}
+
+/// Whether `v` is of the type written `ty` (`Tensor`, `int`, `(list, tuple)`,
+/// `List[Tensor]`, `Optional[int]`, a class of the code), as TorchScript's `isinstance`
+/// decides it where a `Union` or `Optional` is narrowed. A list's items are checked against
+/// its item type (an empty list is of every list type).
+pub fn is_instance(v: &Val, ty: &Expr, depth: usize) -> EResult<bool> {
+    if depth > 16 {
+        return Err("isinstance() of a type nested too deeply".into());
+    }
+    let unknown = || -> EResult<bool> {
+        let name = super::parser::dotted(ty).unwrap_or_else(|| "written so".into());
+        Err(format!("isinstance() with the type {name} is not supported").into())
+    };
+    match &ty.kind {
+        ExprKind::Tuple(alts) => {
+            for t in alts {
+                if is_instance(v, t, depth + 1)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        ExprKind::Subscript(base, inner) => {
+            let Some(name) = super::parser::dotted(base) else {
+                return unknown();
+            };
+            let items: Vec<&Expr> = match &inner.kind {
+                ExprKind::Tuple(ts) => ts.iter().collect(),
+                _ => vec![&**inner],
+            };
+            match (name.as_str(), v, &items[..]) {
+                ("List", Val::List(l), [item]) => {
+                    for x in l.borrow().iter() {
+                        if !is_instance(x, item, depth + 1)? {
+                            return Ok(false);
+                        }
+                    }
+                    Ok(true)
+                }
+                ("Tuple", Val::Tuple(xs), _) => {
+                    if xs.len() != items.len() {
+                        return Ok(false);
+                    }
+                    for (x, t) in xs.iter().zip(&items) {
+                        if !is_instance(x, t, depth + 1)? {
+                            return Ok(false);
+                        }
+                    }
+                    Ok(true)
+                }
+                ("Dict", Val::Dict(_), [_, _]) => Ok(true),
+                ("Optional", Val::None, [_]) => Ok(true),
+                ("Optional" | "Union", _, _) => {
+                    for t in &items {
+                        if is_instance(v, t, depth + 1)? {
+                            return Ok(true);
+                        }
+                    }
+                    Ok(false)
+                }
+                ("List" | "Tuple" | "Dict", _, _) => Ok(false),
+                _ => unknown(),
+            }
+        }
+        _ => {
+            let Some(name) = super::parser::dotted(ty) else {
+                return unknown();
+            };
+            Ok(match name.as_str() {
+                "Tensor" => matches!(v, Val::Tensor(_)),
+                "int" => matches!(v, Val::Int(_)),
+                "float" => matches!(v, Val::Float(_)),
+                "bool" => matches!(v, Val::Bool(_)),
+                "str" => matches!(v, Val::Str(_)),
+                "list" | "List" => matches!(v, Val::List(_)),
+                "tuple" | "Tuple" => matches!(v, Val::Tuple(_)),
+                "dict" | "Dict" => matches!(v, Val::Dict(_)),
+                "NoneType" | "None" => matches!(v, Val::None),
+                "Device" => matches!(v, Val::Device),
+                n if n.starts_with("__torch__.") => {
+                    matches!(v, Val::Object(o) if &*o.class == n)
+                }
+                _ => return unknown(),
+            })
+        }
     }
 }
 

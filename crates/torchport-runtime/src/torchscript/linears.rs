@@ -207,7 +207,7 @@ fn count_assignments<'a>(body: &'a [Stmt], out: &mut HashMap<&'a str, usize>) {
                 count_assignments(a, out);
                 count_assignments(b, out);
             }
-            StmtKind::While(_, b) => count_assignments(b, out),
+            StmtKind::While(_, b) | StmtKind::With(_, b) => count_assignments(b, out),
             _ => {}
         }
     }
@@ -228,7 +228,9 @@ fn alias_assignments<'a>(
                     }
                 }
             }
-            StmtKind::For(_, _, b) | StmtKind::While(_, b) => alias_assignments(b, assigned, out),
+            StmtKind::For(_, _, b) | StmtKind::While(_, b) | StmtKind::With(_, b) => {
+                alias_assignments(b, assigned, out)
+            }
             StmtKind::If(_, a, b) => {
                 alias_assignments(a, assigned, out);
                 alias_assignments(b, assigned, out);
@@ -267,7 +269,7 @@ fn stmts(reads: &mut Reads, scope: &Scope, body: &[Stmt]) {
                 expr(reads, scope, e);
                 stmts(reads, scope, b);
             }
-            StmtKind::While(c, b) => {
+            StmtKind::While(c, b) | StmtKind::With(c, b) => {
                 expr(reads, scope, c);
                 stmts(reads, scope, b);
             }

@@ -111,6 +111,11 @@ impl Code {
             .map(|f| (f.clone(), Rc::from(record.as_str())))
     }
 
+    /// Whether `qual` is a class of the code.
+    pub fn is_class(&self, qual: &str) -> bool {
+        self.class(qual).is_some()
+    }
+
     /// Whether `qual` is a `NamedTuple` class of the code.
     pub fn is_named_tuple(&self, qual: &str) -> bool {
         self.class(qual)
@@ -159,6 +164,15 @@ type Evaluated = (
 
 /// The dtype and sizes of each input of a run.
 type Signature = Vec<(candle_core::DType, Vec<usize>)>;
+
+/// One argument of a TorchScript `forward` (see [`ScriptProgram::run_inputs`]).
+#[derive(Debug, Clone)]
+pub enum ScriptInput {
+    /// A tensor.
+    Tensor(Tensor),
+    /// A list of tensors (`List[Tensor]`).
+    Tensors(Vec<Tensor>),
+}
 
 /// How many input signatures a [`ScriptProgram`] keeps a graph for (each holds its own
 /// prepared weights: folded, transformed for Winograd's algorithm); runs of others are
@@ -278,9 +292,9 @@ impl ScriptProgram {
         &self.params
     }
 
-    /// Every operator the code calls (`aten::conv2d`, `prim::NumToTensor`; builtins of the
-    /// evaluator count as supported), with its number of call sites and support. The whole
-    /// code is scanned, including methods a given run may never reach (e.g. an LSTM's
+    /// Every operator the code calls (`aten::conv2d`, `prim::NumToTensor`, `torchvision::nms`;
+    /// builtins of the evaluator count as supported), with its number of call sites and
+    /// support. The whole code is scanned, including methods a given run may never reach (e.g. an LSTM's
     /// `PackedSequence` path).
     pub fn ops(&self) -> Vec<OpUse> {
         let ops = aten::Ops::get();
@@ -296,6 +310,11 @@ impl ScriptProgram {
                 )
             } else if let Some(op) = name.strip_prefix("ops.prim.") {
                 (format!("prim::{op}"), builtins::is_prim(op))
+            } else if let Some((ns, op)) = name.strip_prefix("ops.").and_then(|p| p.split_once('.'))
+            {
+                let key = format!("{ns}::{op}");
+                let ok = ops.has(&key);
+                (key, ok)
             } else {
                 return;
             };
@@ -341,7 +360,12 @@ impl ScriptProgram {
     /// [`ScriptProgram::specialisations`] says what each signature got;
     /// [`ScriptProgram::interpret`] never uses a graph.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        let inputs = self.check_inputs(inputs)?;
+        self.check_count(inputs.len())?;
+        let inputs = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| input_tensor(i, t))
+            .collect::<Result<Vec<_>>>()?;
         let signature: Signature = inputs
             .iter()
             .map(|t| (t.dtype(), t.dims().to_vec()))
@@ -401,8 +425,46 @@ impl ScriptProgram {
 
     /// Run like [`ScriptProgram::run`], always by the evaluator (no graph is recorded or run).
     pub fn interpret(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        let inputs = self.check_inputs(inputs)?;
-        Ok(self.evaluate(&inputs, false)?.0)
+        let inputs: Vec<ScriptInput> = inputs.iter().cloned().map(ScriptInput::Tensor).collect();
+        self.interpret_inputs(&inputs)
+    }
+
+    /// Run the root module's `forward` on arguments that may be lists of tensors (a
+    /// `List[Tensor]` parameter, as torchvision's detection models take their images). Runs
+    /// whose arguments are all tensors go through [`ScriptProgram::run`]; the others are
+    /// interpreted (no graph is recorded for them).
+    pub fn run_inputs(&self, inputs: &[ScriptInput]) -> Result<Vec<Tensor>> {
+        let tensors: Option<Vec<Tensor>> = inputs
+            .iter()
+            .map(|x| match x {
+                ScriptInput::Tensor(t) => Some(t.clone()),
+                ScriptInput::Tensors(_) => None,
+            })
+            .collect();
+        match tensors {
+            Some(t) => self.run(&t),
+            None => self.interpret_inputs(inputs),
+        }
+    }
+
+    /// [`ScriptProgram::run_inputs`] by the evaluator alone.
+    pub fn interpret_inputs(&self, inputs: &[ScriptInput]) -> Result<Vec<Tensor>> {
+        self.check_count(inputs.len())?;
+        let inputs = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                Ok(match x {
+                    ScriptInput::Tensor(t) => ScriptInput::Tensor(input_tensor(i, t)?),
+                    ScriptInput::Tensors(ts) => ScriptInput::Tensors(
+                        ts.iter()
+                            .map(|t| input_tensor(i, t))
+                            .collect::<Result<_>>()?,
+                    ),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.evaluate_inputs(&inputs, false)?.0)
     }
 
     /// For each signature of inputs run so far (their sizes, in order), how
@@ -424,30 +486,28 @@ impl ScriptProgram {
             .collect()
     }
 
-    /// The inputs in the evaluator's representation, after checking their count.
-    fn check_inputs(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// Whether `got` arguments fit `forward`'s parameters.
+    fn check_count(&self, got: usize) -> Result<()> {
         let required = self.params.iter().filter(|(_, d)| !d).count();
-        if inputs.len() < required || inputs.len() > self.params.len() {
+        if got < required || got > self.params.len() {
             return Err(Error::InputCount {
                 expected: self.params.len(),
-                got: inputs.len(),
+                got,
             });
         }
-        inputs
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                eval::input_tensor(t).map_err(|e| Error::Input {
-                    index: i,
-                    what: e.to_string(),
-                })
-            })
-            .collect()
+        Ok(())
     }
 
     /// Run the evaluator on `inputs`, recording the run where `record` (the recording, or why
     /// there is none).
     fn evaluate(&self, inputs: &[Tensor], record: bool) -> Result<Evaluated> {
+        let inputs: Vec<ScriptInput> = inputs.iter().cloned().map(ScriptInput::Tensor).collect();
+        self.evaluate_inputs(&inputs, record)
+    }
+
+    /// Run the evaluator on `inputs` (in its representation); with `record`, recording the
+    /// run (inputs that are all tensors).
+    fn evaluate_inputs(&self, inputs: &[ScriptInput], record: bool) -> Result<Evaluated> {
         // The evaluator needs a large stack: its recursion is bounded (call depth, nesting of
         // the parsed code) but deeper than a default thread allows. It runs on a thread of a
         // pool whose threads have one (`threads::script_pool`), the others waiting for its
@@ -475,8 +535,21 @@ impl ScriptProgram {
     }
 
     /// The evaluator's run on this thread; with `record`, its recording as well.
-    fn run_here(&self, inputs: &[Tensor], record: bool) -> Result<Evaluated> {
-        let args = inputs.iter().map(|t| Val::Tensor(t.clone())).collect();
+    fn run_here(&self, inputs: &[ScriptInput], record: bool) -> Result<Evaluated> {
+        let mut given = Vec::new();
+        let args = inputs
+            .iter()
+            .map(|x| match x {
+                ScriptInput::Tensor(t) => {
+                    given.push(t.clone());
+                    Val::Tensor(t.clone())
+                }
+                ScriptInput::Tensors(ts) => {
+                    Val::list(ts.iter().map(|t| Val::Tensor(t.clone())).collect())
+                }
+            })
+            .collect();
+        let record = record && given.len() == inputs.len();
         let root = match self.value(&ScriptValue::Object(Box::new(self.root.clone())))? {
             Val::Object(o) => o,
             _ => return Err(Error::Program("the root is not a module".into())),
@@ -492,7 +565,7 @@ impl ScriptProgram {
                 .iter()
                 .map(|(name, t)| (t.id(), name.clone()))
                 .collect();
-            specialise::Guard::start(archive, inputs)
+            specialise::Guard::start(archive, &given)
         });
         let mut interp = Interp::new(&self.code, constants, &self.linears);
         let out = interp
@@ -553,6 +626,14 @@ impl ScriptProgram {
             }
         })
     }
+}
+
+/// An input tensor in the evaluator's representation.
+fn input_tensor(index: usize, t: &Tensor) -> Result<Tensor> {
+    eval::input_tensor(t).map_err(|e| Error::Input {
+        index,
+        what: e.to_string(),
+    })
 }
 
 /// Every tensor of `ckpt` (parameters, buffers, constants) by name, decoded as a `.pt2`
@@ -655,7 +736,7 @@ fn walk_stmts(stmts: &[Stmt], visit: &mut impl FnMut(&str)) {
                 walk_expr(e, visit);
                 walk_stmts(b, visit);
             }
-            StmtKind::While(c, b) => {
+            StmtKind::While(c, b) | StmtKind::With(c, b) => {
                 walk_expr(c, visit);
                 walk_stmts(b, visit);
             }

@@ -383,11 +383,19 @@ impl Parser {
                 self.expect_op(":")?;
                 StmtKind::While(cond, self.block()?)
             }
+            "with" => {
+                self.next();
+                let manager = self.expr()?;
+                if self.is_name("as") {
+                    return self.err("'with ... as' is not part of TorchScript's serialized code");
+                }
+                self.expect_op(":")?;
+                StmtKind::With(manager, self.block()?)
+            }
             "def" | "class" => {
                 return self.err(format!("nested '{kw}' is not supported"));
             }
-            "with" | "try" | "lambda" | "yield" | "global" | "nonlocal" | "del" | "async"
-            | "await" => {
+            "try" | "lambda" | "yield" | "global" | "nonlocal" | "del" | "async" | "await" => {
                 return self.err(format!(
                     "'{kw}' is not part of TorchScript's serialized code"
                 ));
