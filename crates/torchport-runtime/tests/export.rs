@@ -105,7 +105,7 @@ family!(
 );
 family!(vit, bert, gpt2, lstm, gru, unet, half, conv1d, intops);
 
-family!(bnfold, norms, spatial, softmax_edges, strided_binary);
+family!(bnfold, norms, spatial, softmax_edges, strided_binary, tvops);
 
 /// Load-time batch-norm folding fires exactly where it may: of `bnfold`'s six norms, the four
 /// right after a convolution read by nothing else (conv without bias, conv with bias and a
