@@ -243,6 +243,22 @@ fn hostile_archives_give_one_clear_error() {
         ("inplace_view", 4, "only slice and select are"),
         // A part of a tensor no variable holds: the update would be lost, refused.
         ("inplace_lost", 4, "no variable of this function holds"),
+        (
+            "unknown_library_op",
+            3,
+            "operator mylib::frobnicate is not supported",
+        ),
+        ("with_tensor", 3, "'with' on a Tensor"),
+        (
+            "isinstance_unknown",
+            3,
+            "isinstance() with the type Frobnicator is not supported",
+        ),
+        (
+            "new_unknown_class",
+            3,
+            "__torch__.Nope.__new__ is not a function the archive's code defines",
+        ),
     ];
     for (name, want_line, want) in cases {
         let e = hostile_error(name);
