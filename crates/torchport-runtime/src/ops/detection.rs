@@ -52,7 +52,7 @@ fn nms(a: &Args) -> OpResult<Outputs> {
         _ => suppress(
             &dets.flatten_all()?.to_vec1::<f32>()?,
             &scores.to_vec1::<f32>()?,
-            threshold as f32,
+            threshold,
         ),
     };
     let n = keep.len();
@@ -76,8 +76,9 @@ fn min<T: Real>(a: T, b: T) -> T {
 }
 
 /// The kept indices of `boxes` (`n * 4` values) by `scores`, computed in the boxes' own
-/// dtype as torchvision's kernel computes.
-fn suppress<T: Real>(boxes: &[T], scores: &[T], threshold: T) -> Vec<i64> {
+/// dtype as torchvision's kernel computes, each overlap compared with the threshold as a
+/// float64 (as there: 0.7 is not a float32).
+fn suppress<T: Real>(boxes: &[T], scores: &[T], threshold: f64) -> Vec<i64> {
     let n = scores.len();
     let b = |i: usize, k: usize| boxes[i * 4 + k];
     let areas: Vec<T> = (0..n)
@@ -109,7 +110,7 @@ fn suppress<T: Real>(boxes: &[T], scores: &[T], threshold: T) -> Vec<i64> {
             let w = max(zero, min(b(i, 2), b(j, 2)) - max(b(i, 0), b(j, 0)));
             let h = max(zero, min(b(i, 3), b(j, 3)) - max(b(i, 1), b(j, 1)));
             let inter = w * h;
-            if inter / (areas[i] + areas[j] - inter) > threshold {
+            if (inter / (areas[i] + areas[j] - inter)).to_f64() > threshold {
                 suppressed[j] = true;
             }
         }
@@ -315,6 +316,10 @@ mod tests {
         assert_eq!(suppress(&boxes, &scores, 0.5), vec![3, 1, 2, 4]);
         // At a threshold above the overlap both stay.
         assert_eq!(suppress(&boxes, &scores, 0.85), vec![3, 1, 0, 2, 4]);
+        // An overlap of 30/100 is 0.300000012 as a float32, above a threshold of 0.3 (a
+        // float64, as torchvision compares): suppressed, where comparing in float32 kept it.
+        let boxes = [0.0, 0.0, 10.0, 10.0, 0.0, 0.0, 10.0, 3.0f32];
+        assert_eq!(suppress(&boxes, &[0.9, 0.8f32], 0.3), vec![0]);
     }
 
     /// `roi_align` on `rois` (`[k, 5]` values) over a `[1, 2, 4, 4]` input, pooled to `ph x pw`.
