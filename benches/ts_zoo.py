@@ -114,6 +114,14 @@ MODELS = {
 }
 
 
+def tolerance(ref):
+    """How far a float output may be from torch's: 1e-4 * max(1, max|ref|); ints exactly."""
+    ref = np.asarray(ref)
+    if ref.dtype.kind != "f":
+        return 0.0
+    return 1e-4 * max(1.0, float(np.abs(ref).max()) if ref.size else 1.0)
+
+
 def compare(got, ref):
     if len(got) != len(ref):
         return f"{len(got)} outputs, torch {len(ref)}"
@@ -125,7 +133,7 @@ def compare(got, ref):
         if w.dtype.kind == "f":
             d = float(np.abs(g.astype(np.float64) - w).max()) if w.size else 0.0
             worst = max(worst, d)
-            ok &= d <= 1e-4 * max(1.0, float(np.abs(w).max()) if w.size else 1.0)
+            ok &= d <= tolerance(w)
         else:
             ok &= bool((g.astype(np.int64) == w.astype(np.int64)).all())
     return f"ok ({worst:.1e})" if ok else f"MISMATCH ({worst:.1e})"
@@ -147,8 +155,7 @@ def align(got, ref, dets, window=8):
         if not k or any(len(x) != n for x in g + r):
             out += g
             continue
-        tols = [1e-4 * max(1.0, float(np.abs(x).max())) if x.dtype.kind == "f" and x.size else 0
-                for x in r]
+        tols = [tolerance(x) for x in r]
 
         def agree(i, j):
             return all(np.all(np.abs(a[i].astype(np.float64) - b[j].astype(np.float64)) <= t)
@@ -179,7 +186,7 @@ def rows_agreeing(got, ref, dets):
                 continue
             m = min(len(g), len(r))
             diff = np.abs(g[:m].astype(np.float64) - r[:m].astype(np.float64)).reshape(m, -1)
-            tol = 1e-4 * max(1.0, float(np.abs(r).max())) if r.dtype.kind == "f" and r.size else 0
+            tol = tolerance(r)
             bad = np.nonzero(diff.max(1) > tol)[0] if m else []
             first = min(first, int(bad[0]) if len(bad) else m)
         agree, total, at = agree + first, total + n, at + len(d)

@@ -86,15 +86,7 @@ fn suppress<T: Real>(boxes: &[T], scores: &[T], threshold: f64) -> Vec<i64> {
         .collect();
     // Descending, NaN first (torch orders NaN above every number), ties by index.
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&i, &j| {
-        let (x, y) = (scores[i], scores[j]);
-        match (x.is_nan(), y.is_nan()) {
-            (true, true) => std::cmp::Ordering::Equal,
-            (true, false) => std::cmp::Ordering::Less,
-            (false, true) => std::cmp::Ordering::Greater,
-            _ => y.partial_cmp(&x).unwrap_or(std::cmp::Ordering::Equal),
-        }
-    });
+    order.sort_by(|&i, &j| super::sort::nan_last(&scores[j], &scores[i]));
     let zero = T::from_f64(0.0);
     let mut suppressed = vec![false; n];
     let mut keep = Vec::new();

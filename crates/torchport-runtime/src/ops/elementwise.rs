@@ -142,24 +142,14 @@ pub fn register(r: &mut Registry) {
         "aten.to.dtype",
         "aten.to.dtype_layout",
         "aten.to.device",
+        // TorchScript's `to(device)`, `to(dtype)`, `to()`.
+        "aten.to.prim_Device",
+        "aten.to.prim_dtype",
+        "aten.to.prim_other",
         "aten._assert_tensor_metadata.default",
     ] {
         r.add(n, to_copy);
     }
-    // TorchScript's `to(device)` and `to(dtype)`, the dtype as c10's number.
-    for n in ["aten.to.prim_Device", "aten.to.prim_dtype"] {
-        r.add(n, |a| {
-            let t = a.tensor("self")?;
-            let Some(code) = a.opt_int("dtype")? else {
-                return one(t);
-            };
-            match crate::torchscript::value::dtype_to_program(code) {
-                Some(st) => one(dtype::cast(&t, st)?),
-                None => op_bail!("to: dtype number {code} is not one torchport holds"),
-            }
-        });
-    }
-    r.add("aten.to.prim_other", |a| one(a.tensor("self")?));
     // `to(other)`: other's dtype (its device is the CPU, as everything is).
     r.add("aten.to.other", |a| {
         let t = a.tensor("self")?;

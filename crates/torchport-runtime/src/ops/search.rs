@@ -93,8 +93,9 @@ fn nonzero_columns(a: &Args) -> OpResult<Outputs> {
 fn nonzero(t: &Tensor) -> OpResult<(usize, usize, Vec<i64>)> {
     let mask = to_mask(t)?.flatten_all()?.to_vec1::<u8>()?;
     let dims = t.dims();
-    let mut idx = Vec::new();
+    let (mut idx, mut rows) = (Vec::new(), 0);
     for (flat, _) in mask.iter().enumerate().filter(|(_, &m)| m != 0) {
+        rows += 1;
         let mut rest = flat;
         let at = idx.len();
         idx.resize(at + dims.len(), 0);
@@ -103,7 +104,6 @@ fn nonzero(t: &Tensor) -> OpResult<(usize, usize, Vec<i64>)> {
             rest /= size;
         }
     }
-    let rows = mask.iter().filter(|&&m| m != 0).count();
     Ok((rows, dims.len(), idx))
 }
 

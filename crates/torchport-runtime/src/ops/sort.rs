@@ -43,43 +43,13 @@ fn unique(a: &Args) -> OpResult<Outputs> {
     let inverse = a.bool_or("return_inverse", false)?;
     let counts = a.bool_or("return_counts", false)?;
     let flat = t.flatten_all()?;
-    let n = flat.elem_count();
-    // Each element's rank key, exactly: integers as integers, floats by total order.
-    let keys: Vec<(i64, u64)> = match t.dtype() {
-        DType::I64 => flat.to_vec1::<i64>()?.into_iter().map(|v| (v, 0)).collect(),
-        DType::U8 | DType::U32 => flat
-            .to_dtype(DType::I64)?
-            .to_vec1::<i64>()?
-            .into_iter()
-            .map(|v| (v, 0))
-            .collect(),
-        _ => flat
-            .to_dtype(DType::F64)?
-            .to_vec1::<f64>()?
-            .into_iter()
-            .enumerate()
-            // NaNs last and each its own value.
-            .map(|(i, v)| match v.is_nan() {
-                true => (i64::MAX, i as u64 + 1),
-                false => (0, order_bits(v)),
-            })
-            .collect(),
+    // Integers compared as integers, floats as float64 (both exact).
+    let (first, of, count) = match t.dtype() {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => {
+            distinct(&flat.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+        }
+        _ => distinct(&flat.to_dtype(DType::I64)?.to_vec1::<i64>()?),
     };
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| keys[i]);
-    let mut first = Vec::new();
-    let mut of = vec![0i64; n];
-    let mut count: Vec<i64> = Vec::new();
-    for (at, &i) in order.iter().enumerate() {
-        if at == 0 || keys[i] != keys[order[at - 1]] {
-            first.push(i as i64);
-            count.push(0);
-        }
-        of[i] = first.len() as i64 - 1;
-        if let Some(c) = count.last_mut() {
-            *c += 1;
-        }
-    }
     let m = first.len();
     let values = flat.index_select(&Tensor::from_vec(first, m, flat.device())?, 0)?;
     let empty = || Tensor::zeros(0, DType::I64, flat.device());
@@ -98,14 +68,24 @@ fn unique(a: &Args) -> OpResult<Outputs> {
     ])
 }
 
-/// A float's bits, mapped so that their unsigned order is the numbers' order (-0 and 0 one
-/// value).
-fn order_bits(v: f64) -> u64 {
-    let b = (v + 0.0).to_bits();
-    match b >> 63 {
-        1 => !b,
-        _ => b | (1 << 63),
+/// The distinct values of `v` in ascending order ([`nan_last`]; a NaN equals no value, so
+/// each is its own): the position of each one's first element, each element's value's index
+/// among them, and each value's count.
+fn distinct<T: PartialOrd>(v: &[T]) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&i, &j| nan_last(&v[i], &v[j]));
+    let (mut first, mut of, mut count) = (Vec::new(), vec![0i64; v.len()], Vec::new());
+    for (at, &i) in order.iter().enumerate() {
+        if at == 0 || v[i] != v[order[at - 1]] {
+            first.push(i as i64);
+            count.push(0);
+        }
+        of[i] = first.len() as i64 - 1;
+        if let Some(c) = count.last_mut() {
+            *c += 1;
+        }
     }
+    (first, of, count)
 }
 
 /// The lower median's position in a sorted row, or its first NaN's (torch's median
@@ -173,7 +153,7 @@ fn order_stat_of(
 }
 
 /// Total order with NaN greatest (for integers, their own order).
-fn nan_last<T: PartialOrd>(a: &T, b: &T) -> Ordering {
+pub(super) fn nan_last<T: PartialOrd>(a: &T, b: &T) -> Ordering {
     #[allow(clippy::eq_op)]
     let nan = |x: &T| x != x;
     match (nan(a), nan(b)) {

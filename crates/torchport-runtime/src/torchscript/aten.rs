@@ -131,8 +131,15 @@ fn parse_schema(line: &str) -> Option<(String, Schema)> {
         };
         let sp = decl.rfind(' ')?;
         let (ty, optional) = parse_type(&decl[..sp]);
+        let name = decl[sp + 1..].to_string();
+        // TorchScript's own overloads (`to.prim_dtype`) take a dtype as `int? dtype`: c10's
+        // number, bound as any dtype argument is.
+        let ty = match (ty, name.as_str()) {
+            (Ty::Int, "dtype") => Ty::ScalarType,
+            _ => ty,
+        };
         args.push(SchemaArg {
-            name: decl[sp + 1..].to_string(),
+            name,
             ty,
             optional,
             kwarg_only,
