@@ -64,6 +64,35 @@ def hf(cls, cfgcls, **kw):
     return make
 
 
+def hf_in(cls, cfgcls, inputs, **kw):
+    """A transformers model whose inputs are not (ids, mask): `inputs()` makes them."""
+    def make():
+        import transformers as T
+        return getattr(T, cls)(getattr(T, cfgcls)(torchscript=True, **kw)), inputs()
+    return make
+
+
+def ids():
+    return (torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0)),)
+
+
+def pixels(s):
+    return lambda: (torch.rand(2, 3, s, s, generator=torch.Generator().manual_seed(0)),)
+
+
+def audio():
+    return (torch.randn(2, 1600, generator=torch.Generator().manual_seed(0)),)
+
+
+# Small transformers configurations: 2 layers of width 32, 2 heads.
+LAYERS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+TEXT = dict(vocab_size=100, max_position_embeddings=64, **LAYERS)
+DECODER = dict(vocab_size=100, use_cache=False, **LAYERS)
+CONV_AUDIO = dict(conv_dim=[16, 16], conv_stride=[5, 2], conv_kernel=[10, 3],
+                  num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, **LAYERS)
+STAGES = dict(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
+
+
 def det(name, **kw):
     """A torchvision detection model (scripted only: it takes a list of images of any size,
     which `torchport run` gets as one `.npz`), with small images and the fixture generator's
@@ -111,6 +140,48 @@ MODELS = {
                         n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=32),
     "hf_gpt2": hf("GPT2Model", "GPT2Config", vocab_size=100, n_embd=32, n_layer=2, n_head=2,
                   n_positions=32, use_cache=False),
+    "tv_swin_v2_t": tv("swin_v2_t", num_classes=10),
+    "tv_maxvit_t": tv("maxvit_t", s=224, num_classes=10),
+    "tv_efficientnet_v2_s": tv("efficientnet_v2_s", num_classes=10),
+    "timm_swin_tiny": timm_m("swin_tiny_patch4_window7_224", s=224, num_classes=10),
+    "timm_edgenext_xx_small": timm_m("edgenext_xx_small", num_classes=10),
+    "timm_xcit_nano_12_p16": timm_m("xcit_nano_12_p16_224", s=224, num_classes=10),
+    "timm_convmixer_768_32": timm_m("convmixer_768_32", num_classes=10),
+    "timm_coat_tiny": timm_m("coat_tiny", s=224, num_classes=10),
+    "timm_levit_128s": timm_m("levit_128s", s=224, num_classes=10),
+    "timm_tiny_vit_5m": timm_m("tiny_vit_5m_224", s=224, num_classes=10),
+    "timm_efficientformer_l1": timm_m("efficientformer_l1", s=224, num_classes=10),
+    "hf_bert": hf("BertModel", "BertConfig", **TEXT),
+    "hf_roberta": hf("RobertaModel", "RobertaConfig", **TEXT),
+    "hf_albert": hf("AlbertModel", "AlbertConfig", embedding_size=16, **TEXT),
+    "hf_deberta_v2": hf("DebertaV2Model", "DebertaV2Config", **TEXT),
+    "hf_mpnet": hf("MPNetModel", "MPNetConfig", **TEXT),
+    "hf_mobilebert": hf("MobileBertModel", "MobileBertConfig", vocab_size=100,
+                        max_position_embeddings=64, embedding_size=16, intra_bottleneck_size=16,
+                        true_hidden_size=16, **LAYERS),
+    "hf_t5_encoder": hf_in("T5EncoderModel", "T5Config", ids, vocab_size=100, d_model=32,
+                           d_kv=16, d_ff=64, num_layers=2, num_heads=2),
+    "hf_llama": hf_in("LlamaModel", "LlamaConfig", ids, num_key_value_heads=1, **DECODER),
+    "hf_mistral": hf_in("MistralModel", "MistralConfig", ids, num_key_value_heads=1, **DECODER),
+    "hf_qwen2": hf_in("Qwen2Model", "Qwen2Config", ids, num_key_value_heads=1, **DECODER),
+    "hf_phi": hf_in("PhiModel", "PhiConfig", ids, **DECODER),
+    "hf_gpt_neox": hf_in("GPTNeoXModel", "GPTNeoXConfig", ids, **DECODER),
+    "hf_opt": hf_in("OPTModel", "OPTConfig", ids, vocab_size=100, hidden_size=32,
+                    num_hidden_layers=2, num_attention_heads=2, ffn_dim=64,
+                    word_embed_proj_dim=32, use_cache=False),
+    "hf_vit": hf_in("ViTModel", "ViTConfig", pixels(32), image_size=32, patch_size=8, **LAYERS),
+    "hf_clip_vision": hf_in("CLIPVisionModel", "CLIPVisionConfig", pixels(32), image_size=32,
+                            patch_size=8, **LAYERS),
+    "hf_dinov2": hf_in("Dinov2Model", "Dinov2Config", pixels(32), image_size=32, patch_size=8,
+                       **LAYERS),
+    "hf_convnext": hf_in("ConvNextModel", "ConvNextConfig", pixels(64), **STAGES),
+    "hf_segformer": hf_in("SegformerModel", "SegformerConfig", pixels(64),
+                          num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=32, **STAGES),
+    "hf_swin": hf_in("SwinModel", "SwinConfig", pixels(32), image_size=32, patch_size=4,
+                     embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4),
+    "hf_wav2vec2": hf_in("Wav2Vec2Model", "Wav2Vec2Config", audio, do_stable_layer_norm=True,
+                         **CONV_AUDIO),
+    "hf_hubert": hf_in("HubertModel", "HubertConfig", audio, **CONV_AUDIO),
 }
 
 

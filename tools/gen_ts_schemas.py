@@ -20,7 +20,7 @@ OUT = ROOT / "crates/torchport-runtime/src/torchscript/schemas.txt"
 
 # Overloads TorchScript emits that `.pt2` programs do not; the front end runs them with an
 # existing kernel (see ALIASES in torchscript/aten.rs).
-EXTRA = ["aten._convolution.default", "aten.dropout.default", "aten.feature_dropout.default",
+EXTRA = ["aten._convolution.default", "aten._convolution.deprecated", "aten.dropout.default", "aten.feature_dropout.default",
          "aten.contiguous.default", "aten.size.int", "aten.to.dtype", "aten.to.device",
          "aten.to.dtype_layout", "aten.to.other", "aten.view.default", "aten.reshape.default",
          "aten.expand_as.default", "aten.flatten.using_ints", "aten.softmax.int",

@@ -259,6 +259,7 @@ fn hostile_archives_give_one_clear_error() {
             3,
             "__torch__.Nope.__new__ is not a function the archive's code defines",
         ),
+        ("any_of_tensors", 3, "any() of a list holding a Tensor"),
     ];
     for (name, want_line, want) in cases {
         let e = hostile_error(name);
@@ -463,4 +464,74 @@ fn scripted_with_block() {
 #[test]
 fn scripted_torchvision_detection_ops() {
     check("tv_ops");
+}
+
+/// `torch.norm` / `Tensor.norm` as TorchScript writes them (`aten::norm`: `p` 1, None, inf
+/// and 3 with a float64 dtype; over one dim, two, or all; `F.normalize`), and the builtins
+/// `any` / `all` of lists of bools and ints.
+#[test]
+fn scripted_norms_and_list_any_all() {
+    check_graph("scripted_norms");
+}
+
+/// Convolutions with `padding="same"`, traced (`aten::_convolution_mode`): 1-, 2- and 3-d,
+/// an even kernel and a dilated one, whose odd total padding goes one more at the end.
+#[test]
+fn traced_same_padding_convolutions() {
+    check_graph("traced_same_convs");
+}
+
+/// torchvision's Swin Transformer V2 (cosine attention through `F.normalize`), scripted.
+#[test]
+fn scripted_torchvision_swin_v2() {
+    check_graph("tv_swin_v2_scripted");
+}
+
+/// timm's Swin Transformer, scripted: whether a block shifts its windows is `any` of a list.
+#[test]
+fn scripted_timm_swin() {
+    check_graph("timm_swin_scripted");
+}
+
+/// timm's ConvMixer, traced: its depthwise convolutions pad `"same"`.
+#[test]
+fn traced_timm_convmixer() {
+    check_graph("timm_convmixer");
+}
+
+/// Archives written by torch 1.4 (file format version 1) and 1.8 (version 5; tests/fixtures/
+/// gen/gen_torchscript_old.py): convolutions by the `_convolution` schema of the day (no
+/// `allow_tf32`), `F.adaptive_avg_pool2d` through `list_with_default`, torchvision 0.5's
+/// ShuffleNetV2 and MobileNetV2 classes traced and scripted, an LSTM tagger; and operators
+/// whose meaning changed since, which run as torch runs them today, through its upgraders:
+/// `/`, `div` and `div_` of integer tensors truncate and `full` with an integer fill makes
+/// floats (torch 1.4), `linspace` and `logspace` with `steps` None take 100 (torch 1.8, where
+/// `full` of an integer is int64 already). Compared with those torch versions' own outputs
+/// (torch 2.15 gives the same from these archives).
+#[test]
+fn archives_of_torch_1_4_and_1_8_run_as_torch_runs_them() {
+    let dir = fixtures().join("../torchscript_old");
+    for model in [
+        "t14_old_ops",
+        "t14_tiny_traced",
+        "t14_tiny_scripted",
+        "t14_lstm_scripted",
+        "t14_tv_shufflenet_traced",
+        "t14_tv_shufflenet_scripted",
+        "t14_tv_mobilenet_v2_scripted",
+        "t18_steps",
+        "t18_tv_shufflenet_scripted",
+    ] {
+        let program = ScriptProgram::load(dir.join(format!("{model}.pt")))
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+        let inputs = numbered(&dir, model, "input");
+        let want = numbered(&dir, model, "output");
+        assert!(
+            !inputs.is_empty() && !want.is_empty(),
+            "{model}: fixtures missing"
+        );
+        for _ in 0..2 {
+            run_and_compare(&program, model, &inputs, &want);
+        }
+    }
 }

@@ -14,6 +14,13 @@ pub struct Script {
     pub code: Vec<(String, Vec<u8>)>,
     /// The tuple of `constants.pkl`: what the code reads as `CONSTANTS.c0`, `CONSTANTS.c1`, ….
     pub constants: Vec<ScriptValue>,
+    /// The archive's file format version (its `version` record): which operator semantics
+    /// its code was written for. torch writes the least version its code needs (torch 1.8
+    /// and later 3 where no operator's meaning changed since; torch 1.4 wrote 1), and a
+    /// loader runs the code of an older version through "upgraders" (before version 4, `div`
+    /// of two integer operands truncates). `None` where the record is missing or not a
+    /// number.
+    pub version: Option<u64>,
 }
 
 /// An object of a `__torch__.*` class: a module or another scripted class instance.

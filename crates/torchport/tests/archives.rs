@@ -194,3 +194,20 @@ fn pt2_programs_can_be_left_unparsed() {
     let err = torchport::pt2::parse_program(json).unwrap_err().to_string();
     assert!(err.contains("key must be a string at line 1"), "{err}");
 }
+
+/// The archive's file format version is read from its `version` record: torch 1.4 wrote 1
+/// (its integer `div` truncated), torch 1.8 5, torch 2.15 here 3 (nothing in the LSTM's code
+/// needs more).
+#[test]
+fn torchscript_format_versions() {
+    let old = fixture_dir("torchscript_old");
+    for (path, want) in [
+        (old.join("t14_old_ops.pt"), 1),
+        (old.join("t18_steps.pt"), 5),
+        (fixtures().join("scripted_lstm.pt"), 3),
+    ] {
+        let ckpt = torchport::open(&path).unwrap();
+        let script = ckpt.script().expect("a TorchScript archive");
+        assert_eq!(script.version, Some(want), "{}", path.display());
+    }
+}

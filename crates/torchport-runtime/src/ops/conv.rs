@@ -35,6 +35,8 @@ pub fn register(r: &mut Registry) {
     r.add("aten.conv1d.default", conv_nd);
     r.add("aten.conv2d.padding", conv_nd);
     r.add("aten.conv1d.padding", conv_nd);
+    // What `torch.jit.trace` records for a conv with string padding, of any rank.
+    r.add("aten._convolution_mode.default", conv_nd);
     r.add("aten.convolution.default", convolution);
     r.add("aten.conv_transpose2d.input", conv_transpose);
     r.add("aten.conv_transpose1d.default", conv_transpose);

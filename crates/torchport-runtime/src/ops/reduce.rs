@@ -1,5 +1,5 @@
 //! Reductions: mean, sum, amax/amin, aminmax, max/min along a dim, cumsum, argmax/argmin,
-//! any/all, the vector norm.
+//! any/all, the vector norm (`linalg_vector_norm`, `norm`).
 
 use candle_core::{DType, Tensor};
 
@@ -11,7 +11,19 @@ use crate::value::{one, Args, Outputs, Value};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.mean.dim", mean);
-    r.add("aten.linalg_vector_norm.default", vector_norm);
+    r.add("aten.linalg_vector_norm.default", |a| {
+        p_norm(a, a.float_or("ord", 2.0)?)
+    });
+    // `torch.norm` / `Tensor.norm` with a number or None for `p` (TorchScript's code, and
+    // `F.normalize`, call these); `p` None is the 2-norm.
+    for n in [
+        "aten.norm.Scalar",
+        "aten.norm.ScalarOpt_dim",
+        "aten.norm.ScalarOpt_dtype",
+        "aten.norm.ScalarOpt_dim_dtype",
+    ] {
+        r.add(n, |a| p_norm(a, a.float_or("p", 2.0)?));
+    }
     r.add("aten.mean.default", mean);
     r.add("aten.sum.dim_IntList", sum);
     r.add("aten.sum.default", sum);
@@ -251,12 +263,25 @@ fn any_dim(a: &Args) -> OpResult<Outputs> {
     one(reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?)
 }
 
-/// `linalg_vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None)`: the p-norm over
-/// `dim` (every dim when absent); `ord` inf / -inf give max / min |x|, 0 the count of
-/// non-zeros.
-fn vector_norm(a: &Args) -> OpResult<Outputs> {
+/// The `ord`-norm of `self` over `dim` (every dim when absent), `keepdim`, as
+/// `linalg_vector_norm` and `norm` compute it: `ord` inf / -inf give max / min |x|, 0 the
+/// count of non-zeros. With `dtype` (a float type), the input is cast to it first, as torch
+/// does, and the result rounded to it.
+fn p_norm(a: &Args, ord: f64) -> OpResult<Outputs> {
     let t = float(&a.tensor("self")?)?;
-    let ord = a.float_or("ord", 2.0)?;
+    let dtype = a.opt_scalar_type("dtype")?;
+    let t = match dtype {
+        Some(st) if crate::dtype::is_float(st) => crate::dtype::cast(&t, st)?,
+        Some(st) => op_bail!(
+            "a norm in {} (it needs a float dtype)",
+            crate::dtype::name(st)
+        ),
+        None => t,
+    };
+    let typed = |r: Tensor| match dtype {
+        Some(st) => one(crate::dtype::cast(&r, st)?),
+        None => one(r),
+    };
     let dims = dims_of(a, "dim", t.rank())?;
     let keep = a.bool_or("keepdim", false)?;
     // The 2- and 1-norms over trailing dims of a float32 tensor (Swin V2's cosine attention
@@ -264,10 +289,7 @@ fn vector_norm(a: &Args) -> OpResult<Outputs> {
     let rows = trailing_rows(&t, &dims, keep).filter(|_| ord == 2.0 || ord == 1.0);
     if let Some((n, out)) = rows {
         if let Some(r) = super::fused::norm_rows(&t, n, &out, ord == 2.0) {
-            return match a.opt_scalar_type("dtype")? {
-                Some(st) => one(crate::dtype::cast(&r, st)?),
-                None => one(r),
-            };
+            return typed(r);
         }
     }
     let abs = t.abs()?;
@@ -285,10 +307,7 @@ fn vector_norm(a: &Args) -> OpResult<Outputs> {
     } else {
         reduce(&abs.powf(ord)?, &dims, keep, |x, d| x.sum_keepdim(d))?.powf(1.0 / ord)?
     };
-    match a.opt_scalar_type("dtype")? {
-        Some(st) => one(crate::dtype::cast(&r, st)?),
-        None => one(r),
-    }
+    typed(r)
 }
 
 /// `all(self, dim, keepdim)`: whether every element along `dim` (all dims when absent) is
@@ -333,4 +352,45 @@ fn aminmax(a: &Args) -> OpResult<Outputs> {
     let lo = reduce(&t, &dims, keep, |x, d| x.min_keepdim(d))?;
     let hi = reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?;
     Ok(vec![Value::Tensor(lo), Value::Tensor(hi)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// `aten.norm.ScalarOpt_dim_dtype` of `[[3, 4]]` over dim 1, `p` None, with `dtype`.
+    fn norm_in(dtype: i64) -> OpResult<Outputs> {
+        let x = Tensor::new(&[[3f32, 4.0]], &Device::Cpu).unwrap();
+        let args = [
+            ("self", serde_json::json!({"as_tensor": {"name": "x"}})),
+            ("p", serde_json::json!({"as_none": true})),
+            ("dim", serde_json::json!({"as_ints": [1]})),
+            ("keepdim", serde_json::json!({"as_bool": false})),
+            ("dtype", serde_json::json!({"as_scalar_type": dtype})),
+        ];
+        super::super::run_node(
+            register,
+            "aten.norm.ScalarOpt_dim_dtype",
+            &args,
+            &[("x", x)],
+        )
+    }
+
+    #[test]
+    fn a_norm_needs_a_float_dtype() {
+        // `p` None is the 2-norm; a float64 dtype computes in it.
+        let Ok(out) = norm_in(crate::dtype::DOUBLE) else {
+            panic!("a float64 norm")
+        };
+        let Value::Tensor(t) = &out[0] else {
+            panic!("not a tensor")
+        };
+        assert_eq!(t.to_vec1::<f64>().unwrap(), [5.0]);
+        // torch refuses int64, and so does the kernel.
+        match norm_in(crate::dtype::LONG) {
+            Err(e) => assert!(e.0.contains("needs a float dtype"), "{}", e.0),
+            Ok(_) => panic!("an int64 norm was computed"),
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! Views and layout: view/reshape/flatten, permute/transpose, (un)squeeze, expand, slice,
 //! select, cat/stack, split/tensor_split/chunk/unbind, repeat, indexing (index, index_select, embedding,
-//! gather), and tensor factories (arange, linspace, meshgrid, full, zeros/ones, triu/tril, sym_size).
+//! gather), and tensor factories (arange, linspace, logspace, meshgrid, full, zeros/ones, triu/tril, sym_size).
 
 use candle_core::{DType, Device, Tensor, D};
 
@@ -87,6 +87,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.arange.start", arange);
     r.add("aten.arange.start_step", arange);
     r.add("aten.linspace.default", linspace);
+    r.add("aten.logspace.default", logspace);
     r.add("aten.meshgrid.default", meshgrid);
     r.add("aten.meshgrid.indexing", meshgrid);
     r.add("aten.full.default", full);
@@ -573,10 +574,25 @@ fn gather(a: &Args) -> OpResult<Outputs> {
 /// `linspace(start, end, steps, dtype)`: `steps` evenly spaced values, filled from both ends
 /// as torch does (the first half `start + i·step`, the second `end - (steps-1-i)·step`).
 fn linspace(a: &Args) -> OpResult<Outputs> {
+    spaced(a, None)
+}
+
+/// `logspace(start, end, steps, base=10.0, dtype=None)`: `base` to the powers of
+/// `linspace(start, end, steps)`.
+fn logspace(a: &Args) -> OpResult<Outputs> {
+    spaced(a, Some(a.float_or("base", 10.0)?))
+}
+
+/// `steps` evenly spaced values from `start` to `end` (the first half counted from `start`,
+/// the rest back from `end`, as torch does), each `base` to that power where there is one.
+fn spaced(a: &Args, base: Option<f64>) -> OpResult<Outputs> {
     let (s, e) = (a.scalar("start")?.as_f64(), a.scalar("end")?.as_f64());
     let n = a.int("steps")?;
     if !(0..=1 << 30).contains(&n) {
-        op_bail!("linspace of {n} steps");
+        op_bail!(
+            "{}space of {n} steps",
+            if base.is_some() { "log" } else { "lin" }
+        );
     }
     let n = n as usize;
     let st = a.opt_scalar_type("dtype")?.unwrap_or(dtype::FLOAT);
@@ -589,6 +605,7 @@ fn linspace(a: &Args) -> OpResult<Outputs> {
                 e - (n - 1 - i) as f64 * step
             }
         })
+        .map(|x| base.map_or(x, |b| b.powf(x)))
         .collect();
     let t = Tensor::from_vec(v, n, &Device::Cpu)?;
     one(dtype::cast(&t, st)?)

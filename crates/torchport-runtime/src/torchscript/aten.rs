@@ -20,8 +20,10 @@ use crate::value::{Args, Env, Value};
 
 /// Overloads TorchScript emits that run on another overload's kernel: the schema binds the
 /// arguments, the kernel reads the ones it knows by name.
-const ALIASES: [(&str, &str); 2] = [
+const ALIASES: [(&str, &str); 3] = [
     ("aten._convolution.default", "aten.convolution.default"),
+    // Without `allow_tf32`: the call of archives from torch 1.6 and older.
+    ("aten._convolution.deprecated", "aten.convolution.default"),
     ("aten.instance_norm.default", "aten.group_norm.default"),
 ];
 

@@ -152,6 +152,41 @@ fn container_op(
             Val::Tensor(t) => Val::Int(t.elem_count() as i64),
             _ => return Ok(None),
         },
+        // `list_with_default(list, defaults)`: the list, where `defaults` is longer (what
+        // `F.adaptive_avg_pool2d` of torch 1.5 and older called).
+        "list_with_default" => {
+            let (Some(list), Some(defaults)) = (a0()?.items(), arg(args, 1, name)?.items()) else {
+                return Err("list_with_default() takes two lists".into());
+            };
+            if defaults.len() <= list.len() {
+                return Err(format!(
+                    "list_with_default(): input dimension should be at least {}",
+                    list.len() + 1
+                ));
+            }
+            Val::list(list)
+        }
+        // Of a list of bools, ints, floats or strings (ATen's `any.bool`, `all.int`, …).
+        "any" | "all" => {
+            let Val::List(l) = a0()? else {
+                return Ok(None);
+            };
+            let truths = l
+                .borrow()
+                .iter()
+                .map(|v| match v {
+                    Val::Bool(_) | Val::Int(_) | Val::Float(_) | Val::Str(_) => {
+                        Ok(v.truthy() == Some(true))
+                    }
+                    o => Err(format!("{name}() of a list holding a {}", o.type_name())),
+                })
+                .collect::<BResult<Vec<bool>>>()?;
+            Val::Bool(if name == "any" {
+                truths.iter().any(|&t| t)
+            } else {
+                truths.iter().all(|&t| t)
+            })
+        }
         "append" => {
             let Val::List(l) = a0()? else {
                 return Err("append() on something that is not a list".into());
@@ -782,6 +817,7 @@ pub fn is_native(op: &str) -> bool {
     matches!(
         op,
         "len"
+            | "list_with_default"
             | "size"
             | "dim"
             | "numel"

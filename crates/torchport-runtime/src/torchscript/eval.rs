@@ -556,7 +556,18 @@ impl<'a> Interp<'a> {
             }
         };
         let args = if op == BinOp::In { [y, x] } else { [x, y] };
-        Ok(builtins::call_torch(name, &args, &[], self.ops)?)
+        self.torch(name, &args, &[])
+    }
+
+    /// `torch.<op>(args)` as the archive's code means it: through torch's upgrader where the
+    /// code was written for an older meaning of the operator (`upgraders.rs`).
+    fn torch(&self, op: &str, args: &[Val], kwargs: &[(String, Val)]) -> EResult<Val> {
+        Ok(
+            match super::upgraders::upgrade(self.code.version, op, args, kwargs) {
+                Some((args, kwargs)) => builtins::call_torch(op, &args, &kwargs, self.ops)?,
+                None => builtins::call_torch(op, args, kwargs, self.ops)?,
+            },
+        )
     }
 
     fn attr(&mut self, b: Val, name: &str) -> EResult<Val> {
@@ -681,7 +692,7 @@ impl<'a> Interp<'a> {
                     // A method of a value (`x.size(0)`, `"{}".format(x)`, `d.keys()`).
                     let mut all = vec![other];
                     all.extend(argv);
-                    Ok(builtins::call_torch(name, &all, &kw, self.ops)?)
+                    self.torch(name, &all, &kw)
                 }
             };
         }
@@ -755,7 +766,7 @@ impl<'a> Interp<'a> {
             if let Some(r) = super::aten::packed_product(op, &args, &kwargs, self.linears)? {
                 return Ok(r);
             }
-            let r = builtins::call_torch(op, &args, &kwargs, self.ops)?;
+            let r = self.torch(op, &args, &kwargs)?;
             if let (true, Some(Val::Tensor(t))) = (view_writes::cuts(op), args.first()) {
                 view_writes::mark(&mut self.parts, t, op, &args[1..], !kwargs.is_empty(), &r);
             }

@@ -24,6 +24,7 @@ mod linears;
 pub mod parser;
 pub mod scalars;
 mod specialise;
+mod upgraders;
 pub mod value;
 mod view_writes;
 
@@ -46,6 +47,8 @@ use value::{Obj, Val};
 /// The parsed code of an archive, by module path (`__torch__.torch.nn.modules.linear`).
 pub struct Code {
     files: HashMap<String, (String, CodeFile)>,
+    /// The archive's file format version, for torch's operator upgraders (`upgraders.rs`).
+    pub(crate) version: Option<u64>,
 }
 
 /// The module path of a code record (`code/__torch__/a/b.py` → `__torch__.a.b`).
@@ -70,7 +73,10 @@ impl Code {
             })?;
             files.insert(m, (record.clone(), f));
         }
-        Ok(Code { files })
+        Ok(Code {
+            files,
+            version: None,
+        })
     }
 
     fn split(qual: &str) -> Option<(&str, &str)> {
@@ -248,7 +254,8 @@ impl ScriptProgram {
             path: path.to_path_buf(),
             what: "the archive's code could not be read".into(),
         })?;
-        let code = Code::parse(&script.code, path)?;
+        let mut code = Code::parse(&script.code, path)?;
+        code.version = script.version;
         // The weights only Linears read are decoded packed, where this CPU has the kernels
         // (`linears.rs`).
         let (tensors, linears) = match with_tensors {

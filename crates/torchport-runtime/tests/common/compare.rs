@@ -49,12 +49,15 @@ pub fn output_mismatches(
         .collect()
 }
 
-/// Why `got` differs from torch's `want`, if it does: shapes must be equal; integer and bool
-/// values equal; floats within `rel` × max(1, max |ref|) (1e-4 in most tests), NaN where torch
-/// has NaN and the same infinities.
+/// Why `got` differs from torch's `want`, if it does: shapes must be equal, and both float or
+/// both not; integer and bool values equal; floats within `rel` × max(1, max |ref|) (1e-4 in
+/// most tests), NaN where torch has NaN and the same infinities.
 pub fn mismatch_within(got: &Tensor, want: &Tensor, rel: f64) -> Option<String> {
     if got.dims() != want.dims() {
         return Some(format!("shape {:?}, torch {:?}", got.dims(), want.dims()));
+    }
+    if got.dtype().is_float() != want.dtype().is_float() {
+        return Some(format!("dtype {:?}, torch {:?}", got.dtype(), want.dtype()));
     }
     let (g, w) = (values(got), values(want));
     if !matches!(want.dtype(), DType::F32 | DType::F64) {

@@ -93,6 +93,7 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Par
         }
     }
     let code = code_records(&mut tree.resolver.ar, &names, &root, limits)?;
+    let version = format_version(&mut tree.resolver.ar, &root);
     let mut globals = data.globals().to_vec();
     for g in constants.iter().flat_map(|c| c.globals()) {
         if !globals.contains(g) {
@@ -117,8 +118,20 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Par
         root: root_object,
         code,
         constants: script_constants,
+        version,
     }));
     Ok(parts)
+}
+
+/// The number in the `<root>/version` record (a few ASCII digits and a newline), if it holds
+/// one.
+fn format_version(ar: &mut Archive<'_>, root: &str) -> Option<u64> {
+    let bytes = ar.record(&format!("{root}version")).ok()?;
+    let bytes = bytes.bytes();
+    if bytes.len() > 32 {
+        return None;
+    }
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
 }
 
 /// Every `code/**.py` record under `root`, as stored (their total size bounded by the
