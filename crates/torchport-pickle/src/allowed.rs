@@ -115,6 +115,8 @@ pub const TORCHPORT_DATA: &[&str] = &[
     "torch._tensor._rebuild_from_type",
     "torch._utils._rebuild_nested_tensor",
     "torch._utils._rebuild_xla_tensor",
+    // torch 1.2 TorchScript archives: a tensor of the archive's own table, by index
+    "torch.jit._pickle.build_tensor_from_id",
     // layouts, pickled by name
     "torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
     "torch.sparse_bsr", "torch.sparse_bsc",

@@ -535,3 +535,18 @@ fn archives_of_torch_1_4_and_1_8_run_as_torch_runs_them() {
         }
     }
 }
+
+/// A TorchScript archive of torch 1.0 to 1.2 (model.json; its weights are read by
+/// `torchport::open`) is refused by the runtime with one error saying so.
+#[test]
+fn archives_of_torch_1_0_to_1_2_are_refused_with_the_reason() {
+    let path = fixtures().join("../torchscript_legacy/t12_traced.pt");
+    let err = ScriptProgram::load(&path)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("torch 1.0 to 1.2") && err.contains("weights can be read"),
+        "{err}"
+    );
+}

@@ -250,9 +250,13 @@ impl ScriptProgram {
                 ),
             });
         }
+        // torch 1.0 to 1.2's format (model.json) is read for its weights only.
         let script = ckpt.script().ok_or_else(|| Error::Archive {
             path: path.to_path_buf(),
-            what: "the archive's code could not be read".into(),
+            what: "a TorchScript archive of torch 1.0 to 1.2 (model.json): its weights can be \
+                   read (torchport inspect, convert), its code is not run; save the model again \
+                   with a newer torch"
+                .into(),
         })?;
         let mut code = Code::parse(&script.code, path)?;
         code.version = script.version;

@@ -28,7 +28,8 @@ pub(crate) mod torch;
 /// whitespace) that mentions `"weight_map"`; npz: a zip archive whose records all end in
 /// `.npy` (or an empty zip archive); pt2: a zip archive with an `archive_format` record (or
 /// the older top-level `serialized_exported_program.json`); TorchScript: a zip archive with
-/// `constants.pkl` or `code/__torch__*` records.
+/// `constants.pkl` or `code/__torch__*` records, or (torch 1.0 to 1.2) `model.json` and
+/// `code/` records.
 pub fn detect(bytes: &[u8]) -> Option<Format> {
     if archive::is_zip(bytes) {
         Some(zip_kind(bytes))
@@ -58,11 +59,16 @@ fn zip_kind(bytes: &[u8]) -> Format {
     };
     // Borrowed: a name is copied only where it is not UTF-8 as stored.
     let names: Vec<std::borrow::Cow<str>> = zip.file_names().filter_map(Result::ok).collect();
+    // torch 1.0 to 1.2 wrote `model.json` and `code/<name>.py` instead.
     let torchscript = |n: &std::borrow::Cow<str>| {
         n == "constants.pkl"
             || n.ends_with("/constants.pkl")
             || n.starts_with("code/__torch__")
             || n.contains("/code/__torch__")
+            || ((n == "model.json" || n.ends_with("/model.json"))
+                && names
+                    .iter()
+                    .any(|c| c.starts_with("code/") || c.contains("/code/")))
     };
     if pt2::looks_like(&names) {
         Format::Pt2

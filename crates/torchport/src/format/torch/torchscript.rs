@@ -46,9 +46,13 @@ pub(crate) fn read(path: &Path, file: &FileBytes, limits: &Limits) -> Result<Par
     let mut ar = Archive::new(path, file, limits)?;
     let names = ar.names();
     let Some(root) = find_root(&names) else {
+        // torch 1.0 to 1.2 wrote the module tree as model.json.
+        if let Some(root) = super::torchscript_legacy::find_root(&names) {
+            return super::torchscript_legacy::read(path, ar, &root, limits);
+        }
         return Err(Error::corrupt(
             path,
-            "the TorchScript archive has no data.pkl record",
+            "the TorchScript archive has no data.pkl record (nor the model.json of torch 1.0 to 1.2)",
         ));
     };
     let order = read_byteorder(path, &mut ar, &root)?;
