@@ -406,6 +406,29 @@ fn runs_from_several_threads_and_from_a_pool() {
     pool.install(run);
 }
 
+/// Several programs' first runs (which record) at once, from threads of their own: each run's
+/// evaluator goes to the same pool, where a thread waiting for a kernel's parallel loop may
+/// take up another program's whole run meanwhile. Each program still records its own graph
+/// and gives torch's outputs, first run and second (once, the LSTM tagger's run was found
+/// interpreted in a full test run: another run's end had taken its recorder away).
+#[test]
+fn first_runs_of_several_programs_at_once_each_record_their_own() {
+    let models = ["scripted_lstm", "hf_bert", "timm_vit", "scripted_norms"];
+    for _round in 0..12 {
+        std::thread::scope(|s| {
+            for model in models {
+                s.spawn(move || {
+                    let how = check(model);
+                    assert!(
+                        matches!(how, Specialisation::Graph { .. }),
+                        "{model}: runs as {how:?}"
+                    );
+                });
+            }
+        });
+    }
+}
+
 /// torchvision's Faster R-CNN, scripted: its `forward` takes a list of images of different
 /// sizes (the fixture's `.npz`), resizes and batches them, and runs the RPN's proposals
 /// through batched non-maximum suppression (`torchvision::nms`) and the box head's pooling

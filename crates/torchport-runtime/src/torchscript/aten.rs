@@ -22,7 +22,7 @@ use crate::value::{Args, Env, Value};
 /// arguments, the kernel reads the ones it knows by name.
 const ALIASES: [(&str, &str); 3] = [
     ("aten._convolution.default", "aten.convolution.default"),
-    // Without `allow_tf32`: the call of archives from torch 1.6 and older.
+    // Without `allow_tf32`: how torch 1.4's archives call it.
     ("aten._convolution.deprecated", "aten.convolution.default"),
     ("aten.instance_norm.default", "aten.group_norm.default"),
 ];

@@ -153,7 +153,7 @@ fn container_op(
             _ => return Ok(None),
         },
         // `list_with_default(list, defaults)`: the list, where `defaults` is longer (what
-        // `F.adaptive_avg_pool2d` of torch 1.5 and older called).
+        // torch 1.4's `F.adaptive_avg_pool2d` calls).
         "list_with_default" => {
             let (Some(list), Some(defaults)) = (a0()?.items(), arg(args, 1, name)?.items()) else {
                 return Err("list_with_default() takes two lists".into());

@@ -570,21 +570,25 @@ impl ScriptProgram {
             .iter()
             .map(|c| self.value(c).and_then(wrapped_number))
             .collect::<Result<_>>()?;
-        let guard = record.then(|| {
-            let archive = self
-                .tensors
-                .iter()
-                .map(|(name, t)| (t.id(), name.clone()))
-                .collect();
-            specialise::Guard::start(archive, &given)
-        });
+        // Every run holds the thread's recorder slot, recording or not (`specialise::Guard`).
+        let guard = match record {
+            true => {
+                let archive = self
+                    .tensors
+                    .iter()
+                    .map(|(name, t)| (t.id(), name.clone()))
+                    .collect();
+                specialise::Guard::start(archive, &given)
+            }
+            false => specialise::Guard::idle(),
+        };
         let mut interp = Interp::new(&self.code, constants, &self.linears);
         let out = interp
             .call_method(&root, "forward", args, Vec::new())
             .map_err(|e| self.error(e))?;
         let mut tensors = Vec::new();
         flatten(&out, &mut tensors, 0)?;
-        let recording = guard.map(|g| g.finish(&tensors));
+        let recording = record.then(|| guard.finish(&tensors));
         Ok((tensors, recording))
     }
 

@@ -123,9 +123,18 @@ pub(crate) fn read(t: &Tensor) {
     });
 }
 
-/// Records the run of the evaluator on this thread until [`Guard::finish`] (or until it is
-/// dropped, on an error).
-pub(crate) struct Guard(());
+/// The recorder of the evaluator's run on this thread, for as long as the run lasts: a
+/// recording ([`Guard::start`], until [`Guard::finish`] or, on an error, until dropped) or
+/// none ([`Guard::idle`]). Whatever the thread's slot held before is put back when the guard
+/// goes: the evaluator runs on a pool's thread, and a pool thread waiting for a kernel's
+/// parallel loop takes other work meanwhile, another program's whole run included, which then
+/// runs to its end on top of this one. Without the slot saved and restored, that run recorded
+/// its calls into this run's recording (or this one's into nothing), and its end took this
+/// run's recorder away.
+pub(crate) struct Guard {
+    /// The slot's content before this run.
+    prev: Option<Recorder>,
+}
 
 impl Guard {
     /// Start recording on this thread; `archive`: the archive's tensors by tensor, with their
@@ -151,8 +160,16 @@ impl Guard {
             });
             r.known.insert(t.id(), Known { name, live: true });
         }
-        RECORDER.with(|c| *c.borrow_mut() = Some(r));
-        Guard(())
+        Guard {
+            prev: RECORDER.with(|c| c.replace(Some(r))),
+        }
+    }
+
+    /// A run on this thread that records nothing (and into no other run's recording).
+    pub(crate) fn idle() -> Guard {
+        Guard {
+            prev: RECORDER.with(|c| c.replace(None)),
+        }
     }
 
     /// The recorded graph of a run that returned `outputs`, or why there is none.
@@ -166,7 +183,8 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        RECORDER.with(|c| c.borrow_mut().take());
+        let prev = self.prev.take();
+        RECORDER.with(|c| *c.borrow_mut() = prev);
     }
 }
 
@@ -447,6 +465,56 @@ mod tests {
         RECORDER.with(|r| assert!(r.borrow().as_ref().unwrap().nodes.is_empty()));
         let e = guard.finish(&[last]).err().expect("not recorded");
         assert!(e.contains("more than 2 kernel calls"), "{e}");
+    }
+
+    /// A run that starts on a thread where another run is recording (a pool thread that took
+    /// it up while that run waited for a parallel loop) records into its own recorder, or
+    /// none, and leaves the other run's recording as it was.
+    #[test]
+    fn a_run_nested_on_the_thread_leaves_the_outer_recording_alone() {
+        let x = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
+        let outer = Guard::start(FastMap::default(), std::slice::from_ref(&x));
+        let recorded = || RECORDER.with(|r| r.borrow().as_ref().map(|r| r.nodes.len()));
+        let mut env = Env::default();
+        env.insert("%0".into(), Value::Tensor(x.clone()));
+        let inputs = [NamedArgument {
+            name: "self".into(),
+            arg: Argument::AsTensor(TensorArgument { name: "%0".into() }),
+            kind: None,
+        }];
+        let y = x.relu().unwrap();
+        call(
+            "aten.relu.default",
+            &inputs,
+            &env,
+            &[Value::Tensor(y.clone())],
+        );
+        assert_eq!(recorded(), Some(1));
+        {
+            // A run that does not record: its calls and reads go nowhere.
+            let _idle = Guard::idle();
+            let z = Tensor::ones(2, DType::F32, &Device::Cpu).unwrap();
+            call(
+                "aten.relu.default",
+                &inputs,
+                &env,
+                &[Value::Tensor(z.clone())],
+            );
+            read(&z);
+            assert_eq!(recorded(), None);
+            // A recording run inside it, to its end.
+            let inner = Guard::start(FastMap::default(), std::slice::from_ref(&z));
+            assert_eq!(recorded(), Some(0));
+            // (It returns its input: a recording with nothing to run, refused; either way,
+            // its end restores the slot as the idle run had it.)
+            let _ = inner.finish(&[z]);
+            assert_eq!(recorded(), None);
+        }
+        // The outer run's recording, as it was: one node, not failed.
+        assert_eq!(recorded(), Some(1));
+        let r = outer.finish(&[y]).expect("the outer run is recorded");
+        assert_eq!(r.program.graph_module.graph.nodes.len(), 1);
+        assert_eq!(recorded(), None);
     }
 
     /// In-place ops are recorded as their functional forms only where those compute the same

@@ -3,8 +3,8 @@
 //! runs such calls through an upgrader that computes it with today's operator. These are the
 //! upgraders of torch's version map, as rewrites of the call's arguments:
 //!
-//! - before version 4 (torch 1.5 and older), `div` / `div_` of an integer tensor by an integer
-//!   tensor or number (bool counting as integer) truncates: today's
+//! - before version 4 (torch 1.4 wrote version 1), `div` / `div_` of an integer tensor by an
+//!   integer tensor or number (bool counting as integer) truncates: today's
 //!   `div(.., rounding_mode="trunc")`;
 //! - before version 5, `full` without a dtype and with an integer fill made a float tensor:
 //!   the fill as a float;

@@ -27,15 +27,9 @@ use crate::limits::Limits;
 use crate::storage::Storage;
 use crate::tensor::{check_view, ByteOrder, TensorData, TensorInfo};
 
-/// The root folder of a first-format archive: the one holding `model.json` (none, or one
-/// folder deep).
+/// The root folder of a first-format archive: the one holding `model.json`.
 pub(crate) fn find_root(names: &[String]) -> Option<String> {
-    names
-        .iter()
-        .filter_map(|n| n.strip_suffix("model.json"))
-        .filter(|r| r.is_empty() || (r.ends_with('/') && r.matches('/').count() == 1))
-        .min_by_key(|r| r.len())
-        .map(str::to_string)
+    super::zip::root_holding(names, "model.json")
 }
 
 /// Read the weights of the archive whose `model.json` is under `root`.

@@ -20,9 +20,15 @@ use crate::tensor::ByteOrder;
 
 /// The root folder of a torch zip: the folder holding `data.pkl` (any name).
 pub(crate) fn find_root(names: &[String]) -> Option<String> {
+    root_holding(names, "data.pkl")
+}
+
+/// The folder holding record `record`: the archive's top level or one folder (any name), the
+/// shallowest where several do.
+pub(crate) fn root_holding(names: &[String], record: &str) -> Option<String> {
     names
         .iter()
-        .filter_map(|n| n.strip_suffix("data.pkl"))
+        .filter_map(|n| n.strip_suffix(record))
         .filter(|r| r.is_empty() || (r.ends_with('/') && r.matches('/').count() == 1))
         .min_by_key(|r| r.len())
         .map(str::to_string)
