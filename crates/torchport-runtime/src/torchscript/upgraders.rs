@@ -34,8 +34,10 @@ pub fn upgrade(
             .iter()
             .any(|(k, v)| k == name && !matches!(v, Val::None))
     };
+    // The call with keyword argument `name` set to `v` (in place of a None one).
     let with = |name: &str, v: Val| {
-        let mut kw = kwargs.to_vec();
+        let mut kw: Vec<(String, Val)> =
+            kwargs.iter().filter(|(k, _)| k != name).cloned().collect();
         kw.push((name.to_string(), v));
         Some((args.to_vec(), kw))
     };
@@ -73,15 +75,7 @@ pub fn upgrade(
                     args[2] = Val::Int(100);
                     Some((args, kwargs.to_vec()))
                 }
-                None if !given("steps") => {
-                    let mut kw: Vec<(String, Val)> = kwargs
-                        .iter()
-                        .filter(|(k, _)| k != "steps")
-                        .cloned()
-                        .collect();
-                    kw.push(("steps".into(), Val::Int(100)));
-                    Some((args.to_vec(), kw))
-                }
+                None if !given("steps") => with("steps", Val::Int(100)),
                 _ => None,
             }
         }
@@ -98,5 +92,73 @@ fn is_float(v: &Val) -> bool {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16
         ),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    fn tensor(dtype: DType) -> Val {
+        Val::Tensor(Tensor::zeros(2, dtype, &Device::Cpu).unwrap())
+    }
+
+    fn kw(call: &Call, name: &str) -> Vec<String> {
+        call.1
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.render())
+            .collect()
+    }
+
+    #[test]
+    fn div_truncates_integers_before_version_4_only() {
+        let ints = [tensor(DType::I64), Val::Int(3)];
+        let none = [("rounding_mode".to_string(), Val::None)];
+        // A `rounding_mode=None` written out is replaced, not doubled.
+        let call = upgrade(Some(1), "div", &ints, &none).expect("upgraded");
+        assert_eq!(kw(&call, "rounding_mode"), ["trunc"]);
+        assert!(upgrade(Some(3), "div_", &ints, &[]).is_some());
+        // Not from version 4, not without a version, not with a float operand, not for
+        // Python's `/` of two numbers, not where a rounding mode is given.
+        assert!(upgrade(Some(4), "div", &ints, &[]).is_none());
+        assert!(upgrade(None, "div", &ints, &[]).is_none());
+        assert!(upgrade(Some(1), "div", &[tensor(DType::I64), Val::Float(2.0)], &[]).is_none());
+        assert!(upgrade(Some(1), "div", &[tensor(DType::F32), Val::Int(2)], &[]).is_none());
+        assert!(upgrade(Some(1), "div", &[Val::Int(7), Val::Int(2)], &[]).is_none());
+        let floor = [("rounding_mode".to_string(), Val::Str("floor".into()))];
+        assert!(upgrade(Some(1), "div", &ints, &floor).is_none());
+    }
+
+    #[test]
+    fn full_and_steps() {
+        let call = upgrade(Some(4), "full", &[Val::list(vec![]), Val::Int(7)], &[]).unwrap();
+        assert!(matches!(call.0[1], Val::Float(f) if f == 7.0));
+        assert!(upgrade(Some(5), "full", &[Val::list(vec![]), Val::Int(7)], &[]).is_none());
+        let call = upgrade(
+            Some(5),
+            "linspace",
+            &[Val::Float(0.0), Val::Float(1.0), Val::None],
+            &[],
+        )
+        .unwrap();
+        assert!(matches!(call.0[2], Val::Int(100)));
+        let steps = [("steps".to_string(), Val::None)];
+        let call = upgrade(
+            Some(8),
+            "logspace",
+            &[Val::Float(0.0), Val::Float(1.0)],
+            &steps,
+        )
+        .unwrap();
+        assert_eq!(kw(&call, "steps"), ["100"]);
+        assert!(upgrade(
+            Some(8),
+            "linspace",
+            &[Val::Float(0.0), Val::Float(1.0)],
+            &steps
+        )
+        .is_none());
     }
 }
