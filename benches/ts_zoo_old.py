@@ -38,16 +38,8 @@ def write(out):
         "mobilenet_v3_small": lambda: tv.mobilenet_v3_small(num_classes=10),
     }
 
-    class Tagger(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(20, 8)
-            self.lstm = nn.LSTM(8, 6, num_layers=2, bidirectional=True, batch_first=True)
-            self.out = nn.Linear(12, 5)
-
-        def forward(self, tokens):
-            h, _ = self.lstm(self.embed(tokens))
-            return self.out(h)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests/fixtures/gen"))
+    from gen_torchscript_old import Tagger  # the fixtures' tagger (its logits come first)
 
     def calibrated(m):
         g = torch.Generator().manual_seed(1)
@@ -80,7 +72,7 @@ def write(out):
                     else:
                         sm = torch.jit.script(m)
                     y = sm(*inputs)
-                    if isinstance(y, tuple):  # scripted GoogLeNet's (logits, None, None)
+                    if isinstance(y, tuple):  # scripted GoogLeNet's, the tagger's: logits first
                         y = y[0]
                 except Exception as e:  # noqa: BLE001 - torch's own failure is a result
                     print(f"{name}.{how}: torch failed ({type(e).__name__})")
