@@ -151,6 +151,7 @@ MODELS = {
     "timm_levit_128s": timm_m("levit_128s", s=224, num_classes=10),
     "timm_tiny_vit_5m": timm_m("tiny_vit_5m_224", s=224, num_classes=10),
     "timm_efficientformer_l1": timm_m("efficientformer_l1", s=224, num_classes=10),
+    "timm_sam2_hiera_tiny": timm_m("sam2_hiera_tiny", s=224, num_classes=10),
     "hf_bert": hf("BertModel", "BertConfig", **TEXT),
     "hf_roberta": hf("RobertaModel", "RobertaConfig", **TEXT),
     "hf_albert": hf("AlbertModel", "AlbertConfig", embedding_size=16, **TEXT),

@@ -504,6 +504,13 @@ fn traced_same_padding_convolutions() {
     check_graph("traced_same_convs");
 }
 
+/// `tile` with fewer repeat counts than dims, as many, and more (`aten::tile`, which timm's
+/// SAM2 Hiera calls).
+#[test]
+fn scripted_tiles() {
+    check_graph("scripted_tiles");
+}
+
 /// torchvision's Swin Transformer V2 (cosine attention through `F.normalize`), scripted.
 #[test]
 fn scripted_torchvision_swin_v2() {

@@ -1,5 +1,5 @@
 //! Views and layout: view/reshape/flatten, permute/transpose, (un)squeeze, expand, slice,
-//! select, cat/stack, split/tensor_split/chunk/unbind, repeat, indexing (index, index_select, embedding,
+//! select, cat/stack, split/tensor_split/chunk/unbind, repeat/tile, indexing (index, index_select, embedding,
 //! gather), and tensor factories (arange, linspace, logspace, meshgrid, full, zeros/ones, triu/tril, sym_size).
 
 use candle_core::{DType, Device, Tensor, D};
@@ -73,6 +73,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.chunk.default", chunk);
     r.add("aten.unbind.int", unbind);
     r.add("aten.repeat.default", repeat);
+    r.add("aten.tile.default", tile);
     r.add("aten.repeat_interleave.self_int", repeat_interleave);
     r.add("aten.repeat_interleave.self_Tensor", repeat_interleave);
     r.add("aten.repeat_interleave.Tensor", repeat_interleave);
@@ -504,17 +505,42 @@ fn repeat(a: &Args) -> OpResult<Outputs> {
     if reps.len() < t.rank() {
         op_bail!("repeat needs at least {} counts", t.rank());
     }
+    one(repeated(&t, &reps)?)
+}
+
+/// `tile(self, dims)`: `repeat` with `dims` led by ones up to `self`'s rank (what TorchScript
+/// calls; an export writes `repeat`).
+fn tile(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    let dims = a.ints("dims")?;
+    let mut reps = vec![1; t.rank().saturating_sub(dims.len())];
+    reps.extend(dims);
+    one(repeated(&t, &reps)?)
+}
+
+/// `t` (of at most `reps.len()` dims, led by ones up to that) repeated `reps[d]` times along
+/// each dim `d`.
+fn repeated(t: &Tensor, reps: &[i64]) -> OpResult<Tensor> {
     let mut shape = vec![1usize; reps.len() - t.rank()];
     shape.extend_from_slice(t.dims());
+    let counts = reps
+        .iter()
+        .map(|&r| usize_of(r, "a repeat count"))
+        .collect::<OpResult<Vec<usize>>>()?;
+    let out: Vec<usize> = shape
+        .iter()
+        .zip(&counts)
+        .map(|(&d, &r)| d.saturating_mul(r))
+        .collect();
+    super::result_numel(&out, "repeat")?;
     let mut t = t.reshape(shape)?;
-    for (d, &r) in reps.iter().enumerate() {
-        let r = usize_of(r, "a repeat count")?;
+    for (d, &r) in counts.iter().enumerate() {
         if r != 1 {
             let copies = vec![t.clone(); r];
             t = Tensor::cat(&copies, d)?;
         }
     }
-    one(t)
+    Ok(t)
 }
 
 /// Indices as i64, negative ones wrapped by `len`.
@@ -889,6 +915,29 @@ mod tests {
 
     fn values(t: &Tensor) -> Vec<f32> {
         t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// Repeat counts whose result would not fit (a hostile program's) are one error, before
+    /// any copy is made.
+    #[test]
+    fn repeat_and_tile_refuse_results_too_large() {
+        let x = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+        for (op, name) in [
+            ("aten.repeat.default", "repeats"),
+            ("aten.tile.default", "dims"),
+        ] {
+            let args = [
+                ("self", serde_json::json!({"as_tensor": {"name": "x"}})),
+                (
+                    name,
+                    serde_json::json!({"as_ints": [1i64 << 40, 1i64 << 40]}),
+                ),
+            ];
+            match super::super::run_node(register, op, &args, &[("x", x.clone())]) {
+                Err(e) => assert!(e.0.contains("too large"), "{op}: {}", e.0),
+                Ok(_) => panic!("{op}: computed"),
+            }
+        }
     }
 
     /// Every `step`-th position from `start`, along the last dim and a middle one, of a
