@@ -204,6 +204,13 @@ mod tests {
             "m/constants.pkl",
         ];
         assert_eq!(kind(&ts), Some(Format::TorchScript));
+        // torch 1.0 to 1.2's layout; a model.json without code is not one.
+        let legacy = ["m/version", "m/model.json", "m/code/m.py", "m/tensors/0"];
+        assert_eq!(kind(&legacy), Some(Format::TorchScript));
+        assert_eq!(
+            kind(&["m/model.json", "m/data.pkl"]),
+            Some(Format::TorchZip)
+        );
         let pt2 = [
             "p/archive_format",
             "p/models/model.json",
