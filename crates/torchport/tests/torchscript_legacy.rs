@@ -2,7 +2,7 @@
 //! `tensors/<n>` records; torch 1.2's buffers in `attributes.pkl`), written by those torch
 //! versions (tests/fixtures/gen/gen_torchscript_legacy.py): every tensor is read with the
 //! name, order, dtype, shape and bytes of the `state_dict()` torch 1.8 loads from the same
-//! archive (`<archive>.state.npz`; torch 2.x no longer loads the format). Crafted hostile
+//! archive (`<archive>.state.npz`; torch 2.15 no longer loads the format). Crafted hostile
 //! variants of the format each give one clear error; truncations and mutations never panic.
 
 mod common;

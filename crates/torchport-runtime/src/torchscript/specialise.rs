@@ -438,13 +438,9 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
-    /// A run of more kernel calls than a recording holds is not recorded, and what was
-    /// recorded is dropped at once.
-    #[test]
-    fn a_recording_holds_at_most_its_nodes() {
-        let x = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
-        let guard = Guard::start(FastMap::default(), std::slice::from_ref(&x));
-        RECORDER.with(|r| r.borrow_mut().as_mut().unwrap().max_nodes = 2);
+    /// `aten.relu.default` of `x` (named `%0`), returning `out`, as the evaluator's call of
+    /// it reports to the recorder.
+    fn relu_call(x: &Tensor, out: &Tensor) {
         let mut env = Env::default();
         env.insert("%0".into(), Value::Tensor(x.clone()));
         let inputs = [NamedArgument {
@@ -452,15 +448,25 @@ mod tests {
             arg: Argument::AsTensor(TensorArgument { name: "%0".into() }),
             kind: None,
         }];
-        let mut last = x;
+        call(
+            "aten.relu.default",
+            &inputs,
+            &env,
+            &[Value::Tensor(out.clone())],
+        );
+    }
+
+    /// A run of more kernel calls than a recording holds is not recorded, and what was
+    /// recorded is dropped at once.
+    #[test]
+    fn a_recording_holds_at_most_its_nodes() {
+        let x = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
+        let guard = Guard::start(FastMap::default(), std::slice::from_ref(&x));
+        RECORDER.with(|r| r.borrow_mut().as_mut().unwrap().max_nodes = 2);
+        let mut last = x.clone();
         for _ in 0..3 {
             last = last.relu().unwrap();
-            call(
-                "aten.relu.default",
-                &inputs,
-                &env,
-                &[Value::Tensor(last.clone())],
-            );
+            relu_call(&x, &last);
         }
         RECORDER.with(|r| assert!(r.borrow().as_ref().unwrap().nodes.is_empty()));
         let e = guard.finish(&[last]).err().expect("not recorded");
@@ -475,31 +481,14 @@ mod tests {
         let x = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
         let outer = Guard::start(FastMap::default(), std::slice::from_ref(&x));
         let recorded = || RECORDER.with(|r| r.borrow().as_ref().map(|r| r.nodes.len()));
-        let mut env = Env::default();
-        env.insert("%0".into(), Value::Tensor(x.clone()));
-        let inputs = [NamedArgument {
-            name: "self".into(),
-            arg: Argument::AsTensor(TensorArgument { name: "%0".into() }),
-            kind: None,
-        }];
         let y = x.relu().unwrap();
-        call(
-            "aten.relu.default",
-            &inputs,
-            &env,
-            &[Value::Tensor(y.clone())],
-        );
+        relu_call(&x, &y);
         assert_eq!(recorded(), Some(1));
         {
             // A run that does not record: its calls and reads go nowhere.
             let _idle = Guard::idle();
             let z = Tensor::ones(2, DType::F32, &Device::Cpu).unwrap();
-            call(
-                "aten.relu.default",
-                &inputs,
-                &env,
-                &[Value::Tensor(z.clone())],
-            );
+            relu_call(&x, &z);
             read(&z);
             assert_eq!(recorded(), None);
             // A recording run inside it, to its end.

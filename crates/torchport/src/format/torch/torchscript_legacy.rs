@@ -9,7 +9,7 @@
 //!
 //! Only the weights are read (names as the loaded module's `state_dict()`: each module's
 //! parameters, then its buffers, then its submodules); the code of this format is not run.
-//! torch 2.x no longer loads these archives.
+//! torch 2.15 no longer loads these archives.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -155,13 +155,9 @@ impl Reader<'_, '_> {
 
     /// A non-negative integer written as a JSON string (protobuf's int64), or absent: 0.
     fn index(&self, j: &Json, key: &str) -> Result<usize> {
-        match j.get(key) {
-            None => Some(0),
-            Some(Json::String(s)) => s.parse().ok(),
-            Some(Json::Number(n)) => n.as_u64().and_then(|n| usize::try_from(n).ok()),
-            Some(_) => None,
-        }
-        .ok_or_else(|| self.bad(format!("'{key}' is not a non-negative integer")))
+        j.get(key)
+            .map_or(Some(0), size_of)
+            .ok_or_else(|| self.bad(format!("'{key}' is not a non-negative integer")))
     }
 
     fn indices(&self, j: &Json, key: &str) -> Result<Vec<usize>> {
@@ -177,11 +173,7 @@ impl Reader<'_, '_> {
         };
         items
             .iter()
-            .map(|v| match v {
-                Json::String(s) => s.parse().ok(),
-                Json::Number(n) => n.as_u64().and_then(|n| usize::try_from(n).ok()),
-                _ => None,
-            })
+            .map(size_of)
             .collect::<Option<Vec<usize>>>()
             .ok_or_else(|| self.bad(format!("'{key}' holds a value that is not a size")))
     }
@@ -291,6 +283,15 @@ impl Reader<'_, '_> {
         t.data = TensorData::Strided { storage: index };
         self.found.tensors.push(t);
         Ok(())
+    }
+}
+
+/// A non-negative integer as protobuf's JSON writes an int64 (a string), or as a number.
+fn size_of(v: &Json) -> Option<usize> {
+    match v {
+        Json::String(s) => s.parse().ok(),
+        Json::Number(n) => n.as_u64().and_then(|n| usize::try_from(n).ok()),
+        _ => None,
     }
 }
 
