@@ -1,61 +1,23 @@
 //! End-to-end: run each family's exported program (plain and run_decompositions()) on the
 //! input PyTorch used and compare with PyTorch's own outputs (tests/fixtures/gen/gen_export.py):
-//! max abs diff <= 1e-4 * max(1, max |ref|), in f32; integer and bool outputs exactly.
+//! `common/compare.rs`'s `mismatch_within` at 1e-4 (floats within 1e-4 × max(1, max |finite
+//! ref|), torch's infinities and NaNs where torch has them; integer and bool outputs exactly).
 
 use std::path::PathBuf;
 
 use torchport_runtime::candle_core::{DType, Tensor};
-use torchport_runtime::npy::read_npy;
 use torchport_runtime::Program;
+
+#[path = "common/compare.rs"]
+mod compare;
+use compare::output_mismatches;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/export")
 }
 
 fn numbered(family: &str, kind: &str) -> Vec<Tensor> {
-    (0..)
-        .map(|i| fixtures().join(format!("{family}.{kind}_{i}.npy")))
-        .take_while(|p| p.exists())
-        .map(|p| read_npy(&p).unwrap())
-        .collect()
-}
-
-/// Max abs difference and the tolerance for one output.
-/// Integer and bool outputs must match exactly (compared in i64: tolerance 0).
-fn compare(got: &Tensor, want: &Tensor) -> (f32, f32) {
-    assert_eq!(got.dims(), want.dims(), "shape");
-    if matches!(want.dtype(), DType::I64 | DType::U8 | DType::U32) {
-        let i = |t: &Tensor| {
-            t.to_dtype(DType::I64)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<i64>()
-                .unwrap()
-        };
-        let same = i(got) == i(want);
-        return (if same { 0.0 } else { f32::INFINITY }, 0.0);
-    }
-    let g = got
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let w = want
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let maxref = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let diff = g
-        .iter()
-        .zip(&w)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    (diff, 1e-4 * maxref.max(1.0))
+    compare::numbered(&fixtures(), family, kind)
 }
 
 fn check(family: &str) {
@@ -76,15 +38,8 @@ fn check(family: &str) {
         let got = p
             .run(&inputs)
             .unwrap_or_else(|e| panic!("{family}.{flavour}: {e}"));
-        assert_eq!(got.len(), want.len(), "{family}.{flavour}: output count");
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let (diff, tol) = compare(g, w);
-            eprintln!("{family}.{flavour} output {i}: max abs diff {diff:e} (tolerance {tol:e})");
-            assert!(
-                diff <= tol,
-                "{family}.{flavour} output {i}: max abs diff {diff} > {tol}"
-            );
-        }
+        let bad = output_mismatches(&format!("{family}.{flavour}"), &got, &want, |_| 1e-4);
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
 }
 
@@ -105,7 +60,16 @@ family!(
 );
 family!(vit, bert, gpt2, lstm, gru, unet, half, conv1d, intops);
 
-family!(bnfold, norms, spatial, softmax_edges, strided_binary, tvops);
+family!(
+    bnfold,
+    norms,
+    spatial,
+    softmax_edges,
+    strided_binary,
+    tvops,
+    scans,
+    hf_ops
+);
 
 /// Load-time batch-norm folding fires exactly where it may: of `bnfold`'s six norms, the four
 /// right after a convolution read by nothing else (conv without bias, conv with bias and a
@@ -176,5 +140,23 @@ fn from_parts_leaves_callers_weights_alone() {
             .to_vec1()
             .unwrap();
         assert_eq!(&got, want, "{name} changed by from_parts");
+    }
+}
+
+/// The tensor condition `hf_ops` was exported with (`torch._check_tensor_all`: its feature
+/// maps' sizes sum to the sequence length) is enforced at run time: sizes that break it are
+/// an error naming the failed assertion, in both programs.
+#[test]
+fn checked_tensor_conditions_are_enforced() {
+    let mut inputs = numbered("hf_ops", "input");
+    inputs[1] = Tensor::new(
+        &[[1i64, 3], [2, 3]],
+        &torchport_runtime::candle_core::Device::Cpu,
+    )
+    .unwrap();
+    for flavour in ["plain", "decomp"] {
+        let p = Program::load(fixtures().join(format!("hf_ops.{flavour}.pt2"))).unwrap();
+        let err = p.run(&inputs).unwrap_err().to_string();
+        assert!(err.contains("assertion failed"), "{flavour}: {err}");
     }
 }

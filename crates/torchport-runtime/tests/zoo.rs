@@ -13,7 +13,7 @@ mod compare;
 use compare::{numbered, output_mismatches};
 
 /// Every model gen_zoo.py writes; the test fails if one is missing.
-const MODELS: [&str; 19] = [
+const MODELS: [&str; 21] = [
     "hf_bert_mask",
     "hf_llama_mask",
     "hf_t5_encoder_mask",
@@ -45,6 +45,10 @@ const MODELS: [&str; 19] = [
     "tv_mvit_tiny",
     // Video: 3-d convolutions with batch norms, relus and a residual add folded in at load.
     "tv_video_resnet_stem",
+    // Gated relative position bias broadcast over the heads (`broadcast_to`, plain).
+    "hf_wavlm",
+    // Patch positions one-hot encoded (`one_hot`, plain).
+    "timm_gemma4_vit",
 ];
 
 fn fixtures() -> PathBuf {
@@ -207,6 +211,8 @@ fn zoo_fixtures_exercise_what_they_are_there_for() {
     assert!(ops("hf_bert_dyn.decomp.pt2").contains(&"_operator.mul".to_string()));
     assert!(ops("hf_deberta_v2.plain.pt2").contains(&"aten.sign.default".to_string()));
     assert!(ops("hf_wav2vec2.plain.pt2").contains(&"aten._weight_norm.default".to_string()));
+    assert!(ops("hf_wavlm.plain.pt2").contains(&"aten.broadcast_to.default".to_string()));
+    assert!(ops("timm_gemma4_vit.plain.pt2").contains(&"aten.one_hot.default".to_string()));
     let moe = ops("hf_mixtral.plain.pt2");
     for op in [
         "transformers.grouped_mm_fallback.default",

@@ -28,6 +28,8 @@ pub fn register(r: &mut Registry) {
     r.add("aten.mul.Scalar", mul);
     r.add("aten.multiply.Tensor", mul);
     r.add("aten.multiply.Scalar", mul);
+    r.add("aten.outer.default", outer);
+    r.add("aten.ger.default", outer);
     r.add("aten.div.Tensor", div);
     r.add("aten.div.Scalar", div);
     r.add("aten.maximum.default", maximum);
@@ -319,13 +321,36 @@ fn sub(a: &Args) -> OpResult<Outputs> {
 
 fn mul(a: &Args) -> OpResult<Outputs> {
     let (l, r) = operands(a, "self", "other")?;
-    if let Some(y) = fused::binary(&l, &r, BinOp::Mul) {
-        return one(y);
+    one(product(&l, &r)?)
+}
+
+/// The broadcast product of two operands of one dtype (int64 wrapping as torch's).
+fn product(l: &Tensor, r: &Tensor) -> OpResult<Tensor> {
+    if let Some(y) = fused::binary(l, r, BinOp::Mul) {
+        return Ok(y);
     }
-    if let Some(y) = wrapping_i64(&l, &r, i64::wrapping_mul)? {
-        return one(y);
+    if let Some(y) = wrapping_i64(l, r, i64::wrapping_mul)? {
+        return Ok(y);
     }
-    one(l.broadcast_mul(&r)?)
+    Ok(l.broadcast_mul(r)?)
+}
+
+/// `outer(self, vec2)` (and its old name `ger`): the `[n, m]` products of two 1-d tensors,
+/// in their promoted dtype.
+fn outer(a: &Args) -> OpResult<Outputs> {
+    let (x, y) = (a.tensor("self")?, a.tensor("vec2")?);
+    if x.rank() != 1 || y.rank() != 1 {
+        op_bail!(
+            "outer needs two 1-d tensors, got shapes {:?} and {:?}",
+            x.dims(),
+            y.dims()
+        );
+    }
+    let (l, r) = binary_operands(
+        &TensorOrScalar::Tensor(x.unsqueeze(1)?),
+        &TensorOrScalar::Tensor(y.unsqueeze(0)?),
+    )?;
+    one(product(&l, &r)?)
 }
 
 /// True division (always float; the rounding modes are in `integer`).

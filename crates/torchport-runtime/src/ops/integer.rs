@@ -43,6 +43,9 @@ pub fn register(r: &mut Registry) {
     r.add("aten.div.Tensor_mode", div_mode);
     r.add("aten.div.Scalar_mode", div_mode);
     r.add("aten.floor_divide.default", div_mode);
+    // The in-place `floor_divide_.Tensor`'s functional name (the functional op's own
+    // overload is `default`).
+    r.add("aten.floor_divide.Tensor", div_mode);
     r.add("aten.floor_divide.Scalar", div_mode);
     for n in [
         "aten.remainder.Tensor",

@@ -244,11 +244,13 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
     let r = if t.rank() == 0 {
         // The prefix sum of one element is itself.
         t
-    } else if t.dtype() == DType::I64 {
-        // Exact integer prefix sums (candle's cumsum goes through a float matmul).
-        super::stats::scan_rows(&t, d, i64::wrapping_add, 0)?
+    } else if super::category(t.dtype()) < 2 {
+        // Exact integer prefix sums.
+        super::stats::scan_rows(&t.to_dtype(DType::I64)?, d, i64::wrapping_add, 0)?
     } else {
-        t.cumsum(d)?
+        // Floats accumulate in f64, each sum rounded to the dtype, as torch's CPU kernel
+        // does (its accumulator type for float32 is double).
+        super::stats::scan_in_f64(&t, d, |s, x| s + x)?
     };
     match a.opt_scalar_type("dtype")? {
         Some(st) => one(crate::dtype::cast(&r, st)?),

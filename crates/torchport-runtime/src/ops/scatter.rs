@@ -4,7 +4,7 @@
 //! order ATen's CPU kernel applies repeated indices in) and combines each source element
 //! into its slot, in the tensor's own type: f32, f64, i64 (exact), bool (sum as or, prod as and;
 //! no mean).
-//! An index outside the dim is an error.
+//! An index outside the dim is an error. `one_hot` scatters ones into zeros.
 
 use candle_core::{DType, Device, Tensor, WithDType};
 use torchport::contiguous_strides;
@@ -23,6 +23,42 @@ pub fn register(r: &mut Registry) {
     r.add("aten.scatter_add.default", scatter);
     r.add("aten.scatter_reduce.two", scatter);
     r.add("aten.index_add.default", index_add);
+    r.add("aten.one_hot.default", one_hot);
+}
+
+/// `one_hot(self, num_classes=-1)`: int64 `[*self.shape, num_classes]`, 1 at each class
+/// index and 0 elsewhere; -1 classes means the largest index plus one. As in torch, indices
+/// must be integers in `[0, num_classes)`, and -1 cannot be used on an empty tensor.
+fn one_hot(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    if super::category(t.dtype()) != 1 {
+        op_bail!(
+            "one_hot needs an integer (int64) tensor, got {:?}",
+            t.dtype()
+        );
+    }
+    let idx = t.flatten_all()?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    let classes = match a.int_or("num_classes", -1)? {
+        -1 if idx.is_empty() => {
+            op_bail!("one_hot: cannot infer the number of classes from an empty tensor")
+        }
+        -1 => idx.iter().copied().max().unwrap_or(0).saturating_add(1),
+        n if n < 0 => op_bail!("one_hot: num_classes must be -1 or at least 0, got {n}"),
+        n => n,
+    };
+    if let Some(&bad) = idx.iter().find(|&&i| i < 0 || i >= classes) {
+        op_bail!("one_hot: class value {bad} is outside [0, {classes})");
+    }
+    let classes = usize::try_from(classes)
+        .map_err(|_| crate::error::OpError("one_hot: too many classes".into()))?;
+    let mut shape = t.dims().to_vec();
+    shape.push(classes);
+    let n = super::result_numel(&shape, "one_hot")?;
+    let mut out = vec![0i64; n];
+    for (row, &i) in idx.iter().enumerate() {
+        out[row * classes + i as usize] = 1;
+    }
+    one(Tensor::from_vec(out, shape, &Device::Cpu)?)
 }
 
 /// How a source element combines with its slot.
@@ -433,5 +469,33 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.0.contains("index -1 is out of bounds"), "{}", err.0);
+    }
+
+    fn one_hot_of(labels: &[i64], classes: i64) -> OpResult<Vec<Vec<i64>>> {
+        let t = Tensor::new(labels, &Device::Cpu).unwrap();
+        let args = [
+            ("self", json!({"as_tensor": {"name": "t"}})),
+            ("num_classes", json!({"as_int": classes})),
+        ];
+        let out = super::super::run_node(register, "aten.one_hot.default", &args, &[("t", t)])?;
+        match &out[0] {
+            crate::value::Value::Tensor(r) => Ok(r.to_vec2::<i64>().unwrap()),
+            _ => panic!("not a tensor"),
+        }
+    }
+
+    /// `one_hot` without a class count (TorchScript may call it so; `torch.export` cannot
+    /// trace it) takes the largest label plus one; labels outside the classes, an empty input
+    /// with no count, and a count whose result would not fit are refused.
+    #[test]
+    fn one_hot_infers_its_classes_and_refuses_bad_labels() {
+        assert_eq!(one_hot_of(&[2, 0], -1).unwrap(), [[0, 0, 1], [1, 0, 0]]);
+        assert_eq!(one_hot_of(&[1], 3).unwrap(), [[0, 1, 0]]);
+        let err = |r: OpResult<Vec<Vec<i64>>>| r.unwrap_err().0;
+        assert!(err(one_hot_of(&[3], 3)).contains("outside [0, 3)"));
+        assert!(err(one_hot_of(&[-1, 0], -1)).contains("class value -1"));
+        assert!(err(one_hot_of(&[], -1)).contains("empty"));
+        assert!(err(one_hot_of(&[0], -7)).contains("num_classes"));
+        assert!(err(one_hot_of(&[0, 1], 1 << 40)).contains("too large"));
     }
 }

@@ -1,4 +1,5 @@
-//! Data-dependent selection: `masked_select` (a 1-d result as long as the mask's count),
+//! Data-dependent selection: `masked_select` (a 1-d result as long as the mask's count) and
+//! its inverse `masked_scatter`,
 //! `nonzero` and one-argument `where` (the indices of the true elements), and
 //! the bucket searches `bucketize` and `searchsorted` (over one sorted sequence, or one per
 //! row).
@@ -14,6 +15,7 @@ use crate::value::{one, Args, Outputs, TensorOrScalar};
 /// Register the kernels of this family.
 pub fn register(r: &mut Registry) {
     r.add("aten.masked_select.default", masked_select);
+    r.add("aten.masked_scatter.default", masked_scatter);
     r.add("aten.nonzero.default", |a| {
         let (rows, rank, idx) = nonzero(&a.tensor("self")?)?;
         one(Tensor::from_vec(
@@ -66,6 +68,46 @@ fn masked_select(a: &Args) -> OpResult<Outputs> {
     let n = idx.len();
     let idx = Tensor::from_vec(idx, n, &candle_core::Device::Cpu)?;
     one(t.flatten_all()?.index_select(&idx, 0)?)
+}
+
+/// `masked_scatter(self, mask, source)`: `self` (broadcast with the mask) with the positions
+/// where the mask is true filled, in row-major order, by `source`'s first elements (any
+/// shape, at least as many elements as the mask's count; cast to `self`'s dtype).
+fn masked_scatter(a: &Args) -> OpResult<Outputs> {
+    let (t, m) = broadcast2(&a.tensor("self")?, &to_mask(&a.tensor("mask")?)?)?;
+    let source = a.tensor("source")?;
+    let keep: Vec<u8> = m.flatten_all()?.to_vec1::<u8>()?;
+    // Each true position's rank among the true ones: the source element it takes.
+    let mut taken = 0i64;
+    let idx: Vec<i64> = keep
+        .iter()
+        .map(|&k| {
+            let i = taken;
+            taken += i64::from(k != 0);
+            if k != 0 {
+                i
+            } else {
+                0
+            }
+        })
+        .collect();
+    if taken == 0 {
+        return one(t.contiguous()?);
+    }
+    if taken as usize > source.elem_count() {
+        op_bail!(
+            "masked_scatter: the mask selects {taken} elements, the source has {}",
+            source.elem_count()
+        );
+    }
+    let n = idx.len();
+    let idx = Tensor::from_vec(idx, n, &candle_core::Device::Cpu)?;
+    let picked = source
+        .to_dtype(t.dtype())?
+        .flatten_all()?
+        .index_select(&idx, 0)?
+        .reshape(t.shape())?;
+    one(m.where_cond(&picked, &t)?)
 }
 
 /// `where(condition)`: the indices of the nonzero elements, a 1-d int64 tensor for each dim

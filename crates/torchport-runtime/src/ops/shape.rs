@@ -38,6 +38,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.squeeze.dims", squeeze);
     r.add("aten.squeeze.default", squeeze);
     r.add("aten.expand.default", expand);
+    r.add("aten.broadcast_to.default", expand);
     r.add("aten.expand_as.default", |a| {
         let other = a.tensor("other")?;
         one(a.tensor("self")?.broadcast_as(other.dims())?)
@@ -53,19 +54,10 @@ pub fn register(r: &mut Registry) {
     r.add("aten.tensor_split.indices", tensor_split);
     r.add("aten.tensor_split.sections", tensor_split);
     r.add("aten.tensor_split.tensor_indices_or_sections", tensor_split);
-    // `.item()`: a one-element tensor's value as a SymInt / SymFloat / SymBool.
-    r.add("aten._local_scalar_dense.default", |a| {
-        let t = a.tensor("self")?;
-        if t.elem_count() != 1 {
-            op_bail!("item() of a tensor of {} elements", t.elem_count());
-        }
-        let t = t.flatten_all()?;
-        Ok(vec![match t.dtype() {
-            DType::U8 => Value::Bool(t.to_vec1::<u8>()?[0] != 0),
-            DType::I64 => Value::Int(t.to_vec1::<i64>()?[0]),
-            _ => Value::Float(t.to_dtype(DType::F64)?.to_vec1::<f64>()?[0]),
-        }])
-    });
+    // `.item()`: a one-element tensor's value as a SymInt / SymFloat / SymBool (`item` in
+    // a plain export, `_local_scalar_dense` once decomposed).
+    r.add("aten._local_scalar_dense.default", local_scalar);
+    r.add("aten.item.default", local_scalar);
     // Every tensor the runtime holds starts at its storage's beginning, as torch's fresh ones.
     r.add("aten.sym_storage_offset.default", |_| {
         Ok(vec![Value::Int(0)])
@@ -221,6 +213,21 @@ fn squeeze(a: &Args) -> OpResult<Outputs> {
         .map(|(_, &s)| s)
         .collect();
     one(t.reshape(shape)?)
+}
+
+/// `_local_scalar_dense(self)` / `item(self)`: the value of a one-element tensor, a bool, int
+/// or float by its dtype.
+fn local_scalar(a: &Args) -> OpResult<Outputs> {
+    let t = a.tensor("self")?;
+    if t.elem_count() != 1 {
+        op_bail!("item() of a tensor of {} elements", t.elem_count());
+    }
+    let t = t.flatten_all()?;
+    Ok(vec![match t.dtype() {
+        DType::U8 => Value::Bool(t.to_vec1::<u8>()?[0] != 0),
+        DType::I64 => Value::Int(t.to_vec1::<i64>()?[0]),
+        _ => Value::Float(t.to_dtype(DType::F64)?.to_vec1::<f64>()?[0]),
+    }])
 }
 
 fn expand(a: &Args) -> OpResult<Outputs> {

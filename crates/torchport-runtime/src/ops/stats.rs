@@ -195,11 +195,23 @@ fn prod(a: &Args) -> OpResult<Outputs> {
     }
 }
 
-/// `cumprod(self, dim, dtype)`.
+/// `cumprod(self, dim, dtype)`: float products accumulate in f64 ([`scan_in_f64`]).
 fn cumprod(a: &Args) -> OpResult<Outputs> {
     let t = product_input(a)?;
     let d = dim(a.int("dim")?, t.rank())?;
-    one(per_dtype!(t, d, scan_rows)?)
+    if t.dtype() == DType::I64 {
+        one(scan_rows::<i64>(&t, d, i64::wrapping_mul, 1)?)
+    } else {
+        one(scan_in_f64(&t, d, |p, x| p * x)?)
+    }
+}
+
+/// The running `f` of each row of float tensor `t` along `d`, accumulated in f64 and each
+/// step rounded to `t`'s dtype: torch's CPU scans (`cumsum`, `cumprod`) accumulate float32
+/// in double, so a sum past 2^24 keeps counting where an f32 accumulator would stall.
+pub(super) fn scan_in_f64(t: &Tensor, d: usize, f: fn(f64, f64) -> f64) -> OpResult<Tensor> {
+    let wide = scan_rows::<f64>(&t.to_dtype(DType::F64)?, d, f, 0.0)?;
+    Ok(wide.to_dtype(t.dtype())?)
 }
 
 /// `histc(self, bins=100, min=0, max=0)`: counts of the elements in `bins` equal bins over
