@@ -9,18 +9,19 @@ this sweep takes every type there is, so that a model type nobody chose is tried
     /work/main/.venv/bin/python benches/hf_sweep.py [--reuse] [--jobs 2] [--no-docs] [KIND ...]
 
 The shrinking is generic: the common size fields (hidden size, layers, heads, key-value
-heads, head dim, FFN width, vocabulary, experts, rotary dims, MLA ranks) are set small in the
-configuration and in its text / vision / audio / encoder / decoder sub-configurations; special
-token ids past the small vocabulary become 1. A type is then skipped, with its reason, where
-the configuration cannot be built ("create"), the model is still over 40 M parameters ("size"),
-its main input is not token ids, pixels, raw audio or audio features ("inputs"), or the model
-does not run in eager on the generated inputs ("eager": a type whose inputs need more than
-the sweep makes). Each model runs in a child process with a time limit (--timeout). Results
+heads, head dim, FFN width, vocabulary, experts, rotary dims, multi-head latent attention's
+ranks and head parts) are set small in the configuration and in its text / vision / audio /
+encoder / decoder sub-configurations; special token ids past the small vocabulary become 1.
+A type is then skipped, with its reason, where the configuration cannot be built ("create"),
+the model is still over 40 M parameters ("size"), its main input is not token ids, pixels,
+raw audio or audio features ("inputs"), or the model does not run in eager on the generated
+inputs ("eager": a type whose inputs need more than the sweep makes). Each model runs in a child process with a time limit (--timeout). Results
 go to benches/data/hf_sweep/<kind>/status.json; the exports of a model that matched are
 deleted after the run (inputs and torch's outputs stay). --reuse keeps every result whose
-outcome does not depend on torchport (create, size, inputs, eager, torch's own export
-failure) and runs the rest again. With no KIND given, the summary is written into
-docs/RUNTIME.md between the `hf_sweep:begin` / `hf_sweep:end` markers (never edit it by hand).
+outcome does not depend on torchport (create, size, inputs, eager, torch failing to export
+both programs) or that the same build of the CLI made, and runs the rest again. With no KIND
+given, the summary is written into docs/RUNTIME.md between the `hf_sweep:begin` /
+`hf_sweep:end` markers (never edit it by hand).
 Library versions: tests/fixtures/gen/requirements.txt.
 """
 
@@ -49,7 +50,7 @@ SMALL = dict(hidden_size=64, d_model=64, n_embd=64, num_hidden_layers=2, n_layer
              shared_expert_intermediate_size=64, num_experts=4, num_local_experts=4,
              n_routed_experts=4, num_experts_per_tok=2, rotary_dim=8, kv_lora_rank=16,
              q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-             first_k_dense_replace=1)
+             first_k_dense_replace=1, n_group=1, topk_group=1, num_expert_group=1)
 TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
           "sep_token_id", "cls_token_id")
 
@@ -68,6 +69,13 @@ def shrink(cfg):
         v = getattr(cfg, k, None)
         if isinstance(v, int) and v >= SMALL["vocab_size"]:
             setattr(cfg, k, 1)
+    # Multi-head latent attention: query/key heads are the no-rope and rope parts together,
+    # and the rotary embedding spans the rope part.
+    if all(isinstance(have.get(k), int) for k in ("qk_nope_head_dim", "qk_rope_head_dim")):
+        if isinstance(have.get("qk_head_dim"), int):
+            cfg.qk_head_dim = SMALL["qk_nope_head_dim"] + SMALL["qk_rope_head_dim"]
+        if isinstance(have.get("head_dim"), int):
+            cfg.head_dim = SMALL["qk_rope_head_dim"]
     layers = getattr(cfg, "layer_types", None)
     if isinstance(layers, list) and hasattr(cfg, "num_hidden_layers"):
         cfg.layer_types = layers[:cfg.num_hidden_layers]
@@ -158,7 +166,13 @@ def one(kind, binary):
     if ok:
         for f in d.glob("*.pt2"):
             f.unlink()
-    status(stage="run", params=n, **cells)
+    status(stage="run", params=n, binary=stamp(binary), **cells)
+
+
+def stamp(binary):
+    """Which build of the CLI made a result (its size and modification time)."""
+    st = Path(binary).stat()
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def table(results):
@@ -210,8 +224,9 @@ def main():
 
     def run(kind):
         old = result(kind)
-        if args.reuse and old and (old["stage"] in TORCH_SIDE or "torch failed" in
-                                   old.get("plain", "") + old.get("decomp", "")):
+        torch_side = old and (old["stage"] in TORCH_SIDE or all(
+            "torch failed" in old.get(f, "") for f in ("plain", "decomp")))
+        if args.reuse and old and (torch_side or old.get("binary") == stamp(args.binary)):
             return old
         (DATA / kind / "status.json").unlink(missing_ok=True)
         t0 = time.time()
@@ -230,13 +245,10 @@ def main():
     print(text)
     if args.no_docs or args.kinds:
         return
-    doc = DOC.read_text()
-    if BEGIN in doc and END in doc:
-        head, rest = doc.split(BEGIN, 1)
-        doc = head + text + rest.split(END, 1)[1]
-    else:
-        doc = doc.rstrip("\n") + "\n\n## transformers sweep\n" + text + "\n"
-    DOC.write_text(doc)
+    sys.path.insert(0, str(ROOT / "benches"))
+    from zoo import write_section
+
+    write_section(DOC, BEGIN, END, text, "transformers sweep")
 
 
 if __name__ == "__main__":

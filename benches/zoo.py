@@ -967,13 +967,19 @@ def main():
     print(table)
     if args.no_docs or args.names:
         return
-    text = DOC.read_text()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + table + rest.split(END, 1)[1]
+    write_section(DOC, BEGIN, END, table, "Real-model zoo")
+
+
+def write_section(path, begin, end, text, heading):
+    """Put `text` (which starts with `begin` and ends with `end`) in place of what lies
+    between those markers in the file `path`, or, without them, append it under `heading`."""
+    doc = path.read_text()
+    if begin in doc and end in doc:
+        head, rest = doc.split(begin, 1)
+        doc = head + text + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + "\n\n## Real-model zoo\n" + table + "\n"
-    DOC.write_text(text)
+        doc = doc.rstrip("\n") + f"\n\n## {heading}\n" + text + "\n"
+    path.write_text(doc)
 
 
 if __name__ == "__main__":
