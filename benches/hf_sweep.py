@@ -70,8 +70,10 @@ def shrink(cfg):
         if isinstance(v, int) and v >= SMALL["vocab_size"]:
             setattr(cfg, k, 1)
     # Multi-head latent attention: query/key heads are the no-rope and rope parts together,
-    # and the rotary embedding spans the rope part.
+    # the rotary embedding spans the rope part, and keys have as many heads as queries.
     if all(isinstance(have.get(k), int) for k in ("qk_nope_head_dim", "qk_rope_head_dim")):
+        if isinstance(have.get("num_key_value_heads"), int):
+            cfg.num_key_value_heads = SMALL["num_attention_heads"]
         if isinstance(have.get("qk_head_dim"), int):
             cfg.qk_head_dim = SMALL["qk_nope_head_dim"] + SMALL["qk_rope_head_dim"]
         if isinstance(have.get("head_dim"), int):
