@@ -659,10 +659,16 @@ MODELS = {
 
 
 def leaves(out):
-    """The tensors of a model output in the order torch.export flattens them."""
+    """The tensors and numbers of a model output in the order torch.export flattens them,
+    numbers as the 0-d tensors torchport returns for them (int64, float64, bool)."""
     from torch.utils._pytree import tree_leaves
 
-    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    def tensor(v):
+        if isinstance(v, torch.Tensor):
+            return v
+        return torch.tensor(v, dtype=torch.float64 if isinstance(v, float) else None)
+
+    return [tensor(v) for v in tree_leaves(out) if isinstance(v, (torch.Tensor, bool, int, float))]
 
 
 def calibrate_batch_norms(model, inputs, batches=3):

@@ -494,7 +494,8 @@ impl Program {
     /// Run the program on `inputs` (one tensor per user input, in order). Float inputs may be
     /// any float dtype (they are rounded to the declared dtype, then computed in f32); integer
     /// inputs any integer dtype; bool inputs u8. Outputs come back in their declared dtype where
-    /// candle has it (f32, f16, bf16, f64, i64, i32), bool as u8 0/1.
+    /// candle has it (f32, f16, bf16, f64, i64, i32), bool as u8 0/1; a number the program
+    /// returns as a 0-d tensor (int as i64, float as f64, bool as u8).
     ///
     /// The run happens on a thread of rayon's pool (the caller's own pool when called from
     /// one), so that each kernel's serial parts run on the same threads as its parallel loops
@@ -631,10 +632,12 @@ impl Program {
                         None => Ok(v.clone()),
                     }
                 }
-                other => Err(Error::Program(format!(
-                    "non-tensor output ({}) is not supported",
-                    other.kind_name()
-                ))),
+                other => number_output(other, &value).unwrap_or_else(|| {
+                    Err(Error::Program(format!(
+                        "non-tensor output ({}) is not supported",
+                        other.kind_name()
+                    )))
+                }),
             })
             .collect();
         drop(constants);
@@ -646,6 +649,44 @@ impl Program {
         }
         outputs
     }
+}
+
+/// A number a program returns (an int, float or bool, written in the program or computed
+/// by it: a size a model reports), as the 0-d tensor `run` gives back for it (int64,
+/// float64, bool); `None` for other non-tensor outputs.
+fn number_output<'a>(
+    arg: &Argument,
+    value: &impl Fn(&str) -> Option<&'a Value>,
+) -> Option<Result<Tensor>> {
+    use crate::schema::{SymBoolArgument, SymFloatArgument, SymIntArgument};
+    let named = |n: &str| match value(n) {
+        Some(v @ (Value::Int(_) | Value::Float(_) | Value::Bool(_))) => Ok(v.clone()),
+        _ => Err(Error::Program(format!(
+            "output '{n}' was never computed as a number"
+        ))),
+    };
+    let v = match arg {
+        Argument::AsInt(v) | Argument::AsSymInt(SymIntArgument::AsInt(v)) => Ok(Value::Int(*v)),
+        Argument::AsFloat(v) | Argument::AsSymFloat(SymFloatArgument::AsFloat(v)) => {
+            Ok(Value::Float(v.get()))
+        }
+        Argument::AsBool(v) | Argument::AsSymBool(SymBoolArgument::AsBool(v)) => {
+            Ok(Value::Bool(*v))
+        }
+        Argument::AsSymInt(SymIntArgument::AsName(n))
+        | Argument::AsSymFloat(SymFloatArgument::AsName(n))
+        | Argument::AsSymBool(SymBoolArgument::AsName(n)) => named(n),
+        _ => return None,
+    };
+    let cpu = &candle_core::Device::Cpu;
+    Some(v.and_then(|v| {
+        match v {
+            Value::Int(i) => Tensor::new(i, cpu),
+            Value::Float(f) => Tensor::new(f, cpu),
+            _ => Tensor::new(u8::from(matches!(v, Value::Bool(true))), cpu),
+        }
+        .map_err(|e| Error::Program(format!("a number output: {e}")))
+    }))
 }
 
 /// Whether a node's outputs `outs` have the sizes `expected` gives (by output position: a

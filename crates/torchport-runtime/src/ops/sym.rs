@@ -4,7 +4,9 @@
 //! names of earlier such results); each follows Python's semantics: ints stay exact (an
 //! overflow is an error, Python's ints being unbounded), `//` and `%` floor as Python does,
 //! `/` gives a float. Also the checks export records on such values (`_assert_scalar`,
-//! `_assert_async`, `sym_constrain_range[_for_size]`), enforced at run time.
+//! `_assert_async`, `sym_constrain_range[_for_size]`), enforced at run time, and
+//! `_is_all_true` / `_is_any_true`, which reduce a tensor condition given to `torch._check`
+//! to the bool those checks read.
 
 use candle_core::{DType, Device, Tensor};
 
