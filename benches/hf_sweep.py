@@ -186,11 +186,14 @@ def table(results):
     ran = {k: r for k, r in results.items() if r["stage"] == "run"}
     both = [k for k, r in ran.items() if r["plain"].startswith("ok") and r["decomp"].startswith("ok")]
     stages = Counter(r["stage"] for r in results.values())
+    exported = [k for k, r in ran.items()
+                if not all(r[f].startswith("torch failed") for f in ("plain", "decomp"))]
     lines = [
         BEGIN,
         f"transformers sweep (`benches/hf_sweep.py`, transformers {transformers.__version__}, "
-        f"torch {torch.__version__}): of {len(results)} model types, {len(ran)} built, ran in "
-        f"eager and were exported; both programs matched torch for {len(both)}. Not tried: "
+        f"torch {torch.__version__}): of {len(results)} model types, {len(ran)} built small "
+        f"and ran in eager, torch exported {len(exported)} of them, and both programs matched "
+        f"torch for {len(both)}. Not tried: "
         + ", ".join(f"{stages[s]} {s}" for s in TORCH_SIDE + ("timeout",) if stages[s]) + ".",
         "",
         "| model type | plain | decomp |",
