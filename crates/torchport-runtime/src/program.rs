@@ -659,33 +659,36 @@ fn number_output<'a>(
     value: &impl Fn(&str) -> Option<&'a Value>,
 ) -> Option<Result<Tensor>> {
     use crate::schema::{SymBoolArgument, SymFloatArgument, SymIntArgument};
+    use crate::value::Scalar;
     let named = |n: &str| match value(n) {
-        Some(v @ (Value::Int(_) | Value::Float(_) | Value::Bool(_))) => Ok(v.clone()),
+        Some(Value::Int(v)) => Ok(Scalar::Int(*v)),
+        Some(Value::Float(v)) => Ok(Scalar::Float(*v)),
+        Some(Value::Bool(v)) => Ok(Scalar::Bool(*v)),
         _ => Err(Error::Program(format!(
             "output '{n}' was never computed as a number"
         ))),
     };
-    let v = match arg {
-        Argument::AsInt(v) | Argument::AsSymInt(SymIntArgument::AsInt(v)) => Ok(Value::Int(*v)),
+    let s = match arg {
+        Argument::AsInt(v) | Argument::AsSymInt(SymIntArgument::AsInt(v)) => Ok(Scalar::Int(*v)),
         Argument::AsFloat(v) | Argument::AsSymFloat(SymFloatArgument::AsFloat(v)) => {
-            Ok(Value::Float(v.get()))
+            Ok(Scalar::Float(v.get()))
         }
         Argument::AsBool(v) | Argument::AsSymBool(SymBoolArgument::AsBool(v)) => {
-            Ok(Value::Bool(*v))
+            Ok(Scalar::Bool(*v))
         }
         Argument::AsSymInt(SymIntArgument::AsName(n))
         | Argument::AsSymFloat(SymFloatArgument::AsName(n))
         | Argument::AsSymBool(SymBoolArgument::AsName(n)) => named(n),
         _ => return None,
     };
-    let cpu = &candle_core::Device::Cpu;
-    Some(v.and_then(|v| {
-        match v {
-            Value::Int(i) => Tensor::new(i, cpu),
-            Value::Float(f) => Tensor::new(f, cpu),
-            _ => Tensor::new(u8::from(matches!(v, Value::Bool(true))), cpu),
-        }
-        .map_err(|e| Error::Program(format!("a number output: {e}")))
+    Some(s.and_then(|s| {
+        // A Python float is a double.
+        let dtype = match s {
+            Scalar::Float(_) => DType::F64,
+            s => s.dtype(),
+        };
+        crate::ops::scalar_tensor(s, dtype)
+            .map_err(|e| Error::Program(format!("a number output: {}", e.0)))
     }))
 }
 

@@ -160,3 +160,20 @@ fn checked_tensor_conditions_are_enforced() {
         assert!(err.contains("assertion failed"), "{flavour}: {err}");
     }
 }
+
+/// The numbers `hf_ops` returns (a constant int, an `.item()` int and float) come back as
+/// 0-d int64, int64 and float64 tensors (the `hf_ops` test checks their values).
+#[test]
+fn number_outputs_are_0d_tensors() {
+    let inputs = numbered("hf_ops", "input");
+    for flavour in ["plain", "decomp"] {
+        let p = Program::load(fixtures().join(format!("hf_ops.{flavour}.pt2"))).unwrap();
+        let out = p.run(&inputs).unwrap();
+        let kinds: Vec<_> = out[5..].iter().map(|t| (t.dtype(), t.rank())).collect();
+        assert_eq!(
+            kinds,
+            [(DType::I64, 0), (DType::I64, 0), (DType::F64, 0)],
+            "{flavour}"
+        );
+    }
+}

@@ -505,6 +505,18 @@ fn scripted_tiles() {
     check_graph("scripted_tiles");
 }
 
+/// Numbers a scripted module returns (a size, a float, a bool) come back in their places as
+/// 0-d int64, float64 and bool tensors, with torch's values, as a `.pt2` program's do.
+#[test]
+fn scripted_numbers_come_back_as_0d_tensors() {
+    check("scripted_numbers");
+    let p = ScriptProgram::load(fixtures().join("scripted_numbers.pt")).unwrap();
+    let out = p.run(&fixture("scripted_numbers", "input")).unwrap();
+    let kinds: Vec<_> = out[1..].iter().map(|t| (t.dtype(), t.rank())).collect();
+    use torchport_runtime::candle_core::DType;
+    assert_eq!(kinds, [(DType::I64, 0), (DType::F64, 0), (DType::U8, 0)]);
+}
+
 /// torchvision's Swin Transformer V2 (cosine attention through `F.normalize`), scripted.
 #[test]
 fn scripted_torchvision_swin_v2() {

@@ -299,7 +299,13 @@ pub fn as_dtype(t: &Tensor, d: DType) -> OpResult<Tensor> {
 pub fn scalar_tensor(s: Scalar, d: DType) -> OpResult<Tensor> {
     let dev = candle_core::Device::Cpu;
     Ok(match d {
-        DType::I64 => Tensor::new(s.as_f64() as i64, &dev)?,
+        DType::I64 => Tensor::new(
+            match s {
+                Scalar::Int(i) => i, // exact: past 2^53 an f64 would round it
+                _ => s.as_f64() as i64,
+            },
+            &dev,
+        )?,
         DType::U8 => Tensor::new(u8::from(s.as_f64() != 0.0), &dev)?,
         DType::F64 => Tensor::new(s.as_f64(), &dev)?,
         _ => Tensor::new(s.as_f64() as f32, &dev)?,
@@ -479,6 +485,16 @@ pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An int scalar becomes an int64 tensor exactly, past 2^53 too (through an f64 it was
+    /// rounded: 2^53 + 1 became 2^53).
+    #[test]
+    fn int_scalars_are_exact_in_int64_tensors() {
+        for v in [(1i64 << 53) + 1, -(1i64 << 60) - 7, i64::MAX - 1] {
+            let t = scalar_tensor(Scalar::Int(v), DType::I64).unwrap();
+            assert_eq!(t.to_scalar::<i64>().unwrap(), v);
+        }
+    }
 
     #[test]
     fn in_place_ops_are_named_by_their_functional_overload() {

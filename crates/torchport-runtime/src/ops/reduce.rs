@@ -42,10 +42,17 @@ pub fn register(r: &mut Registry) {
     r.add("aten.all.dims", all);
     r.add("aten.any.dim", any_dim);
     r.add("aten.any.dims", any_dim);
-    r.add("aten.any.default", |a| {
-        let t = super::elementwise::to_mask(&a.tensor("self")?)?;
-        one(t.flatten_all()?.max_keepdim(0)?.reshape(())?)
-    });
+    r.add("aten.any.default", any_default);
+    // What `torch._check` of a tensor condition reduces it with (then `item`): `all` / `any`
+    // of every element, a 0-d bool.
+    r.add("aten._is_all_true.default", all);
+    r.add("aten._is_any_true.default", any_default);
+}
+
+/// `any(self)`: whether any element is non-zero, a 0-d bool.
+fn any_default(a: &Args) -> OpResult<Outputs> {
+    let t = super::elementwise::to_mask(&a.tensor("self")?)?;
+    one(t.flatten_all()?.max_keepdim(0)?.reshape(())?)
 }
 
 /// Absolute dims from an optional `int[]?` (None or empty means all dims).
@@ -246,7 +253,7 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
         t
     } else if super::category(t.dtype()) < 2 {
         // Exact integer prefix sums.
-        super::stats::scan_rows(&t.to_dtype(DType::I64)?, d, i64::wrapping_add, 0)?
+        super::stats::scan_rows(&t.to_dtype(DType::I64)?, d, i64::wrapping_add)?
     } else {
         // Floats accumulate in f64, each sum rounded to the dtype, as torch's CPU kernel
         // does (its accumulator type for float32 is double).

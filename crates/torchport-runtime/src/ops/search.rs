@@ -77,18 +77,17 @@ fn masked_scatter(a: &Args) -> OpResult<Outputs> {
     let (t, m) = broadcast2(&a.tensor("self")?, &to_mask(&a.tensor("mask")?)?)?;
     let source = a.tensor("source")?;
     let keep: Vec<u8> = m.flatten_all()?.to_vec1::<u8>()?;
-    // Each true position's rank among the true ones: the source element it takes.
+    // Each true position's rank among the true ones: the source element it takes (the
+    // false ones read element 0, which `where` then drops).
     let mut taken = 0i64;
     let idx: Vec<i64> = keep
         .iter()
         .map(|&k| {
-            let i = taken;
-            taken += i64::from(k != 0);
-            if k != 0 {
-                i
-            } else {
-                0
+            if k == 0 {
+                return 0;
             }
+            taken += 1;
+            taken - 1
         })
         .collect();
     if taken == 0 {

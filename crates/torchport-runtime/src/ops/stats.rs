@@ -156,7 +156,6 @@ pub(super) fn scan_rows<T: candle_core::WithDType>(
     t: &Tensor,
     d: usize,
     f: fn(T, T) -> T,
-    _unit: T,
 ) -> OpResult<Tensor> {
     let (mut v, shape) = rows::<T>(t, d)?;
     let n = *shape.last().unwrap_or(&1);
@@ -200,7 +199,7 @@ fn cumprod(a: &Args) -> OpResult<Outputs> {
     let t = product_input(a)?;
     let d = dim(a.int("dim")?, t.rank())?;
     if t.dtype() == DType::I64 {
-        one(scan_rows::<i64>(&t, d, i64::wrapping_mul, 1)?)
+        one(scan_rows::<i64>(&t, d, i64::wrapping_mul)?)
     } else {
         one(scan_in_f64(&t, d, |p, x| p * x)?)
     }
@@ -210,7 +209,7 @@ fn cumprod(a: &Args) -> OpResult<Outputs> {
 /// step rounded to `t`'s dtype: torch's CPU scans (`cumsum`, `cumprod`) accumulate float32
 /// in double, so a sum past 2^24 keeps counting where an f32 accumulator would stall.
 pub(super) fn scan_in_f64(t: &Tensor, d: usize, f: fn(f64, f64) -> f64) -> OpResult<Tensor> {
-    let wide = scan_rows::<f64>(&t.to_dtype(DType::F64)?, d, f, 0.0)?;
+    let wide = scan_rows::<f64>(&t.to_dtype(DType::F64)?, d, f)?;
     Ok(wide.to_dtype(t.dtype())?)
 }
 

@@ -4,11 +4,7 @@
 //! names of earlier such results); each follows Python's semantics: ints stay exact (an
 //! overflow is an error, Python's ints being unbounded), `//` and `%` floor as Python does,
 //! `/` gives a float. Also the checks export records on such values (`_assert_scalar`,
-//! `_assert_async`, `sym_constrain_range[_for_size]`), enforced at run time, and
-//! `_is_all_true` / `_is_any_true`, which reduce a tensor condition given to `torch._check`
-//! to the bool those checks read.
-
-use candle_core::{DType, Device, Tensor};
+//! `_assert_async`, `sym_constrain_range[_for_size]`), enforced at run time.
 
 use crate::error::{OpError, OpResult};
 use crate::ops::Registry;
@@ -111,29 +107,6 @@ pub fn register(r: &mut Registry) {
     }
     r.add("torch.sym_max", |a| extreme(a, true));
     r.add("torch.sym_min", |a| extreme(a, false));
-    // Whether all / any of a bool tensor's elements are true (`torch._check` of a tensor
-    // condition: `_is_all_true`, then `item`).
-    r.add("aten._is_all_true.default", |a| truth(a, true));
-    r.add("aten._is_any_true.default", |a| truth(a, false));
-}
-
-/// `_is_all_true` / `_is_any_true` of a bool tensor: a 0-d bool tensor.
-fn truth(a: &Args, all: bool) -> OpResult<Outputs> {
-    let t = a.tensor("self")?;
-    if t.dtype() != DType::U8 {
-        return Err(OpError(format!(
-            "{} needs a bool tensor, got {:?}",
-            if all { "_is_all_true" } else { "_is_any_true" },
-            t.dtype()
-        )));
-    }
-    let v = t.flatten_all()?.to_vec1::<u8>()?;
-    let r = if all {
-        v.iter().all(|&x| x != 0)
-    } else {
-        v.iter().any(|&x| x != 0)
-    };
-    Ok(vec![Value::Tensor(Tensor::new(u8::from(r), &Device::Cpu)?)])
 }
 
 #[derive(Clone, Copy)]

@@ -358,7 +358,8 @@ impl ScriptProgram {
     /// Run the root module's `forward` on `inputs` (positional; trailing parameters with
     /// defaults may be left out). Floats are computed in f32, ints in i64, bools as u8 0/1.
     /// The result's tensors come back in order, tuples, lists and dicts (by value) flattened;
-    /// int, float and bool results come back as 0-d tensors, `None` is skipped.
+    /// int, float and bool results come back as 0-d tensors (i64, f64 — a Python float is a
+    /// double — and u8), as a `.pt2` program's numbers do; `None` is skipped.
     ///
     /// The first run of each signature of inputs (their dtypes and sizes) is interpreted and
     /// recorded as a `.pt2` graph specialised to that signature; later runs of the signature
@@ -709,7 +710,7 @@ fn flatten(v: &Val, out: &mut Vec<Tensor>, depth: usize) -> Result<()> {
             }
         }
         Val::Int(i) => out.push(scalar(Tensor::new(*i, &candle_core::Device::Cpu))?),
-        Val::Float(f) => out.push(scalar(Tensor::new(*f as f32, &candle_core::Device::Cpu))?),
+        Val::Float(f) => out.push(scalar(Tensor::new(*f, &candle_core::Device::Cpu))?),
         Val::Bool(b) => out.push(scalar(Tensor::new(
             u8::from(*b),
             &candle_core::Device::Cpu,
