@@ -850,14 +850,18 @@ def compare(got, ref):
 UNSUPPORTED = re.compile(r"operators torchport cannot run yet: (.*?) \(see")
 
 
-def run_one(binary, d, flavour, n_in, n_out, threads, timeout):
-    """Run torchport on one export: ('ok', err) / ('unsupported', [ops]) / ('error', why)."""
+def run_one(binary, d, flavour, n_in, n_out, threads, timeout, runs=1):
+    """Run torchport on one program, `d/<flavour>.pt2` (or `.pt`, a TorchScript archive),
+    `runs` times: ('ok', err) / ('unsupported', [ops]) / ('error', why), and the seconds."""
     out = d / f"{flavour}.out.npz"
     out.unlink(missing_ok=True)
-    cmd = [str(binary), "run", str(d / f"{flavour}.pt2")]
+    program = d / f"{flavour}.pt2"
+    if not program.exists():
+        program = d / f"{flavour}.pt"
+    cmd = [str(binary), "run", str(program)]
     for i in range(n_in):
         cmd += ["--input", str(d / f"input_{i}.npy")]
-    cmd += ["--output", str(out)]
+    cmd += ["--output", str(out), "--runs", str(runs)]
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     t0 = time.time()
     try:

@@ -89,6 +89,27 @@ fn traced_transformers_gpt2() {
     check_graph("hf_gpt2");
 }
 
+/// Mixtral's experts: tokens sorted by expert and counted (`histc`, `cumsum`), each
+/// expert's rows multiplied by its weights in `torch._grouped_mm`.
+#[test]
+fn traced_transformers_mixtral() {
+    check_graph("hf_mixtral");
+}
+
+/// Qwen3-Next's gated delta rule: each chunk's unit lower-triangular system solved by
+/// `torch.linalg.solve_triangular`; its experts by `torch._grouped_mm`.
+#[test]
+fn traced_transformers_qwen3_next() {
+    check_graph("hf_qwen3_next");
+}
+
+/// Pixtral's attention mask: `mask[:n, :n] = 0` with `n` all of the mask, traced as an
+/// in-place fill of slices that return the whole tensor, which must update the mask.
+#[test]
+fn traced_transformers_pixtral() {
+    check_graph("hf_pixtral");
+}
+
 /// `addmm` with factors (`beta` 0 ignoring a bias of NaNs, as torch does), `addmm` with a
 /// bias broadcast to its outputs, a Linear: the weights stored packed, the rest done after
 /// the packed product.

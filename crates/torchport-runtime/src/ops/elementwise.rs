@@ -49,6 +49,18 @@ pub fn register(r: &mut Registry) {
         ("aten.gt.Scalar", cmp_gt),
         ("aten.ge.Tensor", cmp_ge),
         ("aten.ge.Scalar", cmp_ge),
+        // torch's longer names (`torch.greater`, `Tensor.not_equal`), which TorchScript
+        // keeps (export writes the short ones).
+        ("aten.not_equal.Tensor", cmp_ne),
+        ("aten.not_equal.Scalar", cmp_ne),
+        ("aten.less.Tensor", cmp_lt),
+        ("aten.less.Scalar", cmp_lt),
+        ("aten.less_equal.Tensor", cmp_le),
+        ("aten.less_equal.Scalar", cmp_le),
+        ("aten.greater.Tensor", cmp_gt),
+        ("aten.greater.Scalar", cmp_gt),
+        ("aten.greater_equal.Tensor", cmp_ge),
+        ("aten.greater_equal.Scalar", cmp_ge),
     ] {
         r.add(n, f);
     }

@@ -1,5 +1,6 @@
 //! Matrix products: linear, addmm, mm, bmm, matmul (with torch's 1-d and broadcasting rules),
-//! baddbmm, and transformers' grouped (mixture-of-experts) product. Integer (int64) products are computed exactly, with int64's wrapping arithmetic
+//! baddbmm, the grouped (mixture-of-experts) products (`_grouped_mm`, transformers' fallback),
+//! and triangular solves (`linalg_solve_triangular`). Integer (int64) products are computed exactly, with int64's wrapping arithmetic
 //! as torch does; floats go through the f32 GEMM.
 
 use candle_core::{DType, Shape, Tensor};
@@ -39,44 +40,205 @@ pub fn register(r: &mut Registry) {
     // transformers' mixture-of-experts product (its CPU and float32 path): `torch.ops.
     // transformers.grouped_mm_fallback(input, weight, offs)`.
     r.add("transformers.grouped_mm_fallback.default", grouped_mm);
+    r.add("aten._grouped_mm.default", aten_grouped_mm);
+    r.add("aten.linalg_solve_triangular.default", solve_triangular);
 }
 
-/// `grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E])`: the rows of `input`
-/// sorted by expert, rows `offs[i-1]..offs[i]` multiplied by `weight[i]`; rows past the last
-/// offset are zeros, as in transformers' definition.
+/// `grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E])`: transformers' name for
+/// [`aten_grouped_mm`]'s 2-d × 3-d case.
 fn grouped_mm(a: &Args) -> OpResult<Outputs> {
     let x = float(&a.tensor("input")?)?;
     let w = super::as_dtype(&a.tensor("weight")?, x.dtype())?;
-    let offs = a.tensor("offs")?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    let offs = a.tensor("offs")?;
+    one(grouped_rows(&x, &w, &offsets(&offs)?)?)
+}
+
+/// `_grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None)` (mixture-of-experts
+/// products, `torch._grouped_mm`), as torch's CPU kernel computes it. `offs` holds the ends
+/// of the groups along the dim one operand splits:
+/// - 2-d `[S, K]` × 3-d `[G, K, N]`: rows `offs[g-1]..offs[g]` times `mat2[g]`, `[S, N]`
+///   (rows past the last offset zeros; torch leaves them unwritten);
+/// - 3-d `[G, M, K]` × 2-d `[K, T]`: `self[g]` times columns `offs[g-1]..offs[g]`, `[M, T]`;
+/// - 2-d `[M, T]` × 2-d `[T, N]`: the product over `offs[g-1]..offs[g]` of `T`, `[G, M, N]`
+///   (an empty group gives zeros);
+/// - 3-d × 3-d without offsets: `bmm`.
+fn aten_grouped_mm(a: &Args) -> OpResult<Outputs> {
+    if a.opt_tensor("bias")?.is_some() {
+        op_bail!("_grouped_mm with a bias (torch's CPU kernel has none)");
+    }
+    let x = float(&a.tensor("self")?)?;
+    let w = super::as_dtype(&a.tensor("mat2")?, x.dtype())?;
+    let offs = a.opt_tensor("offs")?.map(|t| offsets(&t)).transpose()?;
+    let out = match (x.rank(), w.rank(), offs) {
+        (3, 3, None) if x.dim(0)? == w.dim(0)? => mm(&x, &w)?,
+        (2, 3, Some(o)) => grouped_rows(&x, &w, &o)?,
+        (3, 2, Some(o)) if o.len() == x.dim(0)? && x.dim(2)? == w.dim(0)? => {
+            let (m, t) = (x.dim(1)?, w.dim(1)?);
+            let mut parts = Vec::new();
+            for (g, r) in segments(&o, t)?.into_iter().enumerate() {
+                parts.push(mm(&x.get(g)?, &w.narrow(1, r.start, r.len())?)?);
+            }
+            let done = o.last().map_or(0, |&e| e as usize);
+            if t > done || parts.is_empty() {
+                parts.push(Tensor::zeros((m, t - done), x.dtype(), x.device())?);
+            }
+            Tensor::cat(&parts, 1)?
+        }
+        (2, 2, Some(o)) if x.dim(1)? == w.dim(0)? => {
+            let (m, n) = (x.dim(0)?, w.dim(1)?);
+            let mut parts = Vec::new();
+            for r in segments(&o, x.dim(1)?)? {
+                parts.push(match r.is_empty() {
+                    true => Tensor::zeros((m, n), x.dtype(), x.device())?,
+                    false => mm(
+                        &x.narrow(1, r.start, r.len())?,
+                        &w.narrow(0, r.start, r.len())?,
+                    )?,
+                });
+            }
+            if parts.is_empty() {
+                Tensor::zeros((0, m, n), x.dtype(), x.device())?
+            } else {
+                Tensor::stack(&parts, 0)?
+            }
+        }
+        (_, _, o) => op_bail!(
+            "_grouped_mm of {:?} and {:?} {} offsets",
+            x.dims(),
+            w.dims(),
+            o.map_or("without".to_string(), |o| format!("with {}", o.len()))
+        ),
+    };
+    match a.opt_scalar_type("out_dtype")? {
+        Some(st) => one(crate::dtype::cast(&out, st)?),
+        None => one(out),
+    }
+}
+
+/// `linalg_solve_triangular(self, B, upper, left=True, unitriangular=False)`: `X` with
+/// `self @ X = B` (`X @ self = B` when not `left`), `self` read as triangular (its upper or
+/// lower triangle; a diagonal of ones where `unitriangular`), batch dims broadcast. Solved by
+/// substitution in f64 and rounded to the inputs' dtype (transformers' gated delta rule
+/// solves its chunks' unit lower-triangular systems so).
+fn solve_triangular(a: &Args) -> OpResult<Outputs> {
+    let m = float(&a.tensor("self")?)?;
+    let b = super::as_dtype(&a.tensor("B")?, m.dtype())?;
+    let (upper, left) = (a.bool_or("upper", false)?, a.bool_or("left", true)?);
+    let unit = a.bool_or("unitriangular", false)?;
+    let (rm, rb) = (m.rank(), b.rank());
+    if rm < 2 || rb < 2 || m.dim(rm - 1)? != m.dim(rm - 2)? {
+        op_bail!(
+            "linalg_solve_triangular of {:?} and {:?} (a square matrix or batch of them, and a \
+             matrix or batch)",
+            m.dims(),
+            b.dims()
+        );
+    }
+    // `X @ A = B` is `A.T @ X.T = B.T`, the other triangle.
+    let (m, b, upper) = match left {
+        true => (m, b, upper),
+        false => (
+            m.transpose(rm - 2, rm - 1)?,
+            b.transpose(rb - 2, rb - 1)?,
+            !upper,
+        ),
+    };
+    let n = m.dim(rm - 1)?;
+    let k = b.dim(rb - 1)?;
+    if b.dim(rb - 2)? != n {
+        op_bail!(
+            "linalg_solve_triangular: a {n}x{n} system and a right side of {:?}",
+            b.dims()
+        );
+    }
+    let batch = Shape::from(&m.dims()[..rm - 2])
+        .broadcast_shape_binary_op(&Shape::from(&b.dims()[..rb - 2]), "solve_triangular")?;
+    let values = |t: &Tensor, cols: usize| -> OpResult<Vec<f64>> {
+        let mut dims = batch.dims().to_vec();
+        dims.extend([n, cols]);
+        Ok(t.broadcast_as(dims)?
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .to_vec1::<f64>()?)
+    };
+    let (mv, mut x) = (values(&m, n)?, values(&b, k)?);
+    for (sys, x) in mv.chunks_exact(n * n).zip(x.chunks_exact_mut(n * k)) {
+        let rows: Vec<usize> = match upper {
+            true => (0..n).rev().collect(),
+            false => (0..n).collect(),
+        };
+        for &i in &rows {
+            let known = match upper {
+                true => i + 1..n,
+                false => 0..i,
+            };
+            for c in 0..k {
+                let mut v = x[i * k + c];
+                for j in known.clone() {
+                    v -= sys[i * n + j] * x[j * k + c];
+                }
+                x[i * k + c] = if unit { v } else { v / sys[i * n + i] };
+            }
+        }
+    }
+    let mut dims = batch.dims().to_vec();
+    dims.extend([n, k]);
+    let out = Tensor::from_vec(x, dims, m.device())?.to_dtype(m.dtype())?;
+    match left {
+        true => one(out),
+        false => one(out
+            .transpose(rb.max(rm) - 2, rb.max(rm) - 1)?
+            .contiguous()?),
+    }
+}
+
+/// The group ends an `offs` tensor holds.
+fn offsets(offs: &Tensor) -> OpResult<Vec<i64>> {
+    Ok(offs.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?)
+}
+
+/// The ranges `offs` (group ends) cut from `0..len`: an error unless they never decrease
+/// and stay within `len`.
+fn segments(offs: &[i64], len: usize) -> OpResult<Vec<std::ops::Range<usize>>> {
+    let mut start = 0usize;
+    let mut out = Vec::with_capacity(offs.len());
+    for &end in offs {
+        let Some(end) = usize::try_from(end)
+            .ok()
+            .filter(|&v| v >= start && v <= len)
+        else {
+            op_bail!("grouped product: offsets {offs:?} are not non-decreasing within 0..={len}");
+        };
+        out.push(start..end);
+        start = end;
+    }
+    Ok(out)
+}
+
+/// Rows `offs[g-1]..offs[g]` of `x` (`[S, K]`) times `w[g]` (`[G, K, N]`); rows past the
+/// last offset are zeros.
+fn grouped_rows(x: &Tensor, w: &Tensor, offs: &[i64]) -> OpResult<Tensor> {
     let (s, k) = x.dims2()?;
     let (e, wk, n) = w.dims3()?;
     if wk != k || offs.len() != e {
         op_bail!(
-            "grouped_mm of input {:?}, weight {:?} and {} offsets",
+            "grouped product of {:?} and {:?} with {} offsets",
             x.dims(),
             w.dims(),
             offs.len()
         );
     }
     let mut parts = Vec::new();
-    let mut start = 0usize;
-    for (i, &end) in offs.iter().enumerate() {
-        let end = usize::try_from(end).ok().filter(|&v| v >= start && v <= s);
-        let Some(end) = end else {
-            op_bail!("grouped_mm: offsets {offs:?} are not non-decreasing within 0..={s}");
-        };
-        if end > start {
-            parts.push(mm(&x.narrow(0, start, end - start)?, &w.get(i)?)?);
+    for (g, r) in segments(offs, s)?.into_iter().enumerate() {
+        if !r.is_empty() {
+            parts.push(mm(&x.narrow(0, r.start, r.len())?, &w.get(g)?)?);
         }
-        start = end;
     }
-    if start < s {
-        parts.push(Tensor::zeros((s - start, n), x.dtype(), x.device())?);
+    let done = offs.last().map_or(0, |&e| e as usize);
+    if s > done || parts.is_empty() {
+        parts.push(Tensor::zeros((s - done, n), x.dtype(), x.device())?);
     }
-    if parts.is_empty() {
-        return one(Tensor::zeros((0, n), x.dtype(), x.device())?);
-    }
-    one(Tensor::cat(&parts, 0)?)
+    Ok(Tensor::cat(&parts, 0)?)
 }
 
 /// `a @ b` for operands of rank >= 2 with broadcast batch dims (floats; two int64 operands
@@ -780,5 +942,81 @@ mod tests {
         let one = Tensor::zeros(4, DType::F32, &candle_core::Device::Cpu).unwrap();
         let wt = Tensor::zeros((8, 4), DType::F32, &candle_core::Device::Cpu).unwrap();
         assert!(linear_row(&one, &wt.t().unwrap(), None).unwrap().is_none());
+    }
+}
+
+#[cfg(test)]
+mod triangular_tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// `linalg_solve_triangular(m, b, upper, left, unitriangular)` through its kernel.
+    fn solve(m: &Tensor, b: &Tensor, upper: bool, left: bool, unit: bool) -> Tensor {
+        let flag = |v| serde_json::json!({ "as_bool": v });
+        let args = [
+            ("self", serde_json::json!({"as_tensor": {"name": "m"}})),
+            ("B", serde_json::json!({"as_tensor": {"name": "b"}})),
+            ("upper", flag(upper)),
+            ("left", flag(left)),
+            ("unitriangular", flag(unit)),
+        ];
+        let out = super::super::run_node(
+            register,
+            "aten.linalg_solve_triangular.default",
+            &args,
+            &[("m", m.clone()), ("b", b.clone())],
+        )
+        .unwrap();
+        let crate::value::Value::Tensor(x) = &out[0] else {
+            panic!("not a tensor")
+        };
+        x.clone()
+    }
+
+    /// Each solution satisfies its system: the triangle the flags name (with a diagonal of
+    /// ones where unitriangular), times the solution on the side `left` names, gives `b`;
+    /// batch dims broadcast (systems for 2, right sides for 3 x 2).
+    #[test]
+    fn triangular_solutions_satisfy_their_systems() {
+        let dev = Device::Cpu;
+        let eye = Tensor::eye(4, DType::F64, &dev).unwrap();
+        let m = Tensor::randn(0f64, 1.0, (2, 4, 4), &dev)
+            .unwrap()
+            .broadcast_add(&eye.affine(4.0, 0.0).unwrap())
+            .unwrap();
+        for (upper, left, unit) in [
+            (false, true, true),
+            (false, true, false),
+            (true, true, false),
+            (true, false, false),
+            (false, false, true),
+        ] {
+            let b = match left {
+                true => Tensor::randn(0f64, 1.0, (3, 2, 4, 5), &dev).unwrap(),
+                false => Tensor::randn(0f64, 1.0, (3, 2, 5, 4), &dev).unwrap(),
+            };
+            let x = solve(&m, &b, upper, left, unit);
+            let mask = match upper {
+                true => Tensor::triu2(4, DType::F64, &dev).unwrap(),
+                false => Tensor::tril2(4, DType::F64, &dev).unwrap(),
+            };
+            let mut tri = m.broadcast_mul(&mask).unwrap();
+            if unit {
+                let off = tri.broadcast_mul(&eye.affine(-1.0, 1.0).unwrap()).unwrap();
+                tri = off.broadcast_add(&eye).unwrap();
+            }
+            let tri = tri
+                .broadcast_as((3, 2, 4, 4))
+                .unwrap()
+                .contiguous()
+                .unwrap();
+            let back = match left {
+                true => tri.matmul(&x).unwrap(),
+                false => x.matmul(&tri).unwrap(),
+            };
+            let err = (back - &b).unwrap().abs().unwrap().flatten_all().unwrap();
+            let err = err.max(0).unwrap().to_scalar::<f64>().unwrap();
+            assert!(err < 1e-9, "upper {upper} left {left} unit {unit}: {err}");
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! Reductions: mean, sum, amax/amin, aminmax, max/min along a dim, cumsum, argmax/argmin,
-//! any/all, the vector norm (`linalg_vector_norm`, `norm`).
+//! any/all, the vector norm (`linalg_vector_norm`, `norm`, `linalg_norm`).
 
 use candle_core::{DType, Tensor};
 
@@ -14,6 +14,7 @@ pub fn register(r: &mut Registry) {
     r.add("aten.linalg_vector_norm.default", |a| {
         p_norm(a, a.float_or("ord", 2.0)?)
     });
+    r.add("aten.linalg_norm.default", linalg_norm);
     // `torch.norm` / `Tensor.norm` with a number or None for `p` (TorchScript's code, and
     // `F.normalize`, call these); `p` None is the 2-norm.
     for n in [
@@ -37,22 +38,16 @@ pub fn register(r: &mut Registry) {
     r.add("aten.argmax.default", argmax);
     r.add("aten.argmin.default", argmax);
     r.add("aten.aminmax.default", aminmax);
-    r.add("aten.all.default", all);
-    r.add("aten.all.dim", all);
-    r.add("aten.all.dims", all);
-    r.add("aten.any.dim", any_dim);
-    r.add("aten.any.dims", any_dim);
-    r.add("aten.any.default", any_default);
+    for n in ["aten.all.default", "aten.all.dim", "aten.all.dims"] {
+        r.add(n, |a| truth(a, false));
+    }
+    for n in ["aten.any.default", "aten.any.dim", "aten.any.dims"] {
+        r.add(n, |a| truth(a, true));
+    }
     // What `torch._check` of a tensor condition reduces it with (then `item`): `all` / `any`
     // of every element, a 0-d bool.
-    r.add("aten._is_all_true.default", all);
-    r.add("aten._is_any_true.default", any_default);
-}
-
-/// `any(self)`: whether any element is non-zero, a 0-d bool.
-fn any_default(a: &Args) -> OpResult<Outputs> {
-    let t = super::elementwise::to_mask(&a.tensor("self")?)?;
-    one(t.flatten_all()?.max_keepdim(0)?.reshape(())?)
+    r.add("aten._is_all_true.default", |a| truth(a, false));
+    r.add("aten._is_any_true.default", |a| truth(a, true));
 }
 
 /// Absolute dims from an optional `int[]?` (None or empty means all dims).
@@ -265,11 +260,26 @@ fn cumsum(a: &Args) -> OpResult<Outputs> {
     }
 }
 
-fn any_dim(a: &Args) -> OpResult<Outputs> {
-    let t = super::elementwise::to_mask(&a.tensor("self")?)?;
-    let dims = dims_of(a, "dim", t.rank())?;
-    let keep = a.bool_or("keepdim", false)?;
-    one(reduce(&t, &dims, keep, |x, d| x.max_keepdim(d))?)
+/// `linalg_norm(self, ord=None, dim=None, keepdim=False, dtype=None)` (`torch.linalg.norm`
+/// with a number or None for `ord`): a vector norm over one dim (or, `dim` None, over the
+/// whole of a 1-d input, or with `ord` None over every element), and the Frobenius norm
+/// (`ord` None) over two. The other matrix norms (1, 2, inf, their negatives) are refused.
+fn linalg_norm(a: &Args) -> OpResult<Outputs> {
+    let rank = a.tensor("self")?.rank();
+    let ord = a.opt_float("ord")?;
+    let dims = a.opt_ints("dim")?.map(|d| d.len());
+    match (ord, dims) {
+        (Some(ord), Some(1)) | (Some(ord), None) if dims.is_some() || rank == 1 => p_norm(a, ord),
+        (None, Some(1 | 2)) | (None, None) => p_norm(a, 2.0),
+        (Some(ord), Some(2)) | (Some(ord), None) if dims.is_some() || rank == 2 => op_bail!(
+            "linalg_norm: the matrix {ord}-norm (only the Frobenius norm, ord None, of a matrix)"
+        ),
+        (_, d) => op_bail!(
+            "linalg_norm of a {rank}-d tensor over {} dims with ord {ord:?} (torch takes one or \
+             two dims, or with an ord and no dim a 1- or 2-d tensor)",
+            d.map_or("all".to_string(), |d| d.to_string())
+        ),
+    }
 }
 
 /// The `ord`-norm of `self` over `dim` (every dim when absent), `keepdim`, as
@@ -319,25 +329,33 @@ fn p_norm(a: &Args, ord: f64) -> OpResult<Outputs> {
     typed(r)
 }
 
-/// `all(self, dim, keepdim)`: whether every element along `dim` (all dims when absent) is
-/// non-zero, as bool.
-fn all(a: &Args) -> OpResult<Outputs> {
+/// `all` / `any` (`any` true) of `self` over `dim` (one dim for the `.dim` overloads, a list
+/// for `.dims`, every dim for `.default`), a bool tensor. Over an empty dim every row is
+/// vacuously true for `all` and false for `any`.
+fn truth(a: &Args, any: bool) -> OpResult<Outputs> {
     let t = super::elementwise::to_mask(&a.tensor("self")?)?;
-    let dims = if super::op_key(&a.node().target) == "aten.all.dim" {
+    let dims = if super::op_key(&a.node().target).ends_with(".dim") {
         vec![dim(a.int("dim")?, t.rank())?]
     } else {
         dims_of(a, "dim", t.rank())?
     };
     let keep = a.bool_or("keepdim", false)?;
-    if t.rank() > 0 && dims.iter().any(|&d| t.dims()[d] == 0) {
-        // Over an empty dim every row is vacuously true.
+    if t.rank() > 0 && t.elem_count() == 0 {
+        // Every row reduced is empty (or there are no rows).
         let shape: Vec<usize> = (0..t.rank())
             .filter(|i| keep || !dims.contains(i))
             .map(|i| if dims.contains(&i) { 1 } else { t.dims()[i] })
             .collect();
-        return one(Tensor::ones(shape, DType::U8, t.device())?);
+        let filled = if any { Tensor::zeros } else { Tensor::ones };
+        return one(filled(shape, DType::U8, t.device())?);
     }
-    one(reduce(&t, &dims, keep, |x, d| x.min_keepdim(d))?)
+    one(reduce(&t, &dims, keep, |x, d| {
+        if any {
+            x.max_keepdim(d)
+        } else {
+            x.min_keepdim(d)
+        }
+    })?)
 }
 
 /// `aminmax(self, dim=None, keepdim=False)`: (min, max) over `dim`, or over everything.
@@ -401,5 +419,67 @@ mod tests {
             Err(e) => assert!(e.0.contains("needs a float dtype"), "{}", e.0),
             Ok(_) => panic!("an int64 norm was computed"),
         }
+    }
+
+    /// `op` of the float tensor `x` (shape `shape`), with `dim` when given: (shape, values).
+    fn truth_of(op: &str, x: &[f32], shape: &[usize], dim: Option<i64>) -> (Vec<usize>, Vec<u8>) {
+        let x = Tensor::from_slice(x, shape, &Device::Cpu).unwrap();
+        let mut args = vec![("self", serde_json::json!({"as_tensor": {"name": "x"}}))];
+        if let Some(d) = dim {
+            args.push(("dim", serde_json::json!({"as_int": d})));
+        }
+        let out = super::super::run_node(register, op, &args, &[("x", x)]).unwrap();
+        let Value::Tensor(t) = &out[0] else {
+            panic!("not a tensor")
+        };
+        (
+            t.dims().to_vec(),
+            t.flatten_all().unwrap().to_vec1::<u8>().unwrap(),
+        )
+    }
+
+    #[test]
+    fn any_and_all_of_empty_tensors_are_false_and_true() {
+        assert_eq!(
+            truth_of("aten.any.default", &[], &[0, 3], None),
+            (vec![], vec![0])
+        );
+        assert_eq!(
+            truth_of("aten.all.default", &[], &[0, 3], None),
+            (vec![], vec![1])
+        );
+        assert_eq!(
+            truth_of("aten._is_any_true.default", &[], &[0], None),
+            (vec![], vec![0])
+        );
+        assert_eq!(
+            truth_of("aten.any.dim", &[], &[0, 3], Some(0)),
+            (vec![3], vec![0; 3])
+        );
+        assert_eq!(
+            truth_of("aten.all.dim", &[], &[0, 3], Some(0)),
+            (vec![3], vec![1; 3])
+        );
+        assert_eq!(
+            truth_of("aten.any.dim", &[], &[0, 3], Some(1)),
+            (vec![0], vec![])
+        );
+        let x = [0.0, 2.0, 0.0, 0.0, 1.0, 1.0];
+        assert_eq!(
+            truth_of("aten.any.dim", &x, &[3, 2], Some(-1)),
+            (vec![3], vec![1, 0, 1])
+        );
+        assert_eq!(
+            truth_of("aten.all.dim", &x, &[3, 2], Some(-1)),
+            (vec![3], vec![0, 0, 1])
+        );
+        assert_eq!(
+            truth_of("aten.any.default", &x, &[3, 2], None),
+            (vec![], vec![1])
+        );
+        assert_eq!(
+            truth_of("aten.all.default", &x, &[3, 2], None),
+            (vec![], vec![0])
+        );
     }
 }

@@ -766,8 +766,9 @@ impl<'a> Interp<'a> {
             if let Some(r) = super::aten::packed_product(op, &args, &kwargs, self.linears)? {
                 return Ok(r);
             }
-            let r = self.torch(op, &args, &kwargs)?;
+            let mut r = self.torch(op, &args, &kwargs)?;
             if let (true, Some(Val::Tensor(t))) = (view_writes::cuts(op), args.first()) {
+                r = view_writes::distinct(t, r)?;
                 view_writes::mark(&mut self.parts, t, op, &args[1..], !kwargs.is_empty(), &r);
             }
             if let (Some(part), Val::Tensor(new)) = (part, &r) {

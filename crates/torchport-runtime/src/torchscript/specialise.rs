@@ -44,6 +44,7 @@ pub struct Recording {
 }
 
 /// What the recorder knows of a tensor it has seen.
+#[derive(Clone)]
 struct Known {
     /// Its name in the graph.
     name: String,
@@ -105,6 +106,21 @@ pub(crate) fn call(target: &str, inputs: &[NamedArgument], env: &Env, outs: &[Va
 pub(crate) fn constant(t: &Tensor) {
     with(|r| {
         r.constants.insert(t.id());
+        Ok(())
+    });
+}
+
+/// `alias`, a tensor of the same values and memory as `t` under another identity (a cut of
+/// all of `t`, [`super::view_writes::distinct`]): the recording knows it as it knows `t`.
+pub(crate) fn alias(t: &Tensor, alias: &Tensor) {
+    with(|r| {
+        if let Some(k) = r.known.get(&t.id()).cloned() {
+            r.known.insert(alias.id(), k);
+        } else if let Some(stored) = r.archive.get(&t.id()).cloned() {
+            r.archive.insert(alias.id(), stored);
+        } else if r.constants.contains(&t.id()) {
+            r.constants.insert(alias.id());
+        }
         Ok(())
     });
 }

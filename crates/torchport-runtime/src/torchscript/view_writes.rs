@@ -52,6 +52,22 @@ pub fn cuts(op: &str) -> bool {
     )
 }
 
+/// `result` of a cut from `base`, as a tensor of its own where the kernel returned `base`
+/// itself (`slice(mask, 0, 0, n)` of a dim of size `n`): the same values and memory under
+/// another identity, so that [`mark`] records it as a part and an in-place update of it is
+/// written back into `base` (`mask[:n, :n] = 0` updates `mask`, which a later read sees).
+pub fn distinct(base: &Tensor, result: Val) -> Result<Val, String> {
+    match result {
+        Val::Tensor(t) if t.id() == base.id() => {
+            let alias = t.unsqueeze(0).and_then(|u| u.squeeze(0));
+            let alias = alias.map_err(|e| e.to_string())?;
+            super::specialise::alias(&t, &alias);
+            Ok(Val::Tensor(alias))
+        }
+        other => Ok(other),
+    }
+}
+
 /// Record the parts in `result`, cut from `base` by `op` with the arguments after `self`
 /// (positional; `kwargs` given means the cut is not written back). A `slice` (dim, start,
 /// end, step, the last three optional) or `select` (dim, index) of one tensor can be
@@ -66,7 +82,7 @@ pub fn mark(parts: &mut Parts, base: &Tensor, op: &str, rest: &[Val], kwargs: bo
         _ => None,
     };
     match result {
-        // A cut that returned its base (a slice of all of it) is no part.
+        // A cut that returned its base is no part ([`distinct`] gives it an identity first).
         Val::Tensor(t) if t.id() == base.id() => {}
         Val::Tensor(t) => {
             let part = Part {
