@@ -141,7 +141,8 @@ def inputs_for(model, cfg):
     def with_decoder(x):
         if "decoder_input_ids" in params:
             batch = next(iter(x.values())).shape[0]
-            x["decoder_input_ids"] = zoo.text_inputs(vocab, batch)["input_ids"][:, :8].clone()
+            ids = zoo.text_inputs(vocab, max(batch, 2))["input_ids"]
+            x["decoder_input_ids"] = ids[:batch, :8].clone()
         return x
 
     main = with_decoder(make(name))

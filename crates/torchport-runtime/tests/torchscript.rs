@@ -96,6 +96,13 @@ fn traced_transformers_mixtral() {
     check_graph("hf_mixtral");
 }
 
+/// `torch._grouped_mm` in its four layouts: rows by group (one group empty), columns by
+/// group, the inner dim by group (one group empty, zeros), a batch without offsets.
+#[test]
+fn traced_grouped_products() {
+    check_graph("traced_grouped_products");
+}
+
 /// Qwen3-Next's gated delta rule: each chunk's unit lower-triangular system solved by
 /// `torch.linalg.solve_triangular`; its experts by `torch._grouped_mm`.
 #[test]

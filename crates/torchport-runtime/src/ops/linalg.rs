@@ -76,7 +76,9 @@ fn aten_grouped_mm(a: &Args) -> OpResult<Outputs> {
             let (m, t) = (x.dim(1)?, w.dim(1)?);
             let mut parts = Vec::new();
             for (g, r) in segments(&o, t)?.into_iter().enumerate() {
-                parts.push(mm(&x.get(g)?, &w.narrow(1, r.start, r.len())?)?);
+                if !r.is_empty() {
+                    parts.push(mm(&x.get(g)?, &w.narrow(1, r.start, r.len())?)?);
+                }
             }
             let done = o.last().map_or(0, |&e| e as usize);
             if t > done || parts.is_empty() {

@@ -768,7 +768,9 @@ impl<'a> Interp<'a> {
             }
             let mut r = self.torch(op, &args, &kwargs)?;
             if let (true, Some(Val::Tensor(t))) = (view_writes::cuts(op), args.first()) {
-                r = view_writes::distinct(t, r)?;
+                if op == "slice" {
+                    r = view_writes::distinct(t, r)?;
+                }
                 view_writes::mark(&mut self.parts, t, op, &args[1..], !kwargs.is_empty(), &r);
             }
             if let (Some(part), Val::Tensor(new)) = (part, &r) {

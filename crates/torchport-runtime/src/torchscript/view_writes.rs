@@ -52,10 +52,12 @@ pub fn cuts(op: &str) -> bool {
     )
 }
 
-/// `result` of a cut from `base`, as a tensor of its own where the kernel returned `base`
+/// `result` of a `slice` of `base`, as a tensor of its own where the kernel returned `base`
 /// itself (`slice(mask, 0, 0, n)` of a dim of size `n`): the same values and memory under
 /// another identity, so that [`mark`] records it as a part and an in-place update of it is
 /// written back into `base` (`mask[:n, :n] = 0` updates `mask`, which a later read sees).
+/// Other cuts that return their base stay their base (an update of one is not written back,
+/// and would be refused as a part).
 pub fn distinct(base: &Tensor, result: Val) -> Result<Val, String> {
     match result {
         Val::Tensor(t) if t.id() == base.id() => {
