@@ -195,7 +195,7 @@ def one(kind, binary, trace=False):
         return status(stage="eager", why=failed)
     if trace:
         return status(stage="run", params=n, binary=stamp(binary),
-                      trace=traced(kind, model, inputs, d, binary))
+                      trace=traced(model, inputs, d, binary))
     zoo.build(kind, lambda: (model, inputs), d)
     meta = json.loads((d / "meta.json").read_text())
     cells, ok = {}, True
@@ -226,26 +226,20 @@ class Positional(torch.nn.Module):
         return tuple(zoo.leaves(self.model(**dict(zip(self.names, xs)))))
 
 
-def traced(kind, model, inputs, d, binary):
+def traced(model, inputs, d, binary):
     """The trace column's cell: save `model` traced on `inputs`, run it, compare."""
-    import numpy as np
-
     (d / "trace.pt").unlink(missing_ok=True)
     model, inputs, _ = zoo.made(lambda: (model, inputs))
+    _, _, ref = zoo.save_io(model, inputs, d)
     xs = tuple(inputs.values())
-    for i, x in enumerate(xs):
-        np.save(d / f"input_{i}.npy", x.numpy())
     try:
         with torch.no_grad():
-            ref = zoo.leaves(model(**inputs))
             sm = torch.jit.trace(Positional(model, list(inputs)), xs, strict=False,
                                  check_trace=False)
             torch.jit.save(sm, d / "trace.pt")
     except Exception as e:  # noqa: BLE001 - recorded in the table
         msg = str(e).strip().splitlines()
         return f"torch failed to trace ({type(e).__name__}: {msg[0][:120] if msg else ''})"
-    for i, y in enumerate(ref):
-        np.save(d / f"ref_{i}.npy", y.detach().numpy())
     st, info, _ = zoo.run_one(binary, d, "trace", len(xs), len(ref), 1, 300, runs=2)
     if st == "ok":
         (d / "trace.pt").unlink()

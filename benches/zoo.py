@@ -790,10 +790,9 @@ def made(make):
     return model, inputs, (example, shapes)
 
 
-def build(name, make, d):
-    """Export `name` into folder `d`: plain/decomp programs, inputs, torch's outputs."""
-    d.mkdir(parents=True, exist_ok=True)
-    model, inputs, (example, shapes) = made(make)
+def save_io(model, inputs, d):
+    """Write `inputs` (flattened: `input_<i>.npy`) and torch's outputs of `model` on them
+    (`ref_<i>.npy`) into folder `d`; return (args, kwargs, outputs)."""
     args, kwargs = split(inputs)
     with torch.no_grad():
         ref = leaves(model(*args, **kwargs))
@@ -801,6 +800,14 @@ def build(name, make, d):
         np.save(d / f"input_{i}.npy", x.numpy())
     for i, y in enumerate(ref):
         np.save(d / f"ref_{i}.npy", y.detach().numpy())
+    return args, kwargs, ref
+
+
+def build(name, make, d):
+    """Export `name` into folder `d`: plain/decomp programs, inputs, torch's outputs."""
+    d.mkdir(parents=True, exist_ok=True)
+    model, inputs, (example, shapes) = made(make)
+    args, kwargs, ref = save_io(model, inputs, d)
     for old in d.glob("ref64_*.npy"):  # float64 results of an earlier export
         old.unlink()
     meta = {"outputs": len(ref)}

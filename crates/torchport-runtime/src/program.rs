@@ -682,12 +682,7 @@ fn number_output<'a>(
         _ => return None,
     };
     Some(s.and_then(|s| {
-        // A Python float is a double.
-        let dtype = match s {
-            Scalar::Float(_) => DType::F64,
-            s => s.dtype(),
-        };
-        crate::ops::scalar_tensor(s, dtype)
+        crate::ops::number_tensor(s)
             .map_err(|e| Error::Program(format!("a number output: {}", e.0)))
     }))
 }

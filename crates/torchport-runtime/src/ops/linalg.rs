@@ -58,7 +58,8 @@ fn grouped_mm(a: &Args) -> OpResult<Outputs> {
 /// of the groups along the dim one operand splits:
 /// - 2-d `[S, K]` × 3-d `[G, K, N]`: rows `offs[g-1]..offs[g]` times `mat2[g]`, `[S, N]`
 ///   (rows past the last offset zeros; torch leaves them unwritten);
-/// - 3-d `[G, M, K]` × 2-d `[K, T]`: `self[g]` times columns `offs[g-1]..offs[g]`, `[M, T]`;
+/// - 3-d `[G, M, K]` × 2-d `[K, T]`: `self[g]` times columns `offs[g-1]..offs[g]`, `[M, T]`
+///   (the rows case, transposed);
 /// - 2-d `[M, T]` × 2-d `[T, N]`: the product over `offs[g-1]..offs[g]` of `T`, `[G, M, N]`
 ///   (an empty group gives zeros);
 /// - 3-d × 3-d without offsets: `bmm`.
@@ -72,20 +73,8 @@ fn aten_grouped_mm(a: &Args) -> OpResult<Outputs> {
     let out = match (x.rank(), w.rank(), offs) {
         (3, 3, None) if x.dim(0)? == w.dim(0)? => mm(&x, &w)?,
         (2, 3, Some(o)) => grouped_rows(&x, &w, &o)?,
-        (3, 2, Some(o)) if o.len() == x.dim(0)? && x.dim(2)? == w.dim(0)? => {
-            let (m, t) = (x.dim(1)?, w.dim(1)?);
-            let mut parts = Vec::new();
-            for (g, r) in segments(&o, t)?.into_iter().enumerate() {
-                if !r.is_empty() {
-                    parts.push(mm(&x.get(g)?, &w.narrow(1, r.start, r.len())?)?);
-                }
-            }
-            let done = o.last().map_or(0, |&e| e as usize);
-            if t > done || parts.is_empty() {
-                parts.push(Tensor::zeros((m, t - done), x.dtype(), x.device())?);
-            }
-            Tensor::cat(&parts, 1)?
-        }
+        // Columns by group are the rows by group of the transposed product.
+        (3, 2, Some(o)) => grouped_rows(&w.t()?, &x.transpose(1, 2)?, &o)?.t()?,
         (2, 2, Some(o)) if x.dim(1)? == w.dim(0)? => {
             let (m, n) = (x.dim(0)?, w.dim(1)?);
             let mut parts = Vec::new();
@@ -164,11 +153,12 @@ fn solve_triangular(a: &Args) -> OpResult<Outputs> {
             .to_vec1::<f64>()?)
     };
     let (mv, mut x) = (values(&m, n)?, values(&b, k)?);
+    // Each row from those already solved: downwards for a lower triangle, up for an upper.
+    let rows: Vec<usize> = match upper {
+        true => (0..n).rev().collect(),
+        false => (0..n).collect(),
+    };
     for (sys, x) in mv.chunks_exact(n * n).zip(x.chunks_exact_mut(n * k)) {
-        let rows: Vec<usize> = match upper {
-            true => (0..n).rev().collect(),
-            false => (0..n).collect(),
-        };
         for &i in &rows {
             let known = match upper {
                 true => i + 1..n,

@@ -295,6 +295,16 @@ pub fn as_dtype(t: &Tensor, d: DType) -> OpResult<Tensor> {
     }
 }
 
+/// A number a program returns, as the 0-d tensor the runtime hands back for it: an int as
+/// int64 (exactly), a float as float64 (a Python float is a double), a bool as u8 0/1.
+pub(crate) fn number_tensor(s: Scalar) -> OpResult<Tensor> {
+    let dtype = match s {
+        Scalar::Float(_) => DType::F64,
+        s => s.dtype(),
+    };
+    scalar_tensor(s, dtype)
+}
+
 /// A 0-d tensor holding `s` in dtype `d`.
 pub fn scalar_tensor(s: Scalar, d: DType) -> OpResult<Tensor> {
     let dev = candle_core::Device::Cpu;

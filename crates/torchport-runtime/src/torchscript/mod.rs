@@ -696,7 +696,8 @@ fn flatten(v: &Val, out: &mut Vec<Tensor>, depth: usize) -> Result<()> {
     if depth > 64 {
         return Err(Error::Program("the result is nested too deeply".into()));
     }
-    let scalar = |t: candle_core::Result<Tensor>| t.map_err(|e| Error::Program(e.to_string()));
+    use crate::value::Scalar;
+    let number = |s| crate::ops::number_tensor(s).map_err(|e| Error::Program(e.0));
     match v {
         Val::Tensor(t) => out.push(t.clone()),
         Val::List(_) | Val::Tuple(_) => {
@@ -709,12 +710,9 @@ fn flatten(v: &Val, out: &mut Vec<Tensor>, depth: usize) -> Result<()> {
                 flatten(x, out, depth + 1)?;
             }
         }
-        Val::Int(i) => out.push(scalar(Tensor::new(*i, &candle_core::Device::Cpu))?),
-        Val::Float(f) => out.push(scalar(Tensor::new(*f, &candle_core::Device::Cpu))?),
-        Val::Bool(b) => out.push(scalar(Tensor::new(
-            u8::from(*b),
-            &candle_core::Device::Cpu,
-        ))?),
+        Val::Int(i) => out.push(number(Scalar::Int(*i))?),
+        Val::Float(f) => out.push(number(Scalar::Float(*f))?),
+        Val::Bool(b) => out.push(number(Scalar::Bool(*b))?),
         Val::None => {}
         other => {
             return Err(Error::Program(format!(
