@@ -3,7 +3,9 @@ overload the runtime's op registry implements (and of its in-place twin), one pe
 torch prints it: ATen's, and torchvision's detection operators. The TorchScript front end
 binds the positional and keyword arguments of the serialized code to these schemas (TorchScript writes calls without overload names and without
 argument names), then calls the registry's kernels with named arguments, as the `.pt2` path
-does. Run with the pinned venv after adding kernels:
+does. Beside it, pointwise.txt: the names of those operators torch tags `pointwise` (their
+results are laid out in memory by torch's elementwise machinery; torchscript/layouts.rs).
+Run with the pinned venv after adding kernels:
 
     /work/main/.venv/bin/python tools/gen_ts_schemas.py
 """
@@ -17,6 +19,7 @@ import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "crates/torchport-runtime/src/ops"
 OUT = ROOT / "crates/torchport-runtime/src/torchscript/schemas.txt"
+POINTWISE = OUT.with_name("pointwise.txt")
 
 # Overloads TorchScript emits that `.pt2` programs do not; the front end runs them with an
 # existing kernel (see ALIASES in torchscript/aten.rs).
@@ -40,6 +43,7 @@ def registered():
 
 def main():
     lines = []
+    pointwise = set()
     for key in sorted(registered()):
         ns, base, overload = key.split(".")
         for name in (base, base + "_"):
@@ -53,8 +57,11 @@ def main():
             if "(a!)" in s and name == base:
                 continue
             lines.append(s)
+            if torch.Tag.pointwise in ov.tags and ns == "aten":
+                pointwise.add(name)
     OUT.write_text("\n".join(sorted(set(lines))) + "\n")
-    print(f"{len(lines)} schemas, {OUT.stat().st_size} bytes")
+    POINTWISE.write_text("\n".join(sorted(pointwise)) + "\n")
+    print(f"{len(lines)} schemas, {OUT.stat().st_size} bytes; {len(pointwise)} pointwise")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,25 @@ fn traced_transformers_pixtral() {
     check_graph("hf_pixtral");
 }
 
+/// Longformer's sliding-window chunks: `as_strided` with the strides torch held its input
+/// in (a view of a transposed tensor), recorded by the trace as numbers. Interpreted both
+/// times: the recording stops at an in-place fill of its int mask with a float.
+#[test]
+fn traced_transformers_longformer() {
+    let how = check("hf_longformer");
+    assert!(
+        matches!(&how, Specialisation::Interpreted(why) if why.contains("masked_fill_")),
+        "{how:?}"
+    );
+}
+
+/// `as_strided` over views torch holds otherwise than row-major: transposed, permuted and
+/// merged, sliced (an offset of its own), made contiguous, split, compared and converted.
+#[test]
+fn traced_strided_views() {
+    check_graph("traced_strided_views");
+}
+
 /// `addmm` with factors (`beta` 0 ignoring a bias of NaNs, as torch does), `addmm` with a
 /// bias broadcast to its outputs, a Linear: the weights stored packed, the rest done after
 /// the packed product.
@@ -288,6 +307,13 @@ fn hostile_archives_give_one_clear_error() {
             "__torch__.Nope.__new__ is not a function the archive's code defines",
         ),
         ("any_of_tensors", 3, "any() of a list holding a Tensor"),
+        // `as_strided` where torch's layout of the input is not known, or has gaps.
+        (
+            "strided_unknown",
+            4,
+            "cannot tell how torch lays that input out",
+        ),
+        ("strided_gaps", 4, "with gaps or overlapping elements"),
     ];
     for (name, want_line, want) in cases {
         let e = hostile_error(name);

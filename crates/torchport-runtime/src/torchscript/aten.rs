@@ -6,7 +6,7 @@
 //! types match the values (as TorchScript's own resolution does), names the arguments, and runs
 //! the kernel through the same [`Args`] as the `.pt2` interpreter.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use candle_core::Tensor;
@@ -185,6 +185,8 @@ fn split_top(s: &str) -> Vec<&str> {
 /// Schemas by operator name (`add`, `add_`), in the file's order, with their kernels.
 pub struct Ops {
     by_name: HashMap<String, Vec<(Schema, OpFn, String)>>,
+    /// Operators of which an overload returns a view of its input (`-> Tensor(a)`).
+    views: HashSet<String>,
 }
 
 impl Ops {
@@ -194,10 +196,15 @@ impl Ops {
         OPS.get_or_init(|| {
             let registry = Registry::all_ops();
             let mut by_name: HashMap<String, Vec<(Schema, OpFn, String)>> = HashMap::new();
+            let mut views = HashSet::new();
             for line in include_str!("schemas.txt").lines() {
                 let Some((name, s)) = parse_schema(line) else {
                     continue;
                 };
+                let returns = line.rsplit_once(") -> ").map_or("", |(_, r)| r);
+                if returns.contains("Tensor(a") && !returns.contains('!') {
+                    views.insert(name.clone());
+                }
                 let target = ALIASES
                     .iter()
                     .find(|(from, _)| *from == s.key)
@@ -206,8 +213,14 @@ impl Ops {
                     by_name.entry(name).or_default().push((s, k, target));
                 }
             }
-            Ops { by_name }
+            Ops { by_name, views }
         })
+    }
+
+    /// Whether an overload of `name` returns a view of its input (its schema's return is
+    /// `Tensor(a)`): `view`, `transpose`, `to` (which may return its input), `split`, ….
+    pub fn is_view(&self, name: &str) -> bool {
+        self.views.contains(name)
     }
 
     /// Whether any overload of `name` runs.

@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use super::ast::{BinOp, Expr, ExprKind, Func, Stmt, StmtKind, Target};
 use super::aten::Ops;
 use super::builtins;
+use super::layouts::{Layout, Layouts};
 use super::value::{Obj, Val};
 use super::view_writes;
 use super::Code;
@@ -80,6 +81,8 @@ pub struct Interp<'a> {
     /// indexing…): an in-place update of one is written back into the tensor it was cut
     /// from, or refused ([`view_writes`]).
     parts: view_writes::Parts,
+    /// How torch holds the tensors, where known (for `as_strided`).
+    layouts: Layouts<'a>,
 }
 
 struct Frame {
@@ -88,12 +91,14 @@ struct Frame {
 }
 
 impl<'a> Interp<'a> {
-    /// An evaluator over `code` whose `CONSTANTS.c<i>` are `constants`, and whose Linear
-    /// weights in `linears` are stored packed.
+    /// An evaluator over `code` whose `CONSTANTS.c<i>` are `constants`, whose Linear
+    /// weights in `linears` are stored packed, and whose archive tensors torch holds as
+    /// `stored` says.
     pub fn new(
         code: &'a Code,
         constants: Vec<Val>,
         linears: &'a super::aten::PackedLinears,
+        stored: &'a crate::fast::HashMap<candle_core::TensorId, Layout>,
     ) -> Self {
         Interp {
             code,
@@ -103,6 +108,19 @@ impl<'a> Interp<'a> {
             depth: 0,
             steps: 0,
             parts: view_writes::Parts::new(),
+            layouts: Layouts::new(stored),
+        }
+    }
+
+    /// The tensors in `args` (in lists too) are the run's inputs: torch holds them
+    /// contiguously.
+    pub fn inputs(&mut self, args: &[Val]) {
+        for a in args {
+            match a {
+                Val::Tensor(t) => self.layouts.fresh(t),
+                Val::List(_) | Val::Tuple(_) => self.inputs(&a.items().unwrap_or_default()),
+                _ => {}
+            }
         }
     }
 
@@ -436,23 +454,29 @@ impl<'a> Interp<'a> {
                         }
                     };
                     let (a, b, c) = (part(a)?, part(b)?, part(c)?);
-                    let r = builtins::slice(&o, a, b, c, self.ops)?;
+                    let mut r = builtins::slice(&o, a, b, c, self.ops)?;
                     if let Val::Tensor(t) = &o {
                         let int = |x: Option<i64>| x.map_or(Val::None, Val::Int);
                         let rest = [Val::Int(0), int(a), int(b), Val::Int(c.unwrap_or(1))];
+                        let all = [std::slice::from_ref(&o), &rest[..]].concat();
+                        r = self.layouts.after("slice", &all, &[], r, self.ops)?;
                         view_writes::mark(&mut self.parts, t, "slice", &rest, false, &r);
                     }
                     return Ok(r);
                 }
                 let i = self.eval(idx, frame)?;
-                let r = builtins::get_item(&o, &i, self.ops)?;
+                let mut r = builtins::get_item(&o, &i, self.ops)?;
                 if let Val::Tensor(t) = &o {
                     // `x[i]` with an int is `select(x, 0, i)`; any other index is a part
-                    // that is not written back.
+                    // that is not written back, whose layout is not followed.
                     let (op, rest) = match i {
                         Val::Int(_) => ("select", vec![Val::Int(0), i]),
                         _ => ("__getitem__", Vec::new()),
                     };
+                    if op == "select" {
+                        let all = [std::slice::from_ref(&o), &rest[..]].concat();
+                        r = self.layouts.after(op, &all, &[], r, self.ops)?;
+                    }
                     view_writes::mark(&mut self.parts, t, op, &rest, false, &r);
                 }
                 r
@@ -481,13 +505,13 @@ impl<'a> Interp<'a> {
             }
             ExprKind::Neg(x) => {
                 let v = self.eval(x, frame)?;
-                builtins::call_torch("neg", &[v], &[], self.ops)?
+                self.torch("neg", &[v], &[])?
             }
             ExprKind::Invert(x) => {
                 let v = self.eval(x, frame)?;
                 match v {
                     Val::Int(i) => Val::Int(!i),
-                    v => builtins::call_torch("bitwise_not", &[v], &[], self.ops)?,
+                    v => self.torch("bitwise_not", &[v], &[])?,
                 }
             }
             ExprKind::Not(x) => {
@@ -559,9 +583,19 @@ impl<'a> Interp<'a> {
         self.torch(name, &args, &[])
     }
 
+    /// `torch.<op>(args)` as the archive's code means it, its result's layout recorded.
+    fn torch(&mut self, op: &str, args: &[Val], kwargs: &[(String, Val)]) -> EResult<Val> {
+        let r = self.torch_call(op, args, kwargs)?;
+        Ok(self.layouts.after(op, args, kwargs, r, self.ops)?)
+    }
+
     /// `torch.<op>(args)` as the archive's code means it: through torch's upgrader where the
-    /// code was written for an older meaning of the operator (`upgraders.rs`).
-    fn torch(&self, op: &str, args: &[Val], kwargs: &[(String, Val)]) -> EResult<Val> {
+    /// code was written for an older meaning of the operator (`upgraders.rs`); `as_strided`
+    /// over the memory torch holds its input in ([`Layouts::as_strided`]).
+    fn torch_call(&self, op: &str, args: &[Val], kwargs: &[(String, Val)]) -> EResult<Val> {
+        if op == "as_strided" {
+            return Ok(self.layouts.as_strided(args, kwargs, self.ops)?);
+        }
         Ok(
             match super::upgraders::upgrade(self.code.version, op, args, kwargs) {
                 Some((args, kwargs)) => builtins::call_torch(op, &args, &kwargs, self.ops)?,
@@ -614,7 +648,7 @@ impl<'a> Interp<'a> {
                 ))),
                 "device" => Val::Device,
                 "is_cuda" | "requires_grad" | "is_quantized" => Val::Bool(false),
-                "T" | "mT" => builtins::call_torch("numpy_T", &[Val::Tensor(t)], &[], self.ops)?,
+                "T" | "mT" => self.torch("numpy_T", &[Val::Tensor(t)], &[])?,
                 _ => return Err(format!("tensor attribute '{name}' is not supported").into()),
             },
             other => {
@@ -717,6 +751,7 @@ impl<'a> Interp<'a> {
     ) -> EResult<()> {
         let (root, value) = view_writes::write_back(&mut self.parts, part, new.clone(), self.ops)
             .map_err(|e| format!("torch.{op} on part of another tensor: {e}"))?;
+        self.layouts.inherit(root, &value);
         let mut held = false;
         for v in frame.vars.values_mut() {
             let Val::Tensor(t) = v else { continue };
@@ -764,13 +799,16 @@ impl<'a> Interp<'a> {
                 }
             }
             if let Some(r) = super::aten::packed_product(op, &args, &kwargs, self.linears)? {
-                return Ok(r);
+                return Ok(self.layouts.after(op, &args, &kwargs, r, self.ops)?);
             }
-            let mut r = self.torch(op, &args, &kwargs)?;
+            let mut r = self.torch_call(op, &args, &kwargs)?;
             if let (true, Some(Val::Tensor(t))) = (view_writes::cuts(op), args.first()) {
                 if op == "slice" {
                     r = view_writes::distinct(t, r)?;
                 }
+            }
+            r = self.layouts.after(op, &args, &kwargs, r, self.ops)?;
+            if let (true, Some(Val::Tensor(t))) = (view_writes::cuts(op), args.first()) {
                 view_writes::mark(&mut self.parts, t, op, &args[1..], !kwargs.is_empty(), &r);
             }
             if let (Some(part), Val::Tensor(new)) = (part, &r) {
@@ -794,11 +832,15 @@ impl<'a> Interp<'a> {
             return Ok(r);
         }
         if let Some(op) = path.strip_prefix("ops.prim.") {
-            return Ok(builtins::call_prim(op, &args, &kwargs, self.ops)?);
+            let r = builtins::call_prim(op, &args, &kwargs, self.ops)?;
+            self.layouts.made(&args, &kwargs, &r);
+            return Ok(r);
         }
         // Another library's operator (`ops.torchvision.nms`), by its schema.
         if let Some((ns, op)) = path.strip_prefix("ops.").and_then(|p| p.split_once('.')) {
-            return Ok(self.ops.call(&format!("{ns}::{op}"), &args, &kwargs)?);
+            let r = self.ops.call(&format!("{ns}::{op}"), &args, &kwargs)?;
+            self.layouts.made(&args, &kwargs, &r);
+            return Ok(r);
         }
         if let Some(op) = path.strip_prefix("math.") {
             return Ok(super::scalars::call_math(op, &args)?);

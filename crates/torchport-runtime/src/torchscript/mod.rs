@@ -19,6 +19,7 @@ pub mod ast;
 pub mod aten;
 pub mod builtins;
 pub mod eval;
+mod layouts;
 pub mod lexer;
 mod linears;
 pub mod parser;
@@ -156,6 +157,8 @@ pub struct ScriptProgram {
     tensors: crate::fast::HashMap<String, Tensor>,
     /// Those of `tensors` stored packed, being read only as Linear weights (`linears.rs`).
     linears: aten::PackedLinears,
+    /// How torch holds `tensors` (as the archive stores them), for `as_strided`.
+    layouts: crate::fast::HashMap<candle_core::TensorId, layouts::Layout>,
     params: Vec<(String, bool)>,
     /// What runs the code for each signature of inputs seen (`specialise.rs`), at most
     /// [`MAX_SPECIALISED`] of them.
@@ -272,6 +275,12 @@ impl ScriptProgram {
             }
             false => Default::default(),
         };
+        let layouts = ckpt
+            .tensors()
+            .iter()
+            .chain(ckpt.constants())
+            .filter_map(|info| Some((tensors.get(&info.name)?.id(), layouts::Layout::stored(info))))
+            .collect();
         let (forward, _) = code.method(&script.root.class, "forward").ok_or_else(|| {
             Error::Program(format!(
                 "{}: the root module ({}) has no forward method in the archive's code",
@@ -292,6 +301,7 @@ impl ScriptProgram {
             constants: script.constants.clone(),
             tensors,
             linears,
+            layouts,
             params,
             plans: Mutex::new(Vec::new()),
         })
@@ -549,7 +559,7 @@ impl ScriptProgram {
     /// The evaluator's run on this thread; with `record`, its recording as well.
     fn run_here(&self, inputs: &[ScriptInput], record: bool) -> Result<Evaluated> {
         let mut given = Vec::new();
-        let args = inputs
+        let args: Vec<Val> = inputs
             .iter()
             .map(|x| match x {
                 ScriptInput::Tensor(t) => {
@@ -583,7 +593,8 @@ impl ScriptProgram {
             }
             false => specialise::Guard::idle(),
         };
-        let mut interp = Interp::new(&self.code, constants, &self.linears);
+        let mut interp = Interp::new(&self.code, constants, &self.linears, &self.layouts);
+        interp.inputs(&args);
         let out = interp
             .call_method(&root, "forward", args, Vec::new())
             .map_err(|e| self.error(e))?;

@@ -336,8 +336,11 @@ impl Recorder {
                     kind: "cpu".into(),
                     index: None,
                 },
-                strides: ints(t.stride()),
-                storage_offset: SymInt::AsInt(t.layout().start_offset() as i64),
+                // Kernels read every tensor in its elements' order, whatever its layout in
+                // memory here; the evaluator has already made `as_strided`'s input the
+                // memory torch would read (`layouts.rs`).
+                strides: ints(&torchport::contiguous_strides(t.dims())),
+                storage_offset: SymInt::AsInt(0),
                 layout: 7,
             },
         );

@@ -60,14 +60,18 @@ pub fn cuts(op: &str) -> bool {
 /// and would be refused as a part).
 pub fn distinct(base: &Tensor, result: Val) -> Result<Val, String> {
     match result {
-        Val::Tensor(t) if t.id() == base.id() => {
-            let alias = t.unsqueeze(0).and_then(|u| u.squeeze(0));
-            let alias = alias.map_err(|e| e.to_string())?;
-            super::specialise::alias(&t, &alias);
-            Ok(Val::Tensor(alias))
-        }
+        Val::Tensor(t) if t.id() == base.id() => Ok(Val::Tensor(new_identity(&t)?)),
         other => Ok(other),
     }
+}
+
+/// `t`'s values and memory under another identity, which the recording knows as it knows
+/// `t`.
+pub fn new_identity(t: &Tensor) -> Result<Tensor, String> {
+    let alias = t.unsqueeze(0).and_then(|u| u.squeeze(0));
+    let alias = alias.map_err(|e| e.to_string())?;
+    super::specialise::alias(t, &alias);
+    Ok(alias)
 }
 
 /// Record the parts in `result`, cut from `base` by `op` with the arguments after `self`
